@@ -1,0 +1,127 @@
+"""Jobs: what a user asked for (JobSpec) and what happened to it so far (Job)."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class JobStatus(enum.Enum):
+    PENDING = "PENDING"
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+
+    @property
+    def finished(self) -> bool:
+        return self in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED)
+
+
+class Priority(enum.Enum):
+    """HiveD's two classes: guaranteed jobs use their VC's cells, opportunistic ones harvest idle GPUs."""
+
+    GUARANTEED = "guaranteed"
+    OPPORTUNISTIC = "opportunistic"
+
+
+@dataclass(slots=True, frozen=True)
+class JobSpec:
+    """A gang of `gpus` GPUs that must all run at once.
+
+    `duration_s` is the run time on a consolidated placement of the job's best GPU type, when it is
+    known (simulation, or an oracle policy); the live manager leaves it None. `spread_slowdown` is how
+    much slower the job runs when its GPUs span several nodes (1.0 = insensitive); the `profile`
+    placement uses it to decide which jobs must be consolidated.
+    """
+
+    id: str
+    submit_time: float
+    gpus: int
+    user: str = "user"
+    vc: str = "default"
+    model: str = ""
+    gpu_types: frozenset[str] | None = None
+    duration_s: float | None = None
+    total_steps: float | None = None
+    spread_slowdown: float = 1.0
+    priority: Priority = Priority.GUARANTEED
+    max_retries: int = 0
+
+    def accepts(self, gpu_type: str) -> bool:
+        return self.gpu_types is None or gpu_type in self.gpu_types
+
+
+@dataclass(slots=True, eq=False)
+class Job:
+    """Runtime state of one job as the scheduling core sees it.
+
+    Work is counted in ideal seconds: one second of running on a consolidated placement of the
+    job's best GPU type does one second of work. `speed` (ideal seconds per wall second) is set by
+    the shell when the job starts, from its performance model; `stall_until` covers the time a
+    resumed job spends restoring its checkpoint, during which it does no work.
+    """
+
+    spec: JobSpec
+    seq: int = 0  # the order in which the scheduler received the job; breaks every tie
+    status: JobStatus = JobStatus.PENDING
+    placement: tuple[int, ...] = ()
+    run_started_at: float | None = None
+    first_started_at: float | None = None
+    finished_at: float | None = None
+    queued_since: float = 0.0
+    pending_s: float = 0.0
+    executed_s: float = 0.0
+    attained_gpu_s: float = 0.0
+    work_done_s: float = 0.0
+    speed: float = 1.0
+    stall_until: float = 0.0
+    attempts: int = 0
+    failures: int = 0
+    preemptions: int = 0
+    relaxed: bool = False
+    pending_reason: str = "not yet considered"
+    last_event: str = ""
+    # Policy bookkeeping: LAS starvation promotion discounts service attained before it.
+    service_offset_gpu_s: float = 0.0
+    extra: dict[str, object] = field(default_factory=dict)
+
+    @property
+    def id(self) -> str:
+        return self.spec.id
+
+    @property
+    def gpus(self) -> int:
+        return self.spec.gpus
+
+    def running_s(self, now: float) -> float:
+        """Seconds the current attempt has been running (0 when not running)."""
+        if self.status is not JobStatus.RUNNING or self.run_started_at is None:
+            return 0.0
+        return max(0.0, now - self.run_started_at)
+
+    def attained_at(self, now: float) -> float:
+        """Attained service in GPU-seconds (Tiresias's 2D measure: GPUs x time run)."""
+        return self.attained_gpu_s + self.spec.gpus * self.running_s(now)
+
+    def executed_at(self, now: float) -> float:
+        return self.executed_s + self.running_s(now)
+
+    def work_done_at(self, now: float) -> float:
+        if self.status is not JobStatus.RUNNING or self.run_started_at is None:
+            return self.work_done_s
+        working_from = max(self.run_started_at, self.stall_until)
+        return self.work_done_s + self.speed * max(0.0, now - working_from)
+
+    def remaining_work_s(self, now: float) -> float:
+        """Ideal seconds of work left; infinite when the job's length is unknown."""
+        if self.spec.duration_s is None:
+            return float("inf")
+        return max(0.0, self.spec.duration_s - self.work_done_at(now))
+
+    def remaining_wall_s(self, now: float) -> float:
+        """Wall seconds until the job ends at its current speed (pending jobs: at full speed)."""
+        remaining = self.remaining_work_s(now)
+        if self.status is not JobStatus.RUNNING:
+            return remaining
+        return max(0.0, self.stall_until - now) + remaining / max(self.speed, 1e-12)

@@ -1,0 +1,27 @@
+"""Placements, chosen by name. A new placement is one module and one entry here."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from corral.core.placement.base import NotPlaced, Placed, Placement
+from corral.core.placement.named import AnyFree, Consolidate, Profile, Relax
+
+PLACEMENTS: dict[str, Callable[..., Placement]] = {
+    "consolidate": Consolidate,
+    "relax": Relax,
+    "profile": Profile,
+    "any": AnyFree,
+}
+
+
+def make_placement(name: str, **options: Any) -> Placement:
+    try:
+        factory = PLACEMENTS[name]
+    except KeyError:
+        raise ValueError(f"unknown placement {name!r}; choose one of {', '.join(PLACEMENTS)}") from None
+    return factory(**options)
+
+
+__all__ = ["PLACEMENTS", "NotPlaced", "Placed", "Placement", "make_placement"]

@@ -1,0 +1,52 @@
+"""What a placement is: choose exact GPUs for a gang, or say why it cannot yet."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from corral.core.cluster import Cluster
+from corral.core.job import Job
+
+
+@dataclass(slots=True, frozen=True)
+class Placed:
+    gpus: tuple[int, ...]
+    relaxed: bool = False
+
+
+@dataclass(slots=True, frozen=True)
+class NotPlaced:
+    reason: str
+
+
+class Placement:
+    name = "base"
+
+    def place(self, cluster: Cluster, job: Job, now: float) -> Placed | NotPlaced:
+        raise NotImplementedError
+
+    def mode(self, job: Job, now: float) -> str:
+        """Jobs with the same mode and GPU types that need more GPUs cannot fit where a smaller one
+        did not: the scheduler uses this to skip hopeless placement attempts within a round."""
+        return self.name
+
+    def changes_at(self, job: Job, now: float) -> float:
+        """When this job's placement rules change (e.g. relax after waiting); inf when never."""
+        return math.inf
+
+
+def types_for(cluster: Cluster, job: Job) -> list[str]:
+    """The job's acceptable GPU types present in the cluster, most free first (ties: by name)."""
+    types = cluster.gpu_types if job.spec.gpu_types is None else sorted(
+        t for t in job.spec.gpu_types if t in cluster.total_by_type
+    )
+    return sorted(types, key=lambda t: -cluster.free_by_type.get(t, 0))
+
+
+def not_enough(cluster: Cluster, job: Job) -> NotPlaced | None:
+    free = max((cluster.free_by_type.get(t, 0) for t in types_for(cluster, job)), default=0)
+    if free < job.spec.gpus:
+        what = "" if job.spec.gpu_types is None else f" of type {'|'.join(sorted(job.spec.gpu_types))}"
+        return NotPlaced(f"waiting for {job.spec.gpus} free GPUs{what} ({free} free)")
+    return None

@@ -1,0 +1,116 @@
+"""The placements a user chooses by name: consolidate, relax, profile, any."""
+
+from __future__ import annotations
+
+import math
+
+from corral.core.cluster import Cluster
+from corral.core.job import Job
+from corral.core.placement.algorithms import (
+    best_fit_node,
+    fewest_nodes_anywhere,
+    fewest_nodes_in_rack,
+    first_free,
+)
+from corral.core.placement.base import NotPlaced, Placed, Placement, not_enough
+
+
+def consolidated(cluster: Cluster, job: Job) -> Placed | NotPlaced:
+    """Philly's locality rule: one node if the job fits in one, else fewest nodes in one rack."""
+    short = not_enough(cluster, job)
+    if short is not None:
+        return short
+    largest_node = max(cluster.max_node_gpus_by_type.values())
+    if job.spec.gpus <= largest_node:
+        gpus = best_fit_node(cluster, job)
+        if gpus is not None:
+            return Placed(gpus)
+        if any(
+            job.spec.accepts(t) and size >= job.spec.gpus
+            for t, size in cluster.max_node_gpus_by_type.items()
+        ):
+            return NotPlaced(f"locality: needs {job.spec.gpus} GPUs on one node; no node has them free")
+    gpus = fewest_nodes_in_rack(cluster, job)
+    if gpus is not None:
+        return Placed(gpus)
+    largest_rack = max(r.total_gpus for r in cluster.racks)
+    if job.spec.gpus > largest_rack:
+        # No rack can ever hold it: fewest nodes across racks is the best locality there is.
+        gpus = fewest_nodes_anywhere(cluster, job)
+        if gpus is not None:
+            return Placed(gpus)
+    return NotPlaced(f"locality: needs {job.spec.gpus} GPUs within one rack; no rack has them free")
+
+
+class Consolidate(Placement):
+    name = "consolidate"
+
+    def place(self, cluster: Cluster, job: Job, now: float) -> Placed | NotPlaced:
+        return consolidated(cluster, job)
+
+
+class Relax(Placement):
+    """Consolidate first; after `relax_after_s` of waiting, take the fewest nodes anywhere."""
+
+    name = "relax"
+
+    def __init__(self, relax_after_s: float = 600.0) -> None:
+        if relax_after_s < 0:
+            raise ValueError("relax_after_s must not be negative")
+        self.relax_after_s = relax_after_s
+
+    def relaxes_at(self, job: Job) -> float:
+        return job.queued_since + self.relax_after_s
+
+    def mode(self, job: Job, now: float) -> str:
+        return "relaxed" if now >= self.relaxes_at(job) else "consolidate"
+
+    def changes_at(self, job: Job, now: float) -> float:
+        at = self.relaxes_at(job)
+        return at if at > now else math.inf
+
+    def place(self, cluster: Cluster, job: Job, now: float) -> Placed | NotPlaced:
+        result = consolidated(cluster, job)
+        if isinstance(result, Placed) or now < self.relaxes_at(job):
+            if isinstance(result, NotPlaced) and result.reason.startswith("locality"):
+                return NotPlaced(f"{result.reason} (relaxes at t={self.relaxes_at(job):.0f}s)")
+            return result
+        gpus = fewest_nodes_anywhere(cluster, job)
+        if gpus is None:
+            return result
+        return Placed(gpus, relaxed=True)
+
+
+class Profile(Placement):
+    """Tiresias: consolidate only jobs whose model slows down when spread over nodes."""
+
+    name = "profile"
+
+    def __init__(self, sensitive_above: float = 1.1) -> None:
+        self.sensitive_above = sensitive_above
+
+    def sensitive(self, job: Job) -> bool:
+        return job.spec.spread_slowdown > self.sensitive_above
+
+    def mode(self, job: Job, now: float) -> str:
+        return "consolidate" if self.sensitive(job) else "anywhere"
+
+    def place(self, cluster: Cluster, job: Job, now: float) -> Placed | NotPlaced:
+        if self.sensitive(job):
+            return consolidated(cluster, job)
+        short = not_enough(cluster, job)
+        if short is not None:
+            return short
+        gpus = fewest_nodes_anywhere(cluster, job)
+        return Placed(gpus) if gpus is not None else NotPlaced("no GPUs of one type free for it")
+
+
+class AnyFree(Placement):
+    name = "any"
+
+    def place(self, cluster: Cluster, job: Job, now: float) -> Placed | NotPlaced:
+        short = not_enough(cluster, job)
+        if short is not None:
+            return short
+        gpus = first_free(cluster, job)
+        return Placed(gpus) if gpus is not None else NotPlaced("no GPUs of one type free for it")

@@ -1,0 +1,31 @@
+"""Ordering policies, chosen by name. A new policy is one module and one entry here."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from corral.core.policy.base import Key, Policy
+from corral.core.policy.fifo import Fifo
+from corral.core.policy.gittins import Gittins, gittins_index
+from corral.core.policy.las import LeastAttainedService
+from corral.core.policy.shortest import ShortestJobFirst, ShortestRemainingTimeFirst
+
+POLICIES: dict[str, Callable[..., Policy]] = {
+    "fifo": Fifo,
+    "sjf": ShortestJobFirst,
+    "srtf": ShortestRemainingTimeFirst,
+    "las": LeastAttainedService,
+    "gittins": Gittins,
+}
+
+
+def make_policy(name: str, **options: Any) -> Policy:
+    try:
+        factory = POLICIES[name]
+    except KeyError:
+        raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(POLICIES)}") from None
+    return factory(**options)
+
+
+__all__ = ["POLICIES", "Key", "Policy", "gittins_index", "make_policy"]

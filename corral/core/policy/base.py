@@ -1,0 +1,46 @@
+"""What an ordering policy is: a priority key per job, piecewise constant in time.
+
+A key sorts ascending (smaller = served first). The scheduler keeps pending and running jobs in
+sorted indexes by `stored_key`, so a key must not change while a job stays in the same state,
+except at the instants a policy announces through `key_changes_at` (a LAS queue crossing, a
+starvation promotion); the scheduler re-keys the job then. `key` is the same order evaluated at
+`now`, used to compare a pending job with a running one.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from corral.core.job import Job
+
+Key = tuple[Any, ...]
+
+
+class Policy:
+    name = "base"
+    preemptive = False
+    #: A head job that cannot be placed blocks the jobs behind it (YARN-CS in Philly).
+    blocking = False
+
+    def key(self, job: Job, now: float) -> Key:
+        raise NotImplementedError
+
+    def stored_key(self, job: Job, now: float) -> Key:
+        """A time-invariant form of `key` for the sorted indexes (default: the key itself)."""
+        return self.key(job, now)
+
+    def key_changes_at(self, job: Job, now: float) -> float:
+        """The next instant at which this job's key may change; inf when it never does."""
+        return math.inf
+
+    def on_key_change(self, job: Job, now: float) -> None:
+        """Called at `key_changes_at` before the job is re-keyed (e.g. LAS promotion)."""
+
+    def describe_key(self, job: Job, now: float) -> str:
+        return ""
+
+
+def tie_break(job: Job) -> tuple[float, int]:
+    """Arrival order: submit time, then the order the scheduler saw the job."""
+    return (job.spec.submit_time, job.seq)

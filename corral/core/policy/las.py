@@ -1,0 +1,72 @@
+"""Tiresias's discretized two-dimensional Least-Attained-Service (2D-LAS).
+
+Attained service is GPUs x seconds run. K queues split by thresholds on it; a job sits in the
+queue of its attained service, lower queues first, FIFO (by arrival) inside a queue. Running jobs
+that cross a threshold drop a queue, and a waiting job of a higher queue preempts them. A job
+that has waited longer than `starvation_factor` times its executed time is promoted back to the
+top queue (Tiresias's starvation knob): its service so far stops counting.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Sequence
+
+from corral.core.job import Job, JobStatus
+from corral.core.policy.base import Key, Policy, tie_break
+
+#: Queue boundaries in GPU-seconds: 1 GPU-hour and 10 GPU-hours (three queues).
+DEFAULT_THRESHOLDS_GPU_S = (3_600.0, 36_000.0)
+
+
+class LeastAttainedService(Policy):
+    name = "las"
+    preemptive = True
+
+    def __init__(
+        self,
+        thresholds_gpu_s: Sequence[float] = DEFAULT_THRESHOLDS_GPU_S,
+        starvation_factor: float | None = None,
+    ) -> None:
+        thresholds = list(thresholds_gpu_s)
+        if any(t <= 0 for t in thresholds) or thresholds != sorted(set(thresholds)):
+            raise ValueError("LAS thresholds must be positive and strictly increasing")
+        if starvation_factor is not None and starvation_factor <= 0:
+            raise ValueError("the starvation factor must be positive")
+        self.thresholds = thresholds
+        self.starvation_factor = starvation_factor
+
+    def counted_service(self, job: Job, now: float) -> float:
+        return job.attained_at(now) - job.service_offset_gpu_s
+
+    def queue_of(self, job: Job, now: float) -> int:
+        # The tolerance keeps a timer that fires exactly at a threshold from landing just short of it.
+        return bisect.bisect_right(self.thresholds, self.counted_service(job, now) + 1e-6)
+
+    def key(self, job: Job, now: float) -> Key:
+        return (self.queue_of(job, now), *tie_break(job))
+
+    def key_changes_at(self, job: Job, now: float) -> float:
+        if job.status is JobStatus.RUNNING:
+            queue = self.queue_of(job, now)
+            if queue == len(self.thresholds):
+                return math.inf
+            missing = self.thresholds[queue] - self.counted_service(job, now)
+            return now + missing / job.spec.gpus
+        if job.status is JobStatus.PENDING:
+            return self._promotion_time(job, now)
+        return math.inf
+
+    def _promotion_time(self, job: Job, now: float) -> float:
+        if self.starvation_factor is None or self.queue_of(job, now) == 0:
+            return math.inf
+        return job.queued_since + self.starvation_factor * job.executed_at(now)
+
+    def on_key_change(self, job: Job, now: float) -> None:
+        if job.status is JobStatus.PENDING and self._promotion_time(job, now) <= now:
+            job.service_offset_gpu_s = job.attained_at(now)
+            job.extra["promotions"] = int(job.extra.get("promotions", 0)) + 1  # type: ignore[call-overload]
+
+    def describe_key(self, job: Job, now: float) -> str:
+        return f"LAS queue {self.queue_of(job, now)} ({self.counted_service(job, now):.0f} GPU-s attained)"

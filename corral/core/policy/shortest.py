@@ -1,0 +1,42 @@
+"""Oracle baselines that know every job's length: SJF (non-preemptive) and SRTF (preemptive).
+
+Lengths are ideal seconds of work (`JobSpec.duration_s`); a job without one sorts last.
+"""
+
+from __future__ import annotations
+
+from corral.core.job import Job, JobStatus
+from corral.core.policy.base import Key, Policy, tie_break
+
+
+class ShortestJobFirst(Policy):
+    name = "sjf"
+
+    def key(self, job: Job, now: float) -> Key:
+        duration = job.spec.duration_s if job.spec.duration_s is not None else float("inf")
+        return (duration, *tie_break(job))
+
+    def describe_key(self, job: Job, now: float) -> str:
+        return f"length {job.spec.duration_s:.0f}s" if job.spec.duration_s is not None else ""
+
+
+class ShortestRemainingTimeFirst(Policy):
+    """Preempts a running job when a waiting one has less work left.
+
+    A running job's remaining time shrinks as it runs, so the sorted index stores its projected
+    finish instant (remaining + now), which stays put; `key` turns both back into remaining time.
+    """
+
+    name = "srtf"
+    preemptive = True
+
+    def key(self, job: Job, now: float) -> Key:
+        return (job.remaining_wall_s(now), *tie_break(job))
+
+    def stored_key(self, job: Job, now: float) -> Key:
+        if job.status is JobStatus.RUNNING:
+            return (now + job.remaining_wall_s(now), *tie_break(job))
+        return self.key(job, now)
+
+    def describe_key(self, job: Job, now: float) -> str:
+        return f"remaining {job.remaining_wall_s(now):.0f}s"

@@ -1,0 +1,333 @@
+"""The scheduling core: the cluster, the jobs and the decisions, with no clock and no I/O.
+
+The shell (the simulator's event loop, or the live control loop) tells the scheduler what happened
+(`submit`, `finished`, `failed`, `cancel`) and calls `decide(now)`. Like Kubernetes's scheduler
+"assuming" a pod bound before the bind completes, `decide` commits its choices to this state at
+once (GPUs taken, jobs running or preempted) and returns the actions the shell must carry out.
+
+Pending and running jobs sit in sorted indexes keyed by the policy, so a round walks the queue
+from the front and stops as soon as nothing more can change: no free GPUs and no running job of
+lower priority than the next waiting one.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Callable, Iterable
+
+from sortedcontainers import SortedList
+
+from corral.core.actions import Action, Decision, Preempt, Start
+from corral.core.cluster import Cluster
+from corral.core.job import Job, JobSpec, JobStatus
+from corral.core.placement.base import Placed, Placement
+from corral.core.policy.base import Key, Policy
+
+#: Given a job and the GPUs chosen for it, its speed in ideal seconds per wall second.
+SpeedModel = Callable[[Job, tuple[int, ...]], float]
+
+# Placement attempts a waiting job may make while adding preemption victims one by one.
+MAX_PREEMPTION_ATTEMPTS = 32
+
+
+class JobRefused(ValueError):
+    """A job that can never run on this cluster."""
+
+
+class Scheduler:
+    def __init__(
+        self,
+        cluster: Cluster,
+        policy: Policy,
+        placement: Placement,
+        *,
+        backfill: bool = False,
+        speed_model: SpeedModel | None = None,
+        restore_s: float = 0.0,
+    ) -> None:
+        self.cluster = cluster
+        self.policy = policy
+        self.placement = placement
+        self.backfill = backfill
+        self.speed_model = speed_model
+        self.restore_s = restore_s
+        self.jobs: dict[str, Job] = {}
+        self._by_seq: list[Job] = []
+        self._pending = SortedList()
+        self._running = SortedList()
+        self._stored: dict[int, Key] = {}
+        self._timers: list[tuple[float, int, int]] = []
+        self._timer_version: dict[int, int] = {}
+        self.rounds = 0
+        self.preemptions = 0
+        self.blocked_by: str | None = None
+
+    # -- what the shell reports ---------------------------------------------------------------
+
+    def submit(self, spec: JobSpec, now: float) -> Job:
+        if spec.id in self.jobs:
+            raise JobRefused(f"job {spec.id}: a job with this id already exists")
+        if spec.gpus <= 0:
+            raise JobRefused(f"job {spec.id}: gpus must be a positive integer, got {spec.gpus}")
+        capacity = self.cluster.capacity_for(spec.gpu_types)
+        if spec.gpus > capacity:
+            kind = "" if spec.gpu_types is None else f" of type {'|'.join(sorted(spec.gpu_types))}"
+            raise JobRefused(
+                f"job {spec.id}: asks for {spec.gpus} GPUs but the cluster has only {capacity} GPUs{kind}"
+            )
+        job = Job(spec=spec, seq=len(self._by_seq), queued_since=now)
+        self.jobs[spec.id] = job
+        self._by_seq.append(job)
+        self._enqueue(job, now)
+        return job
+
+    def finished(self, job_id: str, now: float) -> Job:
+        job = self._running_job(job_id)
+        self._stop(job, now)
+        job.work_done_s = job.spec.duration_s or job.work_done_s
+        self._finish(job, JobStatus.SUCCEEDED, now, "succeeded")
+        return job
+
+    def failed(self, job_id: str, now: float, reason: str) -> Job:
+        """An attempt failed: the work of the attempt is lost; retry until max_retries."""
+        job = self._running_job(job_id)
+        kept_work = job.work_done_s
+        self._stop(job, now)
+        job.work_done_s = kept_work
+        job.failures += 1
+        if job.failures > job.spec.max_retries:
+            self._finish(job, JobStatus.FAILED, now, f"failed: {reason}")
+        else:
+            job.last_event = f"attempt {job.attempts} failed ({reason}); retrying"
+            self._enqueue(job, now)
+        return job
+
+    def cancel(self, job_id: str, now: float) -> Job:
+        job = self.jobs[job_id]
+        if job.status is JobStatus.RUNNING:
+            self._stop(job, now)
+        elif job.status is JobStatus.PENDING:
+            self._dequeue(job, now)
+        else:
+            return job
+        self._finish(job, JobStatus.CANCELLED, now, "cancelled")
+        return job
+
+    # -- deciding -----------------------------------------------------------------------------
+
+    def decide(self, now: float) -> Decision:
+        self.rounds += 1
+        self._fire_timers(now)
+        self.blocked_by = None
+        actions: list[Action] = []
+        cluster = self.cluster
+        # Within a round, a job of the same kind needing at least as many GPUs as one that did not
+        # fit cannot fit either (and, being of lower priority, has no more victims to preempt).
+        no_fit: dict[tuple[frozenset[str] | None, str], int] = {}
+        no_room: dict[tuple[frozenset[str] | None, str], int] = {}
+        position = 0
+        while position < len(self._pending):
+            job = self._by_seq[self._pending[position][1]]
+            can_preempt = self._has_lower_priority_running(job, now)
+            if cluster.free_gpus == 0 and not can_preempt:
+                break
+            kind = (job.spec.gpu_types, self.placement.mode(job, now))
+            if job.spec.gpus < no_fit.get(kind, math.inf):
+                result = self.placement.place(cluster, job, now)
+                if isinstance(result, Placed):
+                    self._start(job, result, now, actions)
+                    continue
+                no_fit[kind] = job.spec.gpus
+                job.pending_reason = result.reason
+            else:
+                job.pending_reason = "no room: a job of the same kind needing fewer GPUs did not fit"
+            if can_preempt and job.spec.gpus < no_room.get(kind, math.inf):
+                if self._make_room(job, now, actions):
+                    continue
+                no_room[kind] = job.spec.gpus
+            if self.policy.blocking and not self.backfill:
+                self.blocked_by = job.id
+                break
+            position += 1
+        return Decision(actions, self._next_wake())
+
+    def _has_lower_priority_running(self, job: Job, now: float) -> bool:
+        if not self.policy.preemptive or not self._running:
+            return False
+        lowest = self._by_seq[self._running[-1][1]]
+        return bool(self.policy.key(lowest, now) > self.policy.key(job, now))
+
+    def _make_room(self, job: Job, now: float, actions: list[Action]) -> bool:
+        """Preempt the lowest-priority running jobs, fewest first, until the job can be placed."""
+        job_key = self.policy.key(job, now)
+        free = self.cluster.free_for(job.spec.gpu_types)
+        victims: list[Job] = []
+        released = 0
+        attempts = 0
+        for index in range(len(self._running) - 1, -1, -1):
+            victim = self._by_seq[self._running[index][1]]
+            if not self.policy.key(victim, now) > job_key:
+                break
+            if job.spec.gpu_types is not None and not job.spec.accepts(
+                self.cluster.gpus[victim.placement[0]].gpu_type
+            ):
+                continue
+            victims.append(victim)
+            free += victim.spec.gpus
+            if free < job.spec.gpus:
+                continue
+            for held in victims[released:]:
+                self.cluster.release(held.placement)
+            released = len(victims)
+            result = self.placement.place(self.cluster, job, now)
+            attempts += 1
+            if isinstance(result, Placed):
+                chosen = set(result.gpus)
+                for victim_job in victims:
+                    if chosen.isdisjoint(victim_job.placement):
+                        self.cluster.allocate(victim_job.placement)  # not needed after all
+                    else:
+                        self._preempt(victim_job, job, now, actions)
+                self._start(job, result, now, actions)
+                return True
+            if attempts >= MAX_PREEMPTION_ATTEMPTS:
+                break
+        for held in victims[:released]:
+            self.cluster.allocate(held.placement)
+        return False
+
+    # -- state transitions --------------------------------------------------------------------
+
+    def _start(self, job: Job, placed: Placed, now: float, actions: list[Action]) -> None:
+        self._dequeue(job, now)
+        self.cluster.allocate(placed.gpus)
+        resumed = job.attempts > 0
+        job.status = JobStatus.RUNNING
+        job.placement = placed.gpus
+        job.run_started_at = now
+        job.attempts += 1
+        if job.first_started_at is None:
+            job.first_started_at = now
+        job.relaxed = job.relaxed or placed.relaxed
+        job.speed = self.speed_model(job, placed.gpus) if self.speed_model else 1.0
+        job.stall_until = now + self.restore_s if resumed else now
+        job.pending_reason = ""
+        job.last_event = f"started on {len(self.cluster.nodes_of(placed.gpus))} node(s)"
+        self._index(self._running, job, now)
+        actions.append(Start(job.id, placed.gpus, relaxed=placed.relaxed, resumed=resumed))
+
+    def _preempt(self, job: Job, by: Job, now: float, actions: list[Action]) -> None:
+        """Stop a running job whose GPUs the caller already released in the cluster."""
+        gpus = job.placement
+        self._account_run(job, now)
+        job.preemptions += 1
+        self.preemptions += 1
+        job.last_event = f"preempted by {by.id}"
+        self._enqueue(job, now)
+        actions.append(Preempt(job.id, gpus, by.id))
+
+    def _stop(self, job: Job, now: float) -> None:
+        self.cluster.release(job.placement)
+        self._account_run(job, now)
+
+    def _account_run(self, job: Job, now: float) -> None:
+        job.work_done_s = job.work_done_at(now)
+        ran = job.running_s(now)
+        job.executed_s += ran
+        job.attained_gpu_s += ran * job.spec.gpus
+        self._unindex(self._running, job)
+        job.run_started_at = None
+        job.placement = ()
+
+    def _enqueue(self, job: Job, now: float) -> None:
+        job.status = JobStatus.PENDING
+        job.queued_since = now
+        job.pending_reason = "not yet considered"
+        self._index(self._pending, job, now)
+
+    def _dequeue(self, job: Job, now: float) -> None:
+        job.pending_s += now - job.queued_since
+        self._unindex(self._pending, job)
+
+    def _finish(self, job: Job, status: JobStatus, now: float, event: str) -> None:
+        job.status = status
+        job.finished_at = now
+        job.last_event = event
+        self._timer_version.pop(job.seq, None)
+
+    def _running_job(self, job_id: str) -> Job:
+        job = self.jobs[job_id]
+        if job.status is not JobStatus.RUNNING:
+            raise ValueError(f"job {job_id} is {job.status.value}, not RUNNING")
+        return job
+
+    # -- sorted indexes and timers ------------------------------------------------------------
+
+    def _index(self, index: SortedList, job: Job, now: float) -> None:
+        key = self.policy.stored_key(job, now)
+        self._stored[job.seq] = key
+        index.add((key, job.seq))
+        self._set_timer(job, now)
+
+    def _unindex(self, index: SortedList, job: Job) -> None:
+        index.remove((self._stored.pop(job.seq), job.seq))
+
+    def _set_timer(self, job: Job, now: float) -> None:
+        at = self.policy.key_changes_at(job, now)
+        if job.status is JobStatus.PENDING:
+            at = min(at, self.placement.changes_at(job, now))
+        version = self._timer_version.get(job.seq, 0) + 1
+        self._timer_version[job.seq] = version
+        if at < math.inf:
+            heapq.heappush(self._timers, (max(at, now), job.seq, version))
+
+    def _fire_timers(self, now: float) -> None:
+        while self._timers and self._timers[0][0] <= now:
+            _, seq, version = heapq.heappop(self._timers)
+            if self._timer_version.get(seq) != version:
+                continue
+            job = self._by_seq[seq]
+            self.policy.on_key_change(job, now)
+            index = self._pending if job.status is JobStatus.PENDING else self._running
+            self._unindex(index, job)
+            self._index(index, job, now)
+
+    def _next_wake(self) -> float | None:
+        while self._timers and self._timer_version.get(self._timers[0][1]) != self._timers[0][2]:
+            heapq.heappop(self._timers)
+        return self._timers[0][0] if self._timers else None
+
+    # -- reading the state --------------------------------------------------------------------
+
+    def pending_jobs(self) -> Iterable[Job]:
+        return (self._by_seq[seq] for _, seq in self._pending)
+
+    def running_jobs(self) -> Iterable[Job]:
+        return (self._by_seq[seq] for _, seq in self._running)
+
+    @property
+    def pending_count(self) -> int:
+        return len(self._pending)
+
+    @property
+    def running_count(self) -> int:
+        return len(self._running)
+
+    def explain(self, job_id: str, now: float) -> str:
+        """Why a job is where it is, in words a user understands."""
+        job = self.jobs[job_id]
+        if job.status is not JobStatus.PENDING:
+            return f"{job.status.value}: {job.last_event}"
+        position = self._pending.index((self._stored[job.seq], job.seq))
+        priority = self.policy.describe_key(job, now)
+        parts = [f"PENDING, position {position + 1} of {len(self._pending)} in the queue"]
+        if priority:
+            parts.append(priority)
+        if self.blocked_by is not None and self.blocked_by != job.id and position > 0:
+            parts.append(f"blocked behind job {self.blocked_by} ({self.policy.name} without backfill)")
+        elif job.pending_reason == "not yet considered" and position > 0:
+            parts.append("behind higher-priority jobs")
+        else:
+            parts.append(job.pending_reason)
+        return "; ".join(parts)

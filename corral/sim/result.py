@@ -1,0 +1,43 @@
+"""What one simulation run produces, before it is summarised and written out."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from corral.core.job import Job
+
+
+@dataclass(slots=True)
+class Timeline:
+    """Step functions sampled at every scheduling round: value holds from t[i] until t[i+1]."""
+
+    time_s: list[float] = field(default_factory=list)
+    allocated_gpus: list[int] = field(default_factory=list)
+    pending_jobs: list[int] = field(default_factory=list)
+    running_jobs: list[int] = field(default_factory=list)
+
+    def record(self, now: float, allocated: int, pending: int, running: int) -> None:
+        if self.time_s and self.time_s[-1] == now:
+            self.allocated_gpus[-1] = allocated
+            self.pending_jobs[-1] = pending
+            self.running_jobs[-1] = running
+            return
+        self.time_s.append(now)
+        self.allocated_gpus.append(allocated)
+        self.pending_jobs.append(pending)
+        self.running_jobs.append(running)
+
+
+@dataclass(slots=True)
+class SimResult:
+    policy: str
+    placement: str
+    cluster: str  # Cluster.describe()
+    total_gpus: int
+    jobs: list[Job]  # every job submitted, in submission order, with its final runtime state
+    measured: set[str] | None  # ids of the jobs the metrics cover (None: all jobs)
+    timeline: Timeline
+    preemptions: int
+    rounds: int
+    wall_s: float
+    options: dict[str, object] = field(default_factory=dict)
