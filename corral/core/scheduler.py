@@ -152,22 +152,27 @@ class Scheduler:
             position += 1
         return Decision(actions, self._next_wake())
 
+    def _current_key(self, job: Job, now: float) -> Key:
+        if self.policy.stored_is_key:
+            return self._stored[job.seq]
+        return self.policy.key(job, now)
+
     def _has_lower_priority_running(self, job: Job, now: float) -> bool:
         if not self.policy.preemptive or not self._running:
             return False
         lowest = self._by_seq[self._running[-1][1]]
-        return bool(self.policy.key(lowest, now) > self.policy.key(job, now))
+        return bool(self._current_key(lowest, now) > self._current_key(job, now))
 
     def _make_room(self, job: Job, now: float, actions: list[Action]) -> bool:
         """Preempt the lowest-priority running jobs, fewest first, until the job can be placed."""
-        job_key = self.policy.key(job, now)
+        job_key = self._current_key(job, now)
         free = self.cluster.free_for(job.spec.gpu_types)
         victims: list[Job] = []
         released = 0
         attempts = 0
         for index in range(len(self._running) - 1, -1, -1):
             victim = self._by_seq[self._running[index][1]]
-            if not self.policy.key(victim, now) > job_key:
+            if not self._current_key(victim, now) > job_key:
                 break
             if job.spec.gpu_types is not None and not job.spec.accepts(
                 self.cluster.gpus[victim.placement[0]].gpu_type

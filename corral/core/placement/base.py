@@ -38,6 +38,8 @@ class Placement:
 
 def types_for(cluster: Cluster, job: Job) -> list[str]:
     """The job's acceptable GPU types present in the cluster, most free first (ties: by name)."""
+    if job.spec.gpu_types is None and len(cluster.gpu_types) == 1:
+        return cluster.gpu_types
     types = cluster.gpu_types if job.spec.gpu_types is None else sorted(
         t for t in job.spec.gpu_types if t in cluster.total_by_type
     )

@@ -22,6 +22,9 @@ class Policy:
     preemptive = False
     #: A head job that cannot be placed blocks the jobs behind it (YARN-CS in Philly).
     blocking = False
+    #: `stored_key` equals `key` at every instant (true when keys only change at announced
+    #: instants); lets the scheduler compare indexed keys without recomputing them.
+    stored_is_key = True
 
     def key(self, job: Job, now: float) -> Key:
         raise NotImplementedError

@@ -29,6 +29,7 @@ class ShortestRemainingTimeFirst(Policy):
 
     name = "srtf"
     preemptive = True
+    stored_is_key = False
 
     def key(self, job: Job, now: float) -> Key:
         return (job.remaining_wall_s(now), *tie_break(job))

@@ -1,0 +1,127 @@
+"""The `corral` command."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+from typing import Annotated, NoReturn
+
+import typer
+from rich.console import Console
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="corral: a GPU cluster manager for deep-learning training.",
+    pretty_exceptions_enable=False,
+)
+console = Console()
+err_console = Console(stderr=True)
+
+
+class UserError(Exception):
+    """An error the user caused: shown as one line, exit code 2."""
+
+
+def fail(message: str) -> NoReturn:
+    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    raise typer.Exit(2)
+
+
+@app.callback()
+def main() -> None:
+    """corral: a GPU cluster manager for deep-learning training."""
+
+
+def parse_cluster(shorthand: str) -> tuple[int, int]:
+    match = re.fullmatch(r"\s*(\d+)\s*x\s*(\d+)\s*", shorthand)
+    if not match:
+        raise UserError(f"--cluster: expected NODESxGPUS such as 64x8, got {shorthand!r}")
+    return int(match.group(1)), int(match.group(2))
+
+
+def parse_window(window: str | None) -> tuple[int, int] | None:
+    if window is None:
+        return None
+    match = re.fullmatch(r"\s*(\d+)\s*:\s*(\d+)\s*", window)
+    if not match or int(match.group(1)) >= int(match.group(2)):
+        raise UserError(f"--window: expected START:END job indices with START < END, got {window!r}")
+    return int(match.group(1)), int(match.group(2))
+
+
+def parse_floats(option: str, text: str) -> list[float]:
+    try:
+        return [float(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise UserError(f"{option}: expected comma-separated numbers, got {text!r}") from None
+
+
+@app.command()
+def simulate(
+    trace: Annotated[str, typer.Option(help="FORMAT:PATH, FORMAT one of philly, tiresias, gavel, "
+                                            "alibaba, helios, synthetic (synthetic:jobs=N,load=L,gpus=G)")],
+    cluster: Annotated[str, typer.Option(help="NODESxGPUS, e.g. 64x8")] = "16x8",
+    racks: Annotated[int, typer.Option(help="racks the nodes are spread over")] = 1,
+    gpu_type: Annotated[str, typer.Option(help="GPU type of the --cluster shorthand")] = "v100",
+    gpus_per_switch: Annotated[int | None, typer.Option(help="GPUs under one PCIe switch")] = None,
+    config: Annotated[Path | None, typer.Option(help="cluster YAML (overrides --cluster)")] = None,
+    policy: Annotated[str, typer.Option(help="fifo, sjf, srtf, las, gittins")] = "las",
+    placement: Annotated[str, typer.Option(help="consolidate, relax, profile, any")] = "relax",
+    compare: Annotated[str | None, typer.Option(help="several policies, e.g. fifo,las,gittins,srtf")] = None,
+    backfill: Annotated[bool, typer.Option(help="let smaller jobs pass a blocked head job (fifo)")] = False,
+    las_thresholds: Annotated[str, typer.Option(help="LAS/Gittins queue thresholds, GPU-seconds")] = "3600,36000",
+    starvation_factor: Annotated[float | None, typer.Option(help="LAS: promote a job that waited this many times its run time")] = None,
+    gittins_history: Annotated[Path | None, typer.Option(help="CSV with a 'duration' column of job GPU-seconds (default: the trace's own jobs)")] = None,
+    relax_after: Annotated[float, typer.Option(help="relax: seconds of waiting before locality is relaxed")] = 600.0,
+    profile_threshold: Annotated[float, typer.Option(help="profile: consolidate jobs slowed more than this when spread")] = 1.1,
+    restore_s: Annotated[float, typer.Option(help="checkpoint/restore cost of a resumed job, seconds")] = 30.0,
+    failure_rate: Annotated[float, typer.Option(help="per-attempt failure probability of a 1-GPU job (0: off)")] = 0.0,
+    max_retries: Annotated[int, typer.Option(help="retries of a failed job")] = 3,
+    arrival_scale: Annotated[float, typer.Option(help="multiply inter-arrival gaps (0.5 = twice the rate)")] = 1.0,
+    window: Annotated[str | None, typer.Option(help="measure jobs START:END (by arrival) only")] = None,
+    skip_oversized: Annotated[bool, typer.Option(help="drop jobs larger than the cluster instead of failing")] = False,
+    slowdowns: Annotated[Path | None, typer.Option(help="YAML/JSON {model_prefix: slowdown when spread}")] = None,
+    seed: Annotated[int, typer.Option()] = 0,
+    out: Annotated[Path, typer.Option(help="output directory")] = Path("runs/latest"),
+    plot: Annotated[bool, typer.Option(help="write JCT CDF, utilisation and queue plots")] = False,
+) -> None:
+    """Replay a trace on a modelled cluster and report how each policy did."""
+    from corral.sim.runner import RunSettings, run_simulations
+
+    try:
+        nodes, gpus_per_node = parse_cluster(cluster)
+        settings = RunSettings(
+            trace=trace,
+            nodes=nodes,
+            gpus_per_node=gpus_per_node,
+            racks=racks,
+            gpu_type=gpu_type,
+            gpus_per_switch=gpus_per_switch,
+            config=config,
+            policies=[p.strip() for p in (compare or policy).split(",") if p.strip()],
+            placement=placement,
+            backfill=backfill,
+            las_thresholds=parse_floats("--las-thresholds", las_thresholds),
+            starvation_factor=starvation_factor,
+            gittins_history=gittins_history,
+            relax_after_s=relax_after,
+            profile_threshold=profile_threshold,
+            restore_s=restore_s,
+            failure_rate=failure_rate,
+            max_retries=max_retries,
+            arrival_scale=arrival_scale,
+            window=parse_window(window),
+            skip_oversized=skip_oversized,
+            slowdowns=slowdowns,
+            seed=seed,
+        )
+        run_simulations(settings, out=out, plot=plot, console=console)
+    except UserError as error:
+        fail(str(error))
+    except (ValueError, OSError) as error:
+        fail(str(error).splitlines()[0] if str(error) else type(error).__name__)
+
+
+def run() -> None:
+    sys.exit(app())

@@ -1,0 +1,156 @@
+"""Turn one SimResult into numbers: a JSON-safe summary of the run and one row per job.
+
+Per-job metrics (counts, JCT, queueing) cover only the measured jobs when the run has a measured
+subset (the warm-up and cool-down jobs of a trace window still load the cluster but are not
+judged); makespan and utilisation always cover the whole run, since they describe the cluster.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from corral.core.job import Job, JobStatus
+from corral.sim.result import SimResult, Timeline
+
+JOB_COLUMNS: tuple[str, ...] = (
+    "job_id",
+    "user",
+    "vc",
+    "gpus",
+    "model",
+    "submit_s",
+    "first_start_s",
+    "finish_s",
+    "jct_s",
+    "queue_s",
+    "pending_s",
+    "status",
+    "attempts",
+    "preemptions",
+    "failures",
+    "relaxed",
+    "measured",
+)
+
+
+def measured_jobs(result: SimResult) -> list[Job]:
+    """The jobs the per-job metrics cover, in submission order."""
+    if result.measured is None:
+        return list(result.jobs)
+    return [job for job in result.jobs if job.id in result.measured]
+
+
+def completion_times(result: SimResult) -> np.ndarray:
+    """JCT in seconds (finish - submit) of every measured job that SUCCEEDED, in job order."""
+    return np.array(
+        [
+            job.finished_at - job.spec.submit_time
+            for job in measured_jobs(result)
+            if job.status is JobStatus.SUCCEEDED and job.finished_at is not None
+        ],
+        dtype=float,
+    )
+
+
+def utilization(timeline: Timeline, total_gpus: int) -> float:
+    """Time-weighted fraction of GPUs allocated between the first and last timeline points."""
+    if len(timeline.time_s) < 2 or total_gpus <= 0:
+        return 0.0
+    time_s = np.asarray(timeline.time_s, dtype=float)
+    span = float(time_s[-1] - time_s[0])
+    if span <= 0.0:
+        return 0.0
+    # Step function: allocated[i] holds on [t[i], t[i+1]); the last sample only closes the span.
+    allocated = np.asarray(timeline.allocated_gpus, dtype=float)[:-1]
+    gpu_seconds = float(np.dot(allocated, np.diff(time_s)))
+    return gpu_seconds / (total_gpus * span)
+
+
+def _mean(values: list[float]) -> float | None:
+    return float(np.mean(values)) if values else None
+
+
+def summarize(result: SimResult) -> dict[str, object]:
+    """One JSON-safe object describing the run; None marks a metric with no data to define it."""
+    jobs = measured_jobs(result)
+    jct = completion_times(result)
+    avg_jct: float | None = None
+    p50: float | None = None
+    p95: float | None = None
+    p99: float | None = None
+    if jct.size:
+        avg_jct = float(jct.mean())
+        p50, p95, p99 = (float(v) for v in np.percentile(jct, [50, 95, 99]))
+
+    queue_s = [
+        job.first_started_at - job.spec.submit_time
+        for job in jobs
+        if job.first_started_at is not None
+    ]
+    finished_at = [job.finished_at for job in result.jobs if job.finished_at is not None]
+    makespan: float | None = None
+    if finished_at and result.jobs:
+        first_submit = min(job.spec.submit_time for job in result.jobs)
+        makespan = float(max(finished_at) - first_submit)
+
+    return {
+        "policy": result.policy,
+        "placement": result.placement,
+        "cluster": result.cluster,
+        "total_gpus": int(result.total_gpus),
+        "measured_jobs": len(jobs),
+        "jobs": sum(job.status is JobStatus.SUCCEEDED for job in jobs),
+        "failed": sum(job.status is JobStatus.FAILED for job in jobs),
+        "cancelled": sum(job.status is JobStatus.CANCELLED for job in jobs),
+        "unfinished": sum(not job.status.finished for job in jobs),
+        "avg_jct_s": avg_jct,
+        "p50_jct_s": p50,
+        "p95_jct_s": p95,
+        "p99_jct_s": p99,
+        "avg_queue_s": _mean(queue_s),
+        "avg_pending_s": _mean([job.pending_s for job in jobs]),
+        "makespan_s": makespan,
+        "utilization": utilization(result.timeline, result.total_gpus),
+        "preemptions": int(result.preemptions),
+        "relaxed_jobs": sum(job.relaxed for job in jobs),
+        "rounds": int(result.rounds),
+        "wall_s": float(result.wall_s),
+        "options": dict(result.options),
+    }
+
+
+def job_rows(result: SimResult) -> list[dict[str, object]]:
+    """One row per submitted job (measured or not), keyed by JOB_COLUMNS; None = no value."""
+    rows: list[dict[str, object]] = []
+    for job in result.jobs:
+        spec = job.spec
+        jct_s = None
+        if job.status is JobStatus.SUCCEEDED and job.finished_at is not None:
+            jct_s = job.finished_at - spec.submit_time
+        rows.append(
+            {
+                "job_id": spec.id,
+                "user": spec.user,
+                "vc": spec.vc,
+                "gpus": spec.gpus,
+                "model": spec.model,
+                "submit_s": spec.submit_time,
+                "first_start_s": job.first_started_at,
+                "finish_s": job.finished_at,
+                # JCT only for successes, so that averaging this column gives summary's avg_jct_s.
+                "jct_s": jct_s,
+                "queue_s": (
+                    job.first_started_at - spec.submit_time
+                    if job.first_started_at is not None
+                    else None
+                ),
+                "pending_s": job.pending_s,
+                "status": job.status.value,
+                "attempts": job.attempts,
+                "preemptions": job.preemptions,
+                "failures": job.failures,
+                "relaxed": job.relaxed,
+                "measured": result.measured is None or spec.id in result.measured,
+            }
+        )
+    return rows

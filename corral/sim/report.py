@@ -1,0 +1,235 @@
+"""Write what `corral simulate` produced: summary.json, per-job CSVs, PNG plots, a rich table."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+from rich.table import Table
+
+from corral.sim.metrics import JOB_COLUMNS, completion_times, job_rows, summarize
+from corral.sim.result import SimResult
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+MAX_PLOT_POINTS = 2000
+
+
+def format_duration(seconds: float | None) -> str:
+    """Short human form: '12s', '4.5m', '45m', '3.2h', '12.5d'; '-' when undefined."""
+    if seconds is None or math.isnan(seconds):
+        return "-"
+    if math.isinf(seconds):
+        return "inf" if seconds > 0 else "-inf"
+    if seconds < 0:
+        return "-" + format_duration(-seconds)
+    # Thresholds sit just below each unit's rollover so that 59.7 s reads '1.0m', not '60s'.
+    if seconds < 59.5:
+        if seconds >= 9.95 or seconds == int(seconds):
+            return f"{seconds:.0f}s"
+        return f"{seconds:.1f}s"
+    if seconds < 59.5 * 60:
+        minutes = seconds / 60
+        return f"{minutes:.0f}m" if minutes >= 9.95 else f"{minutes:.1f}m"
+    if seconds < 47.95 * 3600:
+        return f"{seconds / 3600:.1f}h"
+    return f"{seconds / 86400:.1f}d"
+
+
+def downsample_step(
+    time_s: list[float] | np.ndarray,
+    values: list[float] | list[int] | np.ndarray,
+    max_points: int = MAX_PLOT_POINTS,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Reduce a step function to at most `max_points` samples of the same kind.
+
+    Input and output follow Timeline's convention: values[i] holds on [t[i], t[i+1]) and the last
+    point only closes the span. Each output step is the time-weighted mean of the input over an
+    equal-width time bucket, so the mean over the whole span is preserved exactly (up to rounding)
+    and short spikes are averaged rather than dropped or kept at random.
+    """
+    times = np.asarray(time_s, dtype=float)
+    vals = np.asarray(values, dtype=float)
+    if times.size <= max(max_points, 2):
+        return times.copy(), vals.copy()
+    span = times[-1] - times[0]
+    if span <= 0.0:
+        return times[-1:].copy(), vals[-1:].copy()
+    # The integral of a step function is piecewise linear, so interpolating it at bucket edges
+    # gives each bucket's exact area.
+    area = np.concatenate(([0.0], np.cumsum(vals[:-1] * np.diff(times))))
+    edges = np.linspace(times[0], times[-1], max_points)
+    means = np.diff(np.interp(edges, times, area)) / np.diff(edges)
+    return edges, np.append(means, vals[-1])
+
+
+def _csv_name(result: SimResult, taken: set[str]) -> str:
+    stem = re.sub(r"[^A-Za-z0-9._-]+", "_", f"jobs-{result.policy}-{result.placement}")
+    name, n = f"{stem}.csv", 1
+    while name in taken:  # two runs of one policy/placement pair (different options)
+        n += 1
+        name = f"{stem}-{n}.csv"
+    taken.add(name)
+    return name
+
+
+def _write_jobs_csv(result: SimResult, path: Path) -> None:
+    with path.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(JOB_COLUMNS))
+        writer.writeheader()
+        writer.writerows(job_rows(result))
+
+
+def write_outputs(results: list[SimResult], out_dir: Path, plot: bool) -> list[dict[str, object]]:
+    """Write summary.json, jobs-<policy>-<placement>.csv per run and (plot=True) the PNGs."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    summaries = [summarize(result) for result in results]
+    with (out_dir / "summary.json").open("w") as handle:
+        # default=str: options may hold values (paths, enums) that JSON has no type for.
+        json.dump({"runs": summaries}, handle, indent=2, default=str)
+        handle.write("\n")
+    taken: set[str] = set()
+    for result in results:
+        _write_jobs_csv(result, out_dir / _csv_name(result, taken))
+    if plot:
+        write_plots(results, out_dir)
+    return summaries
+
+
+def write_plots(results: list[SimResult], out_dir: Path) -> None:
+    """jct_cdf.png, utilization.png and queue.png in out_dir."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # headless: simulations run on servers and in CI
+    import matplotlib.pyplot as plt
+
+    def save(fig: Figure, name: str) -> None:
+        fig.tight_layout()
+        fig.savefig(out_dir / name, dpi=110)
+        plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    _plot_jct_cdf(ax, results)
+    save(fig, "jct_cdf.png")
+
+    origin = min((r.timeline.time_s[0] for r in results if r.timeline.time_s), default=0.0)
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    for result in results:
+        timeline = result.timeline
+        if not timeline.time_s:
+            continue
+        times, allocated = downsample_step(timeline.time_s, timeline.allocated_gpus)
+        fraction = allocated / result.total_gpus if result.total_gpus > 0 else allocated * 0.0
+        ax.step((times - origin) / 3600, fraction, where="post", label=_label(result), lw=1)
+    ax.set_ylim(0, 1.05)
+    _finish_time_axes(ax, "GPU utilisation over time", "GPUs allocated (fraction of cluster)")
+    save(fig, "utilization.png")
+
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    for result in results:
+        timeline = result.timeline
+        if not timeline.time_s:
+            continue
+        times, pending = downsample_step(timeline.time_s, timeline.pending_jobs)
+        ax.step((times - origin) / 3600, pending, where="post", label=_label(result), lw=1)
+    ax.set_ylim(bottom=0)
+    _finish_time_axes(ax, "Queue length over time", "Pending jobs")
+    save(fig, "queue.png")
+
+
+def _label(result: SimResult) -> str:
+    return f"{result.policy}/{result.placement}"
+
+
+def _plot_jct_cdf(ax: Axes, results: list[SimResult]) -> None:
+    from matplotlib.ticker import LogFormatter
+
+    class PlainLogFormatter(LogFormatter):
+        """Matplotlib's choice of which log ticks to label, written "0.5" and "2", not "5e-01"."""
+
+        def __call__(self, x: float, pos: int | None = None) -> str:
+            return f"{x:g}" if super().__call__(x, pos) else ""
+
+    plotted = False
+    for result in results:
+        hours = np.sort(completion_times(result)) / 3600
+        hours = hours[hours > 0]  # a log axis cannot show zero-length jobs
+        if hours.size == 0:
+            continue
+        fraction = np.arange(1, hours.size + 1) / hours.size
+        if hours.size > MAX_PLOT_POINTS:
+            keep = np.unique(np.linspace(0, hours.size - 1, MAX_PLOT_POINTS).astype(int))
+            hours, fraction = hours[keep], fraction[keep]
+        # Start each curve from 0 so the first job shows as a jump, like the others.
+        hours = np.concatenate(([hours[0]], hours))
+        fraction = np.concatenate(([0.0], fraction))
+        ax.step(hours, fraction, where="post", label=_label(result), lw=1.2)
+        plotted = True
+    if plotted:
+        ax.set_xscale("log")
+        ax.xaxis.set_major_formatter(PlainLogFormatter())
+        ax.xaxis.set_minor_formatter(PlainLogFormatter(labelOnlyBase=False))
+        ax.legend(loc="lower right")
+    else:
+        ax.text(0.5, 0.5, "no completed jobs", ha="center", va="center", transform=ax.transAxes)
+    ax.set_ylim(0, 1.02)
+    ax.set_title("Job completion time (CDF)")
+    ax.set_xlabel("JCT (hours, log scale)")
+    ax.set_ylabel("Fraction of completed jobs")
+    ax.grid(True, which="both", alpha=0.3)
+
+
+def _finish_time_axes(ax: Axes, title: str, ylabel: str) -> None:
+    ax.set_title(title)
+    ax.set_xlabel("Time since trace start (hours)")
+    ax.set_ylabel(ylabel)
+    ax.grid(True, alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(loc="best")
+
+
+def _duration_cell(value: object) -> str:
+    return format_duration(float(value)) if isinstance(value, int | float) else "-"
+
+
+def summary_table(summaries: list[dict[str, object]]) -> Table:
+    """One row per run, one column per headline metric; runs side by side for --compare."""
+    table = Table(title="Simulation summary")
+    table.add_column("Policy", style="bold")
+    table.add_column("Placement")
+    for header in (
+        "Jobs",
+        "Avg JCT",
+        "p50 JCT",
+        "p95 JCT",
+        "p99 JCT",
+        "Avg queue",
+        "Makespan",
+        "Util",
+        "Preempt",
+    ):
+        table.add_column(header, justify="right")
+    for run in summaries:
+        util = run.get("utilization")
+        table.add_row(
+            str(run.get("policy", "-")),
+            str(run.get("placement", "-")),
+            str(run.get("jobs", "-")),
+            _duration_cell(run.get("avg_jct_s")),
+            _duration_cell(run.get("p50_jct_s")),
+            _duration_cell(run.get("p95_jct_s")),
+            _duration_cell(run.get("p99_jct_s")),
+            _duration_cell(run.get("avg_queue_s")),
+            _duration_cell(run.get("makespan_s")),
+            f"{100 * util:.1f}%" if isinstance(util, int | float) else "-",
+            str(run.get("preemptions", "-")),
+        )
+    return table

@@ -1,0 +1,217 @@
+"""What every trace reader shares: the Trace it returns, its one-line errors, field parsers."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+from corral.core.job import JobSpec
+from corral.sim.perfmodel import PerfModel
+
+TIMESTAMP_FORMAT = "%Y-%m-%d %H:%M:%S"
+
+
+class TraceError(ValueError):
+    """A trace that cannot be read. The message is one line naming the file, record and field."""
+
+
+@dataclass(slots=True)
+class Trace:
+    """Jobs sorted by submit time (file order breaks ties), the first submitted at 0."""
+
+    jobs: list[JobSpec]
+    source: str
+    notes: list[str] = field(default_factory=list)
+
+
+# A reader turns a location (path, or the synthetic generator's KEY=VAL list) into jobs in file
+# order with their submit times as the file gives them; `finish` sorts, shifts and scales them.
+Reader = Callable[..., Trace]
+
+
+def finish(trace: Trace, arrival_scale: float) -> Trace:
+    """Sort by submit time (stable: file order breaks ties), start at 0, scale the gaps."""
+    if not trace.jobs:
+        skipped = f" ({'; '.join(trace.notes)})" if trace.notes else ""
+        raise TraceError(f"{trace.source}: the trace has no jobs{skipped}")
+    if isinstance(arrival_scale, bool) or not isinstance(arrival_scale, (int, float)) or not (
+        math.isfinite(arrival_scale) and arrival_scale > 0
+    ):
+        raise TraceError(f"arrival_scale: must be a positive number, got {arrival_scale!r}")
+    jobs = sorted(trace.jobs, key=lambda spec: spec.submit_time)
+    first = jobs[0].submit_time
+    if first != 0.0 or arrival_scale != 1.0:
+        jobs = [
+            dataclasses.replace(spec, submit_time=(spec.submit_time - first) * arrival_scale)
+            for spec in jobs
+        ]
+    return Trace(jobs=jobs, source=trace.source, notes=list(trace.notes))
+
+
+def check_unique_ids(jobs: list[JobSpec], where: list[str], file: str) -> None:
+    """Refuse two records with the same job id; `where[i]` names record i ("line 7")."""
+    seen: dict[str, int] = {}
+    for i, spec in enumerate(jobs):
+        first = seen.setdefault(spec.id, i)
+        if first != i:
+            raise TraceError(f"{file}: {where[i]}: id: duplicate job id {spec.id!r} "
+                             f"(first at {where[first]})")
+
+
+def no_options(fmt: str, options: dict[str, object]) -> None:
+    if options:
+        raise TraceError(f"{fmt}: unknown option(s) {', '.join(sorted(options))}")
+
+
+def count_note(counter: dict[str, int], what: str) -> str:
+    """'replayed 3 Pass, 1 Failed jobs' style summary, largest first."""
+    parts = [f"{n} {name or '(blank)'}" for name, n in sorted(counter.items(), key=lambda kv: -kv[1])]
+    return f"{what}: {', '.join(parts)}"
+
+
+# -- files ---------------------------------------------------------------------------------------
+
+
+def existing_path(location: str, fmt: str) -> Path:
+    if not location:
+        raise TraceError(f"{fmt}: no path given (expected {fmt}:PATH)")
+    path = Path(location).expanduser()
+    if not path.exists():
+        raise TraceError(f"{location}: no such file or directory")
+    return path
+
+
+def csv_records(
+    path: Path,
+    required: tuple[str, ...],
+    label: str | None = None,
+    one_of: tuple[tuple[str, ...], ...] = (),
+) -> Iterator[tuple[int, dict[str, str]]]:
+    """(line number, row) for each non-blank row of a CSV file with a header line.
+
+    The header must hold every column of `required`, and all the columns of at least one of the
+    alternatives in `one_of` when it is given.
+    """
+    name = label or str(path)
+    try:
+        handle = path.open(newline="", encoding="utf-8")
+    except OSError as exc:
+        raise TraceError(f"{name}: cannot open: {exc.strerror or exc}") from None
+    with handle:
+        reader = csv.reader(handle)
+        try:
+            header = next(reader, None)
+            if header is None:
+                raise TraceError(f"{name}: empty file (expected a header line)")
+            header = [column.strip() for column in header]
+            missing = [column for column in required if column not in header]
+            if missing:
+                raise TraceError(f"{name}: line 1: header: missing column(s) {', '.join(missing)}")
+            if one_of and not any(all(c in header for c in group) for group in one_of):
+                wanted = " or ".join(" and ".join(group) for group in one_of)
+                raise TraceError(f"{name}: line 1: header: missing column(s) {wanted}")
+            for row in reader:
+                if not row or all(not cell.strip() for cell in row):
+                    continue
+                if len(row) != len(header):
+                    raise TraceError(f"{name}: line {reader.line_num}: expected {len(header)} "
+                                     f"columns, got {len(row)}")
+                yield reader.line_num, dict(zip(header, (cell.strip() for cell in row), strict=True))
+        except csv.Error as exc:
+            raise TraceError(f"{name}: line {reader.line_num}: {exc}") from None
+        except UnicodeDecodeError:
+            raise TraceError(f"{name}: not a UTF-8 text file") from None
+
+
+# -- fields --------------------------------------------------------------------------------------
+
+
+def _show(raw: object) -> str:
+    text = repr(raw)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def number(raw: object, where: str, name: str, *, positive: bool = False) -> float:
+    """A finite number >= 0 (> 0 with positive=True); TraceError naming `where` and `name`."""
+    kind = "a positive number" if positive else "a non-negative number"
+    value = _to_float(raw)
+    if value is None or not math.isfinite(value) or value < 0 or (positive and value == 0):
+        raise TraceError(f"{where}: {name}: must be {kind}, got {_show(raw)}")
+    return value
+
+
+def integer(raw: object, where: str, name: str, *, positive: bool = False) -> int:
+    """A whole number >= 0 (> 0 with positive=True); "4.0" is accepted as 4."""
+    kind = "a positive integer" if positive else "a non-negative integer"
+    value = _to_float(raw)
+    if (
+        value is None
+        or not math.isfinite(value)
+        or value != int(value)
+        or value < 0
+        or (positive and value == 0)
+    ):
+        raise TraceError(f"{where}: {name}: must be {kind}, got {_show(raw)}")
+    return int(value)
+
+
+def timestamp(raw: object, where: str, name: str) -> float:
+    """Seconds since the epoch of a "YYYY-MM-DD HH:MM:SS" time, read as UTC.
+
+    The traces give local times without a zone; reading them as UTC keeps every difference exact
+    (no daylight-saving jumps), and only differences matter once the trace is shifted to start at 0.
+    """
+    if isinstance(raw, str):
+        try:
+            moment = datetime.strptime(raw.strip(), TIMESTAMP_FORMAT)
+        except ValueError:
+            pass
+        else:
+            return moment.replace(tzinfo=timezone.utc).timestamp()
+    raise TraceError(f"{where}: {name}: must be a time like 2017-10-03 14:05:00, got {_show(raw)}")
+
+
+def number_or_timestamp(raw: object, where: str, name: str) -> float:
+    """Seconds as a plain number, or a "YYYY-MM-DD HH:MM:SS" time."""
+    value = _to_float(raw)
+    if value is None and isinstance(raw, str):
+        try:
+            return timestamp(raw, where, name)
+        except TraceError:
+            pass
+    if value is None or not math.isfinite(value) or value < 0:
+        raise TraceError(f"{where}: {name}: must be a non-negative number of seconds or a time "
+                         f"like 2020-04-01 08:00:00, got {_show(raw)}")
+    return value
+
+
+def text(raw: object, where: str, name: str, *, default: str | None = None) -> str:
+    if raw is None or raw == "":
+        if default is not None:
+            return default
+        raise TraceError(f"{where}: {name}: missing")
+    if isinstance(raw, bool) or not isinstance(raw, (str, int)):
+        raise TraceError(f"{where}: {name}: must be a string, got {_show(raw)}")
+    return str(raw)
+
+
+def _to_float(raw: object) -> float | None:
+    if isinstance(raw, bool):
+        return None
+    if isinstance(raw, (int, float)):
+        return float(raw)
+    if isinstance(raw, str):
+        try:
+            return float(raw.strip())
+        except ValueError:
+            return None
+    return None
+
+
+def default_perf(perf: PerfModel | None) -> PerfModel:
+    return perf if perf is not None else PerfModel.default_for_durations()

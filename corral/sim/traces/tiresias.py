@@ -1,0 +1,54 @@
+"""Tiresias's simulator trace (SymbioticLab/Tiresias, e.g. 60_job.csv).
+
+Columns `job_id,num_gpu,submit_time,iterations,model_name,duration,interval`, times in seconds;
+`duration` is the run time on a consolidated placement. `interval` (the gap to the next job) is
+redundant with `submit_time` and ignored; `iterations` and `model_name` may be absent.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from corral.core.job import JobSpec
+from corral.sim.perfmodel import PerfModel
+from corral.sim.traces.base import (
+    Trace,
+    check_unique_ids,
+    csv_records,
+    default_perf,
+    existing_path,
+    integer,
+    no_options,
+    number,
+    text,
+)
+
+REQUIRED = ("job_id", "num_gpu", "submit_time", "duration")
+
+
+def read(location: str, *, perf: PerfModel | None = None, seed: int = 0, **options: Any) -> Trace:
+    no_options("tiresias", options)
+    path = existing_path(location, "tiresias")
+    name = str(location)
+    perf = default_perf(perf)
+    jobs: list[JobSpec] = []
+    where_of: list[str] = []
+    for line, row in csv_records(path, REQUIRED, name):
+        where = f"{name}: line {line}"
+        gpus = integer(row["num_gpu"], where, "num_gpu", positive=True)
+        model = row.get("model_name", "")
+        steps = row.get("iterations", "")
+        jobs.append(
+            JobSpec(
+                id=text(row["job_id"], where, "job_id"),
+                submit_time=number(row["submit_time"], where, "submit_time"),
+                gpus=gpus,
+                model=model,
+                duration_s=number(row["duration"], where, "duration", positive=True),
+                total_steps=number(steps, where, "iterations") if steps else None,
+                spread_slowdown=perf.spread_slowdown(model, gpus),
+            )
+        )
+        where_of.append(f"line {line}")
+    check_unique_ids(jobs, where_of, name)
+    return Trace(jobs=jobs, source=f"tiresias:{location}")

@@ -1,0 +1,131 @@
+"""Ordering policies on hand-worked scenarios."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from corral.core import JobStatus, Preempt, Start
+from corral.core.policy import gittins_index, make_policy
+from tests.core.helpers import scheduler, spec, started
+
+
+def test_las_order_after_preemption_follows_attained_service_then_arrival():
+    # One 4-GPU node, one LAS threshold at 100 GPU-s: queue 0 below it, queue 1 above.
+    s = scheduler(1, 4, "las", policy_options={"thresholds_gpu_s": [100]})
+    s.submit(spec("A", 4, submit=0), 0)
+    assert started(s.decide(0).actions) == {"A": (0, 1, 2, 3)}
+    s.submit(spec("B", 4, submit=5), 5)
+    decision = s.decide(5)
+    # At t=5 A has 4 x 5 = 20 GPU-s: both in queue 0, A arrived first, so B waits.
+    assert decision.actions == []
+    # A reaches 100 GPU-s at t = 100 / 4 = 25: the scheduler asks to be woken then.
+    assert decision.wake_at == pytest.approx(25)
+    decision = s.decide(25)
+    assert decision.actions == [Preempt("A", (0, 1, 2, 3), "B"), Start("B", (0, 1, 2, 3))]
+    assert s.jobs["A"].attained_gpu_s == pytest.approx(100)
+    # A new job C (queue 0) goes ahead of the preempted A (queue 1) in the queue.
+    s.submit(spec("C", 4, submit=30), 30)
+    assert s.decide(30).actions == []  # B (20 GPU-s) and C both queue 0; B arrived earlier
+    assert [j.id for j in s.pending_jobs()] == ["C", "A"]
+    # B drops to queue 1 at t = 25 + 100/4 = 50; C (queue 0) preempts it.
+    decision = s.decide(50)
+    assert decision.actions == [Preempt("B", (0, 1, 2, 3), "C"), Start("C", (0, 1, 2, 3))]
+    # Once C also reaches queue 1 (t = 75), FIFO inside queue 1 puts A (arrived at 0) first.
+    decision = s.decide(75)
+    assert started(decision.actions) == {"A": (0, 1, 2, 3)}
+    assert s.jobs["A"].attempts == 2
+    assert [j.id for j in s.pending_jobs()] == ["B", "C"]
+
+
+def test_las_starvation_promotion_moves_a_waiting_job_to_the_top_queue():
+    s = scheduler(1, 4, "las", policy_options={"thresholds_gpu_s": [100], "starvation_factor": 2.0})
+    s.submit(spec("A", 4, submit=0), 0)
+    s.decide(0)
+    s.submit(spec("B", 4, submit=1), 1)
+    s.decide(1)
+    s.decide(25)  # A has 100 GPU-s: queue 1; B preempts it. A ran 25 s.
+    assert s.jobs["A"].status is JobStatus.PENDING
+    # Fresh jobs keep arriving so that B and its successors stay ahead of A.
+    s.submit(spec("C", 4, submit=26), 26)
+    decision = s.decide(26)
+    # A waits from t=25; with factor 2 and 25 s executed it is promoted at 25 + 2 x 25 = 75.
+    assert decision.wake_at == pytest.approx(50)  # B's own queue crossing comes first
+    s.decide(50)  # B crosses to queue 1; C (queue 0) preempts it
+    assert s.jobs["C"].status is JobStatus.RUNNING
+    s.decide(74.0)
+    assert s.jobs["A"].status is JobStatus.PENDING
+    s.decide(75.0)
+    # Promoted A (queue 0, arrived at 0) outranks C (queue 1 since t = 50 + 25 = 75).
+    assert s.jobs["A"].status is JobStatus.RUNNING
+    assert s.jobs["A"].extra["promotions"] == 1
+
+
+def test_gittins_index_of_a_two_point_distribution():
+    # Half of the jobs need 10 GPU-s, half need 100.
+    samples = np.array([10.0, 100.0])
+    # At 0: quantum 10 gives P=0.5 over E[min(S,10)]=10 -> 0.05; quantum 100 gives 1/55.
+    assert gittins_index(samples, 0.0) == pytest.approx(0.05)
+    # At 5: quantum 5 gives 0.5/5 = 0.1, better than 1/((5+95)/2) = 0.02.
+    assert gittins_index(samples, 5.0) == pytest.approx(0.1)
+    # Past 10 only the long job is possible: 90 GPU-s left with certainty.
+    assert gittins_index(samples, 10.0) == pytest.approx(1 / 90)
+    assert gittins_index(samples, 100.0) == 0.0
+
+
+def test_gittins_preempts_a_job_that_outlived_the_short_mode():
+    s = scheduler(1, 1, "gittins", policy_options={
+        "service_samples_gpu_s": [10.0, 100.0], "thresholds_gpu_s": [10.0]})
+    s.submit(spec("long", 1, submit=0), 0)
+    decision = s.decide(0)
+    assert started(decision.actions) == {"long": (0,)}
+    s.submit(spec("new", 1, submit=3), 3)
+    # Indexes are read on a grid of service levels (0, 10, ...): at 3 GPU-s the running job
+    # still has the index of level 0, the same as the new job, and it arrived first.
+    assert s.decide(3).actions == []
+    # At 10 GPU-s (the next grid point) it has index 1/90 < 0.05: the new job takes the GPU.
+    decision = s.decide(10)
+    assert decision.actions == [Preempt("long", (0,), "new"), Start("new", (0,))]
+
+
+def test_srtf_preempts_the_job_with_most_work_left_and_sjf_never_preempts():
+    s = scheduler(1, 4, "srtf")
+    s.submit(spec("big", 4, duration=100), 0)
+    s.decide(0)
+    s.submit(spec("small", 4, submit=10, duration=50), 10)
+    # big has 90 s left, small 50: small runs.
+    assert s.decide(10).actions == [Preempt("big", (0, 1, 2, 3), "small"), Start("small", (0, 1, 2, 3))]
+    s2 = scheduler(1, 4, "sjf")
+    s2.submit(spec("big", 4, duration=100), 0)
+    s2.decide(0)
+    s2.submit(spec("small", 4, submit=10, duration=50), 10)
+    assert s2.decide(10).actions == []
+
+
+def test_srtf_does_not_preempt_a_job_that_is_closer_to_done():
+    s = scheduler(1, 4, "srtf")
+    s.submit(spec("a", 4, duration=100), 0)
+    s.decide(0)
+    s.submit(spec("b", 4, submit=80, duration=50), 80)
+    assert s.decide(80).actions == []  # a has 20 s left
+
+
+def test_fifo_head_of_line_blocking_and_backfill():
+    for backfill, expect_small_runs in [(False, False), (True, True)]:
+        s = scheduler(1, 4, "fifo", backfill=backfill)
+        s.submit(spec("running", 3), 0)
+        s.decide(0)
+        s.submit(spec("head", 4, submit=1), 1)
+        s.submit(spec("small", 1, submit=2), 2)
+        decision = s.decide(2)
+        assert ("small" in started(decision.actions)) is expect_small_runs
+        if not backfill:
+            assert "blocked behind job head" in s.explain("small", 2)
+            assert "waiting for 4 free GPUs (1 free)" in s.explain("head", 2)
+
+
+def test_unknown_policy_and_bad_thresholds_are_refused():
+    with pytest.raises(ValueError, match="unknown policy 'lottery'"):
+        make_policy("lottery")
+    with pytest.raises(ValueError, match="strictly increasing"):
+        make_policy("las", thresholds_gpu_s=[100, 50])
