@@ -1,0 +1,479 @@
+"""The cluster and its virtual clusters (VCs), parsed from an already-loaded mapping (e.g. YAML).
+
+Pure: no file I/O (``corral.config_file`` reads files). The format::
+
+    cell_types:
+      V100-2GPU: {child: V100, count: 2}             # a PCIe-switch pair
+      V100-NODE: {child: V100-2GPU, count: 4, node: true}
+      V100-RACK: {child: V100-NODE, count: 4}
+    physical_cells:
+      - {type: V100-RACK, count: 2}                  # generated names: V100-RACK-0, V100-RACK-1
+      - {type: V100-NODE, names: [gpu-a, gpu-b]}     # or one given name per cell
+    virtual_clusters:
+      vision: {V100-NODE: 3, V100-2GPU: 1}
+      nlp: {V100-RACK: 1}
+
+Rules (each violation is a ConfigError whose message starts with the offending key path):
+
+- A cell type is ``count`` cells of its ``child``. A child that no cell type defines is a GPU type,
+  stored lowercase (``V100`` -> ``v100``); a child equal to a cell type but for case is refused.
+  Cell types may not form a cycle. Every count is a positive integer (``true`` is not one).
+- Node level. A chain runs from a cell type that is no other type's child down to the GPUs. If no
+  cell type is marked ``node: true``, the type directly above the GPUs is the node in every chain.
+  Once any type is marked, every chain must contain exactly one marked type (so a misspelt child,
+  which would silently become a GPU type, is caught); two marked types in one chain are refused.
+- ``physical_cells`` is a non-empty list of top-level cells, each a node or above (a type inside a
+  node is refused), with either ``count`` or ``names`` (one name per cell; names may not contain
+  "/" and may be used only once). A cell above node level is the rack of the nodes directly under
+  it (Cluster: a node's parent is its rack unless it is the root); a node-level physical cell sits
+  under the root and is its own rack.
+- Cell names: a top-level cell is its given name or ``<TYPE>-<i>`` (i counts per type over all
+  entries); a cell inside it is ``<parent>/<TYPE>-<j>`` (j counts within the parent); a GPU is
+  ``<node>/gpu<k>`` (k counts within the node).
+- ``virtual_clusters`` maps a VC name to ``{cell type: count}``; GPU types cannot be given to a VC.
+  The VCs together must fit in the cluster: going from the biggest cell types down, the cells of a
+  type available to VCs are the physical ones plus those inside the bigger cells no VC was given;
+  asking for more is refused, naming the type, the total asked and the number available.
+- No ``virtual_clusters`` (or an empty mapping) gives one VC, ``default``, the whole cluster: it is
+  returned as ``{"default": {}}``; an empty cell map means "the whole cluster" and only arises so.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections import Counter
+from dataclasses import dataclass
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, PlainValidator, StrictBool, ValidationError
+from pydantic_core import PydanticCustomError
+
+from corral.core.cluster import Cell, Cluster, ClusterError
+
+DEFAULT_VC = "default"
+MAX_GPUS = 1_000_000  # refuse configs whose counts would build an absurd tree (a typo, not a cluster)
+
+
+class ConfigError(ValueError):
+    """A config refused at load time; the message is one line: ``[file: ]key.path: reason``."""
+
+    def __init__(self, key_path: str, reason: str, file: str | None = None) -> None:
+        self.key_path = key_path
+        self.reason = reason
+        self.file = file
+        parts = [p for p in (file, key_path) if p] + [reason]
+        super().__init__(_one_line(": ".join(parts)))
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterConfig:
+    cluster: Cluster
+    virtual_clusters: dict[str, dict[str, int]]  # VC -> {cell type: count}; {} = whole cluster
+
+
+# -- shape (pydantic) ---------------------------------------------------------------------------
+
+
+def _show(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _positive_int(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise PydanticCustomError(
+            "positive_int", "must be a positive integer, got {got}", {"got": _show(value)}
+        )
+    return value
+
+
+def _text(value: object) -> str:
+    if not isinstance(value, str):
+        raise PydanticCustomError("string", "must be a string, got {got}", {"got": _show(value)})
+    if not value.strip():
+        raise PydanticCustomError("empty", "must not be empty")
+    return value
+
+
+def _cell_name(value: object) -> str:
+    text = _text(value)
+    if "/" in text:
+        raise PydanticCustomError(
+            "slash", "must not contain '/' (it separates the levels of cell names), got {got}",
+            {"got": _show(value)},
+        )
+    return text
+
+
+Count = Annotated[int, PlainValidator(_positive_int)]
+CellName = Annotated[str, PlainValidator(_cell_name)]
+VcName = Annotated[str, PlainValidator(_text)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class CellTypeSpec(_Strict):
+    child: CellName
+    count: Count
+    node: StrictBool = False
+
+
+class PhysicalCellSpec(_Strict):
+    type: CellName
+    count: Count | None = None
+    names: list[CellName] | None = None
+
+
+class ClusterConfigSpec(_Strict):
+    cell_types: dict[CellName, CellTypeSpec]
+    physical_cells: list[PhysicalCellSpec]
+    virtual_clusters: dict[VcName, dict[CellName, Count]] | None = None
+
+
+_SHAPE_ERRORS = {
+    "model_type": "must be a mapping",
+    "dict_type": "must be a mapping",
+    "list_type": "must be a list",
+    "bool_type": "must be true or false",
+}
+
+
+def _from_validation_error(error: ValidationError) -> ConfigError:
+    first = error.errors(include_url=False)[0]
+    loc = list(first["loc"])
+    kind = first["type"]
+    reason = first["msg"]
+    if kind == "extra_forbidden":
+        reason = f"unknown key (expected one of: {', '.join(_allowed_keys(loc[:-1]))})"
+    elif kind == "missing":
+        reason = "required key is missing"
+    elif kind in _SHAPE_ERRORS:
+        reason = f"{_SHAPE_ERRORS[kind]}, got {_show(first['input'])}"
+    elif reason[:1].isupper() and reason[1:2].islower():
+        reason = reason[0].lower() + reason[1:]
+    if loc and loc[-1] == "[key]":
+        loc.pop()
+        reason = f"invalid name: {reason}"
+    return ConfigError(".".join(str(part) for part in loc), reason)
+
+
+def _allowed_keys(parent: list[int | str]) -> list[str]:
+    model: type[BaseModel] = ClusterConfigSpec
+    if len(parent) == 2 and parent[0] == "cell_types":
+        model = CellTypeSpec
+    elif len(parent) == 2 and parent[0] == "physical_cells":
+        model = PhysicalCellSpec
+    return list(model.model_fields)
+
+
+# -- semantics ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _TypeInfo:
+    gpu_type: str  # lowercase
+    gpu_leaf: str  # the GPU type as written in the config
+    gpus: int  # GPUs in one cell of this type
+    height: int  # levels down to the GPUs: 1 when the child is a GPU
+
+
+def _hint(name: str, candidates: list[str]) -> str:
+    close = difflib.get_close_matches(name, candidates, n=1, cutoff=0.75)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _check_children(types: dict[str, CellTypeSpec]) -> None:
+    by_folded = {name.casefold(): name for name in types}
+    for name, spec in types.items():
+        if spec.child not in types and spec.child.casefold() in by_folded:
+            raise ConfigError(
+                f"cell_types.{name}.child",
+                f"unknown cell type {spec.child!r} (did you mean "
+                f"{by_folded[spec.child.casefold()]!r}? names are case-sensitive)",
+            )
+
+
+def _check_cycles(types: dict[str, CellTypeSpec]) -> None:
+    done: set[str] = set()
+    for start in types:
+        path: list[str] = []
+        on_path: set[str] = set()
+        current = start
+        while current in types and current not in done:
+            if current in on_path:
+                cycle = path[path.index(current):]
+                first = min(cycle, key=list(types).index)  # report from the earliest-defined member
+                at = cycle.index(first)
+                cycle = cycle[at:] + cycle[:at]
+                raise ConfigError(
+                    f"cell_types.{first}.child",
+                    f"cell types form a cycle: {' > '.join([*cycle, first])}",
+                )
+            path.append(current)
+            on_path.add(current)
+            current = types[current].child
+        done.update(path)
+
+
+def _type_infos(types: dict[str, CellTypeSpec]) -> dict[str, _TypeInfo]:
+    infos: dict[str, _TypeInfo] = {}
+
+    def info(name: str) -> _TypeInfo:
+        known = infos.get(name)
+        if known is None:
+            spec = types[name]
+            if spec.child in types:
+                below = info(spec.child)
+                known = _TypeInfo(below.gpu_type, below.gpu_leaf, below.gpus * spec.count,
+                                  below.height + 1)
+            else:
+                known = _TypeInfo(spec.child.lower(), spec.child, spec.count, 1)
+            infos[name] = known
+        return known
+
+    for name in types:
+        info(name)
+    return infos
+
+
+def _chain(types: dict[str, CellTypeSpec], top: str) -> list[str]:
+    chain = [top]
+    while types[chain[-1]].child in types:
+        chain.append(types[chain[-1]].child)
+    return chain
+
+
+def _node_types(types: dict[str, CellTypeSpec], infos: dict[str, _TypeInfo]) -> set[str]:
+    marked = {name for name, spec in types.items() if spec.node}
+    if not marked:
+        return {name for name, info in infos.items() if info.height == 1}
+    children = {spec.child for spec in types.values()}
+    for top in (name for name in types if name not in children):
+        chain = _chain(types, top)
+        shown = " > ".join([*chain, infos[top].gpu_leaf])
+        nodes = [name for name in chain if name in marked]
+        if len(nodes) > 1:
+            raise ConfigError(
+                f"cell_types.{nodes[0]}.node",
+                f"the chain {shown} has {len(nodes)} node levels ({', '.join(nodes)}); "
+                "mark only one",
+            )
+        if not nodes:
+            leaf = infos[top].gpu_leaf
+            hint = _hint(leaf, list(types))
+            if hint:
+                raise ConfigError(
+                    f"cell_types.{chain[-1]}.child",
+                    f"unknown cell type {leaf!r}{hint}: as a GPU type it leaves the chain "
+                    f"{shown} without a node level",
+                )
+            raise ConfigError(
+                f"cell_types.{top}",
+                f"no level of the chain {shown} is marked node: true; once any cell type is "
+                "marked, every chain needs exactly one",
+            )
+    return marked
+
+
+def _inside_nodes(types: dict[str, CellTypeSpec], nodes: set[str]) -> dict[str, str]:
+    """Cell types that sit inside a node type -> that node type."""
+    inside: dict[str, str] = {}
+    for node in nodes:
+        child = types[node].child
+        while child in types:
+            inside[child] = node
+            child = types[child].child
+    return inside
+
+
+def _unknown_type(name: str, types: dict[str, CellTypeSpec], infos: dict[str, _TypeInfo],
+                  given_to: str) -> str:
+    if name.lower() in {info.gpu_type for info in infos.values()}:
+        return f"unknown cell type {name!r}: it is a GPU type, and {given_to}"
+    return f"unknown cell type {name!r}{_hint(name, list(types))}"
+
+
+def _physical_cells(
+    spec: ClusterConfigSpec, infos: dict[str, _TypeInfo], inside: dict[str, str]
+) -> tuple[list[tuple[str, str]], Counter[str]]:
+    """The top-level cells as (cell type, name), and how many there are of each type."""
+    types = spec.cell_types
+    if not spec.physical_cells:
+        raise ConfigError("physical_cells", "must list at least one cell")
+    counts: Counter[str] = Counter()
+    explicit: dict[str, str] = {}  # given name -> its key path
+    for i, entry in enumerate(spec.physical_cells):
+        at = f"physical_cells.{i}"
+        if entry.type not in types:
+            raise ConfigError(f"{at}.type", _unknown_type(
+                entry.type, types, infos, "a physical cell must be a node or contain nodes"))
+        if entry.type in inside:
+            raise ConfigError(
+                f"{at}.type",
+                f"{entry.type} is below node level (it sits inside {inside[entry.type]}); "
+                "a physical cell must be a node or contain nodes",
+            )
+        if (entry.count is None) == (entry.names is None):
+            raise ConfigError(at, "give either count (how many cells) or names (one per cell)")
+        if entry.names is not None:
+            if not entry.names:
+                raise ConfigError(f"{at}.names", "must list at least one name")
+            for j, name in enumerate(entry.names):
+                if name in explicit:
+                    raise ConfigError(f"{at}.names.{j}",
+                                      f"name {name!r} is listed twice (also at {explicit[name]})")
+                explicit[name] = f"{at}.names.{j}"
+        counts[entry.type] += entry.count if entry.count is not None else len(entry.names or ())
+    total_gpus = sum(infos[name].gpus * count for name, count in counts.items())
+    if total_gpus > MAX_GPUS:
+        raise ConfigError("physical_cells",
+                          f"the cluster would have {total_gpus} GPUs, more than the limit of "
+                          f"{MAX_GPUS}; check the counts")
+    cells: list[tuple[str, str]] = []
+    generated: Counter[str] = Counter()
+    for i, entry in enumerate(spec.physical_cells):
+        if entry.names is not None:
+            cells.extend((entry.type, name) for name in entry.names)
+            continue
+        for _ in range(entry.count or 0):
+            name = f"{entry.type}-{generated[entry.type]}"
+            generated[entry.type] += 1
+            if name in explicit:
+                raise ConfigError(explicit[name],
+                                  f"name {name!r} is also the generated name of a cell of "
+                                  f"physical_cells.{i}; pick another")
+            cells.append((entry.type, name))
+    return cells, counts
+
+
+def _virtual_clusters(
+    spec: ClusterConfigSpec, infos: dict[str, _TypeInfo], physical: Counter[str]
+) -> dict[str, dict[str, int]]:
+    types = spec.cell_types
+    if not spec.virtual_clusters:
+        return {DEFAULT_VC: {}}
+    asked: dict[str, list[tuple[str, int]]] = {}  # cell type -> [(vc, count)] in config order
+    for vc, cells in spec.virtual_clusters.items():
+        if not cells:
+            raise ConfigError(f"virtual_clusters.{vc}",
+                              "a VC must be given at least one cell (leave virtual_clusters out "
+                              f"to give the whole cluster to one {DEFAULT_VC!r} VC)")
+        for cell_type, count in cells.items():
+            if cell_type not in types:
+                raise ConfigError(f"virtual_clusters.{vc}.{cell_type}", _unknown_type(
+                    cell_type, types, infos, "a VC is given cells"))
+            asked.setdefault(cell_type, []).append((vc, count))
+    # Biggest types first: a cell given whole to a VC is not split for the smaller types below it.
+    existing: Counter[str] = Counter(physical)
+    available: Counter[str] = Counter(physical)
+    for name in sorted(types, key=lambda t: -infos[t].height):
+        asks = asked.get(name, [])
+        total = sum(count for _, count in asks)
+        if total > available[name]:
+            running, culprit = 0, asks[-1][0]
+            for vc, count in asks:
+                running += count
+                if running > available[name]:
+                    culprit = vc
+                    break
+            detail = ", ".join(f"{vc} {count}" for vc, count in asks)
+            if available[name] == existing[name]:
+                has = f"the cluster has {existing[name]}"
+            else:
+                has = (f"only {available[name]} of the cluster's {existing[name]} are left outside "
+                       "the bigger cells given to VCs")
+            raise ConfigError(f"virtual_clusters.{culprit}.{name}",
+                              f"the VCs ask for {total} {name} cells in all ({detail}) but {has}")
+        child = types[name].child
+        if child in types:
+            existing[child] += existing[name] * types[name].count
+            available[child] += (available[name] - total) * types[name].count
+    return {vc: dict(cells) for vc, cells in spec.virtual_clusters.items()}
+
+
+def _build_tree(
+    types: dict[str, CellTypeSpec], infos: dict[str, _TypeInfo], nodes: set[str],
+    cells: list[tuple[str, str]],
+) -> Cell:
+    root = Cell(name="cluster", cell_type="cluster", gpu_type="")
+    node_name = ""
+    next_gpu = 0
+
+    def build(cell_type: str, name: str) -> Cell:
+        nonlocal node_name, next_gpu
+        spec = types[cell_type]
+        info = infos[cell_type]
+        cell = Cell(name=name, cell_type=cell_type, gpu_type=info.gpu_type,
+                    is_node=cell_type in nodes)
+        if cell.is_node:
+            node_name, next_gpu = name, 0
+        if spec.child in types:
+            cell.children = [build(spec.child, f"{name}/{spec.child}-{j}")
+                             for j in range(spec.count)]
+        else:
+            first = next_gpu
+            next_gpu += spec.count
+            cell.children = [Cell(name=f"{node_name}/gpu{k}", cell_type=info.gpu_type,
+                                  gpu_type=info.gpu_type) for k in range(first, next_gpu)]
+        return cell
+
+    root.children = [build(cell_type, name) for cell_type, name in cells]
+    return root
+
+
+def parse_cluster_config(data: object) -> ClusterConfig:
+    """Validate a loaded config (see the module docstring) and build its cluster; ConfigError if
+    it is refused."""
+    if data is None:
+        raise ConfigError("", "the config is empty")
+    if not isinstance(data, dict):
+        raise ConfigError("", "the config must be a mapping with the keys cell_types, "
+                              f"physical_cells and virtual_clusters, got {type(data).__name__}")
+    try:
+        spec = ClusterConfigSpec.model_validate(data)
+    except ValidationError as error:
+        raise _from_validation_error(error) from None
+    types = spec.cell_types
+    if not types:
+        raise ConfigError("cell_types", "must define at least one cell type")
+    _check_children(types)
+    _check_cycles(types)
+    infos = _type_infos(types)
+    nodes = _node_types(types, infos)
+    cells, physical = _physical_cells(spec, infos, _inside_nodes(types, nodes))
+    virtual_clusters = _virtual_clusters(spec, infos, physical)
+    try:
+        cluster = Cluster(_build_tree(types, infos, nodes, cells))
+    except ClusterError as error:  # the checks above should make this unreachable
+        raise ConfigError("physical_cells", str(error)) from None
+    return ClusterConfig(cluster=cluster, virtual_clusters=virtual_clusters)
+
+
+def vc_gpu_quota(config: ClusterConfig) -> dict[str, int]:
+    """GPUs each VC is guaranteed: its cells times the GPUs in one cell of each type (a VC with
+    an empty cell map owns the whole cluster)."""
+    gpus_per_type: dict[str, int] = {}
+    stack = list(config.cluster.root.children)
+    while stack:
+        cell = stack.pop()
+        if cell.is_gpu:
+            continue
+        gpus_per_type.setdefault(cell.cell_type, cell.total_gpus)
+        stack.extend(cell.children)
+    quota: dict[str, int] = {}
+    for vc, cells in config.virtual_clusters.items():
+        if not cells:
+            quota[vc] = config.cluster.total_gpus
+            continue
+        for cell_type in cells:
+            if cell_type not in gpus_per_type:
+                raise ConfigError(f"virtual_clusters.{vc}.{cell_type}",
+                                  f"no cell of type {cell_type!r} in the cluster")
+        quota[vc] = sum(count * gpus_per_type[cell_type] for cell_type, count in cells.items())
+    return quota
+
+
+def _one_line(text: str) -> str:
+    return text.replace("\r", "\\r").replace("\n", "\\n")

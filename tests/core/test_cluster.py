@@ -1,0 +1,73 @@
+"""The cell tree and its incremental free counts."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from corral.core import Cluster, ClusterError
+
+
+def recount(cluster: Cluster) -> None:
+    """Check every incremental count against a recount from the GPUs' own flags."""
+    def visit(cell):  # type: ignore[no-untyped-def]
+        if cell.is_gpu:
+            expected = cluster.gpu_free[cell.index]
+        else:
+            expected = sum(visit(child) for child in cell.children)
+        assert cell.free_gpus == expected, cell.name
+        return expected
+
+    visit(cluster.root)
+    by_type: dict[str, int] = {}
+    for node in cluster.nodes:
+        by_type[node.gpu_type] = by_type.get(node.gpu_type, 0) + node.free_gpus
+        assert (node.index in set(cluster.nodes_with_free(node.gpu_type, 1))) == (node.free_gpus > 0)
+    assert dict(cluster.free_by_type) == by_type
+
+
+def test_shorthand_builds_nodes_racks_and_counts():
+    cluster = Cluster.shorthand(64, 8, racks=8)
+    assert cluster.total_gpus == 512 and len(cluster.nodes) == 64 and len(cluster.racks) == 8
+    assert all(len(nodes) == 8 for nodes in cluster.rack_nodes)
+    assert cluster.describe() == "64 nodes (64x8 v100), 512 GPUs, 8 racks"
+
+
+@pytest.mark.parametrize("nodes,gpus,racks", [(0, 8, 1), (4, 0, 1), (4, 8, 5), (4, 8, 0)])
+def test_shorthand_refuses_impossible_shapes(nodes, gpus, racks):
+    with pytest.raises(ClusterError):
+        Cluster.shorthand(nodes, gpus, racks=racks)
+
+
+def test_double_allocation_and_double_release_are_refused():
+    cluster = Cluster.shorthand(1, 2)
+    cluster.allocate([0])
+    with pytest.raises(ClusterError, match="already allocated"):
+        cluster.allocate([0])
+    cluster.release([0])
+    with pytest.raises(ClusterError, match="already free"):
+        cluster.release([0])
+
+
+def test_nodes_with_free_lists_tightest_first():
+    cluster = Cluster.shorthand(3, 4)
+    cluster.allocate([0, 1, 2])  # node 0: 1 free
+    cluster.allocate([4])  # node 1: 3 free; node 2: 4 free
+    assert list(cluster.nodes_with_free("v100", 1)) == [0, 1, 2]
+    assert list(cluster.nodes_with_free("v100", 2)) == [1, 2]
+    assert list(cluster.nodes_most_free_first("v100")) == [2, 1, 0]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.integers(0, 47)), max_size=120))
+def test_free_counts_stay_exact_under_any_allocation_sequence(ops):
+    cluster = Cluster.shorthand(6, 8, racks=2, gpus_per_switch=4)
+    for allocate, gpu in ops:
+        free = cluster.gpu_free[gpu] == 1
+        if allocate and free:
+            cluster.allocate([gpu])
+        elif not allocate and not free:
+            cluster.release([gpu])
+    recount(cluster)
+    assert cluster.free_gpus == sum(cluster.gpu_free)
