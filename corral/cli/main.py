@@ -46,7 +46,9 @@ def parse_window(window: str | None) -> tuple[int, int] | None:
         return None
     match = re.fullmatch(r"\s*(\d+)\s*:\s*(\d+)\s*", window)
     if not match or int(match.group(1)) >= int(match.group(2)):
-        raise UserError(f"--window: expected START:END job indices with START < END, got {window!r}")
+        raise UserError(
+            f"--window: expected START:END job indices with START < END, got {window!r}"
+        )
     return int(match.group(1)), int(match.group(2))
 
 
@@ -59,8 +61,13 @@ def parse_floats(option: str, text: str) -> list[float]:
 
 @app.command()
 def simulate(
-    trace: Annotated[str, typer.Option(help="FORMAT:PATH, FORMAT one of philly, tiresias, gavel, "
-                                            "alibaba, helios, synthetic (synthetic:jobs=N,load=L,gpus=G)")],
+    trace: Annotated[
+        str,
+        typer.Option(
+            help="FORMAT:PATH, FORMAT one of philly, tiresias, gavel, "
+            "alibaba, helios, synthetic (synthetic:jobs=N,load=L,gpus=G)"
+        ),
+    ],
     cluster: Annotated[str, typer.Option(help="NODESxGPUS, e.g. 64x8")] = "16x8",
     racks: Annotated[int, typer.Option(help="racks the nodes are spread over")] = 1,
     gpu_type: Annotated[str, typer.Option(help="GPU type of the --cluster shorthand")] = "v100",
@@ -68,20 +75,50 @@ def simulate(
     config: Annotated[Path | None, typer.Option(help="cluster YAML (overrides --cluster)")] = None,
     policy: Annotated[str, typer.Option(help="fifo, sjf, srtf, las, gittins")] = "las",
     placement: Annotated[str, typer.Option(help="consolidate, relax, profile, any")] = "relax",
-    compare: Annotated[str | None, typer.Option(help="several policies, e.g. fifo,las,gittins,srtf")] = None,
-    backfill: Annotated[bool, typer.Option(help="let smaller jobs pass a blocked head job (fifo)")] = False,
-    las_thresholds: Annotated[str, typer.Option(help="LAS/Gittins queue thresholds, GPU-seconds")] = "3600,36000",
-    starvation_factor: Annotated[float | None, typer.Option(help="LAS: promote a job that waited this many times its run time")] = None,
-    gittins_history: Annotated[Path | None, typer.Option(help="CSV with a 'duration' column of job GPU-seconds (default: the trace's own jobs)")] = None,
-    relax_after: Annotated[float, typer.Option(help="relax: seconds of waiting before locality is relaxed")] = 600.0,
-    profile_threshold: Annotated[float, typer.Option(help="profile: consolidate jobs slowed more than this when spread")] = 1.1,
-    restore_s: Annotated[float, typer.Option(help="checkpoint/restore cost of a resumed job, seconds")] = 30.0,
-    failure_rate: Annotated[float, typer.Option(help="per-attempt failure probability of a 1-GPU job (0: off)")] = 0.0,
+    compare: Annotated[
+        str | None, typer.Option(help="several policies, e.g. fifo,las,gittins,srtf")
+    ] = None,
+    backfill: Annotated[
+        bool, typer.Option(help="let smaller jobs pass a blocked head job (fifo)")
+    ] = False,
+    las_thresholds: Annotated[
+        str, typer.Option(help="LAS/Gittins queue thresholds, GPU-seconds")
+    ] = "3600,36000",
+    starvation_factor: Annotated[
+        float | None,
+        typer.Option(help="LAS: promote a job that waited this many times its run time"),
+    ] = None,
+    gittins_history: Annotated[
+        Path | None,
+        typer.Option(
+            help="CSV with a 'duration' column of job GPU-seconds (default: the trace's own jobs)"
+        ),
+    ] = None,
+    relax_after: Annotated[
+        float, typer.Option(help="relax: seconds of waiting before locality is relaxed")
+    ] = 600.0,
+    profile_threshold: Annotated[
+        float, typer.Option(help="profile: consolidate jobs slowed more than this when spread")
+    ] = 1.1,
+    restore_s: Annotated[
+        float, typer.Option(help="checkpoint/restore cost of a resumed job, seconds")
+    ] = 30.0,
+    failure_rate: Annotated[
+        float, typer.Option(help="per-attempt failure probability of a 1-GPU job (0: off)")
+    ] = 0.0,
     max_retries: Annotated[int, typer.Option(help="retries of a failed job")] = 3,
-    arrival_scale: Annotated[float, typer.Option(help="multiply inter-arrival gaps (0.5 = twice the rate)")] = 1.0,
-    window: Annotated[str | None, typer.Option(help="measure jobs START:END (by arrival) only")] = None,
-    skip_oversized: Annotated[bool, typer.Option(help="drop jobs larger than the cluster instead of failing")] = False,
-    slowdowns: Annotated[Path | None, typer.Option(help="YAML/JSON {model_prefix: slowdown when spread}")] = None,
+    arrival_scale: Annotated[
+        float, typer.Option(help="multiply inter-arrival gaps (0.5 = twice the rate)")
+    ] = 1.0,
+    window: Annotated[
+        str | None, typer.Option(help="measure jobs START:END (by arrival) only")
+    ] = None,
+    skip_oversized: Annotated[
+        bool, typer.Option(help="drop jobs larger than the cluster instead of failing")
+    ] = False,
+    slowdowns: Annotated[
+        Path | None, typer.Option(help="YAML/JSON {model_prefix: slowdown when spread}")
+    ] = None,
     seed: Annotated[int, typer.Option()] = 0,
     out: Annotated[Path, typer.Option(help="output directory")] = Path("runs/latest"),
     plot: Annotated[bool, typer.Option(help="write JCT CDF, utilisation and queue plots")] = False,

@@ -6,6 +6,18 @@ from corral.core.job import Job, JobSpec, JobStatus, Priority
 from corral.core.scheduler import JobRefused, Scheduler
 
 __all__ = [
-    "Action", "Cell", "Cluster", "ClusterError", "Decision", "Job", "JobRefused", "JobSpec",
-    "JobStatus", "NodeDef", "Preempt", "Priority", "Scheduler", "Start",
+    "Action",
+    "Cell",
+    "Cluster",
+    "ClusterError",
+    "Decision",
+    "Job",
+    "JobRefused",
+    "JobSpec",
+    "JobStatus",
+    "NodeDef",
+    "Preempt",
+    "Priority",
+    "Scheduler",
+    "Start",
 ]

@@ -148,16 +148,23 @@ class Cluster:
             per_switch = node_def.gpus_per_switch or node_def.gpus
             for first in range(0, node_def.gpus, per_switch):
                 gpus = [
-                    Cell(name=f"{node_def.name}/gpu{i}", cell_type=node_def.gpu_type,
-                         gpu_type=node_def.gpu_type)
+                    Cell(
+                        name=f"{node_def.name}/gpu{i}",
+                        cell_type=node_def.gpu_type,
+                        gpu_type=node_def.gpu_type,
+                    )
                     for i in range(first, min(first + per_switch, node_def.gpus))
                 ]
                 if per_switch == node_def.gpus:
                     node.children.extend(gpus)
                 else:
                     node.children.append(
-                        Cell(name=f"{node_def.name}/sw{first // per_switch}", cell_type="switch",
-                             gpu_type=node_def.gpu_type, children=gpus)
+                        Cell(
+                            name=f"{node_def.name}/sw{first // per_switch}",
+                            cell_type="switch",
+                            gpu_type=node_def.gpu_type,
+                            children=gpus,
+                        )
                     )
             rack.children.append(node)
         return cls(root)
@@ -205,7 +212,11 @@ class Cluster:
 
     def capacity_for(self, gpu_types: frozenset[str] | None) -> int:
         """GPUs that could ever host a job of these types (the largest gang of one type)."""
-        types = self.gpu_types if gpu_types is None else [t for t in gpu_types if t in self.total_by_type]
+        types = (
+            self.gpu_types
+            if gpu_types is None
+            else [t for t in gpu_types if t in self.total_by_type]
+        )
         return max((self.total_by_type[t] for t in types), default=0)
 
     def nodes_with_free(self, gpu_type: str, at_least: int) -> Iterator[int]:

@@ -141,7 +141,9 @@ class Scheduler:
                 no_fit[kind] = job.spec.gpus
                 job.pending_reason = result.reason
             else:
-                job.pending_reason = "no room: a job of the same kind needing fewer GPUs did not fit"
+                job.pending_reason = (
+                    "no room: a job of the same kind needing fewer GPUs did not fit"
+                )
             if can_preempt and job.spec.gpus < no_room.get(kind, math.inf):
                 if self._make_room(job, now, actions):
                     continue
@@ -330,7 +332,9 @@ class Scheduler:
         if priority:
             parts.append(priority)
         if self.blocked_by is not None and self.blocked_by != job.id and position > 0:
-            parts.append(f"blocked behind job {self.blocked_by} ({self.policy.name} without backfill)")
+            parts.append(
+                f"blocked behind job {self.blocked_by} ({self.policy.name} without backfill)"
+            )
         elif job.pending_reason == "not yet considered" and position > 0:
             parts.append("behind higher-priority jobs")
         else:

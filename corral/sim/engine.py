@@ -65,7 +65,11 @@ class Simulation:
         self.specs = sorted(jobs, key=lambda s: s.submit_time)
         self.cluster = cluster
         self.scheduler = Scheduler(
-            cluster, policy, placement, backfill=backfill, speed_model=speed_model,
+            cluster,
+            policy,
+            placement,
+            backfill=backfill,
+            speed_model=speed_model,
             restore_s=restore_s,
         )
         self.failures = failures
@@ -136,7 +140,9 @@ class Simulation:
                 order += 1
                 heapq.heappush(events, (wake, order, _TIMER, "", 0))
             timeline.record(
-                now, cluster.total_gpus - cluster.free_gpus, scheduler.pending_count,
+                now,
+                cluster.total_gpus - cluster.free_gpus,
+                scheduler.pending_count,
                 scheduler.running_count,
             )
 

@@ -58,7 +58,10 @@ def build_cluster(settings: RunSettings) -> Cluster:
 
         return load_cluster_config(settings.config).cluster
     return Cluster.shorthand(
-        settings.nodes, settings.gpus_per_node, settings.racks, settings.gpu_type,
+        settings.nodes,
+        settings.gpus_per_node,
+        settings.racks,
+        settings.gpu_type,
         settings.gpus_per_switch,
     )
 
@@ -95,7 +98,9 @@ def service_history(settings: RunSettings, jobs: list[JobSpec]) -> list[float]:
             try:
                 value = float(row["duration"])
             except (TypeError, ValueError):
-                raise SimulationError(f"{path}: line {line}: duration: not a number: {row['duration']!r}") from None
+                raise SimulationError(
+                    f"{path}: line {line}: duration: not a number: {row['duration']!r}"
+                ) from None
             if value > 0:
                 samples.append(value)
     if not samples:
@@ -107,11 +112,17 @@ def make_ordering(name: str, settings: RunSettings, jobs: list[JobSpec]) -> Poli
     if name not in POLICIES:
         raise SimulationError(f"unknown policy {name!r}; choose from {', '.join(POLICIES)}")
     if name == "las":
-        return make_policy(name, thresholds_gpu_s=settings.las_thresholds,
-                           starvation_factor=settings.starvation_factor)
+        return make_policy(
+            name,
+            thresholds_gpu_s=settings.las_thresholds,
+            starvation_factor=settings.starvation_factor,
+        )
     if name == "gittins":
-        return make_policy(name, service_samples_gpu_s=service_history(settings, jobs),
-                           thresholds_gpu_s=settings.las_thresholds)
+        return make_policy(
+            name,
+            service_samples_gpu_s=service_history(settings, jobs),
+            thresholds_gpu_s=settings.las_thresholds,
+        )
     if name in ("sjf", "srtf") and any(s.duration_s is None for s in jobs):
         raise SimulationError(f"{name} needs every job's duration, and this trace lacks some")
     return make_policy(name)
@@ -134,12 +145,15 @@ def run_simulations(
         raise SimulationError(str(error)) from None
 
 
-def _run(settings: RunSettings, *, out: Path, plot: bool, console: Console) -> list[dict[str, object]]:
+def _run(
+    settings: RunSettings, *, out: Path, plot: bool, console: Console
+) -> list[dict[str, object]]:
     perf = PerfModel.default_for_durations()
     if settings.slowdowns is not None:
         perf = perf.with_overrides(load_slowdowns(settings.slowdowns))
-    trace = load_trace(settings.trace, perf=perf, seed=settings.seed,
-                       arrival_scale=settings.arrival_scale)
+    trace = load_trace(
+        settings.trace, perf=perf, seed=settings.seed, arrival_scale=settings.arrival_scale
+    )
     if settings.failure_rate < 0 or settings.failure_rate > 1:
         raise SimulationError("--failure-rate: must be between 0 and 1")
     if settings.restore_s < 0:
@@ -159,13 +173,19 @@ def _run(settings: RunSettings, *, out: Path, plot: bool, console: Console) -> l
     for note in trace.notes:
         console.print(f"  note: {note}")
     failures = (
-        FailureModel(settings.failure_rate, settings.max_retries) if settings.failure_rate > 0 else None
+        FailureModel(settings.failure_rate, settings.max_retries)
+        if settings.failure_rate > 0
+        else None
     )
     orderings = [make_ordering(name, settings, jobs) for name in settings.policies]
     results: list[SimResult] = []
     with Progress(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        console=console, transient=True,
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
     ) as progress:
         for ordering in orderings:
             task = progress.add_task(f"{ordering.name}/{settings.placement}", total=len(jobs))
@@ -182,7 +202,11 @@ def _run(settings: RunSettings, *, out: Path, plot: bool, console: Console) -> l
                 seed=settings.seed,
                 measured=measured,
                 on_progress=lambda done, total, task=task: progress.update(task, completed=done),
-                options={"trace": settings.trace, "backfill": settings.backfill, "seed": settings.seed},
+                options={
+                    "trace": settings.trace,
+                    "backfill": settings.backfill,
+                    "seed": settings.seed,
+                },
             )
             results.append(simulation.run())
     summaries = write_outputs(results, out, plot)

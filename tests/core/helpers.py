@@ -7,13 +7,22 @@ from corral.core.placement import make_placement
 from corral.core.policy import make_policy
 
 
-def spec(job_id: str, gpus: int, submit: float = 0.0, duration: float | None = 1000.0, **kw: object) -> JobSpec:
+def spec(
+    job_id: str, gpus: int, submit: float = 0.0, duration: float | None = 1000.0, **kw: object
+) -> JobSpec:
     return JobSpec(id=job_id, submit_time=submit, gpus=gpus, duration_s=duration, **kw)  # type: ignore[arg-type]
 
 
-def scheduler(nodes: int, gpus: int, policy: str = "fifo", placement: str = "consolidate",
-              racks: int = 1, policy_options: dict | None = None,
-              placement_options: dict | None = None, **kw: object) -> Scheduler:
+def scheduler(
+    nodes: int,
+    gpus: int,
+    policy: str = "fifo",
+    placement: str = "consolidate",
+    racks: int = 1,
+    policy_options: dict | None = None,
+    placement_options: dict | None = None,
+    **kw: object,
+) -> Scheduler:
     cluster = Cluster.shorthand(nodes, gpus, racks=racks)
     return Scheduler(
         cluster,

@@ -11,6 +11,7 @@ from corral.core import Cluster, ClusterError
 
 def recount(cluster: Cluster) -> None:
     """Check every incremental count against a recount from the GPUs' own flags."""
+
     def visit(cell):  # type: ignore[no-untyped-def]
         if cell.is_gpu:
             expected = cluster.gpu_free[cell.index]
@@ -23,7 +24,9 @@ def recount(cluster: Cluster) -> None:
     by_type: dict[str, int] = {}
     for node in cluster.nodes:
         by_type[node.gpu_type] = by_type.get(node.gpu_type, 0) + node.free_gpus
-        assert (node.index in set(cluster.nodes_with_free(node.gpu_type, 1))) == (node.free_gpus > 0)
+        assert (node.index in set(cluster.nodes_with_free(node.gpu_type, 1))) == (
+            node.free_gpus > 0
+        )
     assert dict(cluster.free_by_type) == by_type
 
 

@@ -90,12 +90,17 @@ def test_profile_consolidates_only_sensitive_jobs():
 
 
 def test_gpu_type_constraint_and_single_type_gangs():
-    cluster = Cluster.from_nodes([
-        NodeDef("k", 4, "k80"), NodeDef("v", 4, "v100"),
-    ])
+    cluster = Cluster.from_nodes(
+        [
+            NodeDef("k", 4, "k80"),
+            NodeDef("v", 4, "v100"),
+        ]
+    )
     placement = make_placement("any")
     result = placement.place(cluster, job(2, gpu_types=frozenset({"v100"})), 0)
-    assert isinstance(result, Placed) and {cluster.gpus[g].gpu_type for g in result.gpus} == {"v100"}
+    assert isinstance(result, Placed) and {cluster.gpus[g].gpu_type for g in result.gpus} == {
+        "v100"
+    }
     # 6 GPUs exist, but no 6 of one type: a gang never mixes types.
     s = scheduler(1, 1)
     s.cluster = cluster
@@ -105,7 +110,9 @@ def test_gpu_type_constraint_and_single_type_gangs():
 
 def test_job_larger_than_cluster_is_refused_at_submit():
     s = scheduler(2, 8)
-    with pytest.raises(JobRefused, match="job huge: asks for 32 GPUs but the cluster has only 16 GPUs"):
+    with pytest.raises(
+        JobRefused, match="job huge: asks for 32 GPUs but the cluster has only 16 GPUs"
+    ):
         s.submit(spec("huge", 32), 0)
     assert "huge" not in s.jobs and s.pending_count == 0
 

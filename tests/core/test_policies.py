@@ -74,8 +74,12 @@ def test_gittins_index_of_a_two_point_distribution():
 
 
 def test_gittins_preempts_a_job_that_outlived_the_short_mode():
-    s = scheduler(1, 1, "gittins", policy_options={
-        "service_samples_gpu_s": [10.0, 100.0], "thresholds_gpu_s": [10.0]})
+    s = scheduler(
+        1,
+        1,
+        "gittins",
+        policy_options={"service_samples_gpu_s": [10.0, 100.0], "thresholds_gpu_s": [10.0]},
+    )
     s.submit(spec("long", 1, submit=0), 0)
     decision = s.decide(0)
     assert started(decision.actions) == {"long": (0,)}
@@ -94,7 +98,10 @@ def test_srtf_preempts_the_job_with_most_work_left_and_sjf_never_preempts():
     s.decide(0)
     s.submit(spec("small", 4, submit=10, duration=50), 10)
     # big has 90 s left, small 50: small runs.
-    assert s.decide(10).actions == [Preempt("big", (0, 1, 2, 3), "small"), Start("small", (0, 1, 2, 3))]
+    assert s.decide(10).actions == [
+        Preempt("big", (0, 1, 2, 3), "small"),
+        Start("small", (0, 1, 2, 3)),
+    ]
     s2 = scheduler(1, 4, "sjf")
     s2.submit(spec("big", 4, duration=100), 0)
     s2.decide(0)

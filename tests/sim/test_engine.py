@@ -13,8 +13,14 @@ from corral.sim.engine import FailureModel, Simulation
 def run(specs, policy="fifo", placement="consolidate", nodes=1, gpus=4, **kw):
     cluster = Cluster.shorthand(nodes, gpus)
     speed = kw.pop("speed_model", None)
-    sim = Simulation(specs, cluster, make_policy(policy, **kw.pop("policy_options", {})),
-                     make_placement(placement), speed_model=speed, **kw)
+    sim = Simulation(
+        specs,
+        cluster,
+        make_policy(policy, **kw.pop("policy_options", {})),
+        make_placement(placement),
+        speed_model=speed,
+        **kw,
+    )
     result = sim.run()
     return result, {j.id: j for j in result.jobs}
 
@@ -42,8 +48,11 @@ def test_las_timer_preempts_at_the_queue_crossing():
     # Threshold 100 GPU-s: the 4-GPU job a crosses it at t=25 and b (queue 0) preempts it.
     # b crosses too at t=50; in queue 1 the earlier arrival a goes first and runs its remaining
     # 75 s (50..125); b then does its last 25 s (125..150).
-    _, jobs = run([spec("a", 4, 0, 100), spec("b", 4, 5, 50)], policy="las",
-                  policy_options={"thresholds_gpu_s": [100]})
+    _, jobs = run(
+        [spec("a", 4, 0, 100), spec("b", 4, 5, 50)],
+        policy="las",
+        policy_options={"thresholds_gpu_s": [100]},
+    )
     assert jobs["b"].first_started_at == pytest.approx(25)
     assert jobs["a"].finished_at == pytest.approx(125)
     assert jobs["b"].finished_at == pytest.approx(150)
@@ -55,8 +64,13 @@ def test_spread_jobs_run_slower_by_their_slowdown():
         nodes = {g // 2 for g in gpus}
         return 1.0 / job.spec.spread_slowdown if len(nodes) > 1 else 1.0
 
-    _, jobs = run([spec("wide", 4, 0, 100, spread_slowdown=2.0)], placement="any", nodes=2,
-                  gpus=2, speed_model=speed)
+    _, jobs = run(
+        [spec("wide", 4, 0, 100, spread_slowdown=2.0)],
+        placement="any",
+        nodes=2,
+        gpus=2,
+        speed_model=speed,
+    )
     assert jobs["wide"].finished_at == pytest.approx(200)
 
 
@@ -72,7 +86,8 @@ def test_same_seed_same_run_and_window_stops_when_measured_jobs_finish():
     first, _ = run(specs, policy="las", failures=FailureModel(rate=0.2), seed=3)
     second, _ = run(specs, policy="las", failures=FailureModel(rate=0.2), seed=3)
     assert [(j.id, j.finished_at, j.attempts) for j in first.jobs] == [
-        (j.id, j.finished_at, j.attempts) for j in second.jobs]
+        (j.id, j.finished_at, j.attempts) for j in second.jobs
+    ]
     windowed, jobs = run(specs, measured={"j0", "j1"})
     assert jobs["j0"].finished_at is not None and jobs["j1"].finished_at is not None
     assert any(j.finished_at is None for j in windowed.jobs)  # stopped before the rest ended

@@ -20,7 +20,9 @@ def make_placement(name: str, **options: Any) -> Placement:
     try:
         factory = PLACEMENTS[name]
     except KeyError:
-        raise ValueError(f"unknown placement {name!r}; choose one of {', '.join(PLACEMENTS)}") from None
+        raise ValueError(
+            f"unknown placement {name!r}; choose one of {', '.join(PLACEMENTS)}"
+        ) from None
     return factory(**options)
 
 

@@ -19,7 +19,9 @@ def _node_gpus(cluster: Cluster, picks: list[tuple[int, int]]) -> tuple[int, ...
     return tuple(chosen)
 
 
-def _fewest_nodes(cluster: Cluster, nodes: list[int], gpu_type: str, need: int) -> list[tuple[int, int]] | None:
+def _fewest_nodes(
+    cluster: Cluster, nodes: list[int], gpu_type: str, need: int
+) -> list[tuple[int, int]] | None:
     """Greedy by most free GPUs: the fewest nodes of `nodes` that together hold `need` GPUs."""
     ranked = sorted(
         (n for n in nodes if cluster.nodes[n].gpu_type == gpu_type and cluster.node_free(n) > 0),
@@ -35,12 +37,15 @@ def _fewest_nodes(cluster: Cluster, nodes: list[int], gpu_type: str, need: int) 
     return None
 
 
-def _tighten_last(cluster: Cluster, picks: list[tuple[int, int]], nodes: list[int], gpu_type: str) -> list[tuple[int, int]]:
+def _tighten_last(
+    cluster: Cluster, picks: list[tuple[int, int]], nodes: list[int], gpu_type: str
+) -> list[tuple[int, int]]:
     """The last node only supplies the remainder: use the tightest node that still fits it."""
     last_node, remainder = picks[-1]
     used = {n for n, _ in picks}
     candidates = [
-        n for n in nodes
+        n
+        for n in nodes
         if (n == last_node or n not in used)
         and cluster.nodes[n].gpu_type == gpu_type
         and cluster.node_free(n) >= remainder

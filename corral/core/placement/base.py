@@ -40,8 +40,10 @@ def types_for(cluster: Cluster, job: Job) -> list[str]:
     """The job's acceptable GPU types present in the cluster, most free first (ties: by name)."""
     if job.spec.gpu_types is None and len(cluster.gpu_types) == 1:
         return cluster.gpu_types
-    types = cluster.gpu_types if job.spec.gpu_types is None else sorted(
-        t for t in job.spec.gpu_types if t in cluster.total_by_type
+    types = (
+        cluster.gpu_types
+        if job.spec.gpu_types is None
+        else sorted(t for t in job.spec.gpu_types if t in cluster.total_by_type)
     )
     return sorted(types, key=lambda t: -cluster.free_by_type.get(t, 0))
 
@@ -49,6 +51,8 @@ def types_for(cluster: Cluster, job: Job) -> list[str]:
 def not_enough(cluster: Cluster, job: Job) -> NotPlaced | None:
     free = max((cluster.free_by_type.get(t, 0) for t in types_for(cluster, job)), default=0)
     if free < job.spec.gpus:
-        what = "" if job.spec.gpu_types is None else f" of type {'|'.join(sorted(job.spec.gpu_types))}"
+        what = (
+            "" if job.spec.gpu_types is None else f" of type {'|'.join(sorted(job.spec.gpu_types))}"
+        )
         return NotPlaced(f"waiting for {job.spec.gpus} free GPUs{what} ({free} free)")
     return None

@@ -29,7 +29,9 @@ def consolidated(cluster: Cluster, job: Job) -> Placed | NotPlaced:
             job.spec.accepts(t) and size >= job.spec.gpus
             for t, size in cluster.max_node_gpus_by_type.items()
         ):
-            return NotPlaced(f"locality: needs {job.spec.gpus} GPUs on one node; no node has them free")
+            return NotPlaced(
+                f"locality: needs {job.spec.gpus} GPUs on one node; no node has them free"
+            )
     gpus = fewest_nodes_in_rack(cluster, job)
     if gpus is not None:
         return Placed(gpus)
