@@ -51,7 +51,8 @@ from pydantic_core import PydanticCustomError
 from corral.core.cluster import Cell, Cluster, ClusterError
 
 DEFAULT_VC = "default"
-MAX_GPUS = 1_000_000  # refuse configs whose counts would build an absurd tree (a typo, not a cluster)
+# Counts that would build a bigger tree are a typo, not a cluster: refuse them before building.
+MAX_GPUS = 1_000_000
 
 
 class ConfigError(ValueError):
@@ -99,7 +100,8 @@ def _cell_name(value: object) -> str:
     text = _text(value)
     if "/" in text:
         raise PydanticCustomError(
-            "slash", "must not contain '/' (it separates the levels of cell names), got {got}",
+            "slash",
+            "must not contain '/' (it separates the levels of cell names), got {got}",
             {"got": _show(value)},
         )
     return text
@@ -203,7 +205,7 @@ def _check_cycles(types: dict[str, CellTypeSpec]) -> None:
         current = start
         while current in types and current not in done:
             if current in on_path:
-                cycle = path[path.index(current):]
+                cycle = path[path.index(current) :]
                 first = min(cycle, key=list(types).index)  # report from the earliest-defined member
                 at = cycle.index(first)
                 cycle = cycle[at:] + cycle[:at]
@@ -226,8 +228,9 @@ def _type_infos(types: dict[str, CellTypeSpec]) -> dict[str, _TypeInfo]:
             spec = types[name]
             if spec.child in types:
                 below = info(spec.child)
-                known = _TypeInfo(below.gpu_type, below.gpu_leaf, below.gpus * spec.count,
-                                  below.height + 1)
+                known = _TypeInfo(
+                    below.gpu_type, below.gpu_leaf, below.gpus * spec.count, below.height + 1
+                )
             else:
                 known = _TypeInfo(spec.child.lower(), spec.child, spec.count, 1)
             infos[name] = known
@@ -288,8 +291,9 @@ def _inside_nodes(types: dict[str, CellTypeSpec], nodes: set[str]) -> dict[str, 
     return inside
 
 
-def _unknown_type(name: str, types: dict[str, CellTypeSpec], infos: dict[str, _TypeInfo],
-                  given_to: str) -> str:
+def _unknown_type(
+    name: str, types: dict[str, CellTypeSpec], infos: dict[str, _TypeInfo], given_to: str
+) -> str:
     if name.lower() in {info.gpu_type for info in infos.values()}:
         return f"unknown cell type {name!r}: it is a GPU type, and {given_to}"
     return f"unknown cell type {name!r}{_hint(name, list(types))}"
@@ -307,8 +311,12 @@ def _physical_cells(
     for i, entry in enumerate(spec.physical_cells):
         at = f"physical_cells.{i}"
         if entry.type not in types:
-            raise ConfigError(f"{at}.type", _unknown_type(
-                entry.type, types, infos, "a physical cell must be a node or contain nodes"))
+            raise ConfigError(
+                f"{at}.type",
+                _unknown_type(
+                    entry.type, types, infos, "a physical cell must be a node or contain nodes"
+                ),
+            )
         if entry.type in inside:
             raise ConfigError(
                 f"{at}.type",
@@ -322,15 +330,19 @@ def _physical_cells(
                 raise ConfigError(f"{at}.names", "must list at least one name")
             for j, name in enumerate(entry.names):
                 if name in explicit:
-                    raise ConfigError(f"{at}.names.{j}",
-                                      f"name {name!r} is listed twice (also at {explicit[name]})")
+                    raise ConfigError(
+                        f"{at}.names.{j}",
+                        f"name {name!r} is listed twice (also at {explicit[name]})",
+                    )
                 explicit[name] = f"{at}.names.{j}"
         counts[entry.type] += entry.count if entry.count is not None else len(entry.names or ())
     total_gpus = sum(infos[name].gpus * count for name, count in counts.items())
     if total_gpus > MAX_GPUS:
-        raise ConfigError("physical_cells",
-                          f"the cluster would have {total_gpus} GPUs, more than the limit of "
-                          f"{MAX_GPUS}; check the counts")
+        raise ConfigError(
+            "physical_cells",
+            f"the cluster would have {total_gpus} GPUs, more than the limit of "
+            f"{MAX_GPUS}; check the counts",
+        )
     cells: list[tuple[str, str]] = []
     generated: Counter[str] = Counter()
     for i, entry in enumerate(spec.physical_cells):
@@ -341,9 +353,11 @@ def _physical_cells(
             name = f"{entry.type}-{generated[entry.type]}"
             generated[entry.type] += 1
             if name in explicit:
-                raise ConfigError(explicit[name],
-                                  f"name {name!r} is also the generated name of a cell of "
-                                  f"physical_cells.{i}; pick another")
+                raise ConfigError(
+                    explicit[name],
+                    f"name {name!r} is also the generated name of a cell of "
+                    f"physical_cells.{i}; pick another",
+                )
             cells.append((entry.type, name))
     return cells, counts
 
@@ -357,13 +371,17 @@ def _virtual_clusters(
     asked: dict[str, list[tuple[str, int]]] = {}  # cell type -> [(vc, count)] in config order
     for vc, cells in spec.virtual_clusters.items():
         if not cells:
-            raise ConfigError(f"virtual_clusters.{vc}",
-                              "a VC must be given at least one cell (leave virtual_clusters out "
-                              f"to give the whole cluster to one {DEFAULT_VC!r} VC)")
+            raise ConfigError(
+                f"virtual_clusters.{vc}",
+                "a VC must be given at least one cell (leave virtual_clusters out "
+                f"to give the whole cluster to one {DEFAULT_VC!r} VC)",
+            )
         for cell_type, count in cells.items():
             if cell_type not in types:
-                raise ConfigError(f"virtual_clusters.{vc}.{cell_type}", _unknown_type(
-                    cell_type, types, infos, "a VC is given cells"))
+                raise ConfigError(
+                    f"virtual_clusters.{vc}.{cell_type}",
+                    _unknown_type(cell_type, types, infos, "a VC is given cells"),
+                )
             asked.setdefault(cell_type, []).append((vc, count))
     # Biggest types first: a cell given whole to a VC is not split for the smaller types below it.
     existing: Counter[str] = Counter(physical)
@@ -382,10 +400,14 @@ def _virtual_clusters(
             if available[name] == existing[name]:
                 has = f"the cluster has {existing[name]}"
             else:
-                has = (f"only {available[name]} of the cluster's {existing[name]} are left outside "
-                       "the bigger cells given to VCs")
-            raise ConfigError(f"virtual_clusters.{culprit}.{name}",
-                              f"the VCs ask for {total} {name} cells in all ({detail}) but {has}")
+                has = (
+                    f"only {available[name]} of the cluster's {existing[name]} are left outside "
+                    "the bigger cells given to VCs"
+                )
+            raise ConfigError(
+                f"virtual_clusters.{culprit}.{name}",
+                f"the VCs ask for {total} {name} cells in all ({detail}) but {has}",
+            )
         child = types[name].child
         if child in types:
             existing[child] += existing[name] * types[name].count
@@ -394,7 +416,9 @@ def _virtual_clusters(
 
 
 def _build_tree(
-    types: dict[str, CellTypeSpec], infos: dict[str, _TypeInfo], nodes: set[str],
+    types: dict[str, CellTypeSpec],
+    infos: dict[str, _TypeInfo],
+    nodes: set[str],
     cells: list[tuple[str, str]],
 ) -> Cell:
     root = Cell(name="cluster", cell_type="cluster", gpu_type="")
@@ -405,18 +429,22 @@ def _build_tree(
         nonlocal node_name, next_gpu
         spec = types[cell_type]
         info = infos[cell_type]
-        cell = Cell(name=name, cell_type=cell_type, gpu_type=info.gpu_type,
-                    is_node=cell_type in nodes)
+        cell = Cell(
+            name=name, cell_type=cell_type, gpu_type=info.gpu_type, is_node=cell_type in nodes
+        )
         if cell.is_node:
             node_name, next_gpu = name, 0
         if spec.child in types:
-            cell.children = [build(spec.child, f"{name}/{spec.child}-{j}")
-                             for j in range(spec.count)]
+            cell.children = [
+                build(spec.child, f"{name}/{spec.child}-{j}") for j in range(spec.count)
+            ]
         else:
             first = next_gpu
             next_gpu += spec.count
-            cell.children = [Cell(name=f"{node_name}/gpu{k}", cell_type=info.gpu_type,
-                                  gpu_type=info.gpu_type) for k in range(first, next_gpu)]
+            cell.children = [
+                Cell(name=f"{node_name}/gpu{k}", cell_type=info.gpu_type, gpu_type=info.gpu_type)
+                for k in range(first, next_gpu)
+            ]
         return cell
 
     root.children = [build(cell_type, name) for cell_type, name in cells]
@@ -429,8 +457,11 @@ def parse_cluster_config(data: object) -> ClusterConfig:
     if data is None:
         raise ConfigError("", "the config is empty")
     if not isinstance(data, dict):
-        raise ConfigError("", "the config must be a mapping with the keys cell_types, "
-                              f"physical_cells and virtual_clusters, got {type(data).__name__}")
+        raise ConfigError(
+            "",
+            "the config must be a mapping with the keys cell_types, "
+            f"physical_cells and virtual_clusters, got {type(data).__name__}",
+        )
     try:
         spec = ClusterConfigSpec.model_validate(data)
     except ValidationError as error:
@@ -469,8 +500,10 @@ def vc_gpu_quota(config: ClusterConfig) -> dict[str, int]:
             continue
         for cell_type in cells:
             if cell_type not in gpus_per_type:
-                raise ConfigError(f"virtual_clusters.{vc}.{cell_type}",
-                                  f"no cell of type {cell_type!r} in the cluster")
+                raise ConfigError(
+                    f"virtual_clusters.{vc}.{cell_type}",
+                    f"no cell of type {cell_type!r} in the cluster",
+                )
         quota[vc] = sum(count * gpus_per_type[cell_type] for cell_type, count in cells.items())
     return quota
 
