@@ -101,7 +101,9 @@ class PerfModel:
         except FileNotFoundError:
             raise PerfModelError(f"{path}: throughput table not found") from None
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise PerfModelError(f"{path}: cannot read throughput table: {_one_line(exc)}") from None
+            raise PerfModelError(
+                f"{path}: cannot read throughput table: {_one_line(exc)}"
+            ) from None
         if not isinstance(raw, dict):
             raise PerfModelError(f"{path}: expected a JSON object of GPU types at the top level")
         consolidated: dict[str, dict[str, _Curve]] = {}
@@ -130,6 +132,14 @@ class PerfModel:
         return PerfModel(self._consolidated, self._spread, merged, source=self.source)
 
     # -- queries --------------------------------------------------------------------------------
+
+    @property
+    def has_throughputs(self) -> bool:
+        return bool(self._consolidated)
+
+    def with_slowdowns(self, slowdowns: Mapping[str, float]) -> PerfModel:
+        """A copy whose slowdown table is replaced by `slowdowns` (already validated)."""
+        return PerfModel(self._consolidated, self._spread, slowdowns, source=self.source)
 
     def knows(self, model: str, gpu_type: str = GAVEL_REFERENCE_TYPE) -> bool:
         """True when the throughput table has this model on this GPU type."""

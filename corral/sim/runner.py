@@ -10,12 +10,13 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from corral.core.cluster import Cluster, ClusterError
+from corral.core.config import ConfigError
 from corral.core.job import JobSpec
 from corral.core.placement import make_placement
 from corral.core.policy import POLICIES, make_policy
 from corral.core.policy.base import Policy
 from corral.sim.engine import FailureModel, Simulation
-from corral.sim.perfmodel import PerfModel, load_slowdowns
+from corral.sim.perfmodel import PerfModel, PerfModelError, load_slowdowns
 from corral.sim.report import summary_table, write_outputs
 from corral.sim.result import SimResult
 from corral.sim.traces import Trace, TraceError, load_trace
@@ -141,7 +142,7 @@ def run_simulations(
 ) -> list[dict[str, object]]:
     try:
         return _run(settings, out=out, plot=plot, console=console)
-    except (TraceError, ClusterError) as error:
+    except (TraceError, ClusterError, ConfigError, PerfModelError) as error:
         raise SimulationError(str(error)) from None
 
 
@@ -196,7 +197,7 @@ def _run(
                 ordering,
                 make_placement(settings.placement, **placement_options(settings)),
                 backfill=settings.backfill,
-                speed_model=perf.speed_model(run_cluster),
+                speed_model=(trace.perf or perf).speed_model(run_cluster),
                 restore_s=settings.restore_s,
                 failures=failures,
                 seed=settings.seed,

@@ -7,7 +7,7 @@ import dataclasses
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from corral.core.job import JobSpec
@@ -27,6 +27,9 @@ class Trace:
     jobs: list[JobSpec]
     source: str
     notes: list[str] = field(default_factory=list)
+    # The performance model the reader used, when it differs from the one passed in (a gavel
+    # trace loads its throughput table): give this one's speed_model to the simulator.
+    perf: PerfModel | None = None
 
 
 # A reader turns a location (path, or the synthetic generator's KEY=VAL list) into jobs in file
@@ -50,7 +53,7 @@ def finish(trace: Trace, arrival_scale: float) -> Trace:
             dataclasses.replace(spec, submit_time=(spec.submit_time - first) * arrival_scale)
             for spec in jobs
         ]
-    return Trace(jobs=jobs, source=trace.source, notes=list(trace.notes))
+    return Trace(jobs=jobs, source=trace.source, notes=list(trace.notes), perf=trace.perf)
 
 
 def check_unique_ids(jobs: list[JobSpec], where: list[str], file: str) -> None:
@@ -70,7 +73,8 @@ def no_options(fmt: str, options: dict[str, object]) -> None:
 
 def count_note(counter: dict[str, int], what: str) -> str:
     """'replayed 3 Pass, 1 Failed jobs' style summary, largest first."""
-    parts = [f"{n} {name or '(blank)'}" for name, n in sorted(counter.items(), key=lambda kv: -kv[1])]
+    ranked = sorted(counter.items(), key=lambda kv: -kv[1])
+    parts = [f"{n} {name or '(blank)'}" for name, n in ranked]
     return f"{what}: {', '.join(parts)}"
 
 
@@ -121,7 +125,8 @@ def csv_records(
                 if len(row) != len(header):
                     raise TraceError(f"{name}: line {reader.line_num}: expected {len(header)} "
                                      f"columns, got {len(row)}")
-                yield reader.line_num, dict(zip(header, (cell.strip() for cell in row), strict=True))
+                cells = (cell.strip() for cell in row)
+                yield reader.line_num, dict(zip(header, cells, strict=True))
         except csv.Error as exc:
             raise TraceError(f"{name}: line {reader.line_num}: {exc}") from None
         except UnicodeDecodeError:
@@ -172,7 +177,7 @@ def timestamp(raw: object, where: str, name: str) -> float:
         except ValueError:
             pass
         else:
-            return moment.replace(tzinfo=timezone.utc).timestamp()
+            return moment.replace(tzinfo=UTC).timestamp()
     raise TraceError(f"{where}: {name}: must be a time like 2017-10-03 14:05:00, got {_show(raw)}")
 
 

@@ -2,9 +2,11 @@
 
 A directory of `<vc>.trace` files (or one such file): tab-separated, 7 columns, no header:
 job_type, command, steps_flag, needs_data_dir, total_steps, arrival_time_s, scale_factor (GPUs).
-A job's duration is its steps over its measured throughput on consolidated v100s; the throughput
-table is the `perf` passed in, the `table=PATH` option, or `simulation_throughputs.json` in the
-directory above the traces (where Gavel keeps it).
+A job's duration is its steps over its measured throughput on consolidated v100s. The throughput
+table is, in this order: the `table=PATH` option; the `perf` passed in, if it has throughputs;
+`simulation_throughputs.json` in the directory above the traces (where Gavel keeps it). A `perf`
+without throughputs (e.g. `default_for_durations()` with user overrides) still lends its slowdown
+table. The returned Trace carries the model used in `perf`, for the simulator's speed model.
 """
 
 from __future__ import annotations
@@ -51,23 +53,21 @@ def read(location: str, *, perf: PerfModel | None = None, seed: int = 0, **optio
     check_unique_ids(jobs, where_of, str(location))
     notes = [f"durations from {perf.source or 'the given throughput table'} "
              f"({GAVEL_REFERENCE_TYPE}, consolidated)"]
-    return Trace(jobs=jobs, source=f"gavel:{location}", notes=notes)
+    return Trace(jobs=jobs, source=f"gavel:{location}", notes=notes, perf=perf)
 
 
 def _perf_model(perf: PerfModel | None, table: object, table_default: Path) -> PerfModel:
-    if table is not None:
-        try:
-            return PerfModel.from_gavel_table(str(table))
-        except PerfModelError as exc:
-            raise TraceError(str(exc)) from None
-    if perf is not None:
+    """The `perf` given if it has throughputs; else the table loaded, keeping `perf`'s slowdowns."""
+    if table is None and perf is not None and perf.has_throughputs:
         return perf
-    if not table_default.exists():
-        raise TraceError(f"gavel: throughput table {table_default} not found; pass table=PATH")
+    path = Path(str(table)) if table is not None else table_default
+    if table is None and not path.exists():
+        raise TraceError(f"gavel: throughput table {path} not found; pass table=PATH")
     try:
-        return PerfModel.from_gavel_table(table_default)
+        loaded = PerfModel.from_gavel_table(path)
     except PerfModelError as exc:
         raise TraceError(str(exc)) from None
+    return loaded if perf is None else loaded.with_slowdowns(perf.slowdowns)
 
 
 def _read_file(file: Path, label: str, perf: PerfModel) -> list[tuple[int, JobSpec]]:
@@ -83,7 +83,9 @@ def _read_file(file: Path, label: str, perf: PerfModel) -> list[tuple[int, JobSp
         where = f"{label}: line {line_no}"
         fields = line.split("\t")
         if len(fields) != COLUMNS:
-            raise TraceError(f"{where}: expected {COLUMNS} tab-separated columns, got {len(fields)}")
+            raise TraceError(
+                f"{where}: expected {COLUMNS} tab-separated columns, got {len(fields)}"
+            )
         job_type = fields[0].strip()
         steps = number(fields[4], where, "total_steps", positive=True)
         arrival = number(fields[5], where, "arrival_time_s")

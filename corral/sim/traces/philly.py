@@ -117,7 +117,8 @@ def _count_gpus(detail: object, where: str) -> int:
         ip = text(machine.get("ip"), where, f"detail[{i}].ip")
         gpus = machine.get("gpus")
         if not isinstance(gpus, list):
-            raise TraceError(f"{where}: detail[{i}].gpus: must be a list, got {type(gpus).__name__}")
+            kind = type(gpus).__name__
+            raise TraceError(f"{where}: detail[{i}].gpus: must be a list, got {kind}")
         for gpu in gpus:
             seen.add((ip, text(gpu, where, f"detail[{i}].gpus")))
     return len(seen)
