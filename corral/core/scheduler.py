@@ -126,6 +126,8 @@ class Scheduler:
         # fit cannot fit either (and, being of lower priority, has no more victims to preempt).
         no_fit: dict[tuple[frozenset[str] | None, str], int] = {}
         no_room: dict[tuple[frozenset[str] | None, str], int] = {}
+        # Too few GPUs held by lower-priority jobs is a bound for every later job of those types.
+        too_few_victims: dict[frozenset[str] | None, int] = {}
         position = 0
         while position < len(self._pending):
             job = self._by_seq[self._pending[position][1]]
@@ -141,13 +143,19 @@ class Scheduler:
                 no_fit[kind] = job.spec.gpus
                 job.pending_reason = result.reason
             else:
-                job.pending_reason = (
-                    "no room: a job of the same kind needing fewer GPUs did not fit"
-                )
-            if can_preempt and job.spec.gpus < no_room.get(kind, math.inf):
-                if self._make_room(job, now, actions):
+                job.pending_reason = "no room: a job of the same kind needing fewer GPUs did not fit"
+            if (
+                can_preempt
+                and job.spec.gpus < no_room.get(kind, math.inf)
+                and job.spec.gpus < too_few_victims.get(job.spec.gpu_types, math.inf)
+            ):
+                outcome = self._make_room(job, now, actions)
+                if outcome == "started":
                     continue
-                no_room[kind] = job.spec.gpus
+                if outcome == "too few victims":
+                    too_few_victims[job.spec.gpu_types] = job.spec.gpus
+                else:
+                    no_room[kind] = job.spec.gpus
             if self.policy.blocking and not self.backfill:
                 self.blocked_by = job.id
                 break
@@ -165,8 +173,12 @@ class Scheduler:
         lowest = self._by_seq[self._running[-1][1]]
         return bool(self._current_key(lowest, now) > self._current_key(job, now))
 
-    def _make_room(self, job: Job, now: float, actions: list[Action]) -> bool:
-        """Preempt the lowest-priority running jobs, fewest first, until the job can be placed."""
+    def _make_room(self, job: Job, now: float, actions: list[Action]) -> str:
+        """Preempt the lowest-priority running jobs, fewest first, until the job can be placed.
+
+        Returns "started", "too few victims" (lower-priority jobs hold too few GPUs), or
+        "no placement" (they hold enough, but freeing them gives no placement the rules accept).
+        """
         job_key = self._current_key(job, now)
         free = self.cluster.free_for(job.spec.gpu_types)
         victims: list[Job] = []
@@ -176,6 +188,8 @@ class Scheduler:
             victim = self._by_seq[self._running[index][1]]
             if not self._current_key(victim, now) > job_key:
                 break
+            if victim.run_started_at == now:
+                continue  # never undo a start of this same instant: no preemption cycles
             if job.spec.gpu_types is not None and not job.spec.accepts(
                 self.cluster.gpus[victim.placement[0]].gpu_type
             ):
@@ -197,12 +211,12 @@ class Scheduler:
                     else:
                         self._preempt(victim_job, job, now, actions)
                 self._start(job, result, now, actions)
-                return True
+                return "started"
             if attempts >= MAX_PREEMPTION_ATTEMPTS:
                 break
         for held in victims[:released]:
             self.cluster.allocate(held.placement)
-        return False
+        return "no placement" if free >= job.spec.gpus else "too few victims"
 
     # -- state transitions --------------------------------------------------------------------
 

@@ -1,8 +1,10 @@
 """Tiresias's discretized two-dimensional Least-Attained-Service (2D-LAS).
 
 Attained service is GPUs x seconds run. K queues split by thresholds on it; a job sits in the
-queue of its attained service, lower queues first, FIFO (by arrival) inside a queue. Running jobs
-that cross a threshold drop a queue, and a waiting job of a higher queue preempts them. A job
+queue of its attained service, lower queues first, FIFO inside a queue: by arrival in the top
+queue, and by the time it entered the queue below, so a job that drops a queue joins its tail (as
+Tiresias's per-queue lists do) instead of jumping ahead of jobs that were there before it. Running
+jobs that cross a threshold drop a queue, and a waiting job of a higher queue preempts them. A job
 that has waited longer than `starvation_factor` times its executed time is promoted back to the
 top queue (Tiresias's starvation knob): its service so far stops counting.
 """
@@ -45,7 +47,11 @@ class LeastAttainedService(Policy):
         return bisect.bisect_right(self.thresholds, self.counted_service(job, now) + 1e-6)
 
     def key(self, job: Job, now: float) -> Key:
-        return (self.queue_of(job, now), *tie_break(job))
+        queue = self.queue_of(job, now)
+        entered = job.extra.get("las_entered")
+        if queue == 0 or entered is None:
+            return (queue, *tie_break(job))
+        return (queue, entered, job.seq)
 
     def key_changes_at(self, job: Job, now: float) -> float:
         if job.status is JobStatus.RUNNING:
@@ -67,6 +73,9 @@ class LeastAttainedService(Policy):
         if job.status is JobStatus.PENDING and self._promotion_time(job, now) <= now:
             job.service_offset_gpu_s = job.attained_at(now)
             job.extra["promotions"] = int(job.extra.get("promotions", 0)) + 1  # type: ignore[call-overload]
+            job.extra.pop("las_entered", None)  # back in the top queue, in arrival order
+        elif job.status is JobStatus.RUNNING:
+            job.extra["las_entered"] = now  # dropped a queue: join its tail
 
     def describe_key(self, job: Job, now: float) -> str:
         return f"LAS queue {self.queue_of(job, now)} ({self.counted_service(job, now):.0f} GPU-s attained)"

@@ -23,8 +23,10 @@ class ShortestJobFirst(Policy):
 class ShortestRemainingTimeFirst(Policy):
     """Preempts a running job when a waiting one has less work left.
 
-    A running job's remaining time shrinks as it runs, so the sorted index stores its projected
-    finish instant (remaining + now), which stays put; `key` turns both back into remaining time.
+    The key is the work left in ideal seconds, the same measure for running and waiting jobs, so
+    a job that preempted another can never be preempted back by it in the same round. The sorted
+    index of running jobs stores their projected finish instant instead (it stays put while they
+    run); that orders them exactly by work left when they run at full speed, and closely otherwise.
     """
 
     name = "srtf"
@@ -32,7 +34,7 @@ class ShortestRemainingTimeFirst(Policy):
     stored_is_key = False
 
     def key(self, job: Job, now: float) -> Key:
-        return (job.remaining_wall_s(now), *tie_break(job))
+        return (job.remaining_work_s(now), *tie_break(job))
 
     def stored_key(self, job: Job, now: float) -> Key:
         if job.status is JobStatus.RUNNING:
@@ -40,4 +42,4 @@ class ShortestRemainingTimeFirst(Policy):
         return self.key(job, now)
 
     def describe_key(self, job: Job, now: float) -> str:
-        return f"remaining {job.remaining_wall_s(now):.0f}s"
+        return f"remaining {job.remaining_work_s(now):.0f}s of work"
