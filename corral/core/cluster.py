@@ -255,22 +255,32 @@ class Cluster:
         self._change(gpu_ids, +1)
 
     def _change(self, gpu_ids: Iterable[int], delta: int) -> None:
+        """Flip GPUs free or allocated; counts are updated once per node, not once per GPU."""
         want = 1 if delta > 0 else 0
-        for gpu_id in gpu_ids:
+        ids = list(gpu_ids)
+        for gpu_id in ids:  # check all first: a refused change leaves nothing half-done
             if self.gpu_free[gpu_id] == want:
                 state = "free" if want else "allocated"
                 raise ClusterError(f"GPU {self.gpus[gpu_id].name} is already {state}")
+        per_node: dict[int, int] = {}
+        for gpu_id in ids:
             self.gpu_free[gpu_id] = want
             node_idx = self.gpu_node[gpu_id]
+            per_node[node_idx] = per_node.get(node_idx, 0) + 1
+            cell = self.gpus[gpu_id]
+            while not cell.is_node:  # the GPU and any switch level under the node
+                cell.free_gpus += delta
+                cell = cell.parent  # type: ignore[assignment]
+        for node_idx, count in per_node.items():
             node = self.nodes[node_idx]
             healthy = self.node_healthy[node_idx]
             if healthy:
                 del self._buckets[node.gpu_type][node.free_gpus][node_idx]
-                self.free_by_type[node.gpu_type] += delta
-            cell: Cell | None = self.gpus[gpu_id]
-            while cell is not None:
-                cell.free_gpus += delta
-                cell = cell.parent
+                self.free_by_type[node.gpu_type] += delta * count
+            up: Cell | None = node
+            while up is not None:
+                up.free_gpus += delta * count
+                up = up.parent
             if healthy:
                 self._buckets[node.gpu_type][node.free_gpus][node_idx] = None
 

@@ -180,7 +180,11 @@ class Scheduler:
         "no placement" (they hold enough, but freeing them gives no placement the rules accept).
         """
         job_key = self._current_key(job, now)
-        free = self.cluster.free_for(job.spec.gpu_types)
+        need = job.spec.gpus
+        cluster = self.cluster
+        scope = self.placement.scope(cluster, job, now)
+        total = cluster.free_for(job.spec.gpu_types)
+        freed_in: dict[int, int] = {}  # node or rack -> GPUs the victims so far would free there
         victims: list[Job] = []
         released = 0
         attempts = 0
@@ -191,23 +195,23 @@ class Scheduler:
             if victim.run_started_at == now:
                 continue  # never undo a start of this same instant: no preemption cycles
             if job.spec.gpu_types is not None and not job.spec.accepts(
-                self.cluster.gpus[victim.placement[0]].gpu_type
+                cluster.gpus[victim.placement[0]].gpu_type
             ):
                 continue
             victims.append(victim)
-            free += victim.spec.gpus
-            if free < job.spec.gpus:
+            total += victim.spec.gpus
+            if total < need or not self._room_in_scope(scope, victim, need, freed_in):
                 continue
             for held in victims[released:]:
-                self.cluster.release(held.placement)
+                cluster.release(held.placement)
             released = len(victims)
-            result = self.placement.place(self.cluster, job, now)
+            result = self.placement.place(cluster, job, now)
             attempts += 1
             if isinstance(result, Placed):
                 chosen = set(result.gpus)
                 for victim_job in victims:
                     if chosen.isdisjoint(victim_job.placement):
-                        self.cluster.allocate(victim_job.placement)  # not needed after all
+                        cluster.allocate(victim_job.placement)  # not needed after all
                     else:
                         self._preempt(victim_job, job, now, actions)
                 self._start(job, result, now, actions)
@@ -215,8 +219,22 @@ class Scheduler:
             if attempts >= MAX_PREEMPTION_ATTEMPTS:
                 break
         for held in victims[:released]:
-            self.cluster.allocate(held.placement)
-        return "no placement" if free >= job.spec.gpus else "too few victims"
+            cluster.allocate(held.placement)
+        return "no placement" if total >= need else "too few victims"
+
+    def _room_in_scope(self, scope: str, victim: Job, need: int, freed_in: dict[int, int]) -> bool:
+        """Add the victim's GPUs to the places they free; is there now a place with enough?"""
+        if scope == "cluster":
+            return True
+        cluster = self.cluster
+        touched: set[int] = set()
+        for gpu in victim.placement:
+            node = cluster.gpu_node[gpu]
+            place = node if scope == "node" else cluster.node_rack[node]
+            freed_in[place] = freed_in.get(place, 0) + 1
+            touched.add(place)
+        free_in = cluster.node_free if scope == "node" else cluster.rack_free
+        return any(free_in(place) + freed_in[place] >= need for place in touched)
 
     # -- state transitions --------------------------------------------------------------------
 

@@ -98,6 +98,8 @@ class Simulation:
             now = min(arrival_at, event_at)
             if now == math.inf or measured_left == 0:
                 break
+            if next_arrival == len(specs) and ended == len(specs):
+                break  # only stale timers are left
             while next_arrival < len(specs) and specs[next_arrival].submit_time <= now:
                 scheduler.submit(specs[next_arrival], now)
                 next_arrival += 1

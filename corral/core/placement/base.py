@@ -31,6 +31,11 @@ class Placement:
         did not: the scheduler uses this to skip hopeless placement attempts within a round."""
         return self.name
 
+    def scope(self, cluster: Cluster, job: Job, now: float) -> str:
+        """Where all of the job's GPUs must lie: "node", "rack" or "cluster". The scheduler uses it
+        to choose preemption victims that free enough GPUs in one such place."""
+        return "cluster"
+
     def changes_at(self, job: Job, now: float) -> float:
         """When this job's placement rules change (e.g. relax after waiting); inf when never."""
         return math.inf

@@ -44,8 +44,19 @@ def consolidated(cluster: Cluster, job: Job) -> Placed | NotPlaced:
     return NotPlaced(f"locality: needs {job.spec.gpus} GPUs within one rack; no rack has them free")
 
 
+def consolidated_scope(cluster: Cluster, job: Job) -> str:
+    if any(job.spec.accepts(t) and size >= job.spec.gpus for t, size in cluster.max_node_gpus_by_type.items()):
+        return "node"
+    if job.spec.gpus <= max(r.total_gpus for r in cluster.racks):
+        return "rack"
+    return "cluster"
+
+
 class Consolidate(Placement):
     name = "consolidate"
+
+    def scope(self, cluster: Cluster, job: Job, now: float) -> str:
+        return consolidated_scope(cluster, job)
 
     def place(self, cluster: Cluster, job: Job, now: float) -> Placed | NotPlaced:
         return consolidated(cluster, job)
@@ -66,6 +77,9 @@ class Relax(Placement):
 
     def mode(self, job: Job, now: float) -> str:
         return "relaxed" if now >= self.relaxes_at(job) else "consolidate"
+
+    def scope(self, cluster: Cluster, job: Job, now: float) -> str:
+        return "cluster" if now >= self.relaxes_at(job) else consolidated_scope(cluster, job)
 
     def changes_at(self, job: Job, now: float) -> float:
         at = self.relaxes_at(job)
@@ -96,6 +110,9 @@ class Profile(Placement):
 
     def mode(self, job: Job, now: float) -> str:
         return "consolidate" if self.sensitive(job) else "anywhere"
+
+    def scope(self, cluster: Cluster, job: Job, now: float) -> str:
+        return consolidated_scope(cluster, job) if self.sensitive(job) else "cluster"
 
     def place(self, cluster: Cluster, job: Job, now: float) -> Placed | NotPlaced:
         if self.sensitive(job):
