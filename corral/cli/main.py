@@ -17,6 +17,8 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 console = Console()
+if not console.is_terminal:
+    console = Console(width=120)  # piped output (CI, files): keep the summary table on one line a run
 err_console = Console(stderr=True)
 
 

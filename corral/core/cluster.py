@@ -244,7 +244,8 @@ class Cluster:
     def describe(self) -> str:
         sizes = Counter((n.total_gpus, n.gpu_type) for n in self.nodes)
         parts = [f"{count}x{size} {gpu_type}" for (size, gpu_type), count in sorted(sizes.items())]
-        return f"{len(self.nodes)} nodes ({', '.join(parts)}), {self.total_gpus} GPUs, {len(self.racks)} racks"
+        racks = f"{len(self.racks)} rack" + ("s" if len(self.racks) != 1 else "")
+        return f"{len(self.nodes)} nodes ({', '.join(parts)}), {self.total_gpus} GPUs, {racks}"
 
     # -- mutation -----------------------------------------------------------------------------
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
+from rich import box
 from rich.table import Table
 
 from corral.sim.metrics import JOB_COLUMNS, completion_times, job_rows, summarize
@@ -202,26 +203,15 @@ def _duration_cell(value: object) -> str:
 
 def summary_table(summaries: list[dict[str, object]]) -> Table:
     """One row per run, one column per headline metric; runs side by side for --compare."""
-    table = Table(title="Simulation summary")
-    table.add_column("Policy", style="bold")
-    table.add_column("Placement")
-    for header in (
-        "Jobs",
-        "Avg JCT",
-        "p50 JCT",
-        "p95 JCT",
-        "p99 JCT",
-        "Avg queue",
-        "Makespan",
-        "Util",
-        "Preempt",
-    ):
-        table.add_column(header, justify="right")
+    table = Table(title="Simulation summary", box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("policy/placement", style="bold", no_wrap=True)
+    for header in ("jobs", "avg JCT", "p50 JCT", "p95 JCT", "p99 JCT", "avg queue", "makespan",
+                   "util", "preempt"):
+        table.add_column(header, justify="right", no_wrap=True)
     for run in summaries:
         util = run.get("utilization")
         table.add_row(
-            str(run.get("policy", "-")),
-            str(run.get("placement", "-")),
+            f"{run.get('policy', '-')}/{run.get('placement', '-')}",
             str(run.get("jobs", "-")),
             _duration_cell(run.get("avg_jct_s")),
             _duration_cell(run.get("p50_jct_s")),
