@@ -258,13 +258,22 @@ class Scheduler:
 
     def _preempt(self, job: Job, by: Job, now: float, actions: list[Action]) -> None:
         """Stop a running job whose GPUs the caller already released in the cluster."""
+        actions.append(self._requeue_preempted(job, by.id, now))
+
+    def evict(self, job_id: str, now: float, by: str) -> Preempt:
+        """Preempt a running job for a reason outside the policy (its GPUs are reclaimed)."""
+        job = self._running_job(job_id)
+        self.cluster.release(job.placement)
+        return self._requeue_preempted(job, by, now)
+
+    def _requeue_preempted(self, job: Job, by: str, now: float) -> Preempt:
         gpus = job.placement
         self._account_run(job, now)
         job.preemptions += 1
         self.preemptions += 1
-        job.last_event = f"preempted by {by.id}"
+        job.last_event = f"preempted by {by}"
         self._enqueue(job, now)
-        actions.append(Preempt(job.id, gpus, by.id))
+        return Preempt(job.id, gpus, by)
 
     def _stop(self, job: Job, now: float) -> None:
         self.cluster.release(job.placement)

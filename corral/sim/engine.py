@@ -59,12 +59,15 @@ class Simulation:
         measured: set[str] | None = None,
         on_progress: Callable[[int, int], None] | None = None,
         options: dict[str, object] | None = None,
+        scheduler: Scheduler | None = None,
     ) -> None:
+        """`scheduler`, when given, replaces the plain one built from cluster, policy and
+        placement (e.g. a multi-tenant HivedScheduler over the same cluster)."""
         if failures is not None:
             jobs = [replace(spec, max_retries=failures.max_retries) for spec in jobs]
         self.specs = sorted(jobs, key=lambda s: s.submit_time)
         self.cluster = cluster
-        self.scheduler = Scheduler(
+        self.scheduler = scheduler or Scheduler(
             cluster,
             policy,
             placement,

@@ -1,0 +1,261 @@
+"""HiveD admission: each VC schedules inside its own guaranteed cells; idle GPUs are harvested.
+
+Every VC has a `Scheduler` over its virtual cluster (its cells, topology intact), with the chosen
+ordering policy and placement: its guaranteed jobs never compete with other VCs' guaranteed jobs.
+When a VC starts a job on a virtual cell that is not bound yet, a physical cell of that type is
+bound with buddy allocation (`CellAllocator`), preferring the cell where the least opportunistic
+work would be lost; when a top-level virtual cell empties, its physical cell is released and
+merges back with its buddies.
+
+Opportunistic jobs (HiveD's priority -1, PilotFish's harvesting) have their own `Scheduler` over
+the physical cluster: they run on any GPU no guaranteed job holds, including idle GPUs inside
+other VCs' cells, and are preempted through the checkpoint contract when a guaranteed job needs
+their GPUs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from corral.core.actions import Action, Decision, Preempt, Start
+from corral.core.cells import CellAllocator
+from corral.core.cluster import Cell, Cluster
+from corral.core.job import Job, JobSpec, JobStatus, Priority
+from corral.core.placement.base import Placement
+from corral.core.policy.base import Policy
+from corral.core.scheduler import JobRefused, Scheduler, SpeedModel
+from corral.core.tenancy.virtual import VirtualCluster, build_virtual_cluster
+
+#: The name under which opportunistic jobs are reported (they belong to no VC's guarantee).
+OPPORTUNISTIC = "opportunistic"
+
+
+class HivedScheduler:
+    """The scheduler interface (`submit`, `decide`, `finished`, `failed`, `cancel`) over VCs."""
+
+    name = "hived"
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        virtual_clusters: dict[str, dict[str, int]],
+        policy: Policy,
+        placement: Placement,
+        *,
+        speed_model_for: Callable[[Cluster], SpeedModel] | None = None,
+        restore_s: float = 0.0,
+        backfill: bool = False,
+    ) -> None:
+        self.cluster = cluster
+        self.policy = policy
+        self.placement = placement
+        self.allocator = CellAllocator(cluster)
+        self.vcs: dict[str, VirtualCluster] = {}
+        self.schedulers: dict[str, Scheduler] = {}
+
+        def scheduler_for(target: Cluster) -> Scheduler:
+            speed = speed_model_for(target) if speed_model_for is not None else None
+            return Scheduler(
+                target, policy, placement, backfill=backfill, speed_model=speed, restore_s=restore_s
+            )
+
+        for name in sorted(virtual_clusters):
+            vc = build_virtual_cluster(name, virtual_clusters[name], cluster)
+            self.vcs[name] = vc
+            self.schedulers[name] = scheduler_for(vc.cluster)
+        self.opportunistic = scheduler_for(cluster)
+        self.jobs: dict[str, Job] = {}
+        self._owner: dict[str, str] = {}  # job id -> VC name, or OPPORTUNISTIC
+        self._opportunistic_on: dict[int, str] = {}  # physical GPU -> opportunistic job id
+        self.rounds = 0
+        self.reclaims = 0
+
+    # -- the scheduler interface ------------------------------------------------------------
+
+    @property
+    def preemptions(self) -> int:
+        return self.opportunistic.preemptions + sum(s.preemptions for s in self.schedulers.values())
+
+    @property
+    def pending_count(self) -> int:
+        return self.opportunistic.pending_count + sum(
+            s.pending_count for s in self.schedulers.values()
+        )
+
+    @property
+    def running_count(self) -> int:
+        return self.opportunistic.running_count + sum(
+            s.running_count for s in self.schedulers.values()
+        )
+
+    def submit(self, spec: JobSpec, now: float) -> Job:
+        if spec.id in self.jobs:
+            raise JobRefused(f"job {spec.id}: a job with this id already exists")
+        if spec.priority is Priority.OPPORTUNISTIC:
+            owner = OPPORTUNISTIC
+            job = self.opportunistic.submit(spec, now)
+        else:
+            scheduler = self.schedulers.get(spec.vc)
+            if scheduler is None:
+                raise JobRefused(
+                    f"job {spec.id}: unknown VC {spec.vc!r}; VCs are {', '.join(self.schedulers)}"
+                )
+            if spec.gpus > scheduler.cluster.capacity_for(spec.gpu_types):
+                raise JobRefused(
+                    f"job {spec.id}: asks for {spec.gpus} GPUs but VC {spec.vc} is guaranteed only "
+                    f"{scheduler.cluster.capacity_for(spec.gpu_types)} GPUs that could hold it"
+                )
+            owner = spec.vc
+            job = scheduler.submit(spec, now)
+        self.jobs[spec.id] = job
+        self._owner[spec.id] = owner
+        return job
+
+    def decide(self, now: float) -> Decision:
+        self.rounds += 1
+        actions: list[Action] = []
+        wakes: list[float] = []
+        for name, scheduler in self.schedulers.items():
+            decision = scheduler.decide(now)
+            if decision.wake_at is not None:
+                wakes.append(decision.wake_at)
+            vc = self.vcs[name]
+            for action in decision.actions:
+                if isinstance(action, Preempt):
+                    actions.append(self._release_guaranteed(vc, action, now))
+                else:
+                    actions.extend(self._start_guaranteed(vc, action, now))
+        decision = self.opportunistic.decide(now)
+        if decision.wake_at is not None:
+            wakes.append(decision.wake_at)
+        for action in decision.actions:
+            self._track_opportunistic(action)
+            actions.append(action)
+        return Decision(actions, min(wakes) if wakes else None)
+
+    def finished(self, job_id: str, now: float) -> Job:
+        return self._ended(job_id, now, None)
+
+    def failed(self, job_id: str, now: float, reason: str) -> Job:
+        return self._ended(job_id, now, reason)
+
+    def cancel(self, job_id: str, now: float) -> Job:
+        job = self.jobs[job_id]
+        if job.status is JobStatus.RUNNING:
+            placement = job.placement
+            owner = self._owner[job_id]
+            scheduler = self._scheduler_of(job_id)
+            scheduler.cancel(job_id, now)
+            self._after_stop(owner, job_id, placement)
+            return job
+        return self._scheduler_of(job_id).cancel(job_id, now)
+
+    def explain(self, job_id: str, now: float) -> str:
+        owner = self._owner[job_id]
+        where = "opportunistic, on idle GPUs of any VC" if owner == OPPORTUNISTIC else f"VC {owner}"
+        return f"{where}: {self._scheduler_of(job_id).explain(job_id, now)}"
+
+    def physical_placement(self, job_id: str) -> tuple[int, ...]:
+        job = self.jobs[job_id]
+        owner = self._owner[job_id]
+        if owner == OPPORTUNISTIC or not job.placement:
+            return job.placement
+        return self.vcs[owner].to_physical(job.placement)
+
+    def vc_of(self, job_id: str) -> str:
+        return self._owner[job_id]
+
+    # -- guaranteed jobs: virtual -> physical -------------------------------------------------
+
+    def _start_guaranteed(self, vc: VirtualCluster, action: Start, now: float) -> list[Action]:
+        actions: list[Action] = []
+        for top in vc.tops_of(action.gpus):
+            if top not in vc.bound:
+                self._bind(vc, top, now)
+        physical = vc.to_physical(action.gpus)
+        for victim_id in sorted(
+            {self._opportunistic_on[g] for g in physical if g in self._opportunistic_on}
+        ):
+            actions.append(self._evict_opportunistic(victim_id, action.job_id, now))
+        self.cluster.allocate(physical)
+        actions.append(
+            Start(action.job_id, physical, relaxed=action.relaxed, resumed=action.resumed)
+        )
+        return actions
+
+    def _release_guaranteed(self, vc: VirtualCluster, action: Preempt, now: float) -> Preempt:
+        physical = vc.to_physical(action.gpus)
+        self.cluster.release(physical)
+        self._unbind_idle(vc, action.gpus)
+        return Preempt(action.job_id, physical, action.by_job_id)
+
+    def _bind(self, vc: VirtualCluster, top: int, now: float) -> None:
+        cell_type = vc.top_types[top]
+
+        def work_at_risk(cell: Cell) -> tuple[float, int]:
+            """Opportunistic GPU-seconds of the current attempts a binding would preempt."""
+            lost = 0.0
+            busy = 0
+            for victim_id in {
+                self._opportunistic_on[leaf.index]
+                for leaf in cell.leaves()
+                if leaf.index in self._opportunistic_on
+            }:
+                victim = self.jobs[victim_id]
+                lost += victim.spec.gpus * victim.running_s(now)
+                busy += victim.spec.gpus
+            return (lost, busy)
+
+        cell = self.allocator.bind(cell_type, prefer=work_at_risk)
+        if cell is None:  # the config check makes this unreachable while all nodes are healthy
+            raise RuntimeError(f"VC {vc.name}: no free {cell_type} cell to bind")
+        vc.bound[top] = (cell, [leaf.index for leaf in cell.leaves()])
+
+    def _unbind_idle(self, vc: VirtualCluster, virtual_gpus: Iterable[int]) -> None:
+        for top in vc.tops_of(tuple(virtual_gpus)):
+            if top in vc.bound and vc.top_is_idle(top):
+                cell, _ = vc.bound.pop(top)
+                self.allocator.release(cell)
+
+    # -- opportunistic jobs -----------------------------------------------------------------
+
+    def _evict_opportunistic(self, job_id: str, by: str, now: float) -> Preempt:
+        job = self.jobs[job_id]
+        for gpu in job.placement:
+            self._opportunistic_on.pop(gpu, None)
+        self.reclaims += 1
+        return self.opportunistic.evict(job_id, now, by)
+
+    def _track_opportunistic(self, action: Action) -> None:
+        if isinstance(action, Start):
+            for gpu in action.gpus:
+                self._opportunistic_on[gpu] = action.job_id
+        else:
+            for gpu in action.gpus:
+                self._opportunistic_on.pop(gpu, None)
+
+    # -- endings ----------------------------------------------------------------------------
+
+    def _scheduler_of(self, job_id: str) -> Scheduler:
+        owner = self._owner[job_id]
+        return self.opportunistic if owner == OPPORTUNISTIC else self.schedulers[owner]
+
+    def _ended(self, job_id: str, now: float, reason: str | None) -> Job:
+        job = self.jobs[job_id]
+        placement = job.placement
+        scheduler = self._scheduler_of(job_id)
+        if reason is None:
+            scheduler.finished(job_id, now)
+        else:
+            scheduler.failed(job_id, now, reason)
+        self._after_stop(self._owner[job_id], job_id, placement)
+        return job
+
+    def _after_stop(self, owner: str, job_id: str, placement: tuple[int, ...]) -> None:
+        if owner == OPPORTUNISTIC:
+            for gpu in placement:
+                self._opportunistic_on.pop(gpu, None)
+            return
+        vc = self.vcs[owner]
+        self.cluster.release(vc.to_physical(placement))
+        self._unbind_idle(vc, placement)
