@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 
 from sortedcontainers import SortedList
 
@@ -23,6 +23,7 @@ from corral.core.cluster import Cluster
 from corral.core.job import Job, JobSpec, JobStatus
 from corral.core.placement.base import Placed, Placement
 from corral.core.policy.base import Key, Policy
+from corral.core.tenancy.quota import QuotaAdmission
 
 #: Given a job and the GPUs chosen for it, its speed in ideal seconds per wall second.
 SpeedModel = Callable[[Job, tuple[int, ...]], float]
@@ -45,8 +46,10 @@ class Scheduler:
         backfill: bool = False,
         speed_model: SpeedModel | None = None,
         restore_s: float = 0.0,
+        admission: QuotaAdmission | None = None,
     ) -> None:
         self.cluster = cluster
+        self.admission = admission
         self.policy = policy
         self.placement = placement
         self.backfill = backfill
@@ -70,7 +73,11 @@ class Scheduler:
             raise JobRefused(f"job {spec.id}: a job with this id already exists")
         if spec.gpus <= 0:
             raise JobRefused(f"job {spec.id}: gpus must be a positive integer, got {spec.gpus}")
+        if self.admission is not None and not self.admission.known(spec.vc):
+            raise JobRefused(f"job {spec.id}: unknown VC {spec.vc!r}")
         capacity = self.cluster.capacity_for(spec.gpu_types)
+        if self.admission is not None and not self.admission.oversubscribe:
+            capacity = min(capacity, self.admission.capacity(spec.vc))
         if spec.gpus > capacity:
             kind = "" if spec.gpu_types is None else f" of type {'|'.join(sorted(spec.gpu_types))}"
             raise JobRefused(
@@ -126,14 +133,27 @@ class Scheduler:
         # fit cannot fit either (and, being of lower priority, has no more victims to preempt).
         no_fit: dict[tuple[frozenset[str] | None, str], int] = {}
         no_room: dict[tuple[frozenset[str] | None, str], int] = {}
-        # Too few GPUs held by lower-priority jobs is a bound for every later job of those types.
-        too_few_victims: dict[frozenset[str] | None, int] = {}
+        # Too few GPUs held by lower-priority jobs is a bound for every later job of those types
+        # (and of that VC, when a quota decides who may be preempted).
+        too_few_victims: dict[tuple[frozenset[str] | None, str], int] = {}
+        blocked_vcs: set[str] = set()
+        admission = self.admission
         position = 0
         while position < len(self._pending):
             job = self._by_seq[self._pending[position][1]]
-            can_preempt = self._has_lower_priority_running(job, now)
+            can_preempt = self._may_preempt_for(job, now)
             if cluster.free_gpus == 0 and not can_preempt:
                 break
+            if admission is not None:
+                if job.spec.vc in blocked_vcs:
+                    job.pending_reason = f"blocked behind the head job of VC {job.spec.vc}"
+                    position += 1
+                    continue
+                refusal = admission.check(job)
+                if refusal is not None:
+                    job.pending_reason = refusal
+                    position += 1
+                    continue
             kind = (job.spec.gpu_types, self.placement.mode(job, now))
             if job.spec.gpus < no_fit.get(kind, math.inf):
                 result = self.placement.place(cluster, job, now)
@@ -143,22 +163,27 @@ class Scheduler:
                 no_fit[kind] = job.spec.gpus
                 job.pending_reason = result.reason
             else:
-                job.pending_reason = "no room: a job of the same kind needing fewer GPUs did not fit"
+                job.pending_reason = (
+                    "no room: a job of the same kind needing fewer GPUs did not fit"
+                )
+            victims_kind = (job.spec.gpu_types, job.spec.vc if admission is not None else "")
             if (
                 can_preempt
                 and job.spec.gpus < no_room.get(kind, math.inf)
-                and job.spec.gpus < too_few_victims.get(job.spec.gpu_types, math.inf)
+                and job.spec.gpus < too_few_victims.get(victims_kind, math.inf)
             ):
                 outcome = self._make_room(job, now, actions)
                 if outcome == "started":
                     continue
                 if outcome == "too few victims":
-                    too_few_victims[job.spec.gpu_types] = job.spec.gpus
+                    too_few_victims[victims_kind] = job.spec.gpus
                 else:
                     no_room[kind] = job.spec.gpus
             if self.policy.blocking and not self.backfill:
-                self.blocked_by = job.id
-                break
+                if admission is None:
+                    self.blocked_by = job.id
+                    break
+                blocked_vcs.add(job.spec.vc)  # YARN-CS: each VC's queue blocks only itself
             position += 1
         return Decision(actions, self._next_wake())
 
@@ -167,11 +192,37 @@ class Scheduler:
             return self._stored[job.seq]
         return self.policy.key(job, now)
 
-    def _has_lower_priority_running(self, job: Job, now: float) -> bool:
+    def _may_preempt_for(self, job: Job, now: float) -> bool:
+        if self.admission is not None and self.admission.can_reclaim(job):
+            return True
         if not self.policy.preemptive or not self._running:
             return False
         lowest = self._by_seq[self._running[-1][1]]
         return bool(self._current_key(lowest, now) > self._current_key(job, now))
+
+    def _victims(self, job: Job, now: float) -> Iterator[Job]:
+        """Running jobs the job may preempt, the ones to give way first first: GPUs other VCs
+        borrowed (a quota reclaiming them), then jobs of lower priority, the lowest first."""
+        admission = self.admission
+        job_key = self._current_key(job, now)
+        offered: set[str] = set()
+        if admission is not None and admission.can_reclaim(job):
+            for _, seq in reversed(self._running):
+                victim = self._by_seq[seq]
+                if admission.reclaimable(victim, job):
+                    offered.add(victim.id)
+                    yield victim
+        if not self.policy.preemptive:
+            return
+        for index in range(len(self._running) - 1, -1, -1):
+            victim = self._by_seq[self._running[index][1]]
+            if not self._current_key(victim, now) > job_key:
+                return
+            if victim.id in offered:
+                continue
+            if admission is not None and not admission.may_preempt(victim, job):
+                continue
+            yield victim
 
     def _make_room(self, job: Job, now: float, actions: list[Action]) -> str:
         """Preempt the lowest-priority running jobs, fewest first, until the job can be placed.
@@ -179,7 +230,6 @@ class Scheduler:
         Returns "started", "too few victims" (lower-priority jobs hold too few GPUs), or
         "no placement" (they hold enough, but freeing them gives no placement the rules accept).
         """
-        job_key = self._current_key(job, now)
         need = job.spec.gpus
         cluster = self.cluster
         scope = self.placement.scope(cluster, job, now)
@@ -188,10 +238,7 @@ class Scheduler:
         victims: list[Job] = []
         released = 0
         attempts = 0
-        for index in range(len(self._running) - 1, -1, -1):
-            victim = self._by_seq[self._running[index][1]]
-            if not self._current_key(victim, now) > job_key:
-                break
+        for victim in self._victims(job, now):
             if victim.run_started_at == now:
                 continue  # never undo a start of this same instant: no preemption cycles
             if job.spec.gpu_types is not None and not job.spec.accepts(
@@ -252,6 +299,8 @@ class Scheduler:
         job.speed = self.speed_model(job, placed.gpus) if self.speed_model else 1.0
         job.stall_until = now + self.restore_s if resumed else now
         job.pending_reason = ""
+        if self.admission is not None:
+            self.admission.on_start(job)
         job.last_event = f"started on {len(self.cluster.nodes_of(placed.gpus))} node(s)"
         self._index(self._running, job, now)
         actions.append(Start(job.id, placed.gpus, relaxed=placed.relaxed, resumed=resumed))
@@ -280,6 +329,8 @@ class Scheduler:
         self._account_run(job, now)
 
     def _account_run(self, job: Job, now: float) -> None:
+        if self.admission is not None:
+            self.admission.on_stop(job)
         job.work_done_s = job.work_done_at(now)
         ran = job.running_s(now)
         job.executed_s += ran

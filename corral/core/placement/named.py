@@ -45,7 +45,10 @@ def consolidated(cluster: Cluster, job: Job) -> Placed | NotPlaced:
 
 
 def consolidated_scope(cluster: Cluster, job: Job) -> str:
-    if any(job.spec.accepts(t) and size >= job.spec.gpus for t, size in cluster.max_node_gpus_by_type.items()):
+    if any(
+        job.spec.accepts(t) and size >= job.spec.gpus
+        for t, size in cluster.max_node_gpus_by_type.items()
+    ):
         return "node"
     if job.spec.gpus <= max(r.total_gpus for r in cluster.racks):
         return "rack"
