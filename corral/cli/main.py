@@ -103,7 +103,7 @@ def simulate(
         float, typer.Option(help="profile: consolidate jobs slowed more than this when spread")
     ] = 1.1,
     restore_s: Annotated[
-        float, typer.Option(help="checkpoint/restore cost of a resumed job, seconds")
+        float, typer.Option(help="seconds a job that ran before spends restoring when it restarts (after a preemption or a failure)")
     ] = 30.0,
     failure_rate: Annotated[
         float, typer.Option(help="per-attempt failure probability of a 1-GPU job (0: off)")

@@ -178,18 +178,21 @@ class Cluster:
         gpu_type: str = "v100",
         gpus_per_switch: int | None = None,
     ) -> Cluster:
-        """`--cluster 64x8 --racks 8`: nodes spread evenly (round-robin by block) over racks."""
+        """`--cluster 64x8 --racks 8`: nodes in consecutive blocks, as even as the counts allow."""
         if nodes <= 0 or gpus_per_node <= 0:
             raise ClusterError("the cluster needs at least one node with at least one GPU")
+        if gpus_per_switch is not None and not 0 < gpus_per_switch <= gpus_per_node:
+            raise ClusterError(
+                f"GPUs per switch must be between 1 and the GPUs per node ({gpus_per_node})"
+            )
         if racks <= 0 or racks > nodes:
             raise ClusterError(f"racks must be between 1 and the node count ({nodes}), got {racks}")
-        per_rack = -(-nodes // racks)
         return cls.from_nodes(
             NodeDef(
                 name=f"node-{i:04d}",
                 gpus=gpus_per_node,
                 gpu_type=gpu_type,
-                rack=f"rack-{i // per_rack:02d}",
+                rack=f"rack-{i * racks // nodes:02d}",  # consecutive blocks, sizes differ by <= 1
                 gpus_per_switch=gpus_per_switch,
             )
             for i in range(nodes)

@@ -151,6 +151,9 @@ class Simulation:
                 scheduler.running_count,
             )
 
+        for job in scheduler.jobs.values():  # close the books of jobs still waiting at the end
+            if job.status is JobStatus.PENDING and timeline.time_s:
+                job.pending_s += max(0.0, timeline.time_s[-1] - job.queued_since)
         if self.on_progress is not None:
             self.on_progress(ended, len(specs))
         return SimResult(

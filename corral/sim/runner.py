@@ -78,7 +78,7 @@ def check_fits(trace: Trace, cluster: Cluster, skip: bool) -> tuple[list[JobSpec
             continue
         if not skip:
             raise SimulationError(
-                f"{trace.source}: job {spec.id} (record {position + 1}): gpus={spec.gpus} exceeds "
+                f"{trace.source}: job {spec.id} (number {position + 1} by arrival): gpus={spec.gpus} exceeds "
                 f"the {capacity} GPUs the cluster has for it; use a bigger cluster or --skip-oversized"
             )
         dropped += 1
@@ -155,10 +155,6 @@ def _run(
     trace = load_trace(
         settings.trace, perf=perf, seed=settings.seed, arrival_scale=settings.arrival_scale
     )
-    if settings.failure_rate < 0 or settings.failure_rate > 1:
-        raise SimulationError("--failure-rate: must be between 0 and 1")
-    if settings.restore_s < 0:
-        raise SimulationError("--restore-s: must not be negative")
     cluster = build_cluster(settings)
     jobs, dropped = check_fits(trace, cluster, settings.skip_oversized)
     measured = None
