@@ -18,7 +18,9 @@ app = typer.Typer(
 )
 console = Console()
 if not console.is_terminal:
-    console = Console(width=120)  # piped output (CI, files): keep the summary table on one line a run
+    console = Console(
+        width=120
+    )  # piped output (CI, files): keep the summary table on one line a run
 err_console = Console(stderr=True)
 
 
@@ -103,7 +105,10 @@ def simulate(
         float, typer.Option(help="profile: consolidate jobs slowed more than this when spread")
     ] = 1.1,
     restore_s: Annotated[
-        float, typer.Option(help="seconds a job that ran before spends restoring when it restarts (after a preemption or a failure)")
+        float,
+        typer.Option(
+            help="seconds a job that ran before spends restoring when it restarts (after a preemption or a failure)"
+        ),
     ] = 30.0,
     failure_rate: Annotated[
         float, typer.Option(help="per-attempt failure probability of a 1-GPU job (0: off)")
@@ -122,6 +127,19 @@ def simulate(
         Path | None, typer.Option(help="YAML/JSON {model_prefix: slowdown when spread}")
     ] = None,
     seed: Annotated[int, typer.Option()] = 0,
+    admission: Annotated[
+        str, typer.Option(help="none, hived (VC cells, HiveD) or quota (GPU counts, YARN-CS)")
+    ] = "none",
+    oversubscribe: Annotated[
+        bool, typer.Option(help="quota: lend idle GPUs to VCs over quota, reclaim by preemption")
+    ] = False,
+    private_baseline: Annotated[
+        bool,
+        typer.Option(help="also run each VC alone on its own cells, to detect sharing anomaly"),
+    ] = False,
+    opportunistic_share: Annotated[
+        float, typer.Option(help="hived: mark this share of jobs opportunistic (seeded)")
+    ] = 0.0,
     out: Annotated[Path, typer.Option(help="output directory")] = Path("runs/latest"),
     plot: Annotated[bool, typer.Option(help="write JCT CDF, utilisation and queue plots")] = False,
 ) -> None:
@@ -154,12 +172,42 @@ def simulate(
             skip_oversized=skip_oversized,
             slowdowns=slowdowns,
             seed=seed,
+            admission=admission,
+            oversubscribe=oversubscribe,
+            private_baseline=private_baseline,
+            opportunistic_share=opportunistic_share,
         )
         run_simulations(settings, out=out, plot=plot, console=console)
     except UserError as error:
         fail(str(error))
     except (ValueError, OSError) as error:
         fail(str(error).splitlines()[0] if str(error) else type(error).__name__)
+
+
+@app.command("vc-config")
+def vc_config_command(
+    trace: Annotated[str, typer.Option(help="FORMAT:PATH of the trace whose VCs to size")],
+    cluster: Annotated[str, typer.Option(help="NODESxGPUS, e.g. 64x8")] = "64x8",
+    racks: Annotated[int, typer.Option(help="racks the nodes are spread over")] = 8,
+    gpu_type: Annotated[str, typer.Option(help="GPU type of the nodes")] = "v100",
+    out: Annotated[Path, typer.Option(help="YAML file to write")] = Path("vcs.yaml"),
+) -> None:
+    """Write a cluster config whose VCs get node cells in proportion to their demand in a trace."""
+    import yaml
+
+    from corral.sim.traces import TraceError, load_trace
+    from corral.sim.vcconfig import VcSizingError, vc_config
+
+    try:
+        nodes, gpus_per_node = parse_cluster(cluster)
+        jobs = load_trace(trace).jobs
+        config = vc_config(jobs, nodes, gpus_per_node, racks, gpu_type.lower())
+    except (UserError, TraceError, VcSizingError, OSError) as error:
+        fail(str(error))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(yaml.safe_dump(config, sort_keys=False))
+    sizes = config["virtual_clusters"]
+    console.print(f"wrote {out}: {len(sizes)} VCs on {nodes} nodes")  # type: ignore[arg-type]
 
 
 def run() -> None:

@@ -235,6 +235,12 @@ class Cluster:
         for free in range(len(buckets) - 1, 0, -1):
             yield from buckets[free]
 
+    def free_in_whole_nodes(self) -> int:
+        """Free GPUs on healthy nodes that are wholly free and of their type's largest size."""
+        return sum(
+            len(self._buckets[t][size]) * size for t, size in self.max_node_gpus_by_type.items()
+        )
+
     def node_free(self, node: int) -> int:
         return self.nodes[node].free_gpus if self.node_healthy[node] else 0
 

@@ -144,11 +144,13 @@ class Simulation:
                 timers.add(wake)
                 order += 1
                 heapq.heappush(events, (wake, order, _TIMER, "", 0))
+            free = cluster.free_gpus
             timeline.record(
                 now,
-                cluster.total_gpus - cluster.free_gpus,
+                cluster.total_gpus - free,
                 scheduler.pending_count,
                 scheduler.running_count,
+                free - cluster.free_in_whole_nodes(),
             )
 
         for job in scheduler.jobs.values():  # close the books of jobs still waiting at the end

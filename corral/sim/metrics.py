@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from corral.core.job import Job, JobStatus
+from corral.core.job import Job, JobStatus, Priority
 from corral.sim.result import SimResult, Timeline
 
 JOB_COLUMNS: tuple[str, ...] = (
@@ -66,6 +66,60 @@ def utilization(timeline: Timeline, total_gpus: int) -> float:
     return gpu_seconds / (total_gpus * span)
 
 
+def fragmentation(timeline: Timeline, total_gpus: int) -> float | None:
+    """Time-weighted share of free GPUs that cannot host a job needing a whole node (the largest
+    node size): free GPUs outside wholly free nodes over all free GPUs. None if nothing was free."""
+    if len(timeline.time_s) < 2 or len(timeline.stranded_gpus) != len(timeline.time_s):
+        return None
+    dt = np.diff(np.asarray(timeline.time_s, dtype=float))
+    free = total_gpus - np.asarray(timeline.allocated_gpus, dtype=float)[:-1]
+    stranded = np.asarray(timeline.stranded_gpus, dtype=float)[:-1]
+    free_gpu_seconds = float(np.dot(free, dt))
+    if free_gpu_seconds <= 0.0:
+        return None
+    return float(np.dot(stranded, dt)) / free_gpu_seconds
+
+
+def vc_of(job: Job) -> str:
+    """The tenant a job's metrics are reported under; opportunistic jobs form their own group."""
+    return "opportunistic" if job.spec.priority is Priority.OPPORTUNISTIC else job.spec.vc
+
+
+def per_vc(result: SimResult) -> dict[str, dict[str, object]]:
+    """Per tenant: jobs done, queueing (all jobs and multi-GPU ones), JCT, share of the GPU time
+    used, and preemptions its jobs suffered."""
+    groups: dict[str, list[Job]] = {}
+    for job in measured_jobs(result):
+        groups.setdefault(vc_of(job), []).append(job)
+    used = sum(job.attained_gpu_s for job in result.jobs) or 1.0
+    out: dict[str, dict[str, object]] = {}
+    for name in sorted(groups):
+        jobs = groups[name]
+        queue = [
+            j.first_started_at - j.spec.submit_time for j in jobs if j.first_started_at is not None
+        ]
+        multi = [
+            j.first_started_at - j.spec.submit_time
+            for j in jobs
+            if j.first_started_at is not None and j.spec.gpus > 1
+        ]
+        jct = [
+            j.finished_at - j.spec.submit_time
+            for j in jobs
+            if j.status is JobStatus.SUCCEEDED and j.finished_at is not None
+        ]
+        out[name] = {
+            "jobs": sum(j.status is JobStatus.SUCCEEDED for j in jobs),
+            "avg_queue_s": _mean(queue),
+            "p95_queue_s": float(np.percentile(queue, 95)) if queue else None,
+            "multi_gpu_avg_queue_s": _mean(multi),
+            "avg_jct_s": _mean(jct),
+            "gpu_share": sum(j.attained_gpu_s for j in jobs) / used,
+            "preemptions_suffered": sum(j.preemptions for j in jobs),
+        }
+    return out
+
+
 def _mean(values: list[float]) -> float | None:
     return float(np.mean(values)) if values else None
 
@@ -113,9 +167,12 @@ def summarize(result: SimResult) -> dict[str, object]:
         "utilization": utilization(result.timeline, result.total_gpus),
         "preemptions": int(result.preemptions),
         "relaxed_jobs": sum(job.relaxed for job in jobs),
+        "fragmentation": fragmentation(result.timeline, result.total_gpus),
+        "per_vc": per_vc(result),
         "rounds": int(result.rounds),
         "wall_s": float(result.wall_s),
         "options": dict(result.options),
+        **result.annotations,
     }
 
 

@@ -111,8 +111,9 @@ class PerfModel:
         for type_key, entries in raw.items():
             gpu_type, _, suffix = str(type_key).partition("_")
             if suffix not in ("", "unconsolidated"):
-                raise PerfModelError(f"{path}: {type_key}: unknown table (expected <type> or "
-                                     "<type>_unconsolidated)")
+                raise PerfModelError(
+                    f"{path}: {type_key}: unknown table (expected <type> or <type>_unconsolidated)"
+                )
             if not isinstance(entries, dict):
                 raise PerfModelError(f"{path}: {type_key}: expected an object")
             target = spread if suffix else consolidated
@@ -165,8 +166,10 @@ class PerfModel:
         """Seconds to run `steps` training steps; PerfModelError when the table lacks the model."""
         value = self.throughput(model, gpus, gpu_type, consolidated)
         if value is None:
-            raise PerfModelError(f"no throughput for {model!r} on {gpus} x {gpu_type}"
-                                 + (f" in {self.source}" if self.source else ""))
+            raise PerfModelError(
+                f"no throughput for {model!r} on {gpus} x {gpu_type}"
+                + (f" in {self.source}" if self.source else "")
+            )
         return steps / value
 
     def spread_slowdown(self, model: str, gpus: int, gpu_type: str = GAVEL_REFERENCE_TYPE) -> float:
@@ -265,8 +268,9 @@ def _parse_curves(path: Path, type_key: str, entries: dict[str, object]) -> dict
         try:
             job_type, scale = ast.literal_eval(key)
         except (ValueError, SyntaxError, TypeError):
-            raise PerfModelError(f"{path}: {type_key}: bad key {key!r} (expected "
-                                 "\"('<job_type>', <gpus>)\")") from None
+            raise PerfModelError(
+                f"{path}: {type_key}: bad key {key!r} (expected \"('<job_type>', <gpus>)\")"
+            ) from None
         alone = entry.get("null") if isinstance(entry, dict) else None
         if (
             not isinstance(job_type, str)
@@ -278,8 +282,10 @@ def _parse_curves(path: Path, type_key: str, entries: dict[str, object]) -> dict
             or not math.isfinite(alone)
             or alone < 0
         ):
-            raise PerfModelError(f"{path}: {type_key}: {key}: expected a positive GPU count and a "
-                                 "non-negative \"null\" throughput")
+            raise PerfModelError(
+                f"{path}: {type_key}: {key}: expected a positive GPU count and a "
+                'non-negative "null" throughput'
+            )
         if alone > 0:  # zero = did not run at that size; treated as unmeasured (see PerfModel)
             points.setdefault(job_type, []).append((scale, float(alone)))
     return {model: tuple(sorted(curve)) for model, curve in points.items()}

@@ -205,8 +205,17 @@ def summary_table(summaries: list[dict[str, object]]) -> Table:
     """One row per run, one column per headline metric; runs side by side for --compare."""
     table = Table(title="Simulation summary", box=box.SIMPLE_HEAD, pad_edge=False)
     table.add_column("policy/placement", style="bold", no_wrap=True)
-    for header in ("jobs", "avg JCT", "p50 JCT", "p95 JCT", "p99 JCT", "avg queue", "makespan",
-                   "util", "preempt"):
+    for header in (
+        "jobs",
+        "avg JCT",
+        "p50 JCT",
+        "p95 JCT",
+        "p99 JCT",
+        "avg queue",
+        "makespan",
+        "util",
+        "preempt",
+    ):
         table.add_column(header, justify="right", no_wrap=True)
     for run in summaries:
         util = run.get("utilization")
@@ -222,4 +231,43 @@ def summary_table(summaries: list[dict[str, object]]) -> Table:
             f"{100 * util:.1f}%" if isinstance(util, int | float) else "-",
             str(run.get("preemptions", "-")),
         )
+    return table
+
+
+def vc_table(summary: dict[str, object]) -> Table:
+    """Per-VC queueing and shares of one run, with the private baseline when it was computed."""
+    per_vc = summary.get("per_vc")
+    table = Table(
+        title=f"Per VC: {summary.get('policy')}/{summary.get('placement')}",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+    )
+    for header in (
+        "vc",
+        "jobs",
+        "avg queue",
+        "private",
+        "multi-GPU queue",
+        "private",
+        "avg JCT",
+        "GPU share",
+        "preempted",
+    ):
+        table.add_column(header, justify="left" if header == "vc" else "right", no_wrap=True)
+    anomalies = set(summary.get("sharing_anomaly_vcs") or [])  # type: ignore[call-overload]
+    for name, row in (per_vc or {}).items():  # type: ignore[union-attr]
+        share = row.get("gpu_share")
+        table.add_row(
+            f"{name} *" if name in anomalies else name,
+            str(row.get("jobs", "-")),
+            _duration_cell(row.get("avg_queue_s")),
+            _duration_cell(row.get("private_avg_queue_s")),
+            _duration_cell(row.get("multi_gpu_avg_queue_s")),
+            _duration_cell(row.get("private_multi_gpu_avg_queue_s")),
+            _duration_cell(row.get("avg_jct_s")),
+            f"{100 * share:.1f}%" if isinstance(share, int | float) else "-",
+            str(row.get("preemptions_suffered", "-")),
+        )
+    if anomalies:
+        table.caption = "* sharing anomaly: queues longer than on its private cluster"
     return table

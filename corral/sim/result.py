@@ -15,17 +15,23 @@ class Timeline:
     allocated_gpus: list[int] = field(default_factory=list)
     pending_jobs: list[int] = field(default_factory=list)
     running_jobs: list[int] = field(default_factory=list)
+    #: free GPUs outside wholly free nodes: they cannot host a job that needs a whole node
+    stranded_gpus: list[int] = field(default_factory=list)
 
-    def record(self, now: float, allocated: int, pending: int, running: int) -> None:
+    def record(
+        self, now: float, allocated: int, pending: int, running: int, stranded: int = 0
+    ) -> None:
         if self.time_s and self.time_s[-1] == now:
             self.allocated_gpus[-1] = allocated
             self.pending_jobs[-1] = pending
             self.running_jobs[-1] = running
+            self.stranded_gpus[-1] = stranded
             return
         self.time_s.append(now)
         self.allocated_gpus.append(allocated)
         self.pending_jobs.append(pending)
         self.running_jobs.append(running)
+        self.stranded_gpus.append(stranded)
 
 
 @dataclass(slots=True)
@@ -41,3 +47,5 @@ class SimResult:
     rounds: int
     wall_s: float
     options: dict[str, object] = field(default_factory=dict)
+    #: further summary entries a caller computed (e.g. per-VC private baselines)
+    annotations: dict[str, object] = field(default_factory=dict)

@@ -3,21 +3,28 @@
 from __future__ import annotations
 
 import csv
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+import numpy as np
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from corral.core.cluster import Cluster, ClusterError
 from corral.core.config import ConfigError
-from corral.core.job import JobSpec
-from corral.core.placement import make_placement
+from corral.core.job import JobSpec, Priority
+from corral.core.placement import PLACEMENTS, make_placement
 from corral.core.policy import POLICIES, make_policy
 from corral.core.policy.base import Policy
+from corral.core.scheduler import Scheduler, SpeedModel
+from corral.core.tenancy.hived import HivedScheduler
+from corral.core.tenancy.quota import QuotaAdmission
+from corral.core.tenancy.virtual import build_virtual_cluster
 from corral.sim.engine import FailureModel, Simulation
+from corral.sim.metrics import per_vc
 from corral.sim.perfmodel import PerfModel, PerfModelError, load_slowdowns
-from corral.sim.report import summary_table, write_outputs
+from corral.sim.report import summary_table, vc_table, write_outputs
 from corral.sim.result import SimResult
 from corral.sim.traces import Trace, TraceError, load_trace
 
@@ -51,20 +58,34 @@ class RunSettings:
     skip_oversized: bool = False
     slowdowns: Path | None = None
     seed: int = 0
+    admission: str = "none"
+    oversubscribe: bool = False
+    private_baseline: bool = False
+    opportunistic_share: float = 0.0
 
 
-def build_cluster(settings: RunSettings) -> Cluster:
+ADMISSIONS = ("none", "hived", "quota")
+DEFAULT_VCS: dict[str, dict[str, int]] = {"default": {}}
+
+
+def build_cluster(
+    settings: RunSettings,
+) -> tuple[Cluster, dict[str, dict[str, int]], dict[str, int]]:
+    """The cluster, its VCs' cells and their GPU quotas (one VC `default` for the shorthand)."""
     if settings.config is not None:
         from corral.config_file import load_cluster_config
+        from corral.core.config import vc_gpu_quota
 
-        return load_cluster_config(settings.config).cluster
-    return Cluster.shorthand(
+        config = load_cluster_config(settings.config)
+        return config.cluster, config.virtual_clusters, vc_gpu_quota(config)
+    cluster = Cluster.shorthand(
         settings.nodes,
         settings.gpus_per_node,
         settings.racks,
-        settings.gpu_type,
+        settings.gpu_type.lower(),
         settings.gpus_per_switch,
     )
+    return cluster, DEFAULT_VCS, {"default": cluster.total_gpus}
 
 
 def check_fits(trace: Trace, cluster: Cluster, skip: bool) -> tuple[list[JobSpec], int]:
@@ -146,17 +167,159 @@ def run_simulations(
         raise SimulationError(str(error)) from None
 
 
+def check_settings(settings: RunSettings) -> None:
+    """Refuse impossible option values up front, naming the option."""
+    problems = [
+        ("--failure-rate", not 0 <= settings.failure_rate <= 1, "must be between 0 and 1"),
+        ("--restore-s", settings.restore_s < 0, "must not be negative"),
+        ("--max-retries", settings.max_retries < 0, "must not be negative"),
+        ("--seed", settings.seed < 0, "must not be negative"),
+        ("--arrival-scale", settings.arrival_scale <= 0, "must be positive"),
+        ("--relax-after", settings.relax_after_s < 0, "must not be negative"),
+        ("--racks", settings.racks <= 0, "must be positive"),
+        (
+            "--opportunistic-share",
+            not 0 <= settings.opportunistic_share <= 1,
+            "must be between 0 and 1",
+        ),
+    ]
+    for option, bad, reason in problems:
+        if bad:
+            raise SimulationError(f"{option}: {reason}")
+    if settings.placement not in PLACEMENTS:
+        raise SimulationError(
+            f"unknown placement {settings.placement!r}; choose one of {', '.join(PLACEMENTS)}"
+        )
+    for name in settings.policies:
+        if name not in POLICIES:
+            raise SimulationError(f"unknown policy {name!r}; choose one of {', '.join(POLICIES)}")
+    if settings.admission not in ADMISSIONS:
+        raise SimulationError(
+            f"unknown admission {settings.admission!r}; choose one of {', '.join(ADMISSIONS)}"
+        )
+    if settings.opportunistic_share > 0 and settings.admission != "hived":
+        raise SimulationError("--opportunistic-share: opportunistic jobs need --admission hived")
+    if settings.oversubscribe and settings.admission != "quota":
+        raise SimulationError("--oversubscribe: only --admission quota lends GPUs")
+    if settings.gittins_history is not None and not settings.gittins_history.is_file():
+        raise SimulationError(f"{settings.gittins_history}: no such file (--gittins-history)")
+
+
+def assign_tenants(
+    jobs: list[JobSpec], settings: RunSettings, vcs: dict[str, dict[str, int]]
+) -> list[JobSpec]:
+    """Map jobs to the configured VCs and mark a share of them opportunistic (seeded)."""
+    if settings.admission != "none":
+        if vcs == DEFAULT_VCS:
+            jobs = [replace(spec, vc="default") for spec in jobs]
+        unknown = sorted({spec.vc for spec in jobs} - set(vcs))
+        if unknown:
+            raise SimulationError(
+                f"the trace has jobs of VCs the cluster config does not define: "
+                f"{', '.join(unknown[:5])}{' ...' if len(unknown) > 5 else ''}; "
+                f"it defines {', '.join(sorted(vcs))}"
+            )
+    if settings.opportunistic_share > 0:
+        rng = np.random.default_rng(settings.seed)
+        marks = rng.random(len(jobs)) < settings.opportunistic_share
+        jobs = [
+            replace(spec, priority=Priority.OPPORTUNISTIC) if mark else spec
+            for spec, mark in zip(jobs, marks, strict=True)
+        ]
+    return jobs
+
+
+def make_scheduler(
+    settings: RunSettings,
+    cluster: Cluster,
+    vcs: dict[str, dict[str, int]],
+    quota: dict[str, int],
+    ordering: Policy,
+    speed_for: Callable[[Cluster], SpeedModel],
+) -> Scheduler | HivedScheduler:
+    placement = make_placement(settings.placement, **placement_options(settings))
+    if settings.admission == "hived":
+        return HivedScheduler(
+            cluster,
+            vcs,
+            ordering,
+            placement,
+            speed_model_for=speed_for,
+            restore_s=settings.restore_s,
+            backfill=settings.backfill,
+        )
+    admission = None
+    if settings.admission == "quota":
+        admission = QuotaAdmission(quota, oversubscribe=settings.oversubscribe)
+    return Scheduler(
+        cluster,
+        ordering,
+        placement,
+        backfill=settings.backfill,
+        speed_model=speed_for(cluster),
+        restore_s=settings.restore_s,
+        admission=admission,
+    )
+
+
+def private_baselines(
+    settings: RunSettings,
+    jobs: list[JobSpec],
+    physical: Cluster,
+    vcs: dict[str, dict[str, int]],
+    ordering: Policy,
+    speed_for: Callable[[Cluster], SpeedModel],
+    failures: FailureModel | None,
+) -> dict[str, dict[str, object]]:
+    """Each VC alone on a private cluster made of exactly its cells: its reference queueing."""
+    baselines: dict[str, dict[str, object]] = {}
+    for name, cells in sorted(vcs.items()):
+        own = [s for s in jobs if s.vc == name and s.priority is Priority.GUARANTEED]
+        if not own:
+            continue
+        private = build_virtual_cluster(name, cells, physical).cluster
+        own = [s for s in own if s.gpus <= private.capacity_for(s.gpu_types)]
+        result = Simulation(
+            own,
+            private,
+            ordering,
+            make_placement(settings.placement, **placement_options(settings)),
+            backfill=settings.backfill,
+            speed_model=speed_for(private),
+            restore_s=settings.restore_s,
+            failures=failures,
+            seed=settings.seed,
+        ).run()
+        baselines[name] = per_vc(result).get(name, {})
+    return baselines
+
+
+def sharing_anomalies(
+    shared: dict[str, dict[str, object]], private: dict[str, dict[str, object]], key: str
+) -> list[str]:
+    """VCs whose queueing under sharing is worse than alone, beyond noise (5 % and a minute)."""
+    worse = []
+    for name, alone in private.items():
+        mine, theirs = shared.get(name, {}).get(key), alone.get(key)
+        if isinstance(mine, float) and isinstance(theirs, float) and mine > theirs * 1.05 + 60.0:
+            worse.append(name)
+    return worse
+
+
 def _run(
     settings: RunSettings, *, out: Path, plot: bool, console: Console
 ) -> list[dict[str, object]]:
+    check_settings(settings)
     perf = PerfModel.default_for_durations()
     if settings.slowdowns is not None:
         perf = perf.with_overrides(load_slowdowns(settings.slowdowns))
     trace = load_trace(
         settings.trace, perf=perf, seed=settings.seed, arrival_scale=settings.arrival_scale
     )
-    cluster = build_cluster(settings)
+    speed_for = (trace.perf or perf).speed_model
+    cluster, vcs, quota = build_cluster(settings)
     jobs, dropped = check_fits(trace, cluster, settings.skip_oversized)
+    jobs = assign_tenants(jobs, settings, vcs)
     measured = None
     if settings.window is not None:
         start, end = settings.window
@@ -165,6 +328,11 @@ def _run(
         measured = {spec.id for spec in jobs[start:end]}
     console.print(
         f"[bold]{trace.source}[/]: {len(jobs)} jobs on {cluster.describe()}"
+        + (
+            f", {len(vcs)} VCs, admission {settings.admission}"
+            if settings.admission != "none"
+            else ""
+        )
         + (f"; dropped {dropped} jobs larger than the cluster" if dropped else "")
     )
     for note in trace.notes:
@@ -174,6 +342,7 @@ def _run(
         if settings.failure_rate > 0
         else None
     )
+    options = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(settings).items()}
     orderings = [make_ordering(name, settings, jobs) for name in settings.policies]
     results: list[SimResult] = []
     with Progress(
@@ -186,27 +355,46 @@ def _run(
     ) as progress:
         for ordering in orderings:
             task = progress.add_task(f"{ordering.name}/{settings.placement}", total=len(jobs))
-            run_cluster = build_cluster(settings)
+            run_cluster, _, _ = build_cluster(settings)
             simulation = Simulation(
                 jobs,
                 run_cluster,
                 ordering,
                 make_placement(settings.placement, **placement_options(settings)),
-                backfill=settings.backfill,
-                speed_model=(trace.perf or perf).speed_model(run_cluster),
-                restore_s=settings.restore_s,
                 failures=failures,
                 seed=settings.seed,
                 measured=measured,
                 on_progress=lambda done, total, task=task: progress.update(task, completed=done),
-                options={
-                    "trace": settings.trace,
-                    "backfill": settings.backfill,
-                    "seed": settings.seed,
-                },
+                options=options,
+                scheduler=make_scheduler(settings, run_cluster, vcs, quota, ordering, speed_for),
             )
-            results.append(simulation.run())
+            result = simulation.run()
+            if settings.private_baseline:
+                progress.update(task, description=f"{ordering.name}: private baselines")
+                alone = private_baselines(
+                    settings, jobs, run_cluster, vcs, ordering, speed_for, failures
+                )
+                shared = per_vc(result)
+                for name, values in alone.items():
+                    shared.setdefault(name, {}).update(
+                        {
+                            "private_avg_queue_s": values.get("avg_queue_s"),
+                            "private_multi_gpu_avg_queue_s": values.get("multi_gpu_avg_queue_s"),
+                            "private_avg_jct_s": values.get("avg_jct_s"),
+                        }
+                    )
+                result.annotations = {
+                    "per_vc": shared,
+                    "sharing_anomaly_vcs": sharing_anomalies(shared, alone, "avg_queue_s"),
+                    "sharing_anomaly_multi_gpu_vcs": sharing_anomalies(
+                        shared, alone, "multi_gpu_avg_queue_s"
+                    ),
+                }
+            results.append(result)
     summaries = write_outputs(results, out, plot)
     console.print(summary_table(summaries))
+    if settings.admission != "none" or settings.private_baseline:
+        for summary in summaries:
+            console.print(vc_table(summary))
     console.print(f"wrote {out / 'summary.json'}" + (" and plots" if plot else ""))
     return summaries

@@ -172,8 +172,14 @@ def test_summary_is_plain_json() -> None:
     )
     summary = summarize(make_result(three_jobs(), timeline=timeline))
     for key, value in summary.items():
-        if key != "options":
-            assert type(value) in (int, float, str, type(None)), key
+        if key == "per_vc":
+            values = [v for vc in value.values() for v in vc.values()]
+        elif key != "options":
+            values = [value]
+        else:
+            continue
+        for item in values:
+            assert type(item) in (int, float, str, type(None)), key
     assert json.loads(json.dumps(summary, allow_nan=False)) == summary
 
 
@@ -211,3 +217,27 @@ def test_job_rows() -> None:
     assert rows[1]["measured"] is False
     assert rows[2]["finish_s"] == 6.0 and rows[2]["jct_s"] is None  # JCT is for successes
     assert rows[2]["status"] == "FAILED"
+
+
+def test_per_vc_groups_jobs_and_fragmentation_counts_stranded_free_gpus() -> None:
+    from corral.core.job import Priority
+
+    jobs = [
+        make_job("a", 0.0, start=10.0, finish=20.0, gpus=4),
+        make_job("b", 0.0, start=30.0, finish=40.0, gpus=1),
+    ]
+    jobs[0].attained_gpu_s, jobs[1].attained_gpu_s = 40.0, 10.0
+    spec = jobs[1].spec
+    jobs[1].spec = type(spec)(id=spec.id, submit_time=spec.submit_time, gpus=spec.gpus,
+                              vc="other", priority=Priority.OPPORTUNISTIC, duration_s=10.0)
+    # 8 GPUs: 10 s with 4 free of which 3 stranded, then 10 s with 8 free, none stranded.
+    timeline = Timeline(time_s=[0.0, 10.0, 20.0], allocated_gpus=[4, 0, 0],
+                        pending_jobs=[0, 0, 0], running_jobs=[1, 0, 0], stranded_gpus=[3, 0, 0])
+    summary = summarize(make_result(jobs, timeline=timeline))
+    per_vc = summary["per_vc"]
+    assert set(per_vc) == {"vc1", "opportunistic"}
+    assert per_vc["vc1"]["avg_queue_s"] == 10.0 and per_vc["vc1"]["multi_gpu_avg_queue_s"] == 10.0
+    assert per_vc["opportunistic"]["multi_gpu_avg_queue_s"] is None
+    assert per_vc["vc1"]["gpu_share"] == 0.8 and per_vc["opportunistic"]["gpu_share"] == 0.2
+    # stranded GPU-seconds 3 x 10 = 30 over free GPU-seconds 4 x 10 + 8 x 10 = 120
+    assert summary["fragmentation"] == 0.25

@@ -41,8 +41,10 @@ def load_trace(
     fmt = fmt.strip().lower()
     reader = READERS.get(fmt)
     if reader is None:
-        raise TraceError(f"unknown trace format {fmt!r} in {spec!r}; known formats: "
-                         f"{', '.join(READERS)} (write FORMAT:PATH)")
+        raise TraceError(
+            f"unknown trace format {fmt!r} in {spec!r}; known formats: "
+            f"{', '.join(READERS)} (write FORMAT:PATH)"
+        )
     return finish(reader(location, perf=perf, seed=seed, **options), arrival_scale)
 
 

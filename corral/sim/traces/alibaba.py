@@ -85,14 +85,20 @@ def read(location: str, *, perf: PerfModel | None = None, seed: int = 0, **optio
     if cpu_only:
         notes.append(f"skipped {cpu_only} CPU-only records (num_gpu 0)")
     if no_duration:
-        notes.append(f"skipped {no_duration} records without a positive duration "
-                     "(deletion_time - scheduled_time)")
+        notes.append(
+            f"skipped {no_duration} records without a positive duration "
+            "(deletion_time - scheduled_time)"
+        )
     if fractional:
-        notes.append(f"gave one whole GPU to {fractional} tasks that asked for a fraction of one "
-                     "(gpu_milli < 1000)")
+        notes.append(
+            f"gave one whole GPU to {fractional} tasks that asked for a fraction of one "
+            "(gpu_milli < 1000)"
+        )
     if has_times is False:
-        notes.append("no creation/deletion times in this file: every task is submitted at 0 with "
-                     "an unknown duration")
+        notes.append(
+            "no creation/deletion times in this file: every task is submitted at 0 with "
+            "an unknown duration"
+        )
     if phases and any(phases):
         notes.append(count_note(phases, "replayed tasks by pod_phase"))
     return Trace(jobs=jobs, source=f"alibaba:{location}", notes=notes)

@@ -42,8 +42,10 @@ def finish(trace: Trace, arrival_scale: float) -> Trace:
     if not trace.jobs:
         skipped = f" ({'; '.join(trace.notes)})" if trace.notes else ""
         raise TraceError(f"{trace.source}: the trace has no jobs{skipped}")
-    if isinstance(arrival_scale, bool) or not isinstance(arrival_scale, (int, float)) or not (
-        math.isfinite(arrival_scale) and arrival_scale > 0
+    if (
+        isinstance(arrival_scale, bool)
+        or not isinstance(arrival_scale, (int, float))
+        or not (math.isfinite(arrival_scale) and arrival_scale > 0)
     ):
         raise TraceError(f"arrival_scale: must be a positive number, got {arrival_scale!r}")
     jobs = sorted(trace.jobs, key=lambda spec: spec.submit_time)
@@ -62,8 +64,9 @@ def check_unique_ids(jobs: list[JobSpec], where: list[str], file: str) -> None:
     for i, spec in enumerate(jobs):
         first = seen.setdefault(spec.id, i)
         if first != i:
-            raise TraceError(f"{file}: {where[i]}: id: duplicate job id {spec.id!r} "
-                             f"(first at {where[first]})")
+            raise TraceError(
+                f"{file}: {where[i]}: id: duplicate job id {spec.id!r} (first at {where[first]})"
+            )
 
 
 def no_options(fmt: str, options: dict[str, object]) -> None:
@@ -123,8 +126,10 @@ def csv_records(
                 if not row or all(not cell.strip() for cell in row):
                     continue
                 if len(row) != len(header):
-                    raise TraceError(f"{name}: line {reader.line_num}: expected {len(header)} "
-                                     f"columns, got {len(row)}")
+                    raise TraceError(
+                        f"{name}: line {reader.line_num}: expected {len(header)} "
+                        f"columns, got {len(row)}"
+                    )
                 cells = (cell.strip() for cell in row)
                 yield reader.line_num, dict(zip(header, cells, strict=True))
         except csv.Error as exc:
@@ -190,8 +195,10 @@ def number_or_timestamp(raw: object, where: str, name: str) -> float:
         except TraceError:
             pass
     if value is None or not math.isfinite(value) or value < 0:
-        raise TraceError(f"{where}: {name}: must be a non-negative number of seconds or a time "
-                         f"like 2020-04-01 08:00:00, got {_show(raw)}")
+        raise TraceError(
+            f"{where}: {name}: must be a non-negative number of seconds or a time "
+            f"like 2020-04-01 08:00:00, got {_show(raw)}"
+        )
     return value
 
 

@@ -51,8 +51,10 @@ def read(location: str, *, perf: PerfModel | None = None, seed: int = 0, **optio
             jobs.append(spec)
             where_of.append(f"{file.name}: line {line}")
     check_unique_ids(jobs, where_of, str(location))
-    notes = [f"durations from {perf.source or 'the given throughput table'} "
-             f"({GAVEL_REFERENCE_TYPE}, consolidated)"]
+    notes = [
+        f"durations from {perf.source or 'the given throughput table'} "
+        f"({GAVEL_REFERENCE_TYPE}, consolidated)"
+    ]
     return Trace(jobs=jobs, source=f"gavel:{location}", notes=notes, perf=perf)
 
 
@@ -92,8 +94,10 @@ def _read_file(file: Path, label: str, perf: PerfModel) -> list[tuple[int, JobSp
         gpus = integer(fields[6], where, "scale_factor", positive=True)
         thr = perf.throughput(job_type, gpus, GAVEL_REFERENCE_TYPE)
         if thr is None:
-            raise TraceError(f"{where}: job_type: no {GAVEL_REFERENCE_TYPE} throughput for "
-                             f"{job_type!r} in the throughput table")
+            raise TraceError(
+                f"{where}: job_type: no {GAVEL_REFERENCE_TYPE} throughput for "
+                f"{job_type!r} in the throughput table"
+            )
         result.append(
             (
                 line_no,

@@ -51,8 +51,16 @@ GAVEL_MSR_GPU_COUNTS: dict[int, int] = {
 
 # The models of Tiresias's 60_job.csv, each used equally often there.
 MIX_MODELS = (
-    "alexnet", "googlenet", "inception3", "inception4", "resnet50", "resnet101", "resnet152",
-    "vgg11", "vgg16", "vgg19",
+    "alexnet",
+    "googlenet",
+    "inception3",
+    "inception4",
+    "resnet50",
+    "resnet101",
+    "resnet152",
+    "vgg11",
+    "vgg16",
+    "vgg19",
 )
 
 RUNTIME_FILE = Path("shared") / "data" / "philly" / "philly_runtime.csv"
@@ -138,8 +146,9 @@ def _parse_keys(location: str, options: dict[str, Any]) -> dict[str, Any]:
         keys[key] = value
     unknown = sorted(set(keys) - set(KEYS))
     if unknown:
-        raise TraceError(f"synthetic: unknown key(s) {', '.join(unknown)} "
-                         f"(known: {', '.join(KEYS)})")
+        raise TraceError(
+            f"synthetic: unknown key(s) {', '.join(unknown)} (known: {', '.join(KEYS)})"
+        )
     return keys
 
 
@@ -154,8 +163,9 @@ def _runtime_path(given: object) -> Path:
         if path.is_file():
             return path
     tried = ", ".join(str(p) for p in candidates)
-    raise TraceError(f"synthetic: cannot find the Philly run times (tried {tried}); "
-                     "pass runtimes=PATH")
+    raise TraceError(
+        f"synthetic: cannot find the Philly run times (tried {tried}); pass runtimes=PATH"
+    )
 
 
 @lru_cache(maxsize=4)
