@@ -23,8 +23,13 @@ def tool(name: str) -> str:
 
 
 def test_ruff_is_clean():
-    result = subprocess.run([tool("ruff"), "check", "corral", "tests", "benchmarks"], cwd=ROOT,
-                            capture_output=True, text=True, check=False)
+    result = subprocess.run(
+        [tool("ruff"), "check", "corral", "tests", "benchmarks"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 

@@ -131,7 +131,10 @@ def simulate(
         str, typer.Option(help="none, hived (VC cells, HiveD) or quota (GPU counts, YARN-CS)")
     ] = "none",
     oversubscribe: Annotated[
-        bool, typer.Option(help="quota: lend idle GPUs to VCs over quota, reclaim by preemption")
+        bool,
+        typer.Option(
+            help="lend idle GPUs to jobs their VC cannot place now; owners reclaim them by preemption (quota, hived)"
+        ),
     ] = False,
     private_baseline: Annotated[
         bool,

@@ -121,6 +121,25 @@ class Scheduler:
         self._finish(job, JobStatus.CANCELLED, now, "cancelled")
         return job
 
+    def withdraw(self, job_id: str, now: float) -> Job:
+        """Take a waiting job out of this scheduler (to be adopted by another one)."""
+        job = self.jobs[job_id]
+        if job.status is not JobStatus.PENDING:
+            raise ValueError(f"job {job_id} is {job.status.value}, not PENDING")
+        self._dequeue(job, now)
+        self._timer_version.pop(job.seq, None)
+        del self.jobs[job_id]
+        return job
+
+    def adopt(self, job: Job, now: float) -> None:
+        """Queue a waiting job that another scheduler withdrew, keeping its history."""
+        if job.id in self.jobs:
+            raise JobRefused(f"job {job.id}: a job with this id already exists")
+        job.seq = len(self._by_seq)
+        self.jobs[job.id] = job
+        self._by_seq.append(job)
+        self._enqueue(job, now)
+
     # -- deciding -----------------------------------------------------------------------------
 
     def decide(self, now: float) -> Decision:

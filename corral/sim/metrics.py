@@ -66,6 +66,17 @@ def utilization(timeline: Timeline, total_gpus: int) -> float:
     return gpu_seconds / (total_gpus * span)
 
 
+def useful_utilization(result: SimResult) -> float:
+    """Like utilization, but counting only the work jobs got done (GPUs x ideal seconds), not GPU
+    time lost to slow spread placements, restores or failed attempts."""
+    time_s = result.timeline.time_s
+    span = (time_s[-1] - time_s[0]) if len(time_s) > 1 else 0.0
+    if span <= 0.0 or result.total_gpus <= 0:
+        return 0.0
+    work = sum(job.spec.gpus * job.work_done_s for job in result.jobs)
+    return float(work / (result.total_gpus * span))
+
+
 def fragmentation(timeline: Timeline, total_gpus: int) -> float | None:
     """Time-weighted share of free GPUs that cannot host a job needing a whole node (the largest
     node size): free GPUs outside wholly free nodes over all free GPUs. None if nothing was free."""
@@ -165,6 +176,7 @@ def summarize(result: SimResult) -> dict[str, object]:
         "avg_pending_s": _mean([job.pending_s for job in jobs]),
         "makespan_s": makespan,
         "utilization": utilization(result.timeline, result.total_gpus),
+        "useful_utilization": useful_utilization(result),
         "preemptions": int(result.preemptions),
         "relaxed_jobs": sum(job.relaxed for job in jobs),
         "fragmentation": fragmentation(result.timeline, result.total_gpus),

@@ -199,8 +199,8 @@ def check_settings(settings: RunSettings) -> None:
         )
     if settings.opportunistic_share > 0 and settings.admission != "hived":
         raise SimulationError("--opportunistic-share: opportunistic jobs need --admission hived")
-    if settings.oversubscribe and settings.admission != "quota":
-        raise SimulationError("--oversubscribe: only --admission quota lends GPUs")
+    if settings.oversubscribe and settings.admission not in ("quota", "hived"):
+        raise SimulationError("--oversubscribe: lending GPUs needs --admission quota or hived")
     if settings.gittins_history is not None and not settings.gittins_history.is_file():
         raise SimulationError(f"{settings.gittins_history}: no such file (--gittins-history)")
 
@@ -247,6 +247,7 @@ def make_scheduler(
             speed_model_for=speed_for,
             restore_s=settings.restore_s,
             backfill=settings.backfill,
+            spill=settings.oversubscribe,
         )
     admission = None
     if settings.admission == "quota":

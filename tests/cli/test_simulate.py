@@ -23,23 +23,51 @@ def write_trace(path: Path, rows: list[str]) -> Path:
 @pytest.fixture
 def small_trace(tmp_path: Path) -> Path:
     # A long 4-GPU job first, then short jobs that queue behind it on a 1x4 cluster.
-    rows = ["0,4,0,100,resnet50,1000,0", "1,4,10,10,resnet50,50,10", "2,2,20,10,vgg16,30,10",
-            "3,1,30,10,alexnet,20,10"]
+    rows = [
+        "0,4,0,100,resnet50,1000,0",
+        "1,4,10,10,resnet50,50,10",
+        "2,2,20,10,vgg16,30,10",
+        "3,1,30,10,alexnet,20,10",
+    ]
     return write_trace(tmp_path / "jobs.csv", rows)
 
 
 def test_compare_writes_summary_csv_and_plots(small_trace: Path, tmp_path: Path):
     out = tmp_path / "out"
-    result = CliRunner().invoke(app, [
-        "simulate", "--trace", f"tiresias:{small_trace}", "--cluster", "1x4",
-        "--compare", "fifo,las,srtf", "--restore-s", "0", "--out", str(out), "--plot",
-    ])
+    result = CliRunner().invoke(
+        app,
+        [
+            "simulate",
+            "--trace",
+            f"tiresias:{small_trace}",
+            "--cluster",
+            "1x4",
+            "--compare",
+            "fifo,las,srtf",
+            "--restore-s",
+            "0",
+            "--out",
+            str(out),
+            "--plot",
+        ],
+    )
     assert result.exit_code == 0, result.output
     runs = json.loads((out / "summary.json").read_text())["runs"]
     assert [r["policy"] for r in runs] == ["fifo", "las", "srtf"]
     for run in runs:
-        for key in ("policy", "placement", "jobs", "avg_jct_s", "p50_jct_s", "p95_jct_s",
-                    "p99_jct_s", "avg_queue_s", "makespan_s", "utilization", "preemptions"):
+        for key in (
+            "policy",
+            "placement",
+            "jobs",
+            "avg_jct_s",
+            "p50_jct_s",
+            "p95_jct_s",
+            "p99_jct_s",
+            "avg_queue_s",
+            "makespan_s",
+            "utilization",
+            "preemptions",
+        ):
             assert key in run
         assert run["jobs"] == 4
     by_policy = {r["policy"]: r for r in runs}
@@ -58,38 +86,67 @@ def test_compare_writes_summary_csv_and_plots(small_trace: Path, tmp_path: Path)
 def test_job_larger_than_cluster_is_refused_with_one_line(tmp_path: Path):
     trace = write_trace(tmp_path / "big.csv", ["0,1,0,1,resnet50,10,0", "1,16,5,1,resnet50,10,0"])
     result = subprocess.run(
-        [sys.executable, "-m", "corral.cli", "simulate", "--trace", f"tiresias:{trace}",
-         "--cluster", "1x8", "--out", str(tmp_path / "o")],
-        capture_output=True, text=True, check=False,
+        [
+            sys.executable,
+            "-m",
+            "corral.cli",
+            "simulate",
+            "--trace",
+            f"tiresias:{trace}",
+            "--cluster",
+            "1x8",
+            "--out",
+            str(tmp_path / "o"),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
     )
     assert result.returncode == 2
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1, result.stderr
     assert "big.csv" in lines[0] and "job 1" in lines[0] and "gpus=16" in lines[0]
     assert not (tmp_path / "o" / "summary.json").exists()
-    skipped = CliRunner().invoke(app, [
-        "simulate", "--trace", f"tiresias:{trace}", "--cluster", "1x8", "--skip-oversized",
-        "--out", str(tmp_path / "o")])
+    skipped = CliRunner().invoke(
+        app,
+        [
+            "simulate",
+            "--trace",
+            f"tiresias:{trace}",
+            "--cluster",
+            "1x8",
+            "--skip-oversized",
+            "--out",
+            str(tmp_path / "o"),
+        ],
+    )
     assert skipped.exit_code == 0 and "dropped 1 jobs" in skipped.output
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["--cluster", "8by8"], "--cluster"),
-    (["--policy", "lottery"], "unknown policy 'lottery'"),
-    (["--placement", "nowhere"], "unknown placement 'nowhere'"),
-    (["--window", "5:2"], "--window"),
-    (["--las-thresholds", "a,b"], "--las-thresholds"),
-])
-def test_bad_options_exit_non_zero_with_a_clear_message(small_trace: Path, tmp_path: Path, args, needle):
-    result = CliRunner().invoke(app, ["simulate", "--trace", f"tiresias:{small_trace}",
-                                      "--out", str(tmp_path / "o"), *args])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--cluster", "8by8"], "--cluster"),
+        (["--policy", "lottery"], "unknown policy 'lottery'"),
+        (["--placement", "nowhere"], "unknown placement 'nowhere'"),
+        (["--window", "5:2"], "--window"),
+        (["--las-thresholds", "a,b"], "--las-thresholds"),
+    ],
+)
+def test_bad_options_exit_non_zero_with_a_clear_message(
+    small_trace: Path, tmp_path: Path, args, needle
+):
+    result = CliRunner().invoke(
+        app, ["simulate", "--trace", f"tiresias:{small_trace}", "--out", str(tmp_path / "o"), *args]
+    )
     assert result.exit_code == 2
     assert needle in result.output
 
 
 def test_malformed_trace_names_file_line_and_field(tmp_path: Path):
     trace = write_trace(tmp_path / "bad.csv", ["0,1,0,1,resnet50,10,0", "1,two,5,1,resnet50,10,0"])
-    result = CliRunner().invoke(app, ["simulate", "--trace", f"tiresias:{trace}",
-                                      "--out", str(tmp_path / "o")])
+    result = CliRunner().invoke(
+        app, ["simulate", "--trace", f"tiresias:{trace}", "--out", str(tmp_path / "o")]
+    )
     assert result.exit_code == 2
     assert "bad.csv" in result.output and "line 3" in result.output and "num_gpu" in result.output

@@ -103,3 +103,29 @@ def test_guaranteed_job_keeps_topology_of_its_cells():
     # Two more pair jobs for small: it owns one PAIR only, so they wait.
     s.submit(job("pair-2", "small", gpus=2, submit=1), 1)
     assert starts(s.decide(1)) == {}
+
+
+def test_spill_lends_idle_cells_and_the_owner_takes_them_back():
+    parsed = parse_cluster_config(TWO_NODES)
+    s = HivedScheduler(
+        parsed.cluster,
+        parsed.virtual_clusters,
+        make_policy("fifo"),
+        make_placement("consolidate"),
+        spill=True,
+    )
+    s.submit(job("a1", "a"), 0)
+    s.submit(job("a2", "a", submit=1), 1)
+    placed = starts(s.decide(1))
+    # a owns one node; with lending its second job runs on b's idle node.
+    assert set(placed) == {"a1", "a2"}
+    assert "opportunistic" in s.explain("a2", 1)
+    lent = placed["a2"]
+    s.submit(job("b1", "b", submit=5), 5)
+    decision = s.decide(5)
+    assert decision.actions[:2] == [Preempt("a2", lent, "b1"), Start("b1", lent)]
+    # a2 waits in its own VC's queue again, behind nothing: it runs when a1 ends.
+    assert s.vc_of("a2") == "a" and s.jobs["a2"].status is JobStatus.PENDING
+    s.finished("a1", 100)
+    assert "a2" in starts(s.decide(100))
+    assert s.vc_of("a2") == "a"

@@ -228,11 +228,22 @@ def test_per_vc_groups_jobs_and_fragmentation_counts_stranded_free_gpus() -> Non
     ]
     jobs[0].attained_gpu_s, jobs[1].attained_gpu_s = 40.0, 10.0
     spec = jobs[1].spec
-    jobs[1].spec = type(spec)(id=spec.id, submit_time=spec.submit_time, gpus=spec.gpus,
-                              vc="other", priority=Priority.OPPORTUNISTIC, duration_s=10.0)
+    jobs[1].spec = type(spec)(
+        id=spec.id,
+        submit_time=spec.submit_time,
+        gpus=spec.gpus,
+        vc="other",
+        priority=Priority.OPPORTUNISTIC,
+        duration_s=10.0,
+    )
     # 8 GPUs: 10 s with 4 free of which 3 stranded, then 10 s with 8 free, none stranded.
-    timeline = Timeline(time_s=[0.0, 10.0, 20.0], allocated_gpus=[4, 0, 0],
-                        pending_jobs=[0, 0, 0], running_jobs=[1, 0, 0], stranded_gpus=[3, 0, 0])
+    timeline = Timeline(
+        time_s=[0.0, 10.0, 20.0],
+        allocated_gpus=[4, 0, 0],
+        pending_jobs=[0, 0, 0],
+        running_jobs=[1, 0, 0],
+        stranded_gpus=[3, 0, 0],
+    )
     summary = summarize(make_result(jobs, timeline=timeline))
     per_vc = summary["per_vc"]
     assert set(per_vc) == {"vc1", "opportunistic"}

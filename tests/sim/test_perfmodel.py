@@ -26,13 +26,18 @@ def key(model: str, gpus: int) -> str:
 
 def write_table(path: Path) -> Path:
     """A small table in Gavel's format, with packing entries beside "null" as the real one has."""
-    v100 = {key(RESNET, 1): 30.0, key(RESNET, 2): 50.0, key(RESNET, 4): 80.0, key(RESNET, 8): 120.0,
-            key("A3C", 1): 10.0}
+    v100 = {
+        key(RESNET, 1): 30.0,
+        key(RESNET, 2): 50.0,
+        key(RESNET, 4): 80.0,
+        key(RESNET, 8): 120.0,
+        key("A3C", 1): 10.0,
+    }
     table = {
         "v100": {k: {"null": v, key(RESNET, 1): [v, 1.0]} for k, v in v100.items()},
         "v100_unconsolidated": {
             key(RESNET, 1): {"null": 30.0},
-            key(RESNET, 2): {"null": 25.0},   # spread: half the speed
+            key(RESNET, 2): {"null": 25.0},  # spread: half the speed
             key(RESNET, 4): {"null": 100.0},  # spread faster than consolidated: clamped to 1.0
             key(RESNET, 8): {"null": 40.0},
             key("A3C", 1): {"null": 10.0},
@@ -111,7 +116,9 @@ def test_default_slowdowns_for_duration_traces():
     assert perf.spread_slowdown("", 8) == 1.0
     # VGG and AlexNet (large skewed tensors) are the sensitive ones, ResNet/Inception barely.
     assert min(perf.slowdown_for("vgg16"), perf.slowdown_for("alexnet")) > max(
-        perf.slowdown_for("resnet50"), perf.slowdown_for("inception3"), perf.slowdown_for("googlenet")
+        perf.slowdown_for("resnet50"),
+        perf.slowdown_for("inception3"),
+        perf.slowdown_for("googlenet"),
     )
 
 
@@ -179,25 +186,41 @@ def test_table_errors_are_one_line(tmp_path):
 
 
 def job(model: str = "", gpus: int = 4, slowdown: float = 1.0) -> Job:
-    return Job(spec=JobSpec(id="j", submit_time=0, gpus=gpus, model=model, duration_s=100.0,
-                            spread_slowdown=slowdown))
+    return Job(
+        spec=JobSpec(
+            id="j",
+            submit_time=0,
+            gpus=gpus,
+            model=model,
+            duration_s=100.0,
+            spread_slowdown=slowdown,
+        )
+    )
 
 
 def test_speed_of_duration_jobs_depends_only_on_spreading():
     cluster = Cluster.shorthand(2, 4)
     speed = PerfModel.default_for_durations().speed_model(cluster)
     one_node = tuple(cluster.node_gpus[0])
-    two_nodes = (cluster.node_gpus[0][0], cluster.node_gpus[0][1],
-                 cluster.node_gpus[1][0], cluster.node_gpus[1][1])
+    two_nodes = (
+        cluster.node_gpus[0][0],
+        cluster.node_gpus[0][1],
+        cluster.node_gpus[1][0],
+        cluster.node_gpus[1][1],
+    )
     assert speed(job("vgg19", slowdown=1.6), one_node) == 1.0
     assert speed(job("vgg19", slowdown=1.6), two_nodes) == pytest.approx(1 / 1.6)
     assert speed(job("", slowdown=1.0), two_nodes) == 1.0
 
 
 def test_speed_of_gavel_jobs_uses_the_table_on_the_gpu_type_they_landed_on(perf):
-    cluster = Cluster.from_nodes([
-        NodeDef("v0", 2, "v100"), NodeDef("v1", 2, "v100"), NodeDef("k0", 2, "k80"),
-    ])
+    cluster = Cluster.from_nodes(
+        [
+            NodeDef("v0", 2, "v100"),
+            NodeDef("v1", 2, "v100"),
+            NodeDef("k0", 2, "k80"),
+        ]
+    )
     speed = perf.speed_model(cluster)
     v0, v1, k0 = cluster.node_gpus
     gavel = job(RESNET, gpus=2, slowdown=perf.spread_slowdown(RESNET, 2))

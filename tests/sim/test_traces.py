@@ -58,11 +58,14 @@ TIRESIAS_HEADER = "job_id,num_gpu,submit_time,iterations,model_name,duration,int
 
 
 def test_tiresias_sorts_shifts_and_keeps_file_order_on_ties(tmp_path):
-    file = write(tmp_path / "jobs.csv", TIRESIAS_HEADER
-                 + "a,1,100,10,vgg19,50,0\n"
-                 + "b,8,40,10,resnet50,70,0\n"
-                 + "\n"
-                 + "c,2,100,10,vgg16,30,0\n")
+    file = write(
+        tmp_path / "jobs.csv",
+        TIRESIAS_HEADER
+        + "a,1,100,10,vgg19,50,0\n"
+        + "b,8,40,10,resnet50,70,0\n"
+        + "\n"
+        + "c,2,100,10,vgg16,30,0\n",
+    )
     trace = load_trace(f"tiresias:{file}")
     assert [j.id for j in trace.jobs] == ["b", "a", "c"]
     assert [j.submit_time for j in trace.jobs] == [0.0, 60.0, 60.0]
@@ -109,10 +112,13 @@ def test_tiresias_header_and_emptiness(tmp_path):
 
 
 def test_arrival_scale_multiplies_every_gap(tmp_path):
-    file = write(tmp_path / "t.csv", TIRESIAS_HEADER
-                 + "a,1,10,1,m,5,0\nb,1,30,1,m,5,0\nc,1,110,1,m,5,0\n")
+    file = write(
+        tmp_path / "t.csv", TIRESIAS_HEADER + "a,1,10,1,m,5,0\nb,1,30,1,m,5,0\nc,1,110,1,m,5,0\n"
+    )
     assert [j.submit_time for j in load_trace(f"tiresias:{file}", arrival_scale=0.5).jobs] == [
-        0.0, 10.0, 50.0,
+        0.0,
+        10.0,
+        50.0,
     ]
     assert "arrival_scale" in error_of(f"tiresias:{file}", arrival_scale=0)
     assert "arrival_scale" in error_of(f"tiresias:{file}", arrival_scale=float("nan"))
@@ -127,34 +133,67 @@ def test_unknown_options_are_refused(tmp_path):
 
 
 def attempt(start, end, *machines):
-    return {"start_time": start, "end_time": end,
-            "detail": [{"ip": ip, "gpus": list(gpus)} for ip, gpus in machines]}
+    return {
+        "start_time": start,
+        "end_time": end,
+        "detail": [{"ip": ip, "gpus": list(gpus)} for ip, gpus in machines],
+    }
 
 
 def philly_job(jobid, submitted, attempts, status="Pass", vc="vc1", user="alice"):
-    return {"status": status, "vc": vc, "jobid": jobid, "user": user,
-            "submitted_time": submitted, "attempts": attempts}
+    return {
+        "status": status,
+        "vc": vc,
+        "jobid": jobid,
+        "user": user,
+        "submitted_time": submitted,
+        "attempts": attempts,
+    }
 
 
 def test_philly_replays_the_last_attempt(tmp_path):
     jobs = [
         # Failed once on 2 GPUs, then ran 30 minutes on 4 GPUs over two machines (one GPU listed
         # twice: still 4 distinct GPUs).
-        philly_job("app_1", "2017-10-01 10:00:00", [
-            attempt("2017-10-01 10:05:00", "2017-10-01 10:06:00", ("m1", ["gpu0", "gpu1"])),
-            attempt("2017-10-01 11:00:00", "2017-10-01 11:30:00",
-                    ("m1", ["gpu0", "gpu1", "gpu1"]), ("m2", ["gpu0", "gpu1"])),
-        ], status="Failed", vc="vc2", user="bob"),
-        philly_job("app_2", "2017-10-01 09:59:00", [
-            attempt("2017-10-01 10:00:00", "2017-10-01 10:00:10", ("m3", ["gpu3"])),
-        ]),
-        philly_job("app_3", "2017-10-01 10:30:00", [
-            attempt("2017-10-01 10:31:00", None, ("m3", ["gpu0"])),
-        ]),
+        philly_job(
+            "app_1",
+            "2017-10-01 10:00:00",
+            [
+                attempt("2017-10-01 10:05:00", "2017-10-01 10:06:00", ("m1", ["gpu0", "gpu1"])),
+                attempt(
+                    "2017-10-01 11:00:00",
+                    "2017-10-01 11:30:00",
+                    ("m1", ["gpu0", "gpu1", "gpu1"]),
+                    ("m2", ["gpu0", "gpu1"]),
+                ),
+            ],
+            status="Failed",
+            vc="vc2",
+            user="bob",
+        ),
+        philly_job(
+            "app_2",
+            "2017-10-01 09:59:00",
+            [
+                attempt("2017-10-01 10:00:00", "2017-10-01 10:00:10", ("m3", ["gpu3"])),
+            ],
+        ),
+        philly_job(
+            "app_3",
+            "2017-10-01 10:30:00",
+            [
+                attempt("2017-10-01 10:31:00", None, ("m3", ["gpu0"])),
+            ],
+        ),
         philly_job("app_4", "2017-10-01 10:40:00", [], status="Killed"),
-        philly_job("app_5", "2017-10-01 10:50:00", [
-            attempt("2017-10-01 10:51:00", "2017-10-01 12:51:00", ("m4", ["gpu0"])),
-        ], status="Killed"),
+        philly_job(
+            "app_5",
+            "2017-10-01 10:50:00",
+            [
+                attempt("2017-10-01 10:51:00", "2017-10-01 12:51:00", ("m4", ["gpu0"])),
+            ],
+            status="Killed",
+        ),
     ]
     file = write(tmp_path / "cluster_job_log", json.dumps(jobs))
     trace = load_trace(f"philly:{file}")
@@ -172,34 +211,65 @@ def test_philly_replays_the_last_attempt(tmp_path):
 
 
 def test_philly_uses_the_last_attempt_with_both_times(tmp_path):
-    jobs = [philly_job("a", "2017-10-01 10:00:00", [
-        attempt("2017-10-01 10:00:00", "2017-10-01 10:20:00", ("m1", ["gpu0"])),
-        attempt(None, "2017-10-01 10:30:00", ("m1", ["gpu0", "gpu1"])),
-    ])]
+    jobs = [
+        philly_job(
+            "a",
+            "2017-10-01 10:00:00",
+            [
+                attempt("2017-10-01 10:00:00", "2017-10-01 10:20:00", ("m1", ["gpu0"])),
+                attempt(None, "2017-10-01 10:30:00", ("m1", ["gpu0", "gpu1"])),
+            ],
+        )
+    ]
     file = write(tmp_path / "log.json", json.dumps(jobs))
     (job,) = load_trace(f"philly:{file}").jobs
     assert (job.gpus, job.duration_s) == (2, 1200.0)
 
 
 def test_philly_errors_name_the_job_and_field(tmp_path):
-    file = write(tmp_path / "log.json", json.dumps([
-        philly_job("a", "2017-10-01 10:00:00", [attempt("2017-10-01 10:00:00",
-                                                        "2017-10-01 10:20:00", ("m", ["gpu0"]))]),
-        philly_job("b", "yesterday", []),
-    ]))
+    file = write(
+        tmp_path / "log.json",
+        json.dumps(
+            [
+                philly_job(
+                    "a",
+                    "2017-10-01 10:00:00",
+                    [attempt("2017-10-01 10:00:00", "2017-10-01 10:20:00", ("m", ["gpu0"]))],
+                ),
+                philly_job("b", "yesterday", []),
+            ]
+        ),
+    )
     assert error_of(f"philly:{file}") == (
         f"{file}: job 1 (b): submitted_time: must be a time like 2017-10-03 14:05:00, "
         "got 'yesterday'"
     )
-    file.write_text(json.dumps([philly_job("a", "2017-10-01 10:00:00", [
-        attempt("2017-10-01 10:00:00", "10:20", ("m", ["gpu0"]))])]))
+    file.write_text(
+        json.dumps(
+            [
+                philly_job(
+                    "a",
+                    "2017-10-01 10:00:00",
+                    [attempt("2017-10-01 10:00:00", "10:20", ("m", ["gpu0"]))],
+                )
+            ]
+        )
+    )
     assert error_of(f"philly:{file}") == (
         f"{file}: job 0 (a): attempts[0]: end_time: must be a time like 2017-10-03 14:05:00, "
         "got '10:20'"
     )
-    file.write_text(json.dumps([{"jobid": "a", "submitted_time": "2017-10-01 10:00:00",
-                                 "attempts": [{"start_time": None, "end_time": None,
-                                               "detail": "m1"}]}]))
+    file.write_text(
+        json.dumps(
+            [
+                {
+                    "jobid": "a",
+                    "submitted_time": "2017-10-01 10:00:00",
+                    "attempts": [{"start_time": None, "end_time": None, "detail": "m1"}],
+                }
+            ]
+        )
+    )
     assert error_of(f"philly:{file}") == (
         f"{file}: job 0 (a): attempts[0]: detail: must be a list, got str"
     )
@@ -261,8 +331,9 @@ def test_gavel_single_file_table_option_and_perf_without_throughputs(tmp_path):
     (job,) = load_trace(f"gavel:{file}", perf=PerfModel.from_gavel_table(table)).jobs
     assert job.duration_s == pytest.approx(2.0)
     write_gavel_table(tmp_path / "simulation_throughputs.json")
-    trace = load_trace(f"gavel:{file}", perf=PerfModel.default_for_durations().with_overrides(
-        {"x": 2.0}))
+    trace = load_trace(
+        f"gavel:{file}", perf=PerfModel.default_for_durations().with_overrides({"x": 2.0})
+    )
     assert trace.jobs[0].duration_s == pytest.approx(2.0)
     assert trace.perf is not None and trace.perf.slowdowns["x"] == 2.0
 
@@ -292,17 +363,22 @@ def test_gavel_errors_name_file_line_and_field(tmp_path):
 
 # -- alibaba ------------------------------------------------------------------------------------
 
-OPENB_HEADER = ("name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,"
-                "creation_time,deletion_time,scheduled_time\n")
+OPENB_HEADER = (
+    "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,"
+    "creation_time,deletion_time,scheduled_time\n"
+)
 
 
 def test_alibaba_openb_pods(tmp_path):
-    file = write(tmp_path / "pods.csv", OPENB_HEADER
-                 + "p0,1000,1024,1,1000,,LS,Running,100,700,200\n"
-                 + "p1,1000,1024,0,0,,BE,Running,110,500,120\n"            # CPU-only
-                 + "p2,1000,1024,1,460,,BE,Failed,120,400,150\n"           # a fraction of one GPU
-                 + "p3,1000,1024,8,1000,V100M16|V100M32,LS,Succeeded,130,1130,130\n"
-                 + "p4,1000,1024,2,1000,,BE,Pending,140,150,\n")           # never scheduled
+    file = write(
+        tmp_path / "pods.csv",
+        OPENB_HEADER
+        + "p0,1000,1024,1,1000,,LS,Running,100,700,200\n"
+        + "p1,1000,1024,0,0,,BE,Running,110,500,120\n"  # CPU-only
+        + "p2,1000,1024,1,460,,BE,Failed,120,400,150\n"  # a fraction of one GPU
+        + "p3,1000,1024,8,1000,V100M16|V100M32,LS,Succeeded,130,1130,130\n"
+        + "p4,1000,1024,2,1000,,BE,Pending,140,150,\n",
+    )  # never scheduled
     trace = load_trace(f"alibaba:{file}")
     assert [j.id for j in trace.jobs] == ["p0", "p2", "p3"]
     p0, p2, p3 = trace.jobs
@@ -315,11 +391,15 @@ def test_alibaba_openb_pods(tmp_path):
 
 
 def test_alibaba_without_time_columns(tmp_path):
-    file = write(tmp_path / "multigpu.csv", "name,cpu_milli,memory_mib,num_gpu,gpu_milli\n"
-                 "p0,1000,1024,1,1000\np1,1000,1024,4,1000\np2,1000,1024,0,0\n")
+    file = write(
+        tmp_path / "multigpu.csv",
+        "name,cpu_milli,memory_mib,num_gpu,gpu_milli\n"
+        "p0,1000,1024,1,1000\np1,1000,1024,4,1000\np2,1000,1024,0,0\n",
+    )
     trace = load_trace(f"alibaba:{file}")
     assert [(j.id, j.gpus, j.submit_time, j.duration_s) for j in trace.jobs] == [
-        ("p0", 1, 0.0, None), ("p1", 4, 0.0, None),
+        ("p0", 1, 0.0, None),
+        ("p1", 4, 0.0, None),
     ]
     assert any("no creation/deletion times" in n for n in trace.notes)
 
@@ -337,19 +417,23 @@ def test_alibaba_errors(tmp_path):
 
 # -- helios -------------------------------------------------------------------------------------
 
-HELIOS_HEADER = ("job_id,user,vc,gpu_num,cpu_num,node_num,state,submit_time,start_time,end_time,"
-                 "duration,queue\n")
+HELIOS_HEADER = (
+    "job_id,user,vc,gpu_num,cpu_num,node_num,state,submit_time,start_time,end_time,duration,queue\n"
+)
 
 
 def test_helios_numeric_and_timestamp_times(tmp_path):
-    file = write(tmp_path / "cluster_log.csv", HELIOS_HEADER
-                 + "j1,u1,vcA,8,48,1,COMPLETED,2020-04-01 08:00:00,2020-04-01 08:00:10,"
-                 + "2020-04-01 09:00:10,3600,10\n"
-                 + "j2,u2,vcB,0,4,1,COMPLETED,2020-04-01 08:00:05,2020-04-01 08:00:06,"
-                 + "2020-04-01 08:10:00,594,1\n"
-                 + "j3,u2,vcB,2,4,1,FAILED,2020-04-01 07:59:00,2020-04-01 08:00:00,"
-                 + "2020-04-01 08:02:00,,60\n"
-                 + "j4,u3,vcB,1,4,1,CANCELLED,2020-04-01 08:30:00,,,0,0\n")
+    file = write(
+        tmp_path / "cluster_log.csv",
+        HELIOS_HEADER
+        + "j1,u1,vcA,8,48,1,COMPLETED,2020-04-01 08:00:00,2020-04-01 08:00:10,"
+        + "2020-04-01 09:00:10,3600,10\n"
+        + "j2,u2,vcB,0,4,1,COMPLETED,2020-04-01 08:00:05,2020-04-01 08:00:06,"
+        + "2020-04-01 08:10:00,594,1\n"
+        + "j3,u2,vcB,2,4,1,FAILED,2020-04-01 07:59:00,2020-04-01 08:00:00,"
+        + "2020-04-01 08:02:00,,60\n"
+        + "j4,u3,vcB,1,4,1,CANCELLED,2020-04-01 08:30:00,,,0,0\n",
+    )
     trace = load_trace(f"helios:{file}")
     assert [j.id for j in trace.jobs] == ["j3", "j1"]
     j3, j1 = trace.jobs
@@ -358,12 +442,16 @@ def test_helios_numeric_and_timestamp_times(tmp_path):
     assert "skipped 1 CPU-only jobs (gpu_num 0)" in trace.notes
     assert "skipped 1 jobs without a positive run time" in trace.notes
 
-    numeric = write(tmp_path / "numeric.csv", HELIOS_HEADER
-                    + "a,u,v,1,1,1,COMPLETED,1000,1010,1110,100,10\n"
-                    + "b,u,v,4,1,1,COMPLETED,1500.5,1600,1700,,100\n")
+    numeric = write(
+        tmp_path / "numeric.csv",
+        HELIOS_HEADER
+        + "a,u,v,1,1,1,COMPLETED,1000,1010,1110,100,10\n"
+        + "b,u,v,4,1,1,COMPLETED,1500.5,1600,1700,,100\n",
+    )
     trace = load_trace(f"helios:{numeric}")
     assert [(j.id, j.submit_time, j.duration_s) for j in trace.jobs] == [
-        ("a", 0.0, 100.0), ("b", 500.5, 100.0),
+        ("a", 0.0, 100.0),
+        ("b", 500.5, 100.0),
     ]
 
 
@@ -440,7 +528,10 @@ def test_synthetic_key_errors(runtimes, tmp_path):
     )
     assert error_of("synthetic:jobs") == "synthetic: 'jobs': expected KEY=VALUE"
     missing = tmp_path / "none.csv"
-    assert error_of(f"synthetic:runtimes={missing}") == f"{missing}: no such file (synthetic: runtimes)"
+    assert (
+        error_of(f"synthetic:runtimes={missing}")
+        == f"{missing}: no such file (synthetic: runtimes)"
+    )
     bad = write(tmp_path / "bad.csv", "runtime\n5\nlong\n")
     assert error_of(f"synthetic:runtimes={bad}") == (
         f"{bad}: line 3: runtime: must be a number, got 'long'"

@@ -10,7 +10,9 @@ merges back with its buddies.
 Opportunistic jobs (HiveD's priority -1, PilotFish's harvesting) have their own `Scheduler` over
 the physical cluster: they run on any GPU no guaranteed job holds, including idle GPUs inside
 other VCs' cells, and are preempted through the checkpoint contract when a guaranteed job needs
-their GPUs.
+their GPUs. With `spill`, a guaranteed job that its VC cannot place yet runs the same way on idle
+GPUs (lent, as a quota's oversubscription lends them) and goes back to its VC's queue whenever it
+is waiting again: a VC's own cells always come first, and lending never delays another VC.
 """
 
 from __future__ import annotations
@@ -45,8 +47,11 @@ class HivedScheduler:
         speed_model_for: Callable[[Cluster], SpeedModel] | None = None,
         restore_s: float = 0.0,
         backfill: bool = False,
+        spill: bool = False,
     ) -> None:
         self.cluster = cluster
+        self.spill = spill
+        self._spilled: dict[str, str] = {}  # guaranteed job lent out -> its VC
         self.policy = policy
         self.placement = placement
         self.allocator = CellAllocator(cluster)
@@ -125,13 +130,46 @@ class HivedScheduler:
                     actions.append(self._release_guaranteed(vc, action, now))
                 else:
                     actions.extend(self._start_guaranteed(vc, action, now))
+        if self.spill:
+            self._lend_idle_gpus(now)
         decision = self.opportunistic.decide(now)
         if decision.wake_at is not None:
             wakes.append(decision.wake_at)
         for action in decision.actions:
             self._track_opportunistic(action)
             actions.append(action)
+        if self._spilled:
+            self._return_waiting(now)
         return Decision(actions, min(wakes) if wakes else None)
+
+    # Waiting guaranteed jobs looked at per VC and round when lending idle GPUs.
+    LEND_LOOKAHEAD = 32
+
+    def _lend_idle_gpus(self, now: float) -> None:
+        """Offer idle GPUs to the guaranteed jobs their VCs cannot place now, head first."""
+        idle = self.cluster.free_gpus
+        for name, scheduler in self.schedulers.items():
+            if idle <= 0:
+                return
+            waiting = [job for _, job in zip(range(self.LEND_LOOKAHEAD), scheduler.pending_jobs())]
+            for job in waiting:
+                if job.spec.gpus > idle:
+                    continue
+                idle -= job.spec.gpus
+                self.opportunistic.adopt(scheduler.withdraw(job.id, now), now)
+                self._owner[job.id] = OPPORTUNISTIC
+                self._spilled[job.id] = name
+
+    def _return_waiting(self, now: float) -> None:
+        """Lent jobs that wait again (not placed, or evicted) go back to their VC's queue."""
+        for job_id, name in list(self._spilled.items()):
+            job = self.jobs[job_id]
+            if job.status is JobStatus.PENDING:
+                self.schedulers[name].adopt(self.opportunistic.withdraw(job_id, now), now)
+                self._owner[job_id] = name
+                del self._spilled[job_id]
+            elif job.status.finished:
+                del self._spilled[job_id]
 
     def finished(self, job_id: str, now: float) -> Job:
         return self._ended(job_id, now, None)
@@ -252,6 +290,17 @@ class HivedScheduler:
         return job
 
     def _after_stop(self, owner: str, job_id: str, placement: tuple[int, ...]) -> None:
+        job = self.jobs[job_id]
+        if job_id in self._spilled and job.status is JobStatus.PENDING:
+            # a lent job that failed and will retry: back to its VC's queue
+            name = self._spilled.pop(job_id)
+            for gpu in placement:
+                self._opportunistic_on.pop(gpu, None)
+            self.schedulers[name].adopt(
+                self.opportunistic.withdraw(job_id, job.queued_since), job.queued_since
+            )
+            self._owner[job_id] = name
+            return
         if owner == OPPORTUNISTIC:
             for gpu in placement:
                 self._opportunistic_on.pop(gpu, None)
