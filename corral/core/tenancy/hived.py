@@ -17,6 +17,7 @@ is waiting again: a VC's own cells always come first, and lending never delays a
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterable
 
 from corral.core.actions import Action, Decision, Preempt, Start
@@ -151,7 +152,7 @@ class HivedScheduler:
         for name, scheduler in self.schedulers.items():
             if idle <= 0:
                 return
-            waiting = [job for _, job in zip(range(self.LEND_LOOKAHEAD), scheduler.pending_jobs())]
+            waiting = list(itertools.islice(scheduler.pending_jobs(), self.LEND_LOOKAHEAD))
             for job in waiting:
                 if job.spec.gpus > idle:
                     continue
