@@ -213,5 +213,32 @@ def vc_config_command(
     console.print(f"wrote {out}: {len(sizes)} VCs on {nodes} nodes")  # type: ignore[arg-type]
 
 
+@app.command("plot-vcs")
+def plot_vcs_command(
+    runs: Annotated[
+        list[Path],
+        typer.Argument(help="output directories of `corral simulate --private-baseline`"),
+    ],
+    out: Annotated[Path, typer.Option(help="PNG to write")] = Path("vc-queueing.png"),
+) -> None:
+    """Plot per-VC queueing, shared against alone, for each run of each directory."""
+    import json
+
+    from corral.sim.report import plot_vc_queueing
+
+    labelled: list[tuple[str, dict[str, object]]] = []
+    for directory in runs:
+        path = directory / "summary.json"
+        try:
+            summaries = json.loads(path.read_text())["runs"]
+        except (OSError, ValueError, KeyError) as error:
+            fail(f"{path}: cannot read a corral summary ({error})")
+        for summary in summaries:
+            admission = summary.get("options", {}).get("admission", "none")
+            labelled.append((f"{admission} + {summary['policy']}/{summary['placement']}", summary))
+    plot_vc_queueing(labelled, out)
+    console.print(f"wrote {out}")
+
+
 def run() -> None:
     sys.exit(app())

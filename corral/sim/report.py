@@ -271,3 +271,48 @@ def vc_table(summary: dict[str, object]) -> Table:
     if anomalies:
         table.caption = "* sharing anomaly: queues longer than on its private cluster"
     return table
+
+
+def plot_vc_queueing(runs: list[tuple[str, dict[str, object]]], out_png: Path) -> None:
+    """Per VC, the average queueing delay under each run next to the VC alone on its own cells."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    vcs = sorted(
+        {vc for _, summary in runs for vc in (summary.get("per_vc") or {})} - {"opportunistic"}
+    )  # type: ignore[union-attr]
+    fig, axes = plt.subplots(
+        len(runs), 1, figsize=(11, 3.2 * len(runs)), sharex=True, squeeze=False
+    )
+    for ax, (label, summary) in zip(axes[:, 0], runs, strict=True):
+        per_vc: dict[str, dict[str, object]] = summary.get("per_vc") or {}  # type: ignore[assignment]
+        x = np.arange(len(vcs))
+
+        def hours(key: str) -> list[float]:
+            values = []
+            for vc in vcs:
+                value = per_vc.get(vc, {}).get(key)
+                values.append(
+                    max(float(value) / 3600, 1e-3) if isinstance(value, int | float) else np.nan
+                )
+            return values
+
+        ax.bar(x - 0.2, hours("avg_queue_s"), width=0.4, label="shared")
+        ax.bar(x + 0.2, hours("private_avg_queue_s"), width=0.4, label="alone on its own cells")
+        anomalies = summary.get("sharing_anomaly_vcs") or []
+        ax.set_yscale("log")
+        ax.set_ylabel("avg queueing (h)")
+        ax.set_title(
+            f"{label}: {len(anomalies)} VCs with sharing anomaly"  # type: ignore[arg-type]
+            f"{' (' + ', '.join(anomalies) + ')' if anomalies else ''}"
+        )  # type: ignore[arg-type]
+        ax.grid(axis="y", alpha=0.3)
+        ax.legend(loc="upper left")
+    axes[-1, 0].set_xticks(np.arange(len(vcs)), vcs, rotation=45, ha="right")
+    axes[-1, 0].set_xlabel("virtual cluster")
+    fig.tight_layout()
+    out_png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out_png, dpi=100)
+    plt.close(fig)

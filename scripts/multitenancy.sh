@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Reproduce docs/multitenancy.md: the Gavel-MSR workload with one VC per trace file, VC cells sized
+# from each VC's demand, under quota (YARN-CS with lending) and hived (cells with lending), with
+# fifo, las and gittins inside the VCs, each against every VC alone on its own cells.
+# Run from the repository root after the README's first command: bash scripts/multitenancy.sh
+set -euo pipefail
+corral=${CORRAL:-.venv/bin/corral}
+trace=gavel:../shared/data/gavel-msr/seed0
+out=${1:-runs/multitenancy}
+"$corral" vc-config --trace "$trace" --cluster 64x8 --racks 8 --out "$out/vcs.yaml"
+for admission in quota hived; do
+  "$corral" simulate --trace "$trace" --config "$out/vcs.yaml" --admission "$admission" \
+    --oversubscribe --placement consolidate --compare fifo,las,gittins --private-baseline \
+    --out "$out/$admission"
+done
+"$corral" plot-vcs "$out/quota" "$out/hived" --out "$out/vc-queueing.png"
