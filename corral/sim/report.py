@@ -290,7 +290,7 @@ def plot_vc_queueing(runs: list[tuple[str, dict[str, object]]], out_png: Path) -
         per_vc: dict[str, dict[str, object]] = summary.get("per_vc") or {}  # type: ignore[assignment]
         x = np.arange(len(vcs))
 
-        def hours(key: str) -> list[float]:
+        def hours(key: str, per_vc: dict[str, dict[str, object]] = per_vc) -> list[float]:
             values = []
             for vc in vcs:
                 value = per_vc.get(vc, {}).get(key)
