@@ -79,7 +79,6 @@ class Cluster:
             for gpu_id in ids:
                 self.gpu_node[gpu_id] = node.index
         self.gpu_free = bytearray(b"\x01" * len(self.gpus))
-        self.node_healthy = [True] * len(self.nodes)
         self.gpu_types = sorted({node.gpu_type for node in self.nodes})
         self.total_by_type: Counter[str] = Counter()
         self.free_by_type: Counter[str] = Counter()
@@ -242,7 +241,7 @@ class Cluster:
         )
 
     def node_free(self, node: int) -> int:
-        return self.nodes[node].free_gpus if self.node_healthy[node] else 0
+        return self.nodes[node].free_gpus
 
     def rack_free(self, rack: int) -> int:
         return self.racks[rack].free_gpus
@@ -283,16 +282,13 @@ class Cluster:
                 cell = cell.parent  # type: ignore[assignment]
         for node_idx, count in per_node.items():
             node = self.nodes[node_idx]
-            healthy = self.node_healthy[node_idx]
-            if healthy:
-                del self._buckets[node.gpu_type][node.free_gpus][node_idx]
-                self.free_by_type[node.gpu_type] += delta * count
+            del self._buckets[node.gpu_type][node.free_gpus][node_idx]
+            self.free_by_type[node.gpu_type] += delta * count
             up: Cell | None = node
             while up is not None:
                 up.free_gpus += delta * count
                 up = up.parent
-            if healthy:
-                self._buckets[node.gpu_type][node.free_gpus][node_idx] = None
+            self._buckets[node.gpu_type][node.free_gpus][node_idx] = None
 
     def pick_in_node(self, node: int, k: int) -> list[int]:
         """Choose k free GPUs of one node, keeping them under as few switches as possible."""

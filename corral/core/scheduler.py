@@ -65,6 +65,7 @@ class Scheduler:
         self.rounds = 0
         self.preemptions = 0
         self.blocked_by: str | None = None
+        self._offline: set[int] = set()  # GPUs of dead nodes, held allocated so no one gets them
 
     # -- what the shell reports ---------------------------------------------------------------
 
@@ -96,13 +97,17 @@ class Scheduler:
         self._finish(job, JobStatus.SUCCEEDED, now, "succeeded")
         return job
 
-    def failed(self, job_id: str, now: float, reason: str) -> Job:
-        """An attempt failed: the work of the attempt is lost; retry until max_retries."""
+    def failed(self, job_id: str, now: float, reason: str, infrastructure: bool = False) -> Job:
+        """An attempt failed: the work of the attempt is lost; retry until max_retries. A failure
+        of the infrastructure (a node died) is counted apart and never uses up the retries."""
         job = self._running_job(job_id)
         kept_work = job.work_done_s
         self._stop(job, now)
         job.work_done_s = kept_work
-        job.failures += 1
+        if infrastructure:
+            job.extra["infra_failures"] = int(job.extra.get("infra_failures", 0)) + 1  # type: ignore[call-overload]
+        else:
+            job.failures += 1
         if job.failures > job.spec.max_retries:
             self._finish(job, JobStatus.FAILED, now, f"failed: {reason}")
         else:
@@ -120,6 +125,34 @@ class Scheduler:
             return job
         self._finish(job, JobStatus.CANCELLED, now, "cancelled")
         return job
+
+    def node_failed(self, node: int, now: float) -> list[Job]:
+        """A node died: the attempts on it end as infrastructure failures and are requeued, and
+        its GPUs leave allocation (held as offline) until `node_recovered`."""
+        name = self.cluster.nodes[node].name
+        hit = [
+            job
+            for job in self.running_jobs()
+            if any(self.cluster.gpu_node[g] == node for g in job.placement)
+        ]
+        for job in hit:
+            self.failed(job.id, now, f"node {name} failed", infrastructure=True)
+        self.take_offline(self.cluster.node_gpus[node])
+        return hit
+
+    def node_recovered(self, node: int) -> None:
+        self.bring_online(self.cluster.node_gpus[node])
+
+    def take_offline(self, gpus: Iterable[int]) -> None:
+        """Hold free GPUs out of allocation (GPUs in use must be freed first)."""
+        free = [g for g in gpus if self.cluster.gpu_free[g]]
+        self.cluster.allocate(free)
+        self._offline.update(free)
+
+    def bring_online(self, gpus: Iterable[int]) -> None:
+        back = [g for g in gpus if g in self._offline]
+        self._offline.difference_update(back)
+        self.cluster.release(back)
 
     def withdraw(self, job_id: str, now: float) -> Job:
         """Take a waiting job out of this scheduler (to be adopted by another one)."""

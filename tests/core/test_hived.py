@@ -129,3 +129,62 @@ def test_spill_lends_idle_cells_and_the_owner_takes_them_back():
     s.finished("a1", 100)
     assert "a2" in starts(s.decide(100))
     assert s.vc_of("a2") == "a"
+
+
+THREE_NODES = {
+    "cell_types": {"NODE": {"child": "V100", "count": 4, "node": True}},
+    "physical_cells": [{"type": "NODE", "count": 3}],
+    "virtual_clusters": {"a": {"NODE": 1}, "b": {"NODE": 1}},
+}
+
+
+def test_a_dead_node_requeues_its_jobs_and_the_binding_moves_to_a_healthy_cell():
+    s = hived(THREE_NODES)
+    s.submit(job("a1", "a"), 0)
+    first = starts(s.decide(0))["a1"]
+    dead = s.cluster.gpu_node[first[0]]
+    hit = s.node_failed(dead, 10)
+    assert [j.id for j in hit] == ["a1"]
+    a1 = s.jobs["a1"]
+    # An infrastructure failure: requeued, not counted against the job's retries.
+    assert a1.status is JobStatus.PENDING and a1.failures == 0
+    assert a1.extra["infra_failures"] == 1
+    again = starts(s.decide(10))["a1"]
+    assert s.cluster.gpu_node[again[0]] != dead  # bound to a healthy node now
+    assert all(s.cluster.gpu_node[g] != dead for g in again)
+    # b still gets its guarantee on the third node.
+    s.submit(job("b1", "b", submit=11), 11)
+    b_gpus = starts(s.decide(11))["b1"]
+    assert {s.cluster.gpu_node[g] for g in b_gpus}.isdisjoint({dead, s.cluster.gpu_node[again[0]]})
+
+
+def test_without_a_spare_cell_the_vc_waits_for_the_node_to_recover():
+    s = hived()
+    s.submit(job("a1", "a"), 0)
+    first = starts(s.decide(0))["a1"]
+    dead = s.cluster.gpu_node[first[0]]
+    s.node_failed(dead, 10)
+    s.submit(job("b1", "b", submit=10), 10)
+    placed = starts(s.decide(10))
+    # b's node is healthy: b runs; a has no healthy cell left and waits.
+    assert list(placed) == ["b1"]
+    assert s.jobs["a1"].status is JobStatus.PENDING
+    s.node_recovered(dead)
+    assert starts(s.decide(20)) == {"a1": first}
+
+
+def test_plain_scheduler_node_failure_and_recovery():
+    from corral.core import Cluster, Scheduler
+
+    s = Scheduler(Cluster.shorthand(2, 4), make_policy("fifo"), make_placement("consolidate"))
+    s.submit(job("x", "default"), 0)
+    s.submit(job("y", "default"), 0)
+    s.decide(0)
+    x_node = s.cluster.gpu_node[s.jobs["x"].placement[0]]
+    s.node_failed(x_node, 5)
+    assert s.cluster.free_gpus == 0  # the dead node's GPUs are out of allocation
+    assert starts(s.decide(5)) == {}
+    s.finished("y", 50)
+    assert s.cluster.gpu_node[starts(s.decide(50))["x"][0]] != x_node
+    s.node_recovered(x_node)
+    assert s.cluster.free_gpus == 4

@@ -53,6 +53,10 @@ class HivedScheduler:
         self.cluster = cluster
         self.spill = spill
         self._spilled: dict[str, str] = {}  # guaranteed job lent out -> its VC
+        # virtual GPUs a VC cannot use: on a dead node of a bound cell, or in a top-level cell
+        # that no healthy physical cell is left to bind
+        self._virtual_offline: dict[tuple[str, int], list[int]] = {}
+        self._dead_nodes: set[int] = set()
         self.policy = policy
         self.placement = placement
         self.allocator = CellAllocator(cluster)
@@ -209,8 +213,16 @@ class HivedScheduler:
     def _start_guaranteed(self, vc: VirtualCluster, action: Start, now: float) -> list[Action]:
         actions: list[Action] = []
         for top in vc.tops_of(action.gpus):
-            if top not in vc.bound:
-                self._bind(vc, top, now)
+            if top not in vc.bound and not self._bind(vc, top, now):
+                # Dead nodes left no healthy cell of this type: the job waits again, and the
+                # VC does not use this virtual cell until a node recovers.
+                scheduler = self.schedulers[vc.name]
+                scheduler.evict(action.job_id, now, "no healthy cell to bind")
+                self._unbind_idle(vc, action.gpus)
+                offline = [g for g, (t, _) in enumerate(vc.gpu_home) if t == top]
+                scheduler.take_offline(offline)
+                self._virtual_offline[(vc.name, top)] = offline
+                return actions
         physical = vc.to_physical(action.gpus)
         for victim_id in sorted(
             {self._opportunistic_on[g] for g in physical if g in self._opportunistic_on}
@@ -228,7 +240,7 @@ class HivedScheduler:
         self._unbind_idle(vc, action.gpus)
         return Preempt(action.job_id, physical, action.by_job_id)
 
-    def _bind(self, vc: VirtualCluster, top: int, now: float) -> None:
+    def _bind(self, vc: VirtualCluster, top: int, now: float) -> bool:
         cell_type = vc.top_types[top]
 
         def work_at_risk(cell: Cell) -> tuple[float, int]:
@@ -245,16 +257,98 @@ class HivedScheduler:
                 busy += victim.spec.gpus
             return (lost, busy)
 
+        if self._dead_nodes and self._spare_cells(vc.name, cell_type) < 1:
+            return False  # the healthy cells left are other VCs' guarantees
         cell = self.allocator.bind(cell_type, prefer=work_at_risk)
-        if cell is None:  # the config check makes this unreachable while all nodes are healthy
-            raise RuntimeError(f"VC {vc.name}: no free {cell_type} cell to bind")
+        if cell is None:  # only when dead nodes took the last healthy cells of the type
+            return False
         vc.bound[top] = (cell, [leaf.index for leaf in cell.leaves()])
+        return True
 
     def _unbind_idle(self, vc: VirtualCluster, virtual_gpus: Iterable[int]) -> None:
+        """Release the physical cells of top-level virtual cells that hold no job any more; a
+        cell with a dead node is given back too, so the next binding lands on a healthy one."""
         for top in vc.tops_of(tuple(virtual_gpus)):
-            if top in vc.bound and vc.top_is_idle(top):
-                cell, _ = vc.bound.pop(top)
-                self.allocator.release(cell)
+            if top not in vc.bound:
+                continue
+            offline = self._virtual_offline.get((vc.name, top), [])
+            cell_free = vc.cluster.root.children[top].free_gpus
+            if cell_free + len(offline) < vc.cluster.root.children[top].total_gpus:
+                continue
+            cell, _ = vc.bound[top]
+            if (
+                not self.allocator.is_healthy(cell)
+                and self._spare_cells(vc.name, vc.top_types[top]) < 1
+            ):
+                continue  # no healthy cell to move to that is not another VC's guarantee
+            if offline:
+                self.schedulers[vc.name].bring_online(offline)
+                del self._virtual_offline[(vc.name, top)]
+            cell, _ = vc.bound.pop(top)
+            self.allocator.release(cell)
+
+    # -- node failures ----------------------------------------------------------------------
+
+    def node_failed(self, node: int, now: float) -> list[Job]:
+        """A physical node died: its attempts end as infrastructure failures and are requeued,
+        its GPUs leave allocation, and VC bindings move off it as soon as their cells are idle."""
+        dead = set(self.cluster.node_gpus[node])
+        self._dead_nodes.add(node)
+        unhealthy = self.allocator.mark_unhealthy(self.cluster.nodes[node])
+        reason = f"node {self.cluster.nodes[node].name} failed"
+        hit: list[Job] = []
+        for name, vc in self.vcs.items():
+            scheduler = self.schedulers[name]
+            for job in list(scheduler.running_jobs()):
+                physical = vc.to_physical(job.placement)
+                if dead.intersection(physical):
+                    virtual = job.placement
+                    scheduler.failed(job.id, now, reason, infrastructure=True)
+                    self.cluster.release(physical)
+                    self._unbind_idle(vc, virtual)
+                    hit.append(job)
+        hit.extend(self.opportunistic.node_failed(node, now))
+        self._opportunistic_on = {
+            g: j
+            for g, j in self._opportunistic_on.items()
+            if self.jobs[j].status is JobStatus.RUNNING
+        }
+        for cell in unhealthy:
+            for name, vc in self.vcs.items():
+                for top, (bound_cell, cell_gpus) in list(vc.bound.items()):
+                    if bound_cell is not cell:
+                        continue
+                    offline = [
+                        v
+                        for v, (t, k) in enumerate(vc.gpu_home)
+                        if t == top and cell_gpus[k] in dead
+                    ]
+                    self.schedulers[name].take_offline(offline)
+                    self._virtual_offline[(name, top)] = offline
+                    self._unbind_idle(vc, offline)
+        return hit
+
+    def _spare_cells(self, vc_name: str, cell_type: str) -> int:
+        """Free healthy cells of a type beyond what the other VCs may still bind of it (cells
+        inside bigger free cells are not counted: a conservative bound while nodes are dead)."""
+        reserved = 0
+        for name, vc in self.vcs.items():
+            if name != vc_name:
+                bound = sum(1 for top in vc.bound if vc.top_types[top] == cell_type)
+                reserved += vc.top_types.count(cell_type) - bound
+        return len(self.allocator.free_cells(cell_type)) - reserved
+
+    def node_recovered(self, node: int) -> None:
+        self._dead_nodes.discard(node)
+        self.allocator.mark_healthy(self.cluster.nodes[node])
+        self.opportunistic.node_recovered(node)
+        back = set(self.cluster.node_gpus[node])
+        for (name, top), offline in list(self._virtual_offline.items()):
+            vc = self.vcs[name]
+            unbound = top not in vc.bound
+            if unbound or any(vc.bound[top][1][vc.gpu_home[v][1]] in back for v in offline):
+                self.schedulers[name].bring_online(offline)
+                del self._virtual_offline[(name, top)]
 
     # -- opportunistic jobs -----------------------------------------------------------------
 
