@@ -128,7 +128,10 @@ def simulate(
     ] = None,
     seed: Annotated[int, typer.Option()] = 0,
     admission: Annotated[
-        str, typer.Option(help="none, hived (VC cells, HiveD) or quota (GPU counts, YARN-CS)")
+        str,
+        typer.Option(
+            help="none, hived (VC cells, HiveD), quota (GPU counts, YARN-CS) or fairshare (weighted by the VCs' GPUs)"
+        ),
     ] = "none",
     oversubscribe: Annotated[
         bool,

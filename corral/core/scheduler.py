@@ -392,12 +392,16 @@ class Scheduler:
         job.placement = ()
 
     def _enqueue(self, job: Job, now: float) -> None:
+        if self.admission is not None:
+            self.admission.on_queue(job, +1)
         job.status = JobStatus.PENDING
         job.queued_since = now
         job.pending_reason = "not yet considered"
         self._index(self._pending, job, now)
 
     def _dequeue(self, job: Job, now: float) -> None:
+        if self.admission is not None:
+            self.admission.on_queue(job, -1)
         job.pending_s += now - job.queued_since
         self._unindex(self._pending, job)
 

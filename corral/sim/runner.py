@@ -19,7 +19,7 @@ from corral.core.policy import POLICIES, make_policy
 from corral.core.policy.base import Policy
 from corral.core.scheduler import Scheduler, SpeedModel
 from corral.core.tenancy.hived import HivedScheduler
-from corral.core.tenancy.quota import QuotaAdmission
+from corral.core.tenancy.quota import FairShareAdmission, QuotaAdmission
 from corral.core.tenancy.virtual import build_virtual_cluster
 from corral.sim.engine import FailureModel, Simulation
 from corral.sim.metrics import per_vc
@@ -64,7 +64,7 @@ class RunSettings:
     opportunistic_share: float = 0.0
 
 
-ADMISSIONS = ("none", "hived", "quota")
+ADMISSIONS = ("none", "hived", "quota", "fairshare")
 DEFAULT_VCS: dict[str, dict[str, int]] = {"default": {}}
 
 
@@ -252,6 +252,10 @@ def make_scheduler(
     admission = None
     if settings.admission == "quota":
         admission = QuotaAdmission(quota, oversubscribe=settings.oversubscribe)
+    elif settings.admission == "fairshare":  # weights: the VCs' guaranteed GPUs
+        admission = FairShareAdmission(
+            {vc: float(g) for vc, g in quota.items()}, cluster.total_gpus
+        )
     return Scheduler(
         cluster,
         ordering,

@@ -77,3 +77,24 @@ def test_quota_refuses_unknown_vcs_and_jobs_bigger_than_the_quota():
         s.submit(job("y", "a", gpus=6), 0)
     # With oversubscription a job bigger than its quota can still run on borrowed GPUs.
     assert scheduler(oversubscribe=True).submit(job("z", "a", gpus=6), 0).id == "z"
+
+
+def test_fair_share_lends_everything_and_splits_by_weight_when_both_vcs_have_work():
+    from corral.core.tenancy.quota import FairShareAdmission
+
+    s = Scheduler(
+        Cluster.shorthand(1, 8),
+        make_policy("fifo"),
+        make_placement("consolidate"),
+        admission=FairShareAdmission({"a": 1.0, "b": 1.0}, total_gpus=8),
+    )
+    s.submit(job("a1", "a"), 0)
+    s.submit(job("a2", "a", submit=1), 1)
+    # a is the only VC with work: its share is the whole cluster.
+    assert starts(s.decide(1)) == ["a1", "a2"]
+    s.submit(job("b1", "b", submit=5), 5)
+    decision = s.decide(5)
+    # b now has work: shares become 4 + 4. a holds 8 > 4, so b takes back a's latest job.
+    a2_gpus = s.jobs["b1"].placement
+    assert decision.actions == [Preempt("a2", a2_gpus, "b1"), Start("b1", a2_gpus)]
+    assert s.jobs["a1"].status.value == "RUNNING"

@@ -1,9 +1,15 @@
-"""Quota admission (YARN's capacity scheduler, as Philly ran it): a VC is a GPU count.
+"""Admission by GPU counts: quota (YARN's capacity scheduler, as Philly ran it) and fair share.
 
-A VC's jobs may start while the VC uses no more than its quota. With `oversubscribe`, a job may
-also start beyond it on idle GPUs: it runs *borrowed*, and a VC that is under its quota and has a
-waiting job takes the GPUs back by preempting borrowed jobs of other VCs (lowest priority first).
-Without oversubscription, idle quota of one VC is never used by another.
+`quota`: a VC is a GPU count. Its jobs may start while the VC uses no more than its quota. With
+`oversubscribe`, a job may also start beyond it on idle GPUs: it runs *borrowed*, and a VC that is
+under its quota and has a waiting job takes GPUs back by preempting jobs of VCs that are over
+theirs (lowest priority first). Without oversubscription, idle quota of one VC is never used by
+another.
+
+`fairshare`: weighted fair sharing among the VCs that have work (with one resource, GPUs, this is
+what DRF reduces to): a VC's share is the cluster's GPUs split by weight among the VCs with running
+or waiting jobs, recomputed as VCs come and go. Idle shares are always lent, and a VC below its
+share reclaims GPUs from VCs above theirs.
 """
 
 from __future__ import annotations
@@ -18,20 +24,25 @@ class QuotaAdmission:
         self.quota = dict(quota_gpus)
         self.oversubscribe = oversubscribe
         self.usage: dict[str, int] = {vc: 0 for vc in self.quota}
-        self.borrowed: dict[str, Job] = {}  # job id -> running job that holds borrowed GPUs
+        self.waiting: dict[str, int] = {vc: 0 for vc in self.quota}
 
     def known(self, vc: str) -> bool:
         return vc in self.quota
 
     def capacity(self, vc: str) -> int:
+        """The most GPUs one job of the VC may ask for without oversubscription."""
         return self.quota[vc]
 
-    def _fits_quota(self, job: Job) -> bool:
-        return self.usage[job.spec.vc] + job.spec.gpus <= self.quota[job.spec.vc]
+    def share(self, vc: str) -> float:
+        """GPUs the VC is entitled to now."""
+        return self.quota[vc]
+
+    def _within_share(self, job: Job) -> bool:
+        return self.usage[job.spec.vc] + job.spec.gpus <= self.share(job.spec.vc)
 
     def check(self, job: Job) -> str | None:
         """Why the job may not start now, or None."""
-        if self._fits_quota(job) or self.oversubscribe:
+        if self._within_share(job) or self.oversubscribe:
             return None
         vc = job.spec.vc
         return (
@@ -40,24 +51,39 @@ class QuotaAdmission:
         )
 
     def may_preempt(self, victim: Job, job: Job) -> bool:
-        """A job may preempt within its own VC, or take back GPUs another VC borrowed."""
+        """A job may preempt within its own VC, or take back GPUs of a VC over its share."""
         return victim.spec.vc == job.spec.vc or self.reclaimable(victim, job)
 
     def reclaimable(self, victim: Job, job: Job) -> bool:
-        return (
-            victim.id in self.borrowed and victim.spec.vc != job.spec.vc and self._fits_quota(job)
-        )
+        vc = victim.spec.vc
+        return vc != job.spec.vc and self.usage[vc] > self.share(vc) and self._within_share(job)
 
     def can_reclaim(self, job: Job) -> bool:
-        return bool(self.borrowed) and self._fits_quota(job)
+        return self._within_share(job) and any(
+            self.usage[vc] > self.share(vc) for vc in self.usage if vc != job.spec.vc
+        )
 
     def on_start(self, job: Job) -> None:
         self.usage[job.spec.vc] += job.spec.gpus
-        if self.usage[job.spec.vc] > self.quota[job.spec.vc]:
-            self.borrowed[job.id] = job
+        if self.usage[job.spec.vc] > self.share(job.spec.vc):
             job.extra["borrowed"] = True
 
     def on_stop(self, job: Job) -> None:
         self.usage[job.spec.vc] -= job.spec.gpus
-        if self.borrowed.pop(job.id, None) is not None:
-            job.extra.pop("borrowed", None)
+        job.extra.pop("borrowed", None)
+
+    def on_queue(self, job: Job, delta: int) -> None:
+        self.waiting[job.spec.vc] += delta
+
+
+class FairShareAdmission(QuotaAdmission):
+    name = "fairshare"
+
+    def __init__(self, weights: dict[str, float], total_gpus: int) -> None:
+        super().__init__({vc: total_gpus for vc in weights}, oversubscribe=True)
+        self.weights = dict(weights)
+        self.total_gpus = total_gpus
+
+    def share(self, vc: str) -> float:
+        active = [v for v in self.weights if self.usage[v] > 0 or self.waiting[v] > 0 or v == vc]
+        return self.total_gpus * self.weights[vc] / sum(self.weights[v] for v in active)
