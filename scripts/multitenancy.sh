@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Reproduce docs/multitenancy.md: the Gavel-MSR workload with one VC per trace file, VC cells sized
 # from each VC's demand, under quota (YARN-CS with lending) and hived (cells with lending), with
-# fifo, las and gittins inside the VCs, each against every VC alone on its own cells.
+# fifo, las and gittins inside the VCs, and fairshare with fifo, each against every VC alone on its
+# own cells. Takes about 12 minutes on 2 cores.
 # Run from the repository root after the README's first command: bash scripts/multitenancy.sh
 set -euo pipefail
 corral=${CORRAL:-.venv/bin/corral}
@@ -13,4 +14,6 @@ for admission in quota hived; do
     --oversubscribe --placement consolidate --compare fifo,las,gittins --private-baseline \
     --out "$out/$admission"
 done
+"$corral" simulate --trace "$trace" --config "$out/vcs.yaml" --admission fairshare \
+  --placement consolidate --policy fifo --private-baseline --out "$out/fairshare"
 "$corral" plot-vcs "$out/quota" "$out/hived" --out "$out/vc-queueing.png"
