@@ -195,7 +195,12 @@ class Scheduler:
             job = self._by_seq[self._pending[position][1]]
             can_preempt = self._may_preempt_for(job, now)
             if cluster.free_gpus == 0 and not can_preempt:
-                break
+                if admission is None or not admission.someone_over_share():
+                    break
+                # A job further back, of a VC under its share, may still reclaim GPUs.
+                job.pending_reason = "waiting for free GPUs"
+                position += 1
+                continue
             if admission is not None:
                 if job.spec.vc in blocked_vcs:
                     job.pending_reason = f"blocked behind the head job of VC {job.spec.vc}"

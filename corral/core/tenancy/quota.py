@@ -58,6 +58,9 @@ class QuotaAdmission:
         vc = victim.spec.vc
         return vc != job.spec.vc and self.usage[vc] > self.share(vc) and self._within_share(job)
 
+    def someone_over_share(self) -> bool:
+        return any(self.usage[vc] > self.share(vc) for vc in self.usage)
+
     def can_reclaim(self, job: Job) -> bool:
         return self._within_share(job) and any(
             self.usage[vc] > self.share(vc) for vc in self.usage if vc != job.spec.vc
