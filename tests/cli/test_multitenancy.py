@@ -58,7 +58,7 @@ def run(tmp_path: Path, *args: str) -> dict:
     return json.loads((out / "summary.json").read_text())["runs"][0]
 
 
-def test_quota_lending_delays_the_quiet_vc_and_hived_does_not(tmp_path: Path):
+def test_lent_gpus_come_back_at_once_under_quota_and_hived(tmp_path: Path):
     quota = run(tmp_path, "--admission", "quota", "--oversubscribe")
     # busy borrows quiet's node at t=0; quiet's job at t=100 reclaims it at once (fifo order
     # inside busy is kept), so quiet waits 0 s: no anomaly for quiet, busy gains.
