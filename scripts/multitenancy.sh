@@ -2,7 +2,7 @@
 # Reproduce docs/multitenancy.md: the Gavel-MSR workload with one VC per trace file, VC cells sized
 # from each VC's demand, under quota (YARN-CS with lending) and hived (cells with lending), with
 # fifo, las and gittins inside the VCs, and fairshare with fifo, each against every VC alone on its
-# own cells. Takes about 12 minutes on 2 cores.
+# own cells. Takes about 18 minutes on 2 cores.
 # Run from the repository root after the README's first command: bash scripts/multitenancy.sh
 set -euo pipefail
 corral=${CORRAL:-.venv/bin/corral}
