@@ -197,6 +197,10 @@ def _finish_time_axes(ax: Axes, title: str, ylabel: str) -> None:
         ax.legend(loc="best")
 
 
+def _percent_cell(fraction: object) -> str:
+    return f"{100 * fraction:.1f}%" if isinstance(fraction, int | float) else "-"
+
+
 def _duration_cell(value: object) -> str:
     return format_duration(float(value)) if isinstance(value, int | float) else "-"
 
@@ -218,7 +222,6 @@ def summary_table(summaries: list[dict[str, object]]) -> Table:
     ):
         table.add_column(header, justify="right", no_wrap=True)
     for run in summaries:
-        util = run.get("utilization")
         table.add_row(
             f"{run.get('policy', '-')}/{run.get('placement', '-')}",
             str(run.get("jobs", "-")),
@@ -228,7 +231,7 @@ def summary_table(summaries: list[dict[str, object]]) -> Table:
             _duration_cell(run.get("p99_jct_s")),
             _duration_cell(run.get("avg_queue_s")),
             _duration_cell(run.get("makespan_s")),
-            f"{100 * util:.1f}%" if isinstance(util, int | float) else "-",
+            _percent_cell(run.get("utilization")),
             str(run.get("preemptions", "-")),
         )
     return table
@@ -256,7 +259,6 @@ def vc_table(summary: dict[str, object]) -> Table:
         table.add_column(header, justify="left" if header == "vc" else "right", no_wrap=True)
     anomalies = set(summary.get("sharing_anomaly_vcs") or [])  # type: ignore[call-overload]
     for name, row in (per_vc or {}).items():  # type: ignore[union-attr]
-        share = row.get("gpu_share")
         table.add_row(
             f"{name} *" if name in anomalies else name,
             str(row.get("jobs", "-")),
@@ -265,7 +267,7 @@ def vc_table(summary: dict[str, object]) -> Table:
             _duration_cell(row.get("multi_gpu_avg_queue_s")),
             _duration_cell(row.get("private_multi_gpu_avg_queue_s")),
             _duration_cell(row.get("avg_jct_s")),
-            f"{100 * share:.1f}%" if isinstance(share, int | float) else "-",
+            _percent_cell(row.get("gpu_share")),
             str(row.get("preemptions_suffered", "-")),
         )
     if anomalies:
