@@ -175,7 +175,9 @@ class Scheduler:
 
     # -- deciding -----------------------------------------------------------------------------
 
-    def decide(self, now: float) -> Decision:
+    def decide(self, now: float, *, preempt: bool = True) -> Decision:
+        """One scheduling round. With `preempt=False` it only starts jobs on free GPUs (a
+        multi-tenant caller may first look for free GPUs elsewhere before preempting)."""
         self.rounds += 1
         self._fire_timers(now)
         self.blocked_by = None
@@ -193,7 +195,7 @@ class Scheduler:
         position = 0
         while position < len(self._pending):
             job = self._by_seq[self._pending[position][1]]
-            can_preempt = self._may_preempt_for(job, now)
+            can_preempt = preempt and self._may_preempt_for(job, now)
             if cluster.free_gpus == 0 and not can_preempt:
                 if admission is None or not admission.someone_over_share():
                     break

@@ -66,6 +66,24 @@ def utilization(timeline: Timeline, total_gpus: int) -> float:
     return gpu_seconds / (total_gpus * span)
 
 
+def utilization_while_waiting(timeline: Timeline, total_gpus: int) -> float | None:
+    """Time-weighted fraction of GPUs allocated while at least one job was waiting: 1.0 means
+    no GPU ever stood idle while a job waited. None if no job ever waited.
+
+    Unlike `utilization`, it does not depend on how long the run's tail is (a makespan set by one
+    long job that ran alone at the end), only on whether GPUs were left idle when there was work.
+    """
+    if len(timeline.time_s) < 2 or total_gpus <= 0:
+        return None
+    dt = np.diff(np.asarray(timeline.time_s, dtype=float))
+    waiting = np.asarray(timeline.pending_jobs, dtype=float)[:-1] > 0
+    span = float(dt[waiting].sum())
+    if span <= 0.0:
+        return None
+    allocated = np.asarray(timeline.allocated_gpus, dtype=float)[:-1]
+    return float(np.dot(allocated[waiting], dt[waiting])) / (total_gpus * span)
+
+
 def useful_utilization(result: SimResult) -> float:
     """Like utilization, but counting only the work jobs got done (GPUs x ideal seconds), not GPU
     time lost to slow spread placements, restores or failed attempts."""
@@ -177,6 +195,7 @@ def summarize(result: SimResult) -> dict[str, object]:
         "makespan_s": makespan,
         "utilization": utilization(result.timeline, result.total_gpus),
         "useful_utilization": useful_utilization(result),
+        "utilization_while_waiting": utilization_while_waiting(result.timeline, result.total_gpus),
         "preemptions": int(result.preemptions),
         "relaxed_jobs": sum(job.relaxed for job in jobs),
         "fragmentation": fragmentation(result.timeline, result.total_gpus),

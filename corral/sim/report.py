@@ -218,6 +218,7 @@ def summary_table(summaries: list[dict[str, object]]) -> Table:
         "avg queue",
         "makespan",
         "util",
+        "util (wait)",
         "preempt",
     ):
         table.add_column(header, justify="right", no_wrap=True)
@@ -232,6 +233,7 @@ def summary_table(summaries: list[dict[str, object]]) -> Table:
             _duration_cell(run.get("avg_queue_s")),
             _duration_cell(run.get("makespan_s")),
             _percent_cell(run.get("utilization")),
+            _percent_cell(run.get("utilization_while_waiting")),
             str(run.get("preemptions", "-")),
         )
     return table

@@ -131,6 +131,56 @@ def test_spill_lends_idle_cells_and_the_owner_takes_them_back():
     assert s.vc_of("a2") == "a"
 
 
+def test_with_lending_a_job_takes_idle_gpus_before_preempting_in_its_vc():
+    def scheduler(spill):
+        parsed = parse_cluster_config(TWO_NODES)
+        s = HivedScheduler(
+            parsed.cluster,
+            parsed.virtual_clusters,
+            make_policy("las"),
+            make_placement("consolidate"),
+            spill=spill,
+        )
+        s.submit(job("a1", "a"), 0)
+        assert set(starts(s.decide(0))) == {"a1"}
+        s.submit(job("a2", "a", submit=1000), 1000)
+        return s
+
+    # At t=1000 a1 has 4 GPUs x 1000 s = 4000 GPU-s, past LAS's first threshold (3600), and the
+    # new a2 has none: a2 goes first. Without lending it preempts a1 on VC a's only node ...
+    alone = scheduler(spill=False).decide(1000)
+    assert [(type(a).__name__, a.job_id) for a in alone.actions] == [
+        ("Preempt", "a1"),
+        ("Start", "a2"),
+    ]
+    # ... with lending, b's node is idle, so a2 runs there and a1 keeps running.
+    s = scheduler(spill=True)
+    lent = s.decide(1000)
+    assert [(type(a).__name__, a.job_id) for a in lent.actions] == [("Start", "a2")]
+    b_node = lent.actions[0].gpus
+    # b wants its node back at t=1100: a2 (400 GPU-s, still first LAS queue) is evicted and, in
+    # the same round, preempts a1 (4400 GPU-s, second queue) in its own VC.
+    s.submit(job("b1", "b", submit=1100), 1100)
+    actions = [(type(a).__name__, a.job_id) for a in s.decide(1100).actions]
+    assert actions == [("Preempt", "a2"), ("Start", "b1"), ("Preempt", "a1"), ("Start", "a2")]
+    assert s.physical_placement("b1") == b_node
+    assert s.vc_of("a2") == "a" and s.jobs["a1"].status is JobStatus.PENDING
+
+
+def test_cancel_gives_back_the_cells_of_a_running_job_and_drops_a_waiting_one():
+    s = hived()
+    s.submit(job("a1", "a"), 0)
+    s.submit(job("a2", "a"), 0)
+    assert set(starts(s.decide(0))) == {"a1"}
+    assert s.cluster.free_gpus == 4 and len(s.vcs["a"].bound) == 1
+    s.cancel("a2", 1)  # waiting: nothing to give back
+    assert s.jobs["a2"].status is JobStatus.CANCELLED and s.pending_count == 0
+    s.cancel("a1", 2)  # running: its node is free again and VC a's cell is unbound
+    assert s.jobs["a1"].status is JobStatus.CANCELLED
+    assert s.cluster.free_gpus == 8 and s.vcs["a"].bound == {}
+    assert starts(s.decide(2)) == {}
+
+
 THREE_NODES = {
     "cell_types": {"NODE": {"child": "V100", "count": 4, "node": True}},
     "physical_cells": [{"type": "NODE", "count": 3}],

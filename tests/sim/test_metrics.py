@@ -5,7 +5,13 @@ import json
 import pytest
 
 from corral.core.job import Job, JobSpec, JobStatus
-from corral.sim.metrics import JOB_COLUMNS, job_rows, summarize, utilization
+from corral.sim.metrics import (
+    JOB_COLUMNS,
+    job_rows,
+    summarize,
+    utilization,
+    utilization_while_waiting,
+)
 from corral.sim.result import SimResult, Timeline
 
 
@@ -108,6 +114,24 @@ def test_utilization_uneven_steps_and_offset_start() -> None:
         running_jobs=[0, 0, 0],
     )
     assert utilization(timeline, 8) == pytest.approx(14 / 32)
+
+
+def test_utilization_while_waiting_counts_only_instants_with_a_waiting_job() -> None:
+    # [0,10): 6 of 8 GPUs, 2 jobs waiting; [10,30): 8 GPUs, 1 waiting; [30,130): 1 GPU, none
+    # waiting (a long tail). While waiting: (6*10 + 8*20) / (8 * 30) = 220/240; over the whole
+    # run: (60 + 160 + 100) / (8 * 130) = 320/1040.
+    timeline = Timeline(
+        time_s=[0.0, 10.0, 30.0, 130.0],
+        allocated_gpus=[6, 8, 1, 0],
+        pending_jobs=[2, 1, 0, 0],
+        running_jobs=[3, 4, 1, 0],
+    )
+    assert utilization_while_waiting(timeline, 8) == pytest.approx(220 / 240)
+    assert utilization(timeline, 8) == pytest.approx(320 / 1040)
+    never = Timeline(
+        time_s=[0.0, 5.0], allocated_gpus=[2, 0], pending_jobs=[0, 0], running_jobs=[1, 0]
+    )
+    assert utilization_while_waiting(never, 8) is None
 
 
 @pytest.mark.parametrize("times", [[], [5.0]])

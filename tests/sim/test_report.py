@@ -199,8 +199,9 @@ def test_format_duration(seconds: float | None, text: str) -> None:
 def test_summary_table() -> None:
     summaries = [summarize(make_result("fifo")), summarize(make_result("las", scale=0.5))]
     table = summary_table(summaries)
-    # policy/placement, jobs, four JCT columns, queue, makespan, utilisation, preemptions
-    assert len(table.columns) == 10
+    # policy/placement, jobs, four JCT columns, queue, makespan, utilisation (all and while
+    # jobs wait), preemptions
+    assert len(table.columns) == 11
     assert table.row_count == 2
     console = Console(record=True, width=200)
     console.print(table)

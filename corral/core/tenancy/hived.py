@@ -122,33 +122,42 @@ class HivedScheduler:
         return job
 
     def decide(self, now: float) -> Decision:
+        """Each VC first starts what fits its free cells. With lending, the jobs a VC cannot
+        place then try idle GPUs anywhere, and only those still waiting preempt their VC's own
+        lower-priority jobs: no job is preempted inside a VC while GPUs that fit stand idle."""
         self.rounds += 1
         actions: list[Action] = []
         wakes: list[float] = []
-        for name, scheduler in self.schedulers.items():
-            decision = scheduler.decide(now)
+
+        def take(decision: Decision, vc: VirtualCluster | None) -> None:
             if decision.wake_at is not None:
                 wakes.append(decision.wake_at)
-            vc = self.vcs[name]
             for action in decision.actions:
-                if isinstance(action, Preempt):
+                if vc is None:
+                    self._track_opportunistic(action)
+                    actions.append(action)
+                elif isinstance(action, Preempt):
                     actions.append(self._release_guaranteed(vc, action, now))
                 else:
                     actions.extend(self._start_guaranteed(vc, action, now))
+
+        def vc_round(preempt: bool) -> None:
+            for name, scheduler in self.schedulers.items():
+                take(scheduler.decide(now, preempt=preempt), self.vcs[name])
+
         if self.spill:
+            vc_round(preempt=False)
             self._lend_idle_gpus(now)
-        decision = self.opportunistic.decide(now)
-        if decision.wake_at is not None:
-            wakes.append(decision.wake_at)
-        for action in decision.actions:
-            self._track_opportunistic(action)
-            actions.append(action)
+            take(self.opportunistic.decide(now), None)
+            self._return_waiting(now)
+        vc_round(preempt=True)
+        take(self.opportunistic.decide(now), None)
         if self._spilled:
             self._return_waiting(now)
         return Decision(actions, min(wakes) if wakes else None)
 
     # Waiting guaranteed jobs looked at per VC and round when lending idle GPUs.
-    LEND_LOOKAHEAD = 32
+    LEND_LOOKAHEAD = 1024
 
     def _lend_idle_gpus(self, now: float) -> None:
         """Offer idle GPUs to the guaranteed jobs their VCs cannot place now, head first."""
@@ -177,21 +186,15 @@ class HivedScheduler:
                 del self._spilled[job_id]
 
     def finished(self, job_id: str, now: float) -> Job:
-        return self._ended(job_id, now, None)
+        return self._stopped(job_id, lambda scheduler: scheduler.finished(job_id, now))
 
     def failed(self, job_id: str, now: float, reason: str) -> Job:
-        return self._ended(job_id, now, reason)
+        return self._stopped(job_id, lambda scheduler: scheduler.failed(job_id, now, reason))
 
     def cancel(self, job_id: str, now: float) -> Job:
-        job = self.jobs[job_id]
-        if job.status is JobStatus.RUNNING:
-            placement = job.placement
-            owner = self._owner[job_id]
-            scheduler = self._scheduler_of(job_id)
-            scheduler.cancel(job_id, now)
-            self._after_stop(owner, job_id, placement)
-            return job
-        return self._scheduler_of(job_id).cancel(job_id, now)
+        if self.jobs[job_id].status is not JobStatus.RUNNING:
+            return self._scheduler_of(job_id).cancel(job_id, now)
+        return self._stopped(job_id, lambda scheduler: scheduler.cancel(job_id, now))
 
     def explain(self, job_id: str, now: float) -> str:
         owner = self._owner[job_id]
@@ -373,15 +376,13 @@ class HivedScheduler:
         owner = self._owner[job_id]
         return self.opportunistic if owner == OPPORTUNISTIC else self.schedulers[owner]
 
-    def _ended(self, job_id: str, now: float, reason: str | None) -> Job:
+    def _stopped(self, job_id: str, stop: Callable[[Scheduler], object]) -> Job:
+        """End a running attempt through its scheduler, then give back what it held."""
         job = self.jobs[job_id]
         placement = job.placement
-        scheduler = self._scheduler_of(job_id)
-        if reason is None:
-            scheduler.finished(job_id, now)
-        else:
-            scheduler.failed(job_id, now, reason)
-        self._after_stop(self._owner[job_id], job_id, placement)
+        owner = self._owner[job_id]
+        stop(self._scheduler_of(job_id))
+        self._after_stop(owner, job_id, placement)
         return job
 
     def _after_stop(self, owner: str, job_id: str, placement: tuple[int, ...]) -> None:
