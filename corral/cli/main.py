@@ -243,5 +243,8 @@ def plot_vcs_command(
     console.print(f"wrote {out}")
 
 
+app.command("fgd")(__import__("corral.cli.sharing", fromlist=["fgd"]).fgd)
+
+
 def run() -> None:
     sys.exit(app())
