@@ -19,7 +19,7 @@ app = typer.Typer(
 console = Console()
 if not console.is_terminal:
     console = Console(
-        width=120
+        width=140
     )  # piped output (CI, files): keep the summary table on one line a run
 err_console = Console(stderr=True)
 
@@ -77,8 +77,12 @@ def simulate(
     gpu_type: Annotated[str, typer.Option(help="GPU type of the --cluster shorthand")] = "v100",
     gpus_per_switch: Annotated[int | None, typer.Option(help="GPUs under one PCIe switch")] = None,
     config: Annotated[Path | None, typer.Option(help="cluster YAML (overrides --cluster)")] = None,
-    policy: Annotated[str, typer.Option(help="fifo, sjf, srtf, las, gittins")] = "las",
-    placement: Annotated[str, typer.Option(help="consolidate, relax, profile, any")] = "relax",
+    policy: Annotated[
+        str, typer.Option(help="fifo, sjf, srtf, las, gittins, optimus, timeslice")
+    ] = "las",
+    placement: Annotated[
+        str, typer.Option(help="consolidate, relax, profile, any, hetero, cache-aware")
+    ] = "relax",
     compare: Annotated[
         str | None, typer.Option(help="several policies, e.g. fifo,las,gittins,srtf")
     ] = None,
@@ -104,6 +108,16 @@ def simulate(
     profile_threshold: Annotated[
         float, typer.Option(help="profile: consolidate jobs slowed more than this when spread")
     ] = 1.1,
+    optimus_noise: Annotated[
+        float, typer.Option(help="optimus: noise (log-normal sd) of the simulated loss samples")
+    ] = 0.02,
+    hetero_fairness: Annotated[
+        float | None,
+        typer.Option(
+            help="hetero: match a job only to GPU types where it runs at least this fraction "
+            "(0-1] of its speed on an equal share of every type"
+        ),
+    ] = None,
     restore_s: Annotated[
         float,
         typer.Option(
@@ -146,6 +160,31 @@ def simulate(
     opportunistic_share: Annotated[
         float, typer.Option(help="hived: mark this share of jobs opportunistic (seeded)")
     ] = 0.0,
+    cache_gb_per_node: Annotated[
+        float | None,
+        typer.Option(help="a data-set cache of this many GB per node; jobs read remote storage"),
+    ] = None,
+    storage_gbps: Annotated[
+        float, typer.Option(help="with a cache: remote-storage Gbit/s per node, shared by its GPUs")
+    ] = 1.0,
+    cache_policy: Annotated[
+        str, typer.Option(help="with a cache: lru (cache-oblivious) or silod (gain per GB)")
+    ] = "lru",
+    datasets: Annotated[
+        str, typer.Option(help="with a cache: shared (one data set per model) or per-vc")
+    ] = "shared",
+    quantum_s: Annotated[
+        float, typer.Option(help="timeslice: round length; a turn ends on a round boundary")
+    ] = 600.0,
+    packing: Annotated[
+        bool, typer.Option(help="share GPUs between jobs the Gavel co-location table pairs well")
+    ] = False,
+    packing_threshold: Annotated[
+        float, typer.Option(help="packing: least combined normalised throughput of a pair")
+    ] = 1.1,
+    migrate: Annotated[
+        bool, typer.Option(help="move small jobs to bring free GPUs together on one node")
+    ] = False,
     out: Annotated[Path, typer.Option(help="output directory")] = Path("runs/latest"),
     plot: Annotated[bool, typer.Option(help="write JCT CDF, utilisation and queue plots")] = False,
 ) -> None:
@@ -170,6 +209,8 @@ def simulate(
             gittins_history=gittins_history,
             relax_after_s=relax_after,
             profile_threshold=profile_threshold,
+            optimus_noise=optimus_noise,
+            hetero_fairness=hetero_fairness,
             restore_s=restore_s,
             failure_rate=failure_rate,
             max_retries=max_retries,
@@ -182,6 +223,14 @@ def simulate(
             oversubscribe=oversubscribe,
             private_baseline=private_baseline,
             opportunistic_share=opportunistic_share,
+            cache_gb_per_node=cache_gb_per_node,
+            storage_gbps=storage_gbps,
+            cache_policy=cache_policy,
+            datasets=datasets,
+            quantum_s=quantum_s,
+            packing=packing,
+            packing_threshold=packing_threshold,
+            migrate=migrate,
         )
         run_simulations(settings, out=out, plot=plot, console=console)
     except UserError as error:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(slots=True, frozen=True)
@@ -28,6 +28,16 @@ class Preempt:
     by_job_id: str
 
 
+@dataclass(slots=True, frozen=True)
+class Respeed:
+    """The running job's speed changed (ideal seconds per wall second) without stopping it, e.g.
+    it started or stopped sharing its GPUs. Work done so far is kept (`Job.change_speed`). Not an
+    `Action`: there is nothing to carry out; the simulator re-times the job's end."""
+
+    job_id: str
+    speed: float
+
+
 Action = Start | Preempt
 
 
@@ -36,3 +46,5 @@ class Decision:
     actions: list[Action]
     #: When the scheduler wants to decide again even if nothing happens (a timer), or None.
     wake_at: float | None
+    #: Running jobs whose speed changed since the last decision, with their new speed.
+    respeeds: list[Respeed] = field(default_factory=list)

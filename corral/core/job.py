@@ -76,6 +76,9 @@ class Job:
     work_done_s: float = 0.0
     speed: float = 1.0
     stall_until: float = 0.0
+    # A speed change mid-attempt (change_speed): work of this attempt done before `speed_since`.
+    attempt_work_s: float = 0.0
+    speed_since: float = 0.0
     attempts: int = 0
     failures: int = 0
     preemptions: int = 0
@@ -110,8 +113,15 @@ class Job:
     def work_done_at(self, now: float) -> float:
         if self.status is not JobStatus.RUNNING or self.run_started_at is None:
             return self.work_done_s
-        working_from = max(self.run_started_at, self.stall_until)
-        return self.work_done_s + self.speed * max(0.0, now - working_from)
+        working_from = max(self.run_started_at, self.stall_until, self.speed_since)
+        return self.work_done_s + self.attempt_work_s + self.speed * max(0.0, now - working_from)
+
+    def change_speed(self, speed: float, now: float) -> None:
+        """From `now` on the running job works at `speed`; the work done so far is kept, and
+        `work_done_s` still holds the work at the start of the attempt (a failure loses the rest)."""
+        self.attempt_work_s = self.work_done_at(now) - self.work_done_s
+        self.speed_since = now
+        self.speed = speed
 
     def remaining_work_s(self, now: float) -> float:
         """Ideal seconds of work left; infinite when the job's length is unknown."""

@@ -18,15 +18,22 @@ from collections.abc import Callable, Iterable, Iterator
 
 from sortedcontainers import SortedList
 
-from corral.core.actions import Action, Decision, Preempt, Start
+from corral.core.actions import Action, Decision, Preempt, Respeed, Start
 from corral.core.cluster import Cluster
 from corral.core.job import Job, JobSpec, JobStatus
+from corral.core.migration import Migration
+from corral.core.packing import Packing
 from corral.core.placement.base import Placed, Placement
 from corral.core.policy.base import Key, Policy
 from corral.core.tenancy.quota import QuotaAdmission
 
 #: Given a job and the GPUs chosen for it, its speed in ideal seconds per wall second.
 SpeedModel = Callable[[Job, tuple[int, ...]], float]
+
+#: Called once per attempt as a job starts (placement, speed and restore stall already set); it
+#: may lower `job.speed` and move `job.stall_until` later: a node's data cache (core.cache) is
+#: allocated here, not in the SpeedModel, which placements may also call to ask about speeds.
+StartHook = Callable[[Job, float], None]
 
 # Placement attempts a waiting job may make while adding preemption victims one by one.
 MAX_PREEMPTION_ATTEMPTS = 32
@@ -47,7 +54,12 @@ class Scheduler:
         speed_model: SpeedModel | None = None,
         restore_s: float = 0.0,
         admission: QuotaAdmission | None = None,
+        on_start: StartHook | None = None,
+        packing: Packing | None = None,
+        migration: Migration | None = None,
     ) -> None:
+        if packing is not None and admission is not None:
+            raise ValueError("packing jobs onto shared GPUs is not supported with an admission")
         self.cluster = cluster
         self.admission = admission
         self.policy = policy
@@ -55,6 +67,10 @@ class Scheduler:
         self.backfill = backfill
         self.speed_model = speed_model
         self.restore_s = restore_s
+        self.on_start = on_start
+        self.packing = packing
+        self.migration = migration
+        self._speed_changed: dict[str, None] = {}  # running jobs to report in Decision.respeeds
         self.jobs: dict[str, Job] = {}
         self._by_seq: list[Job] = []
         self._pending = SortedList()
@@ -180,6 +196,13 @@ class Scheduler:
         multi-tenant caller may first look for free GPUs elsewhere before preempting)."""
         self.rounds += 1
         self._fire_timers(now)
+        if self.packing is not None:
+            self.packing.new_round()
+        if self.migration is not None:
+            self.migration.new_round()
+        begin_round = getattr(self.placement, "begin_round", None)
+        if begin_round is not None:  # a placement that decides for the round's jobs together
+            begin_round(self.cluster, self.pending_jobs(), self.running_jobs(), self.speed_model, now)
         self.blocked_by = None
         actions: list[Action] = []
         cluster = self.cluster
@@ -196,7 +219,7 @@ class Scheduler:
         while position < len(self._pending):
             job = self._by_seq[self._pending[position][1]]
             can_preempt = preempt and self._may_preempt_for(job, now)
-            if cluster.free_gpus == 0 and not can_preempt:
+            if cluster.free_gpus == 0 and not can_preempt and not self._may_pack():
                 if admission is None or not admission.someone_over_share():
                     break
                 # A job further back, of a VC under its share, may still reclaim GPUs.
@@ -219,6 +242,8 @@ class Scheduler:
                 if isinstance(result, Placed):
                     self._start(job, result, now, actions)
                     continue
+                if self.migration is not None and self._defragment(job, now, actions):
+                    continue
                 no_fit[kind] = job.spec.gpus
                 job.pending_reason = result.reason
             else:
@@ -238,13 +263,15 @@ class Scheduler:
                     too_few_victims[victims_kind] = job.spec.gpus
                 else:
                     no_room[kind] = job.spec.gpus
+            if self.packing is not None and self._pack(job, now, actions):
+                continue
             if self.policy.blocking and not self.backfill:
                 if admission is None:
                     self.blocked_by = job.id
                     break
                 blocked_vcs.add(job.spec.vc)  # YARN-CS: each VC's queue blocks only itself
             position += 1
-        return Decision(actions, self._next_wake())
+        return Decision(actions, self._next_wake(), self._respeeds())
 
     def _current_key(self, job: Job, now: float) -> Key:
         if self.policy.stored_is_key:
@@ -295,6 +322,7 @@ class Scheduler:
         total = cluster.free_for(job.spec.gpu_types)
         freed_in: dict[int, int] = {}  # node or rack -> GPUs the victims so far would free there
         victims: list[Job] = []
+        half_pairs: dict[str, Job] = {}
         released = 0
         attempts = 0
         for victim in self._victims(job, now):
@@ -304,6 +332,8 @@ class Scheduler:
                 cluster.gpus[victim.placement[0]].gpu_type
             ):
                 continue
+            if self.packing is not None and not self.packing.frees_gpus(victim, half_pairs):
+                continue  # its GPUs stay taken by its partner unless that is a victim too
             victims.append(victim)
             total += victim.spec.gpus
             if total < need or not self._room_in_scope(scope, victim, need, freed_in):
@@ -357,6 +387,8 @@ class Scheduler:
         job.relaxed = job.relaxed or placed.relaxed
         job.speed = self.speed_model(job, placed.gpus) if self.speed_model else 1.0
         job.stall_until = now + self.restore_s if resumed else now
+        if self.on_start is not None:
+            self.on_start(job, now)
         job.pending_reason = ""
         if self.admission is not None:
             self.admission.on_start(job)
@@ -365,13 +397,17 @@ class Scheduler:
         actions.append(Start(job.id, placed.gpus, relaxed=placed.relaxed, resumed=resumed))
 
     def _preempt(self, job: Job, by: Job, now: float, actions: list[Action]) -> None:
-        """Stop a running job whose GPUs the caller already released in the cluster."""
+        """Stop a running job whose GPUs the caller already released in the cluster, with the
+        partner it shared them with (see Packing.frees_gpus)."""
+        shared = self.packing.unpair(job, now) if self.packing is not None else None
         actions.append(self._requeue_preempted(job, by.id, now))
+        if shared is not None:
+            actions.append(self._requeue_preempted(shared[0], by.id, now))
 
     def evict(self, job_id: str, now: float, by: str) -> Preempt:
         """Preempt a running job for a reason outside the policy (its GPUs are reclaimed)."""
         job = self._running_job(job_id)
-        self.cluster.release(job.placement)
+        self._release(job, now)
         return self._requeue_preempted(job, by, now)
 
     def _requeue_preempted(self, job: Job, by: str, now: float) -> Preempt:
@@ -384,13 +420,90 @@ class Scheduler:
         return Preempt(job.id, gpus, by)
 
     def _stop(self, job: Job, now: float) -> None:
-        self.cluster.release(job.placement)
+        self._release(job, now)
         self._account_run(job, now)
+
+    def _release(self, job: Job, now: float) -> None:
+        """Free the job's GPUs, unless a packed partner keeps running on them at its speed alone."""
+        shared = self.packing.unpair(job, now) if self.packing is not None else None
+        if shared is None:
+            self.cluster.release(job.placement)
+        else:
+            self._change_speed(*shared, now)
+
+    def _change_speed(self, job: Job, speed: float, now: float) -> None:
+        """A running job's speed changes mid-attempt: keep its work, re-key it (a policy may order
+        by projected finish), report it in the next Decision.respeeds."""
+        self._unindex(self._running, job)
+        job.change_speed(speed, now)
+        self._index(self._running, job, now)
+        self._speed_changed[job.id] = None
+
+    def _respeeds(self) -> list[Respeed]:
+        changed = [self.jobs[job_id] for job_id in self._speed_changed]
+        self._speed_changed.clear()
+        return [Respeed(job.id, job.speed) for job in changed if job.status is JobStatus.RUNNING]
+
+    def _defragment(self, job: Job, now: float, actions: list[Action]) -> bool:
+        """Gandiva's migration (core.migration): move a few running jobs so that the GPUs the job
+        needs on one node come free together, then place it there."""
+        assert self.migration is not None
+        if self.placement.scope(self.cluster, job, now) != "node":
+            return False
+        packing = self.packing
+
+        def movable(other: Job) -> bool:  # never a job started now, nor one sharing its GPUs
+            return other.run_started_at != now and (
+                packing is None or other.id not in packing.partner
+            )
+
+        plan = self.migration.plan(self.cluster, job, self.running_jobs(), movable)
+        if plan is None:
+            return False
+        for move in plan.moves:
+            self._move(move.job, move.to_node, job.id, now, actions)
+        result = self.placement.place(self.cluster, job, now)
+        if not isinstance(result, Placed):
+            return False
+        self._start(job, result, now, actions)
+        return True
+
+    def _move(self, job: Job, node: int, by: str, now: float, actions: list[Action]) -> None:
+        """Migrate a running job to free GPUs of another node: stopped through its checkpoint
+        contract and started again there, paying the restore stall; not counted as preempted."""
+        gpus = job.placement
+        self.cluster.release(gpus)
+        self._account_run(job, now)
+        self._enqueue(job, now)
+        actions.append(Preempt(job.id, gpus, by))
+        self._start(job, Placed(tuple(self.cluster.pick_in_node(node, job.spec.gpus))), now, actions)
+        assert self.migration is not None
+        self.migration.migrations += 1
+        job.extra["migrations"] = int(job.extra.get("migrations", 0)) + 1  # type: ignore[call-overload]
+        job.last_event = f"migrated to make room for job {by}"
+
+    def _may_pack(self) -> bool:
+        return self.packing is not None and self.packing.may_try()
+
+    def _pack(self, job: Job, now: float, actions: list[Action]) -> bool:
+        """Start the job on the GPUs of a running job it runs well beside (Gandiva's packing)."""
+        assert self.packing is not None
+        choice = self.packing.choose_host(job, self.running_jobs(), self.cluster)
+        if choice is None:
+            return False
+        host, guest_speed, host_speed = choice
+        self.cluster.release(host.placement)  # _start takes them again: allocated once, for two
+        self._start(job, Placed(host.placement), now, actions)
+        for member, speed in self.packing.pair(job, host, guest_speed, host_speed, now):
+            self._change_speed(member, speed, now)
+        job.last_event = f"started sharing the GPUs of job {host.id}"
+        return True
 
     def _account_run(self, job: Job, now: float) -> None:
         if self.admission is not None:
             self.admission.on_stop(job)
         job.work_done_s = job.work_done_at(now)
+        job.attempt_work_s = 0.0
         ran = job.running_s(now)
         job.executed_s += ran
         job.attained_gpu_s += ran * job.spec.gpus

@@ -1,9 +1,10 @@
 """Discrete-event simulation: replay a trace through the scheduling core in virtual time.
 
 Events are arrivals (read in order from the sorted trace), attempt ends (finish or failure) and the
-scheduler's own timers (LAS queue crossings, starvation promotions, relax deadlines). All events at
-one instant are applied, then the scheduler decides once. Nothing ticks per second, and a run is
-deterministic for a given seed.
+scheduler's own timers (LAS queue crossings, starvation promotions, relax deadlines). An attempt's
+end is re-timed when the job's speed changes mid-attempt (Decision.respeeds: packed jobs). All
+events at one instant are applied, then the scheduler decides once. Nothing ticks per second, and
+a run is deterministic for a given seed.
 """
 
 from __future__ import annotations
@@ -89,6 +90,10 @@ class Simulation:
         events: list[tuple[float, int, int, str, int]] = []
         order = 0
         timers: set[float] = set()
+        # The end event that counts for each running job (its order), and, if it is a failure,
+        # when: a speed change re-times the end, and stale events are skipped.
+        end_order: dict[str, int] = {}
+        fails_at: dict[str, float] = {}
         timeline = Timeline()
         next_arrival = 0
         ended = 0
@@ -107,13 +112,15 @@ class Simulation:
                 scheduler.submit(specs[next_arrival], now)
                 next_arrival += 1
             while events and events[0][0] <= now:
-                _, _, kind, job_id, attempt = heapq.heappop(events)
+                _, event_order, kind, job_id, attempt = heapq.heappop(events)
                 if kind == _TIMER:
                     timers.discard(now)
                     continue
                 job = scheduler.jobs[job_id]
                 if job.status is not JobStatus.RUNNING or job.attempts != attempt:
                     continue  # the attempt this event belonged to was preempted
+                if end_order.get(job_id) != event_order:
+                    continue  # re-timed after a speed change
                 if kind == _FINISH:
                     scheduler.finished(job_id, now)
                 else:
@@ -138,7 +145,21 @@ class Simulation:
                         runs_for *= self.rng.random()
                     order += 1
                     heapq.heappush(events, (now + runs_for, order, kind, job.id, job.attempts))
+                    end_order[job.id] = order
+                    if kind == _FAIL:
+                        fails_at[job.id] = now + runs_for
+                    else:
+                        fails_at.pop(job.id, None)
                 # A Preempt needs nothing here: the end event of its attempt is now stale.
+            for respeed in decision.respeeds:  # the work left now takes another time
+                job = scheduler.jobs[respeed.job_id]
+                ends_at = now + job.remaining_wall_s(now)
+                if fails_at.get(job.id, math.inf) <= ends_at:
+                    continue  # it still fails first, at the instant drawn when it started
+                fails_at.pop(job.id, None)
+                order += 1
+                heapq.heappush(events, (ends_at, order, _FINISH, job.id, job.attempts))
+                end_order[job.id] = order
             wake = decision.wake_at
             if wake is not None and wake > now and wake not in timers:
                 timers.add(wake)

@@ -11,19 +11,26 @@ import numpy as np
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from corral.core.cache import CACHE_POLICIES, CacheError, DataCache
 from corral.core.cluster import Cluster, ClusterError
 from corral.core.config import ConfigError
 from corral.core.job import JobSpec, Priority
+from corral.core.migration import Migration
+from corral.core.packing import Packing, PairTable
 from corral.core.placement import PLACEMENTS, make_placement
+from corral.core.placement.hetero import TypeLog
 from corral.core.policy import POLICIES, make_policy
 from corral.core.policy.base import Policy
 from corral.core.scheduler import Scheduler, SpeedModel
 from corral.core.tenancy.hived import HivedScheduler
 from corral.core.tenancy.quota import FairShareAdmission, QuotaAdmission
 from corral.core.tenancy.virtual import build_virtual_cluster
+from corral.sim.colocation import gandiva_line, gandiva_summary, load_pair_table
+from corral.sim.datasets import DATASET_SCOPES, cache_line, make_cache
 from corral.sim.engine import FailureModel, Simulation
-from corral.sim.metrics import per_vc
+from corral.sim.metrics import measured_jobs, per_vc
 from corral.sim.perfmodel import PerfModel, PerfModelError, load_slowdowns
+from corral.sim.progress import LossCurveModel
 from corral.sim.report import summary_table, vc_table, write_outputs
 from corral.sim.result import SimResult
 from corral.sim.traces import Trace, TraceError, load_trace
@@ -50,6 +57,8 @@ class RunSettings:
     gittins_history: Path | None = None
     relax_after_s: float = 600.0
     profile_threshold: float = 1.1
+    optimus_noise: float = 0.02
+    hetero_fairness: float | None = None
     restore_s: float = 30.0
     failure_rate: float = 0.0
     max_retries: int = 3
@@ -62,6 +71,14 @@ class RunSettings:
     oversubscribe: bool = False
     private_baseline: bool = False
     opportunistic_share: float = 0.0
+    cache_gb_per_node: float | None = None  # None: no data model (every job at compute speed)
+    storage_gbps: float = 1.0
+    cache_policy: str = "lru"
+    quantum_s: float = 600.0  # timeslice: the round length
+    packing: bool = False  # Gandiva's packing, from the Gavel table's co-location throughputs
+    packing_threshold: float = 1.1
+    migrate: bool = False  # Gandiva's migration to defragment
+    datasets: str = "shared"
 
 
 ADMISSIONS = ("none", "hived", "quota", "fairshare")
@@ -145,6 +162,10 @@ def make_ordering(name: str, settings: RunSettings, jobs: list[JobSpec]) -> Poli
             service_samples_gpu_s=service_history(settings, jobs),
             thresholds_gpu_s=settings.las_thresholds,
         )
+    if name == "timeslice":
+        return make_policy(name, quantum_s=settings.quantum_s)
+    if name == "optimus":  # learns lengths from a seeded loss-curve model of each job's progress
+        return make_policy(name, observe=LossCurveModel(settings.seed, noise=settings.optimus_noise))
     if name in ("sjf", "srtf") and any(s.duration_s is None for s in jobs):
         raise SimulationError(f"{name} needs every job's duration, and this trace lacks some")
     return make_policy(name)
@@ -155,6 +176,11 @@ def placement_options(settings: RunSettings) -> dict[str, float]:
         return {"relax_after_s": settings.relax_after_s}
     if settings.placement == "profile":
         return {"sensitive_above": settings.profile_threshold}
+    if settings.placement == "hetero":  # hetero places with relax on the type it matched
+        fairness = settings.hetero_fairness
+        return {"relax_after_s": settings.relax_after_s} | (
+            {"fairness": fairness} if fairness is not None else {}
+        )
     return {}
 
 
@@ -163,7 +189,7 @@ def run_simulations(
 ) -> list[dict[str, object]]:
     try:
         return _run(settings, out=out, plot=plot, console=console)
-    except (TraceError, ClusterError, ConfigError, PerfModelError) as error:
+    except (TraceError, ClusterError, ConfigError, PerfModelError, CacheError) as error:
         raise SimulationError(str(error)) from None
 
 
@@ -172,10 +198,20 @@ def check_settings(settings: RunSettings) -> None:
     problems = [
         ("--failure-rate", not 0 <= settings.failure_rate <= 1, "must be between 0 and 1"),
         ("--restore-s", settings.restore_s < 0, "must not be negative"),
+        ("--optimus-noise", settings.optimus_noise < 0, "must not be negative"),
+        ("--quantum-s", not settings.quantum_s > 0, "must be positive"),
+        ("--packing-threshold", not settings.packing_threshold > 0, "must be positive"),
+        ("--packing", settings.packing and settings.admission != "none", "needs --admission none"),
+        ("--migrate", settings.migrate and settings.admission == "hived", "not with --admission hived"),
         ("--max-retries", settings.max_retries < 0, "must not be negative"),
         ("--seed", settings.seed < 0, "must not be negative"),
         ("--arrival-scale", settings.arrival_scale <= 0, "must be positive"),
         ("--relax-after", settings.relax_after_s < 0, "must not be negative"),
+        (
+            "--hetero-fairness",
+            settings.hetero_fairness is not None and not 0 < settings.hetero_fairness <= 1,
+            "must be in (0, 1]",
+        ),
         ("--racks", settings.racks <= 0, "must be positive"),
         (
             "--opportunistic-share",
@@ -203,6 +239,29 @@ def check_settings(settings: RunSettings) -> None:
         raise SimulationError("--oversubscribe: lending GPUs needs --admission quota or hived")
     if settings.gittins_history is not None and not settings.gittins_history.is_file():
         raise SimulationError(f"{settings.gittins_history}: no such file (--gittins-history)")
+    check_cache_settings(settings)
+
+
+def check_cache_settings(settings: RunSettings) -> None:
+    cache_gb = settings.cache_gb_per_node
+    if cache_gb is not None and not cache_gb >= 0:
+        raise SimulationError("--cache-gb-per-node: must not be negative")
+    if not settings.storage_gbps > 0:
+        raise SimulationError("--storage-gbps: must be positive")
+    if settings.cache_policy not in CACHE_POLICIES:
+        raise SimulationError(
+            f"--cache-policy: unknown {settings.cache_policy!r}; choose {', '.join(CACHE_POLICIES)}"
+        )
+    if settings.datasets not in DATASET_SCOPES:
+        raise SimulationError(
+            f"--datasets: unknown {settings.datasets!r}; choose {', '.join(DATASET_SCOPES)}"
+        )
+    if cache_gb is None and settings.placement == "cache-aware":
+        raise SimulationError("--placement cache-aware: needs node caches (--cache-gb-per-node)")
+    if cache_gb is not None and (settings.admission == "hived" or settings.private_baseline):
+        raise SimulationError(
+            "--cache-gb-per-node: not supported with --admission hived or --private-baseline"
+        )
 
 
 def assign_tenants(
@@ -236,8 +295,13 @@ def make_scheduler(
     quota: dict[str, int],
     ordering: Policy,
     speed_for: Callable[[Cluster], SpeedModel],
+    cache: DataCache | None = None,
+    pair_table: PairTable | None = None,
 ) -> Scheduler | HivedScheduler:
-    placement = make_placement(settings.placement, **placement_options(settings))
+    options: dict[str, object] = dict(placement_options(settings))
+    if settings.placement == "cache-aware":
+        options["cache"] = cache
+    placement = make_placement(settings.placement, **options)
     if settings.admission == "hived":
         return HivedScheduler(
             cluster,
@@ -264,6 +328,9 @@ def make_scheduler(
         speed_model=speed_for(cluster),
         restore_s=settings.restore_s,
         admission=admission,
+        on_start=cache.on_start if cache is not None else None,
+        packing=Packing(pair_table, settings.packing_threshold) if pair_table is not None else None,
+        migration=Migration() if settings.migrate else None,
     )
 
 
@@ -324,6 +391,11 @@ def _run(
         settings.trace, perf=perf, seed=settings.seed, arrival_scale=settings.arrival_scale
     )
     speed_for = (trace.perf or perf).speed_model
+    pair_table = None
+    if settings.packing:
+        if trace.perf is None or not trace.perf.has_throughputs:
+            raise SimulationError("--packing: needs a trace with a throughput table (gavel)")
+        pair_table = load_pair_table(trace.perf.source)
     cluster, vcs, quota = build_cluster(settings)
     jobs, dropped = check_fits(trace, cluster, settings.skip_oversized)
     jobs = assign_tenants(jobs, settings, vcs)
@@ -363,6 +435,23 @@ def _run(
         for ordering in orderings:
             task = progress.add_task(f"{ordering.name}/{settings.placement}", total=len(jobs))
             run_cluster, _, _ = build_cluster(settings)
+            type_log = TypeLog()  # which GPU type each job ran on, for the best-type share
+            cache = (
+                None
+                if settings.cache_gb_per_node is None
+                else make_cache(
+                    run_cluster,
+                    trace.perf or perf,
+                    cache_gb_per_node=settings.cache_gb_per_node,
+                    storage_gbps=settings.storage_gbps,
+                    policy=settings.cache_policy,
+                    scope=settings.datasets,
+                )
+            )
+
+            def logged_speed_for(cluster: Cluster, type_log: TypeLog = type_log) -> SpeedModel:
+                return type_log.wrap(cluster, speed_for(cluster))
+
             simulation = Simulation(
                 jobs,
                 run_cluster,
@@ -373,7 +462,9 @@ def _run(
                 measured=measured,
                 on_progress=lambda done, total, task=task: progress.update(task, completed=done),
                 options=options,
-                scheduler=make_scheduler(settings, run_cluster, vcs, quota, ordering, speed_for),
+                scheduler=make_scheduler(
+                    settings, run_cluster, vcs, quota, ordering, logged_speed_for, cache, pair_table
+                ),
             )
             result = simulation.run()
             if settings.private_baseline:
@@ -397,9 +488,28 @@ def _run(
                         shared, alone, "multi_gpu_avg_queue_s"
                     ),
                 }
+            if len(run_cluster.gpu_types) > 1:
+                result.annotations["best_type_share"] = type_log.best_type_share(
+                    measured_jobs(result), run_cluster, speed_for(run_cluster)
+                )
+            if cache is not None:
+                result.annotations.update(cache.summary(measured_jobs(result)))
+            result.annotations.update(gandiva_summary(simulation.scheduler))
             results.append(result)
     summaries = write_outputs(results, out, plot)
     console.print(summary_table(summaries))
+    for summary in summaries:
+        share = summary.get("best_type_share")
+        if isinstance(share, float):
+            console.print(
+                f"{summary['policy']}/{summary['placement']}: {share:.1%} of GPU time on each "
+                "job's fastest GPU type"
+            )
+    if settings.cache_gb_per_node is not None:
+        for summary in summaries:
+            console.print(cache_line(summary))
+    for line in filter(None, map(gandiva_line, summaries)):
+        console.print(line)
     if settings.admission != "none" or settings.private_baseline:
         for summary in summaries:
             console.print(vc_table(summary))

@@ -6,6 +6,8 @@ from collections.abc import Callable
 from typing import Any
 
 from corral.core.placement.base import NotPlaced, Placed, Placement
+from corral.core.placement.cacheaware import CacheAware
+from corral.core.placement.hetero import Hetero
 from corral.core.placement.named import AnyFree, Consolidate, Profile, Relax
 
 PLACEMENTS: dict[str, Callable[..., Placement]] = {
@@ -13,6 +15,8 @@ PLACEMENTS: dict[str, Callable[..., Placement]] = {
     "relax": Relax,
     "profile": Profile,
     "any": AnyFree,
+    "hetero": Hetero,
+    "cache-aware": CacheAware,
 }
 
 

@@ -9,7 +9,9 @@ from corral.core.policy.base import Key, Policy
 from corral.core.policy.fifo import Fifo
 from corral.core.policy.gittins import Gittins, gittins_index
 from corral.core.policy.las import LeastAttainedService
+from corral.core.policy.optimus import Optimus
 from corral.core.policy.shortest import ShortestJobFirst, ShortestRemainingTimeFirst
+from corral.core.policy.timeslice import TimeSlice
 
 POLICIES: dict[str, Callable[..., Policy]] = {
     "fifo": Fifo,
@@ -17,6 +19,8 @@ POLICIES: dict[str, Callable[..., Policy]] = {
     "srtf": ShortestRemainingTimeFirst,
     "las": LeastAttainedService,
     "gittins": Gittins,
+    "optimus": Optimus,
+    "timeslice": TimeSlice,
 }
 
 

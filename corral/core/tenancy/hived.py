@@ -165,8 +165,7 @@ class HivedScheduler:
         for name, scheduler in self.schedulers.items():
             if idle <= 0:
                 return
-            waiting = list(itertools.islice(scheduler.pending_jobs(), self.LEND_LOOKAHEAD))
-            for job in waiting:
+            for job in list(itertools.islice(scheduler.pending_jobs(), self.LEND_LOOKAHEAD)):
                 if job.spec.gpus > idle:
                     continue
                 idle -= job.spec.gpus

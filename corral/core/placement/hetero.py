@@ -1,0 +1,395 @@
+"""hetero: choose each waiting job's GPU type by min-cost matching, then place it on that type.
+
+On a cluster with several GPU types, a job's speed depends on the type it lands on, and not by the
+same factor for every job (Gavel's table: a CycleGAN job runs 9x faster on a V100 than on a K80, a
+Recommendation job faster on the K80). A type-agnostic placement takes whichever type has room;
+`hetero` decides the type first, for the waiting jobs of a round together:
+
+* **Matching (AlloX, Le et al., EuroSys'20, section 3.1).** AlloX minimises the total completion
+  time of queued jobs on machines of different speeds by a min-cost bipartite matching of jobs to
+  (machine, position) slots: the job k-th from last on a machine delays itself and the k - 1 jobs
+  after it, so the slot costs k times its processing time there. Here each GPU type is one such
+  machine of `C_t` GPUs shared fluidly: a job of `g` GPUs that runs `p` seconds on type t finishes
+  `p` after it starts and holds a share `g p / C_t` of the type's time from the jobs behind it.
+  Slot k of type t therefore costs `backlog_t + p (1 + (k - 1) g / C_t)`; `backlog_t` is the share
+  of the type's time the running jobs still hold. scipy's `linear_sum_assignment` solves it.
+* **Speeds** come from the shell's `SpeedModel` (the same function that sets a running job's
+  speed: Gavel's throughput table in the simulator, measured throughputs live), read on a
+  consolidated set of GPUs of each type. Job lengths are not used: every job is taken to have
+  one unit of work, the time it takes on its fastest type, so `p = best speed / speed on t`.
+  Running jobs count with one unit as well.
+* **Fairness (after Gavel, Narayanan et al., OSDI'20, section 4.1).** Gavel's max-min fairness
+  compares a job's throughput with what it would get from an equal share of every GPU type.
+  With `fairness = f`, a job may only be matched to a type where its speed is at least `f` times
+  that equal-share speed: the capacity-weighted mean of its speeds over the types it may use.
+  The fastest type always qualifies, so every job keeps a type.
+* **Constraints.** A job's `gpu_types` are always honoured: a type it does not accept, a type
+  with fewer GPUs than it needs and a type where its speed is not positive have infinite cost.
+
+The matching runs once per scheduling round, lazily (only if the round tries to place a job), over
+the first `max_jobs` waiting jobs in the ordering policy's order; a job further back is matched
+alone against the same backlog (it takes the type where it would finish first). The ordering
+policy still decides who runs first; `hetero` only restricts each job to its matched type and
+lets the wrapped placement (`relax` by default) choose the GPUs there.
+
+The scheduler calls `begin_round` at the start of each round for a placement that has it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from itertools import islice
+
+import numpy as np
+
+from corral.core.cluster import Cluster
+from corral.core.job import Job
+from corral.core.placement.base import NotPlaced, Placed, Placement
+from corral.core.placement.named import Relax
+
+#: Given a job and GPUs, its speed there (corral.core.scheduler.SpeedModel; repeated to avoid an
+#: import cycle, as the scheduler imports the placements).
+SpeedModel = Callable[[Job, tuple[int, ...]], float]
+
+
+@dataclass(slots=True, frozen=True)
+class JobSpeeds:
+    """What the matching needs of one job: its GPU count, its speed on each type it may use (a
+    missing or non-positive speed: it cannot run there) and its work, in the unit that makes
+    `work / speed` a time. Without `work`, the job has one unit of work: one time unit on its
+    fastest type."""
+
+    gpus: int
+    speeds: Mapping[str, float]
+    work: float | None = None
+
+
+def run_times(job: JobSpeeds, capacity: Mapping[str, int]) -> dict[str, float]:
+    """How long the job runs on each type it may use (`work / speed`)."""
+    usable = {
+        t: s
+        for t, s in job.speeds.items()
+        if capacity.get(t, 0) >= job.gpus and s > 0 and math.isfinite(s)
+    }
+    if not usable:
+        return {}
+    work = job.work if job.work is not None else max(usable.values())
+    return {t: work / s for t, s in usable.items()}
+
+
+def fair_types(
+    times: Mapping[str, float], capacity: Mapping[str, int], fairness: float
+) -> dict[str, float]:
+    """Keep the types where the job runs at least `fairness` times its equal-share speed: the
+    capacity-weighted mean of its speeds over the types it may use."""
+    fastest = min(times.values())
+    relative = {t: fastest / time for t, time in times.items()}
+    equal_share = sum(capacity[t] * s for t, s in relative.items()) / sum(
+        capacity[t] for t in relative
+    )
+    floor = fairness * equal_share * (1 - 1e-12)  # the fastest type always qualifies
+    return {t: times[t] for t, s in relative.items() if s >= floor}
+
+
+def type_backlog(
+    running: Iterable[tuple[int, Mapping[str, float], str]], capacity: Mapping[str, int]
+) -> dict[str, float]:
+    """Per type, the share of its time the running jobs still hold. `running` gives, for each
+    running job, its GPUs, its run times (`run_times`) and the type it runs on; the backlog of
+    type t is the sum over its jobs of gpus x time on t / C_t."""
+    backlog: dict[str, float] = {}
+    for gpus, times, gpu_type in running:
+        time = times.get(gpu_type)
+        if time is not None:
+            backlog[gpu_type] = backlog.get(gpu_type, 0.0) + gpus * time / capacity[gpu_type]
+    return backlog
+
+
+def assign_types(
+    options: Sequence[tuple[int, Mapping[str, float]]],
+    capacity: Mapping[str, int],
+    backlog: Mapping[str, float],
+) -> list[str | None]:
+    """The min-cost matching itself: `options` gives each job's GPUs and its run time on each
+    type it may be matched to (none: the job gets None)."""
+    types = sorted(t for t, c in capacity.items() if c > 0)
+    rows = [i for i, (_, times) in enumerate(options) if times]
+    result: list[str | None] = [None] * len(options)
+    if not rows:
+        return result
+    n = len(rows)
+    times = np.array([[options[i][1].get(t, np.inf) for t in types] for i in rows])  # n x T
+    gpus = np.array([options[i][0] for i in rows], dtype=float)
+    sizes = np.array([capacity[t] for t in types], dtype=float)
+    waits = np.array([backlog.get(t, 0.0) for t in types])
+    positions = np.arange(n, dtype=float)  # k - 1 for the slots k = 1..n of each type
+    # cost[job, type, k - 1] = backlog_t + time (1 + (k - 1) g / C_t); inf where not allowed
+    cost = waits[None, :, None] + times[:, :, None] * (
+        1.0 + positions[None, None, :] * (gpus[:, None, None] / sizes[None, :, None])
+    )
+    from scipy.optimize import linear_sum_assignment  # type: ignore[import-untyped]  # slow import
+
+    chosen_rows, chosen_columns = linear_sum_assignment(cost.reshape(n, len(types) * n))
+    for row, column in zip(chosen_rows, chosen_columns, strict=True):
+        result[rows[row]] = types[column // n]
+    return result
+
+
+def match_types(
+    jobs: Sequence[JobSpeeds],
+    capacity: Mapping[str, int],
+    backlog: Mapping[str, float] | None = None,
+    fairness: float | None = None,
+) -> list[str | None]:
+    """The GPU type of each job (None: no type can hold it) minimising the summed completion
+    times of the module docstring's model."""
+    check_fairness(fairness)
+    options = []
+    for job in jobs:
+        times = run_times(job, capacity)
+        if times and fairness is not None:
+            times = fair_types(times, capacity, fairness)
+        options.append((job.gpus, times))
+    return assign_types(options, capacity, backlog or {})
+
+
+def check_fairness(fairness: float | None) -> None:
+    if fairness is not None and not 0 < fairness <= 1:
+        raise ValueError(f"fairness must be in (0, 1], got {fairness}")
+
+
+def representative_gpus(cluster: Cluster) -> dict[str, tuple[int, ...]]:
+    """Per GPU type, its GPUs with the largest nodes first: the first g of them are a
+    consolidated set of g GPUs whenever one node of the type can hold g."""
+    ordered: dict[str, list[int]] = {t: [] for t in cluster.gpu_types}
+    for node in sorted(cluster.nodes, key=lambda n: (-n.total_gpus, n.index)):
+        ordered[node.gpu_type].extend(cluster.node_gpus[node.index])
+    return {t: tuple(gpus) for t, gpus in ordered.items()}
+
+
+def type_speeds(
+    cluster: Cluster,
+    job: Job,
+    speed_model: SpeedModel | None,
+    representatives: Mapping[str, tuple[int, ...]] | None = None,
+) -> dict[str, float]:
+    """The job's speed on each GPU type it accepts that can hold it, read from the speed model on
+    a consolidated set of that type's GPUs (see `representative_gpus`)."""
+    if representatives is None:
+        representatives = representative_gpus(cluster)
+    need = job.spec.gpus
+    return {
+        t: 1.0 if speed_model is None else speed_model(job, gpus[:need])
+        for t, gpus in representatives.items()
+        if job.spec.accepts(t) and len(gpus) >= need
+    }
+
+
+def restricted(job: Job, gpu_type: str) -> Job:
+    """A copy of the job that accepts only `gpu_type`, for the wrapped placement to search."""
+    return replace(job, spec=replace(job.spec, gpu_types=frozenset((gpu_type,))))
+
+
+class Hetero(Placement):
+    name = "hetero"
+
+    def __init__(
+        self,
+        within: Placement | None = None,
+        fairness: float | None = None,
+        max_jobs: int = 64,
+        relax_after_s: float = 600.0,
+        lengths: bool = False,
+    ) -> None:
+        check_fairness(fairness)
+        if max_jobs < 1:
+            raise ValueError(f"max_jobs must be at least 1, got {max_jobs}")
+        self.within = within if within is not None else Relax(relax_after_s)
+        self.fairness = fairness
+        self.max_jobs = max_jobs
+        self.lengths = lengths
+        self._now = 0.0
+        self._cluster: Cluster | None = None
+        self._speed_model: SpeedModel | None = None
+        self._representatives: dict[str, tuple[int, ...]] = {}
+        self._waiting: list[Job] = []
+        self._running: list[Job] = []
+        self._plan: dict[str, str | None] | None = None
+        self._views: dict[str, Job] = {}
+        self._backlog: dict[str, float] = {}
+        # Run times of the jobs in view this round and the round before: without lengths they
+        # never change, with lengths their speeds do not (two generations keep the cache to the
+        # jobs still in view).
+        self._known: dict[str, tuple[dict[str, float], dict[str, float]]] = {}
+        self._known_before: dict[str, tuple[dict[str, float], dict[str, float]]] = {}
+
+    # -- the round ------------------------------------------------------------------------------
+
+    def begin_round(
+        self,
+        cluster: Cluster,
+        pending: Iterable[Job],
+        running: Iterable[Job],
+        speed_model: SpeedModel | None,
+        now: float,
+    ) -> None:
+        """Note the round's view; the matching itself waits until a job is to be placed."""
+        if cluster is not self._cluster or speed_model is not self._speed_model:
+            self._representatives = representative_gpus(cluster)
+            self._known, self._known_before = {}, {}
+        self._cluster = cluster
+        self._speed_model = speed_model
+        self._plan = None
+        self._views = {}
+        self._now = now
+        if len(cluster.gpu_types) < 2:
+            self._waiting, self._running = [], []
+            return
+        self._waiting = list(islice(pending, self.max_jobs))
+        self._running = list(running)
+
+    def gpu_type_for(self, cluster: Cluster, job: Job) -> str | None:
+        """The type this round matched the job to; None outside a round, on a cluster of one
+        type, or when no type can hold the job (the wrapped placement then decides alone)."""
+        if cluster is not self._cluster or len(cluster.gpu_types) < 2:
+            return None
+        if self._plan is None:
+            self._known_before, self._known = self._known, {}
+            self._plan = self._match(cluster)
+        if job.id not in self._plan:  # behind the matched window: where it would finish first
+            times = self._options(cluster, job)
+            self._plan[job.id] = min(
+                sorted(times), key=lambda t: self._backlog.get(t, 0.0) + times[t], default=None
+            )
+        return self._plan[job.id]
+
+    def _match(self, cluster: Cluster) -> dict[str, str | None]:
+        capacity = cluster.total_by_type
+        self._backlog = type_backlog(
+            (
+                (
+                    job.spec.gpus,
+                    self._times(cluster, job)[0],
+                    cluster.gpus[job.placement[0]].gpu_type,
+                )
+                for job in self._running
+                if job.placement
+            ),
+            capacity,
+        )
+        chosen = assign_types(
+            [(job.spec.gpus, self._options(cluster, job)) for job in self._waiting],
+            capacity,
+            self._backlog,
+        )
+        return {job.id: gpu_type for job, gpu_type in zip(self._waiting, chosen, strict=True)}
+
+    def _options(self, cluster: Cluster, job: Job) -> dict[str, float]:
+        """The run times on the types the job may be matched to (after the fairness rule)."""
+        return self._times(cluster, job)[1]
+
+    def _times(self, cluster: Cluster, job: Job) -> tuple[dict[str, float], dict[str, float]]:
+        """The job's run time on every type that can hold it, and on those fairness allows."""
+        known = self._known.get(job.id) or self._known_before.get(job.id)
+        if known is None or self.lengths:
+            speeds = type_speeds(cluster, job, self._speed_model, self._representatives)
+            work = job.remaining_work_s(self._now) if self.lengths else math.inf
+            capacity = cluster.total_by_type
+            times = run_times(
+                JobSpeeds(job.spec.gpus, speeds, work if math.isfinite(work) else None), capacity
+            )
+            fair = (
+                fair_types(times, capacity, self.fairness)
+                if times and self.fairness is not None
+                else times
+            )
+            known = (times, fair)
+        self._known[job.id] = known
+        return known
+
+    # -- the Placement interface -----------------------------------------------------------------
+
+    def _view(self, cluster: Cluster, job: Job) -> tuple[Job, str | None]:
+        gpu_type = self.gpu_type_for(cluster, job)
+        if gpu_type is None:
+            return job, None
+        view = self._views.get(job.id)
+        if view is None or view.queued_since != job.queued_since:
+            view = self._views[job.id] = restricted(job, gpu_type)
+        return view, gpu_type
+
+    def place(self, cluster: Cluster, job: Job, now: float) -> Placed | NotPlaced:
+        view, gpu_type = self._view(cluster, job)
+        if gpu_type is None:
+            return self.within.place(cluster, job, now)
+        free = cluster.free_by_type.get(gpu_type, 0)
+        if free < job.spec.gpus:  # the common refusal, without searching
+            return NotPlaced(
+                f"waiting for {job.spec.gpus} free GPUs of type {gpu_type} ({free} free); "
+                f"hetero: matched to {gpu_type}"
+            )
+        result = self.within.place(cluster, view, now)
+        if isinstance(result, NotPlaced):
+            return NotPlaced(f"{result.reason}; hetero: matched to {gpu_type}")
+        return result
+
+    def mode(self, job: Job, now: float) -> str:
+        cluster = self._cluster
+        gpu_type = None if cluster is None else self.gpu_type_for(cluster, job)
+        return f"{self.within.mode(job, now)}@{gpu_type}"
+
+    def scope(self, cluster: Cluster, job: Job, now: float) -> str:
+        return self.within.scope(cluster, self._view(cluster, job)[0], now)
+
+    def changes_at(self, job: Job, now: float) -> float:
+        return self.within.changes_at(job, now)
+
+
+class TypeLog:
+    """Which GPU type each job ran on, and for how long, whatever the placement.
+
+    `wrap` returns the shell's SpeedModel with a record added. The scheduler calls it once per
+    start, the job already placed on those GPUs and its `executed_s` still the time of its earlier
+    attempts, so attempt i ran for the difference of that value at starts i and i + 1 (the job's
+    final `executed_s` for the last attempt). Other calls (hetero's what-ifs) are not recorded."""
+
+    def __init__(self) -> None:
+        self.starts: dict[str, list[tuple[str, float]]] = {}
+
+    def wrap(self, cluster: Cluster, speed_model: SpeedModel) -> SpeedModel:
+        def speed(job: Job, gpus: tuple[int, ...]) -> float:
+            if gpus and job.placement == gpus:  # a start, not a placement's what-if (hetero)
+                self.starts.setdefault(job.id, []).append(
+                    (cluster.gpus[gpus[0]].gpu_type, job.executed_s)
+                )
+            return speed_model(job, gpus)
+
+        return speed
+
+    def seconds_by_type(self, job: Job) -> dict[str, float]:
+        starts = self.starts.get(job.id, [])
+        ends = [executed for _, executed in starts[1:]] + [job.executed_s] if starts else []
+        seconds: dict[str, float] = {}
+        for (gpu_type, began), ended in zip(starts, ends, strict=True):
+            seconds[gpu_type] = seconds.get(gpu_type, 0.0) + max(0.0, ended - began)
+        return seconds
+
+    def best_type_share(
+        self, jobs: Iterable[Job], cluster: Cluster, speed_model: SpeedModel | None
+    ) -> float | None:
+        """The share of the jobs' GPU-seconds spent on a type where they run fastest (None when
+        they ran for no time)."""
+        on_best = total = 0.0
+        for job in jobs:
+            seconds = self.seconds_by_type(job)
+            if not seconds:
+                continue
+            speeds = type_speeds(cluster, job, speed_model)
+            fastest = max(speeds.values(), default=0.0)
+            for gpu_type, ran in seconds.items():
+                total += job.spec.gpus * ran
+                if speeds.get(gpu_type, 0.0) >= fastest * (1 - 1e-9):
+                    on_best += job.spec.gpus * ran
+        return on_best / total if total > 0 else None

@@ -1,0 +1,117 @@
+"""Gavel's co-location throughputs (simulation_throughputs.json) as a packing table for the core.
+
+In the table, the entry of `('<model A>', g)` on GPU type T holds, besides its `"null"` throughput
+alone, `"('<model B>', g)": [a, b]`: the steps/s of A and of B while they share the same g GPUs.
+`load_pair_table` turns that into each job's speed relative to alone, `(a / alone_A, b / alone_B)`,
+keyed by (T, g, A, B). Pairs with a zero (the two did not fit together) are left out, and so are
+the `<type>_unconsolidated` tables (pairs were measured on one server).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import math
+from pathlib import Path
+
+from corral.core.packing import PairTable
+from corral.sim.perfmodel import PerfModelError
+
+
+def load_pair_table(path: str | Path) -> PairTable:
+    path = Path(path)
+    try:
+        raw = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise PerfModelError(f"{path}: throughput table not found") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        detail = " ".join(str(exc).split())
+        raise PerfModelError(f"{path}: cannot read throughput table: {detail}") from None
+    if not isinstance(raw, dict):
+        raise PerfModelError(f"{path}: expected a JSON object of GPU types at the top level")
+    return PairTable(pair_speeds(raw, str(path)))
+
+
+def pair_speeds(
+    raw: dict[str, object], source: str
+) -> dict[tuple[str, int, str, str], tuple[float, float]]:
+    pairs: dict[tuple[str, int, str, str], tuple[float, float]] = {}
+    for type_key, entries in raw.items():
+        if "_" in type_key:
+            continue  # <type>_unconsolidated
+        if not isinstance(entries, dict):
+            raise PerfModelError(f"{source}: {type_key}: expected an object")
+        gpu_type = type_key.lower()
+        alone = {key: _alone(source, type_key, key, entry) for key, entry in entries.items()}
+        for key, entry in entries.items():
+            model, gpus = _job_key(source, type_key, key)
+            for other_key, measured in entry.items():
+                if other_key == "null":
+                    continue
+                where = f"{source}: {type_key}: {key}: {other_key}"
+                other, other_gpus = _job_key(source, type_key, other_key)
+                if not (
+                    isinstance(measured, list)
+                    and len(measured) == 2
+                    and all(_number(v) for v in measured)
+                ):
+                    raise PerfModelError(f"{where}: expected a pair of throughputs [this, other]")
+                mine, theirs = float(measured[0]), float(measured[1])
+                base, other_base = alone[key], alone.get(other_key, 0.0)
+                if other_gpus != gpus or min(mine, theirs, base, other_base) <= 0:
+                    continue  # not measured, or the pair did not fit on the GPUs together
+                pairs[(gpu_type, gpus, model, other)] = (mine / base, theirs / other_base)
+    return pairs
+
+
+def _job_key(source: str, type_key: str, key: str) -> tuple[str, int]:
+    try:
+        model, gpus = ast.literal_eval(key)
+    except (ValueError, SyntaxError, TypeError):
+        model, gpus = None, None
+    if not isinstance(model, str) or isinstance(gpus, bool) or not isinstance(gpus, int):
+        raise PerfModelError(
+            f"{source}: {type_key}: bad key {key!r} (expected \"('<job_type>', <gpus>)\")"
+        )
+    return model, gpus
+
+
+def _alone(source: str, type_key: str, key: str, entry: object) -> float:
+    value = entry.get("null") if isinstance(entry, dict) else None
+    if not _number(value):
+        raise PerfModelError(f'{source}: {type_key}: {key}: expected a "null" throughput')
+    return float(value)  # type: ignore[arg-type]
+
+
+def _number(value: object) -> bool:
+    return (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and value >= 0
+    )
+
+
+def gandiva_summary(scheduler: object) -> dict[str, object]:
+    """Summary entries of the Gandiva mechanisms a run used: packed GPU-hours (GPU time during
+    which a GPU held two jobs), pairs formed, jobs migrated."""
+    entries: dict[str, object] = {}
+    packing = getattr(scheduler, "packing", None)
+    if packing is not None:
+        entries["packed_gpu_hours"] = packing.packed_gpu_s / 3600.0
+        entries["packed_pairs"] = packing.pairs_formed
+    migration = getattr(scheduler, "migration", None)
+    if migration is not None:
+        entries["migrations"] = migration.migrations
+    return entries
+
+
+def gandiva_line(summary: dict[str, object]) -> str | None:
+    parts = []
+    if "packed_gpu_hours" in summary:
+        parts.append(
+            f"{summary['packed_pairs']} pairs packed, {summary['packed_gpu_hours']:.1f} packed GPU-hours"
+        )
+    if "migrations" in summary:
+        parts.append(f"{summary['migrations']} migrations")
+    return f"{summary['policy']}/{summary['placement']}: {', '.join(parts)}" if parts else None
