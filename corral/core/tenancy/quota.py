@@ -86,7 +86,31 @@ class FairShareAdmission(QuotaAdmission):
         super().__init__({vc: total_gpus for vc in weights}, oversubscribe=True)
         self.weights = dict(weights)
         self.total_gpus = total_gpus
+        self._active: set[str] = set()  # VCs with running or waiting jobs
+        self._active_weight = 0.0  # their summed weights
 
     def share(self, vc: str) -> float:
-        active = [v for v in self.weights if self.usage[v] > 0 or self.waiting[v] > 0 or v == vc]
-        return self.total_gpus * self.weights[vc] / sum(self.weights[v] for v in active)
+        weight = self.weights[vc]
+        active = self._active_weight + (0.0 if vc in self._active else weight)
+        return self.total_gpus * weight / active
+
+    def on_start(self, job: Job) -> None:
+        super().on_start(job)
+        self._recount(job.spec.vc)
+
+    def on_stop(self, job: Job) -> None:
+        super().on_stop(job)
+        self._recount(job.spec.vc)
+
+    def on_queue(self, job: Job, delta: int) -> None:
+        super().on_queue(job, delta)
+        self._recount(job.spec.vc)
+
+    def _recount(self, vc: str) -> None:
+        active = self.usage[vc] > 0 or self.waiting[vc] > 0
+        if active and vc not in self._active:
+            self._active.add(vc)
+            self._active_weight += self.weights[vc]
+        elif not active and vc in self._active:
+            self._active.discard(vc)
+            self._active_weight -= self.weights[vc]
