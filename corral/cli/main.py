@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 import sys
 from pathlib import Path
@@ -56,6 +57,18 @@ def parse_window(window: str | None) -> tuple[int, int] | None:
     return int(match.group(1)), int(match.group(2))
 
 
+def parse_range(option: str, text: str | None) -> tuple[float, float] | None:
+    if text is None:
+        return None
+    try:
+        low, high = (float(part) for part in text.split(":"))
+    except ValueError:
+        low = high = math.nan
+    if not 0 < low <= high < math.inf:
+        raise UserError(f"{option}: expected LO:HI with 0 < LO <= HI, such as 0.5:1.5, got {text!r}")
+    return low, high
+
+
 def parse_floats(option: str, text: str) -> list[float]:
     try:
         return [float(part) for part in text.split(",") if part.strip()]
@@ -78,7 +91,8 @@ def simulate(
     gpus_per_switch: Annotated[int | None, typer.Option(help="GPUs under one PCIe switch")] = None,
     config: Annotated[Path | None, typer.Option(help="cluster YAML (overrides --cluster)")] = None,
     policy: Annotated[
-        str, typer.Option(help="fifo, sjf, srtf, las, gittins, optimus, timeslice")
+        str,
+        typer.Option(help="fifo, sjf, srtf, las, gittins, optimus, timeslice, edf, elasticflow"),
     ] = "las",
     placement: Annotated[
         str, typer.Option(help="consolidate, relax, profile, any, hetero, cache-aware")
@@ -185,6 +199,12 @@ def simulate(
     migrate: Annotated[
         bool, typer.Option(help="move small jobs to bring free GPUs together on one node")
     ] = False,
+    deadline_factor: Annotated[
+        str | None,
+        typer.Option(
+            help="LO:HI: deadline = submit + U(LO,HI) x duration (default 0.5:1.5 with edf or elasticflow)"
+        ),
+    ] = None,
     out: Annotated[Path, typer.Option(help="output directory")] = Path("runs/latest"),
     plot: Annotated[bool, typer.Option(help="write JCT CDF, utilisation and queue plots")] = False,
 ) -> None:
@@ -231,6 +251,7 @@ def simulate(
             packing=packing,
             packing_threshold=packing_threshold,
             migrate=migrate,
+            deadline_factor=parse_range("--deadline-factor", deadline_factor),
         )
         run_simulations(settings, out=out, plot=plot, console=console)
     except UserError as error:

@@ -21,10 +21,11 @@ that cache, and the remote IO, together with the GPUs, because a job's speed is 
   share of a job is `gpus on the node x node bandwidth / node GPUs`).
 
 **Speed is fixed per attempt.** Cache contents are decided when a job starts (`on_start`, a hook
-the scheduler calls once per attempt). The data set portion a running job reads is pinned: it is
-never shrunk while the job runs (uniform caching never evicts during training), and the IO share
-is fixed, so nothing later changes a running job's rates; the scheduler never has to learn about
-a cache change. The one transient, the first epoch, which must read from remote storage what the
+the scheduler calls once per attempt). The part of its data set a running job needs is pinned:
+never shrunk while the job runs (uniform caching never evicts during training; under `silod` it
+is what keeps the job at its speed, under `lru` all it holds), and the IO share is fixed, so
+nothing later changes a running job's rates; the scheduler never has to learn about a cache
+change. The one transient, the first epoch, which must read from remote storage what the
 cache does not hold yet (it is inserted as it is read), is charged as a stall before the job's
 work counts: `epoch x (1 / first-epoch speed - 1 / speed)`, the epoch capped by the work left.
 
@@ -34,16 +35,17 @@ handed out again, greedily, to requests in rank order, each up to its size (`gre
 * `silod` ranks by throughput gain per GB (SiloD's greedy cache allocation). The starting job
   asks for the part of its data set it needs to run at full speed, `need = size x (1 - share /
   (rate x compute))` under uniform caching, at a gain of `gpus x (compute - storage-bound speed) /
-  need` GPU-speed per GB; the rest of its data set, and the data sets no running job reads
-  (kept for later jobs, most recently used first), bring no running job any speed: gain 0. So
+  need` GPU-speed per GB; the rest of its data set, what running jobs hold beyond their need, and
+  the data sets no running job reads (kept for later jobs, most recently used first) bring no
+  running job any speed: gain 0. So
   the needed part evicts idle data, while a job that storage alone keeps at full speed, or the
   part beyond what a job needs, only takes space nobody else wants.
 * `lru` (cache-oblivious) ranks by recency: the starting job's whole data set first (whatever
   runs is cached), then the idle data sets by when they were last read.
 
-SiloD also re-plans the cache of running jobs as jobs come and go; here a running job's portion
-is pinned for its attempt (see above), so the greedy choice is made among the starting job's
-request and the idle data sets. `greedy_allocation` itself ranks any set of requests.
+SiloD also re-plans the cache of running jobs as jobs come and go; here a running job's needed
+part is pinned for its attempt (see above), so the greedy choice is made among the starting
+job's request and the space nobody needs. `greedy_allocation` itself ranks any set of requests.
 
 The placement that uses this state is `corral.core.placement.cacheaware`.
 """

@@ -12,10 +12,18 @@ class JobStatus(enum.Enum):
     SUCCEEDED = "SUCCEEDED"
     FAILED = "FAILED"
     CANCELLED = "CANCELLED"
+    #: Turned away at submission by an admission control (ElasticFlow: its deadline cannot be
+    #: met without breaking those of jobs already admitted); never ran.
+    REFUSED = "REFUSED"
 
     @property
     def finished(self) -> bool:
-        return self in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED)
+        return self in (
+            JobStatus.SUCCEEDED,
+            JobStatus.FAILED,
+            JobStatus.CANCELLED,
+            JobStatus.REFUSED,
+        )
 
 
 class Priority(enum.Enum):
@@ -23,6 +31,16 @@ class Priority(enum.Enum):
 
     GUARANTEED = "guaranteed"
     OPPORTUNISTIC = "opportunistic"
+
+
+@dataclass(slots=True, frozen=True)
+class Elastic:
+    """An elastic job (ElasticFlow) runs on any GPU count its scheduler allows between `min_gpus`
+    and `max_gpus`, resized between attempts; `base_gpus` is the count its `duration_s` refers to."""
+
+    min_gpus: int
+    max_gpus: int
+    base_gpus: int
 
 
 @dataclass(slots=True, frozen=True)
@@ -47,6 +65,9 @@ class JobSpec:
     spread_slowdown: float = 1.0
     priority: Priority = Priority.GUARANTEED
     max_retries: int = 0
+    #: The instant (seconds, the trace's clock) by which the job should have finished, if any.
+    deadline: float | None = None
+    elastic: Elastic | None = None
 
     def accepts(self, gpu_type: str) -> bool:
         return self.gpu_types is None or gpu_type in self.gpu_types

@@ -15,6 +15,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import replace
 
 from sortedcontainers import SortedList
 
@@ -188,6 +189,30 @@ class Scheduler:
         self.jobs[job.id] = job
         self._by_seq.append(job)
         self._enqueue(job, now)
+
+    # -- for a caller that sizes and places jobs itself (core.elastic) ------------------------
+
+    def set_gpus(self, job_id: str, gpus: int, now: float) -> Job:
+        """Give a waiting job another gang size (an elastic job between two attempts); the work
+        it has done is kept, as for any job that waits again."""
+        job = self.jobs[job_id]
+        if job.status is not JobStatus.PENDING:
+            raise ValueError(f"job {job_id} is {job.status.value}, not PENDING")
+        self._unindex(self._pending, job)
+        job.spec = replace(job.spec, gpus=gpus)
+        self._index(self._pending, job, now)
+        return job
+
+    def start_placed(self, job_id: str, placed: Placed, now: float) -> Start:
+        """Start a waiting job on GPUs the caller's placement chose, outside the queue's order."""
+        job = self.jobs[job_id]
+        if job.status is not JobStatus.PENDING:
+            raise ValueError(f"job {job_id} is {job.status.value}, not PENDING")
+        actions: list[Action] = []
+        self._start(job, placed, now, actions)
+        start = actions[0]
+        assert isinstance(start, Start)
+        return start
 
     # -- deciding -----------------------------------------------------------------------------
 

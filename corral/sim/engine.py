@@ -109,8 +109,11 @@ class Simulation:
             if next_arrival == len(specs) and ended == len(specs):
                 break  # only stale timers are left
             while next_arrival < len(specs) and specs[next_arrival].submit_time <= now:
-                scheduler.submit(specs[next_arrival], now)
+                arrived = scheduler.submit(specs[next_arrival], now)
                 next_arrival += 1
+                if arrived.status.finished:  # refused at once by an admission control
+                    ended += 1
+                    measured_left -= self.measured is not None and arrived.id in self.measured
             while events and events[0][0] <= now:
                 _, event_order, kind, job_id, attempt = heapq.heappop(events)
                 if kind == _TIMER:

@@ -149,6 +149,28 @@ def per_vc(result: SimResult) -> dict[str, dict[str, object]]:
     return out
 
 
+def deadlines(jobs: list[Job]) -> dict[str, object]:
+    """For jobs with a deadline (ElasticFlow's comparison): the share that succeeded by it, over
+    all such jobs submitted (refused ones count as missed), and how many were admitted (not
+    refused). Empty when no job has a deadline."""
+    timed = [job for job in jobs if job.spec.deadline is not None]
+    if not timed:
+        return {}
+    met = sum(
+        job.status is JobStatus.SUCCEEDED
+        and job.finished_at is not None
+        and job.finished_at <= job.spec.deadline + 1e-6  # type: ignore[operator]
+        for job in timed
+    )
+    return {
+        "deadline_met_share": met / len(timed),
+        "deadlines_met": met,
+        "deadline_jobs": len(timed),
+        "admitted": sum(job.status is not JobStatus.REFUSED for job in timed),
+        "refused": sum(job.status is JobStatus.REFUSED for job in timed),
+    }
+
+
 def _mean(values: list[float]) -> float | None:
     return float(np.mean(values)) if values else None
 
@@ -199,6 +221,7 @@ def summarize(result: SimResult) -> dict[str, object]:
         "preemptions": int(result.preemptions),
         "relaxed_jobs": sum(job.relaxed for job in jobs),
         "fragmentation": fragmentation(result.timeline, result.total_gpus),
+        **deadlines(jobs),
         "per_vc": per_vc(result),
         "rounds": int(result.rounds),
         "wall_s": float(result.wall_s),

@@ -14,7 +14,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from corral.core.cache import CACHE_POLICIES, CacheError, DataCache
 from corral.core.cluster import Cluster, ClusterError
 from corral.core.config import ConfigError
-from corral.core.job import JobSpec, Priority
+from corral.core.elastic import ElasticScheduler
+from corral.core.job import Elastic, Job, JobSpec, Priority
 from corral.core.migration import Migration
 from corral.core.packing import Packing, PairTable
 from corral.core.placement import PLACEMENTS, make_placement
@@ -29,7 +30,7 @@ from corral.sim.colocation import gandiva_line, gandiva_summary, load_pair_table
 from corral.sim.datasets import DATASET_SCOPES, cache_line, make_cache
 from corral.sim.engine import FailureModel, Simulation
 from corral.sim.metrics import measured_jobs, per_vc
-from corral.sim.perfmodel import PerfModel, PerfModelError, load_slowdowns
+from corral.sim.perfmodel import GAVEL_REFERENCE_TYPE, PerfModel, PerfModelError, load_slowdowns
 from corral.sim.progress import LossCurveModel
 from corral.sim.report import summary_table, vc_table, write_outputs
 from corral.sim.result import SimResult
@@ -79,9 +80,14 @@ class RunSettings:
     packing_threshold: float = 1.1
     migrate: bool = False  # Gandiva's migration to defragment
     datasets: str = "shared"
+    # deadline = submit + U(lo, hi) x duration (ElasticFlow's evaluation); None: (0.5, 1.5) when
+    # a deadline policy runs, else no deadlines
+    deadline_factor: tuple[float, float] | None = None
 
 
 ADMISSIONS = ("none", "hived", "quota", "fairshare")
+DEADLINE_POLICIES = ("edf", "elasticflow")
+DEFAULT_DEADLINE_FACTOR = (0.5, 1.5)
 DEFAULT_VCS: dict[str, dict[str, int]] = {"default": {}}
 
 
@@ -205,6 +211,23 @@ def check_settings(settings: RunSettings) -> None:
         ("--migrate", settings.migrate and settings.admission == "hived", "not with --admission hived"),
         ("--max-retries", settings.max_retries < 0, "must not be negative"),
         ("--seed", settings.seed < 0, "must not be negative"),
+        (
+            "--deadline-factor",
+            settings.deadline_factor is not None
+            and not 0 < settings.deadline_factor[0] <= settings.deadline_factor[1],
+            "needs 0 < LO <= HI",
+        ),
+        (
+            "--policy elasticflow",
+            "elasticflow" in settings.policies
+            and (
+                settings.admission != "none"
+                or settings.packing
+                or settings.migrate
+                or settings.cache_gb_per_node is not None
+            ),
+            "not with --admission, --packing, --migrate or --cache-gb-per-node",
+        ),
         ("--arrival-scale", settings.arrival_scale <= 0, "must be positive"),
         ("--relax-after", settings.relax_after_s < 0, "must not be negative"),
         (
@@ -258,9 +281,12 @@ def check_cache_settings(settings: RunSettings) -> None:
         )
     if cache_gb is None and settings.placement == "cache-aware":
         raise SimulationError("--placement cache-aware: needs node caches (--cache-gb-per-node)")
-    if cache_gb is not None and (settings.admission == "hived" or settings.private_baseline):
+    if cache_gb is not None and (
+        settings.admission == "hived" or settings.private_baseline or settings.packing
+    ):  # hived schedules on virtual clusters; packing sets speeds from the co-location table
         raise SimulationError(
-            "--cache-gb-per-node: not supported with --admission hived or --private-baseline"
+            "--cache-gb-per-node: not supported with --admission hived, --private-baseline or "
+            "--packing"
         )
 
 
@@ -288,6 +314,59 @@ def assign_tenants(
     return jobs
 
 
+def with_deadlines(
+    jobs: list[JobSpec], settings: RunSettings, perf: PerfModel | None
+) -> list[JobSpec]:
+    """Deadlines as ElasticFlow's evaluation drew them: submit + lambda x duration, lambda uniform
+    in --deadline-factor (seeded); with a throughput table, each job is also elastic (see
+    `elastic_range`). Every policy of the run replays the same deadlines."""
+    wanted = settings.deadline_factor is not None or any(
+        name in DEADLINE_POLICIES for name in settings.policies
+    )
+    if not wanted:
+        return jobs
+    low, high = settings.deadline_factor or DEFAULT_DEADLINE_FACTOR
+    factors = np.random.default_rng([settings.seed, 0xEDF]).uniform(low, high, len(jobs))
+    return [
+        replace(
+            spec,
+            deadline=spec.submit_time + factor * spec.duration_s,
+            elastic=elastic_range(perf, spec) if perf is not None else None,
+        )
+        if spec.duration_s is not None
+        else spec
+        for spec, factor in zip(jobs, factors, strict=True)
+    ]
+
+
+def elastic_range(perf: PerfModel, spec: JobSpec) -> Elastic | None:
+    """From 1 GPU up to the larger of the count asked for and the largest count at which the
+    table measured the model. Above what was measured the table scales linearly (perfect
+    scaling), which would make growing look free: there a value is exactly twice the one at half
+    the count, which a measurement never is."""
+    if not perf.knows(spec.model):
+        return None
+    largest = 1
+    size = 2
+    while size <= max(spec.gpus, 64):
+        here = perf.throughput(spec.model, size, GAVEL_REFERENCE_TYPE)
+        half = perf.throughput(spec.model, size // 2, GAVEL_REFERENCE_TYPE)
+        if here is not None and half is not None and here != 2 * half:
+            largest = size
+        size *= 2
+    return Elastic(min_gpus=1, max_gpus=max(spec.gpus, largest), base_gpus=spec.gpus)
+
+
+def table_throughput(perf: PerfModel) -> Callable[[Job, int], float]:
+    """ElasticFlow's scaling curve from the throughput table (steps/s on consolidated v100s)."""
+
+    def throughput(job: Job, gpus: int) -> float:
+        value = perf.throughput(job.spec.model, gpus, GAVEL_REFERENCE_TYPE)
+        return float(gpus) if value is None else value
+
+    return throughput
+
+
 def make_scheduler(
     settings: RunSettings,
     cluster: Cluster,
@@ -297,11 +376,23 @@ def make_scheduler(
     speed_for: Callable[[Cluster], SpeedModel],
     cache: DataCache | None = None,
     pair_table: PairTable | None = None,
-) -> Scheduler | HivedScheduler:
+    throughput: Callable[[Job, int], float] | None = None,
+) -> Scheduler | HivedScheduler | ElasticScheduler:
     options: dict[str, object] = dict(placement_options(settings))
     if settings.placement == "cache-aware":
         options["cache"] = cache
     placement = make_placement(settings.placement, **options)
+    if ordering.name == "elasticflow":
+        if throughput is None:
+            raise SimulationError("--policy elasticflow: needs a throughput table (gavel trace)")
+        return ElasticScheduler(
+            cluster,
+            placement,
+            throughput,
+            speed_model=speed_for(cluster),
+            restore_s=settings.restore_s,
+            policy=ordering,
+        )
     if settings.admission == "hived":
         return HivedScheduler(
             cluster,
@@ -399,6 +490,10 @@ def _run(
     cluster, vcs, quota = build_cluster(settings)
     jobs, dropped = check_fits(trace, cluster, settings.skip_oversized)
     jobs = assign_tenants(jobs, settings, vcs)
+    table = trace.perf if trace.perf is not None and trace.perf.has_throughputs else None
+    if table is None and "elasticflow" in settings.policies:
+        raise SimulationError("--policy elasticflow: needs a trace with a throughput table (gavel)")
+    jobs = with_deadlines(jobs, settings, table)
     measured = None
     if settings.window is not None:
         start, end = settings.window
@@ -412,10 +507,11 @@ def _run(
             if settings.admission != "none"
             else ""
         )
-        + (f"; dropped {dropped} jobs larger than the cluster" if dropped else "")
+        + (f"; dropped {dropped} jobs larger than the cluster" if dropped else ""),
+        soft_wrap=True,  # a long trace path must not break the line
     )
     for note in trace.notes:
-        console.print(f"  note: {note}")
+        console.print(f"  note: {note}", soft_wrap=True)
     failures = (
         FailureModel(settings.failure_rate, settings.max_retries)
         if settings.failure_rate > 0
@@ -463,7 +559,15 @@ def _run(
                 on_progress=lambda done, total, task=task: progress.update(task, completed=done),
                 options=options,
                 scheduler=make_scheduler(
-                    settings, run_cluster, vcs, quota, ordering, logged_speed_for, cache, pair_table
+                    settings,
+                    run_cluster,
+                    vcs,
+                    quota,
+                    ordering,
+                    logged_speed_for,
+                    cache,
+                    pair_table,
+                    table_throughput(table) if table is not None else None,
                 ),
             )
             result = simulation.run()
@@ -489,27 +593,47 @@ def _run(
                     ),
                 }
             if len(run_cluster.gpu_types) > 1:
-                result.annotations["best_type_share"] = type_log.best_type_share(
-                    measured_jobs(result), run_cluster, speed_for(run_cluster)
+                result.annotations.update(
+                    type_log.summary(measured_jobs(result), run_cluster, speed_for(run_cluster))
                 )
             if cache is not None:
                 result.annotations.update(cache.summary(measured_jobs(result)))
             result.annotations.update(gandiva_summary(simulation.scheduler))
+            if isinstance(simulation.scheduler, ElasticScheduler):
+                counters = simulation.scheduler.counters
+                result.annotations.update(
+                    grows=counters.grows,
+                    shrinks=counters.shrinks,
+                    suspensions=counters.suspensions,
+                )
             results.append(result)
     summaries = write_outputs(results, out, plot)
     console.print(summary_table(summaries))
     for summary in summaries:
-        share = summary.get("best_type_share")
-        if isinstance(share, float):
+        share, ratio = summary.get("best_type_share"), summary.get("min_equal_share_ratio")
+        if isinstance(share, float) and isinstance(ratio, float):
             console.print(
                 f"{summary['policy']}/{summary['placement']}: {share:.1%} of GPU time on each "
-                "job's fastest GPU type"
+                f"job's fastest GPU type; slowest job at {ratio:.2f}x its equal-share speed"
             )
     if settings.cache_gb_per_node is not None:
         for summary in summaries:
             console.print(cache_line(summary))
     for line in filter(None, map(gandiva_line, summaries)):
         console.print(line)
+    for summary in summaries:
+        if "deadline_met_share" in summary:
+            console.print(
+                f"{summary['policy']}/{summary['placement']}: {summary['deadline_met_share']:.1%} "
+                f"of deadlines met ({summary['deadlines_met']} of {summary['deadline_jobs']}, "
+                f"{summary['admitted']} admitted)"
+                + (
+                    f"; {summary['grows']} grows, {summary['shrinks']} shrinks, "
+                    f"{summary['suspensions']} suspensions"
+                    if "grows" in summary
+                    else ""
+                )
+            )
     if settings.admission != "none" or settings.private_baseline:
         for summary in summaries:
             console.print(vc_table(summary))

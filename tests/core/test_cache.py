@@ -160,6 +160,23 @@ def test_cache_aware_ties_go_to_the_tightest_node_then_the_lowest_index():
     assert sorted(cache.holders("a")) == [0, 1, 2]
 
 
+def test_cache_aware_multi_node_job_takes_the_caching_node_among_equally_free_ones():
+    # 4 nodes of 4 GPUs, one rack, all free; node 2 caches "a". A 6-GPU job needs two nodes:
+    # consolidate takes node 0 (4) and the tightest for the remaining 2, node 1; cache-aware
+    # takes node 2 first (equally free, caches a), then node 0 for the remaining 2.
+    chosen = {}
+    for placement in ("consolidate", "cache-aware"):
+        scheduler, _ = setup(capacity_gb=200, placement=placement, nodes=4)
+        for filler in ("f0", "f1"):
+            run(scheduler, filler, 4, "", 0)  # nodes 0 and 1
+        run(scheduler, "warm", 4, "a", 0)  # node 2
+        for done in ("f0", "f1", "warm"):
+            scheduler.finished(done, 10)
+        job = run(scheduler, "x", 6, "a", 20)
+        chosen[placement] = scheduler.cluster.nodes_of(job.placement)
+    assert chosen == {"consolidate": {0, 1}, "cache-aware": {0, 2}}
+
+
 def test_cache_aware_keeps_best_fit_for_jobs_storage_alone_keeps_at_full_speed():
     scheduler, _ = setup(capacity_gb=200, placement="cache-aware")
     run(scheduler, "other", 2, "", 0)
@@ -298,4 +315,3 @@ def test_bad_cache_settings_are_refused(options, message):
     settings = {"capacity_gb_per_node": 1.0, "storage_gb_s_per_node": 1.0} | options
     with pytest.raises(CacheError, match=message):
         DataCache(Cluster.shorthand(1, 1), reads=reads, **settings)
-

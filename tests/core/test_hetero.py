@@ -248,8 +248,20 @@ def test_type_log_counts_run_time_per_type_and_the_share_on_the_fastest():
         "free": {"v100": 5.0},
     }
     # The K80 is the fastest type pinned may use: all 15 GPU-seconds are on a fastest type.
-    assert log.best_type_share(jobs, cluster, speed) == 1.0
-    # The same run of an unpinned job: its 10 s on the K80 are not on its fastest type: 5 / 15.
+    # Equal-share speeds (one V100, one K80): pinned 0.1 (K80 only), free (1 + 0.1) / 2 = 0.55;
+    # pinned ran at 0.1 (ratio 1), free at 1 (ratio 1 / 0.55).
+    summary = log.summary(jobs, cluster, speed)
+    assert summary == {
+        "best_type_share": 1.0,
+        "min_equal_share_ratio": pytest.approx(1.0),
+        "below_half_equal_share": 0.0,
+    }
+    # The same run of an unpinned job: its 10 s on the K80 are not on its fastest type (5 of 15
+    # GPU-seconds are), and it ran at 0.1 / 0.55 = 0.18 of its equal share: 1 job of 2 below half.
     unpinned = Job(spec=job("pinned", "fussy"), executed_s=10.0)
-    assert log.best_type_share([unpinned, jobs[1]], cluster, speed) == pytest.approx(5 / 15)
-    assert TypeLog().best_type_share(jobs, cluster, speed) is None
+    assert log.summary([unpinned, jobs[1]], cluster, speed) == {
+        "best_type_share": pytest.approx(5 / 15),
+        "min_equal_share_ratio": pytest.approx(0.1 / 0.55),
+        "below_half_equal_share": 0.5,
+    }
+    assert set(TypeLog().summary(jobs, cluster, speed).values()) == {None}

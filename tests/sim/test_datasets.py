@@ -111,6 +111,7 @@ def test_simulate_with_node_caches_reports_hits_and_speed(tmp_path):
         ({"cache_gb_per_node": 1.0, "cache_policy": "arc"}, "--cache-policy: unknown 'arc'"),
         ({"cache_gb_per_node": 1.0, "datasets": "team"}, "--datasets: unknown 'team'"),
         ({"cache_gb_per_node": 1.0, "admission": "hived"}, "not supported with --admission hived"),
+        ({"cache_gb_per_node": 1.0, "packing": True}, "not supported with .* or --packing"),
     ],
 )
 def test_bad_cache_options_are_refused_naming_the_option(tmp_path, options, message):

@@ -79,17 +79,19 @@ def run_times(job: JobSpeeds, capacity: Mapping[str, int]) -> dict[str, float]:
     return {t: work / s for t, s in usable.items()}
 
 
+def equal_share_speed(speeds: Mapping[str, float], capacity: Mapping[str, int]) -> float:
+    """What a job would get from an equal share of every type it may use (Gavel's reference for
+    max-min fairness): the capacity-weighted mean of its speeds on them."""
+    return sum(capacity[t] * s for t, s in speeds.items()) / sum(capacity[t] for t in speeds)
+
+
 def fair_types(
     times: Mapping[str, float], capacity: Mapping[str, int], fairness: float
 ) -> dict[str, float]:
-    """Keep the types where the job runs at least `fairness` times its equal-share speed: the
-    capacity-weighted mean of its speeds over the types it may use."""
+    """Keep the types where the job runs at least `fairness` times its equal-share speed."""
     fastest = min(times.values())
     relative = {t: fastest / time for t, time in times.items()}
-    equal_share = sum(capacity[t] * s for t, s in relative.items()) / sum(
-        capacity[t] for t in relative
-    )
-    floor = fairness * equal_share * (1 - 1e-12)  # the fastest type always qualifies
+    floor = fairness * equal_share_speed(relative, capacity) * (1 - 1e-12)  # keeps the fastest
     return {t: times[t] for t, s in relative.items() if s >= floor}
 
 
@@ -253,17 +255,27 @@ class Hetero(Placement):
     def gpu_type_for(self, cluster: Cluster, job: Job) -> str | None:
         """The type this round matched the job to; None outside a round, on a cluster of one
         type, or when no type can hold the job (the wrapped placement then decides alone)."""
-        if cluster is not self._cluster or len(cluster.gpu_types) < 2:
-            return None
-        if self._plan is None:
+        plan = self._plan
+        if plan is None:
+            if cluster is not self._cluster or len(cluster.gpu_types) < 2:
+                return None
             self._known_before, self._known = self._known, {}
-            self._plan = self._match(cluster)
-        if job.id not in self._plan:  # behind the matched window: where it would finish first
-            times = self._options(cluster, job)
-            self._plan[job.id] = min(
-                sorted(times), key=lambda t: self._backlog.get(t, 0.0) + times[t], default=None
-            )
-        return self._plan[job.id]
+            plan = self._plan = self._match(cluster)
+        elif cluster is not self._cluster:
+            return None
+        key = job.spec.id
+        if key in plan:
+            return plan[key]
+        # Behind the matched window: the type where it would finish first, from its slot 1.
+        best: str | None = None
+        best_cost = math.inf
+        backlog = self._backlog
+        for gpu_type, time in self._options(cluster, job).items():
+            cost = backlog.get(gpu_type, 0.0) + time
+            if cost < best_cost or (cost == best_cost and best is not None and gpu_type < best):
+                best, best_cost = gpu_type, cost
+        plan[key] = best
+        return best
 
     def _match(self, cluster: Cluster) -> dict[str, str | None]:
         capacity = cluster.total_by_type
@@ -376,20 +388,36 @@ class TypeLog:
             seconds[gpu_type] = seconds.get(gpu_type, 0.0) + max(0.0, ended - began)
         return seconds
 
-    def best_type_share(
+    def summary(
         self, jobs: Iterable[Job], cluster: Cluster, speed_model: SpeedModel | None
-    ) -> float | None:
-        """The share of the jobs' GPU-seconds spent on a type where they run fastest (None when
-        they ran for no time)."""
+    ) -> dict[str, float | None]:
+        """Over the jobs that ran (None when none did):
+
+        * `best_type_share`: the share of their GPU-seconds spent on a type where they run
+          fastest;
+        * `min_equal_share_ratio`: the lowest, over jobs, of a job's mean speed while it ran
+          divided by its equal-share speed (`equal_share_speed`);
+        * `below_half_equal_share`: the share of jobs whose ratio is below 0.5."""
         on_best = total = 0.0
+        ratios: list[float] = []
+        capacity = cluster.total_by_type
         for job in jobs:
             seconds = self.seconds_by_type(job)
-            if not seconds:
-                continue
+            ran = sum(seconds.values())
             speeds = type_speeds(cluster, job, speed_model)
-            fastest = max(speeds.values(), default=0.0)
-            for gpu_type, ran in seconds.items():
-                total += job.spec.gpus * ran
+            if ran <= 0 or not speeds:
+                continue
+            fastest = max(speeds.values())
+            for gpu_type, part in seconds.items():
+                total += job.spec.gpus * part
                 if speeds.get(gpu_type, 0.0) >= fastest * (1 - 1e-9):
-                    on_best += job.spec.gpus * ran
-        return on_best / total if total > 0 else None
+                    on_best += job.spec.gpus * part
+            mean_speed = sum(speeds.get(t, 0.0) * part for t, part in seconds.items()) / ran
+            ratios.append(mean_speed / equal_share_speed(speeds, capacity))
+        return {
+            "best_type_share": on_best / total if total > 0 else None,
+            "min_equal_share_ratio": min(ratios) if ratios else None,
+            "below_half_equal_share": (
+                sum(r < 0.5 for r in ratios) / len(ratios) if ratios else None
+            ),
+        }

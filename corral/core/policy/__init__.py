@@ -6,6 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 from corral.core.policy.base import Key, Policy
+from corral.core.policy.edf import EarliestDeadlineFirst, ElasticFlowOrder
 from corral.core.policy.fifo import Fifo
 from corral.core.policy.gittins import Gittins, gittins_index
 from corral.core.policy.las import LeastAttainedService
@@ -21,6 +22,8 @@ POLICIES: dict[str, Callable[..., Policy]] = {
     "gittins": Gittins,
     "optimus": Optimus,
     "timeslice": TimeSlice,
+    "edf": EarliestDeadlineFirst,
+    "elasticflow": ElasticFlowOrder,  # runs inside core.elastic.ElasticScheduler
 }
 
 
