@@ -34,17 +34,11 @@ def fgd(
     plot: Annotated[bool, typer.Option(help="write fgd.png")] = False,
 ) -> None:
     """Place GPU-sharing tasks until the cluster is full; compare fragmentation by policy."""
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TaskID,
-        TextColumn,
-        TimeElapsedColumn,
-    )
+    from rich.progress import TaskID
 
     from corral.cli.main import console, fail
     from corral.core.sharing import SharingError
+    from corral.sim.report import progress_bar
     from corral.sim.sharing import ExperimentSettings, run_experiment, summary_table, write_outputs
     from corral.sim.traces.base import TraceError
     from corral.sim.traces.openb import read_nodes, read_tasks
@@ -65,14 +59,7 @@ def fgd(
             f"({sum(n.num_gpu for n in node_list)} GPUs), arrivals up to "
             f"{100 * target_load:.0f}% of GPU capacity, {repeats} orders"
         )
-        with Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=console,
-            transient=True,
-        ) as progress:
+        with progress_bar(console) as progress:
             bars: dict[str, TaskID] = {}
 
             def on_progress(policy: str, repeat: int, done: int, total: int) -> None:

@@ -1,33 +1,34 @@
 """ElasticFlow (Gu et al., "ElasticFlow: An Elastic Serverless Training Platform for Distributed
 Deep Learning", ASPLOS'23): elastic jobs with deadlines, admission control, resizing.
 
-A job names its work and a deadline; the scheduler chooses how many GPUs it runs on, and may
-change that between attempts (a resize is a checkpoint-restart: `Preempt`, then `Start` on the new
-count, which restores the checkpoint; the work done is kept). The paper's design section (§4):
+A job names its work and a deadline; the scheduler chooses how many GPUs it runs on and may change
+that between attempts: a resize is a checkpoint-restart (`Preempt`, then `Start` on the new count,
+which restores the checkpoint; the work done is kept). From the paper's design (§4):
 
 * **Scaling curve.** A job's throughput on g GPUs comes from an injected `throughput(job, g)` (the
-  simulator reads Gavel's measured table). Counts are powers of two (plus the count the job asked
-  for), as the paper's buddy placement requires; a count that is not faster than a smaller one is
+  simulator reads Gavel's measured table). Counts are powers of two, as the paper's buddy
+  placement wants, plus the count the job asked for; a count not faster than a smaller one is
   never used (Gavel measured some models slower on 4 GPUs than on 2).
-* **Minimum satisfactory share.** The fewest GPUs with which the job meets its deadline. With
-  several jobs the GPUs left over time matter: jobs are planned in deadline order on a profile of
-  free GPUs over time, each given at each instant the fastest useful count within min(its share,
-  what is free), until it is done; its share is the smallest cap that finishes by the deadline
-  (a binary search: a bigger cap is never slower). The paper plans on discrete time slots; this
-  plan is the same in continuous time, with breakpoints where a planned job ends.
+* **Minimum satisfactory share.** The fewest GPUs with which a job meets its deadline. With
+  several jobs what matters is the GPUs left over time: jobs are planned in deadline order on a
+  profile of free GPUs over time, each running at every instant on the fastest useful count within
+  min(its cap, what is free) until it is done, a change of count costing a restore; its share is
+  the smallest cap that ends by the deadline. The paper plans on time slots; this plan is the same
+  in continuous time, with breakpoints where planned jobs end.
 * **Admission control.** A job is admitted only if, planned with every admitted job, all of them
   still meet their deadlines; otherwise it is refused at once (`JobStatus.REFUSED`) and never runs.
-  An admitted job that can no longer make it (its restore stalls or a spread placement slowed it
-  down) becomes best effort: planned after the others, so it cannot make them late too.
-* **Allocation.** Each job gets its share for now; GPUs left over go one step at a time (to the
-  next useful count) to the job whose throughput gains most per extra GPU, relative to its
+* **Allocation.** Each admitted job gets its share for now; GPUs left over go one step at a time
+  (to its next useful count) to the job whose throughput gains most per extra GPU, relative to its
   per-GPU throughput at its smallest count (diminishing returns).
 
-Choices of this implementation: re-planning happens at every event (arrival, end), so a running
-job keeps its size when the shares leave room for it, grows only when the time saved exceeds the
-restore it costs, and shrinks only when other jobs' shares need its GPUs. Placement is the usual
-`Placement` (largest jobs placed first); a job the plan gives GPUs to but the placement cannot
-place yet (GPUs scattered) tries smaller counts of its curve, else waits. One GPU type per cluster.
+Choices of this implementation. Jobs without a deadline, and admitted jobs that can no longer meet
+theirs (restore stalls, a spread placement), are best effort: no share, planned after the others,
+GPUs only from the leftover. Re-planning happens at every event (arrival, end), so a running job
+keeps its count when the shares leave room for it, grows only when the time saved exceeds the
+restore it costs, and shrinks only when other jobs' shares need its GPUs. Placement is corral's
+(`Placement`, largest jobs first): when free GPUs are too scattered for a share, running jobs are
+migrated out of the way (Gandiva's migration, core.migration), else the job takes fewer GPUs of its
+curve. One GPU type per cluster.
 """
 
 from __future__ import annotations
@@ -41,9 +42,10 @@ from dataclasses import dataclass, field, replace
 from corral.core.actions import Action, Decision
 from corral.core.cluster import Cluster
 from corral.core.job import Job, JobSpec, JobStatus
+from corral.core.migration import Migration
 from corral.core.placement.base import Placed, Placement
 from corral.core.policy.base import Policy
-from corral.core.policy.edf import ElasticFlowOrder
+from corral.core.policy.edf import ElasticFlowOrder, deadline_of
 from corral.core.scheduler import JobRefused, Scheduler, SpeedModel
 
 #: A job's training throughput on a number of GPUs, consolidated, in any unit (only ratios matter).
@@ -61,7 +63,6 @@ class Curve:
     speeds: tuple[float, ...]
 
 
-
 def allowed_sizes(min_gpus: int, max_gpus: int, base_gpus: int) -> list[int]:
     """Powers of two between min and max, and the count the job asked for."""
     sizes = {base_gpus} if min_gpus <= base_gpus <= max_gpus else set()
@@ -73,8 +74,15 @@ def allowed_sizes(min_gpus: int, max_gpus: int, base_gpus: int) -> list[int]:
     return sorted(sizes)
 
 
-def scaling_curve(job: Job, throughput: Throughput, capacity: int) -> Curve:
-    """The job's useful counts up to `capacity`; a fixed-size job has only its own."""
+def scaling_curve(
+    job: Job,
+    throughput: Throughput,
+    capacity: int,
+    placed_speed: Callable[[int], float] | None = None,
+) -> Curve:
+    """The job's useful counts up to `capacity`; a fixed-size job has only its own.
+    `placed_speed(g)`, when given, is the factor a placement of g GPUs costs it (GPU type, spread
+    over nodes when g is larger than a node): the plan must count on the speed it will get."""
     elastic = job.spec.elastic
     if elastic is None:
         return Curve((job.spec.gpus,), (1.0,)) if job.spec.gpus <= capacity else Curve((), ())
@@ -87,6 +95,8 @@ def scaling_curve(job: Job, throughput: Throughput, capacity: int) -> Curve:
     speeds: list[float] = []
     for size in allowed_sizes(elastic.min_gpus, min(elastic.max_gpus, capacity), elastic.base_gpus):
         speed = throughput(job, size) / reference
+        if placed_speed is not None:
+            speed *= placed_speed(size)
         if speed > (speeds[-1] if speeds else 0.0):
             sizes.append(size)
             speeds.append(speed)
@@ -135,14 +145,14 @@ class _FreeProfile:
     ) -> tuple[float, list[tuple[int, int]]]:
         """Run the job with at most `cap` GPUs on what is free: its finish time and the
         (segment, GPUs) it holds; inf when it has not finished by `until`, or when the last
-        segment leaves too little for it. A change of count between segments costs no restore
-        here: the plan is redone at every event anyway."""
+        segment leaves too little for it. Every change of its count is a restart: it holds its
+        GPUs and does no work for `restore_s`."""
         left = demand.work_s
         sizes, speeds = demand.curve.sizes, demand.curve.speeds
         times, free = self.times, self.free
         last = len(times) - 1
         held: list[tuple[int, int]] = []
-        stall_end: float | None = None
+        stall_end = -math.inf
         for index, begin in enumerate(times):
             if begin > until:
                 break
@@ -150,8 +160,10 @@ class _FreeProfile:
             if pick < 0:
                 continue
             gpus, speed = sizes[pick], speeds[pick]
-            if stall_end is None:
+            if not held:
                 stall_end = begin + demand.delay_s(gpus)
+            elif held[-1][0] != index - 1 or held[-1][1] != gpus:
+                stall_end = begin + demand.restore_s
             held.append((index, gpus))
             working_from = begin if begin > stall_end else stall_end
             end = times[index + 1] if index < last else math.inf
@@ -260,6 +272,7 @@ class _Elastic:
 class ElasticCounters:
     admitted: int = 0
     refused: int = 0
+    refused_alone: int = 0  # of those, jobs that could not meet their deadline on an empty cluster
     grows: int = 0
     shrinks: int = 0
     suspensions: int = 0  # running jobs stopped because earlier deadlines needed all their GPUs
@@ -282,14 +295,20 @@ class ElasticScheduler:
         speed_model: SpeedModel | None = None,
         restore_s: float = 0.0,
         policy: Policy | None = None,
+        migrate: bool = True,
     ) -> None:
         """`speed_model` gives a job's speed on its GPUs at the count it asked for (GPU type,
-        spread); the scheduler multiplies it by the job's scaling curve at the count it runs on."""
+        spread); the scheduler multiplies it by the job's scaling curve at the count it runs on.
+        `migrate`: when free GPUs are too scattered for a job's share, move running jobs out of
+        the way (Gandiva's migration, core.migration) before trying fewer GPUs."""
         self.cluster = cluster
         self.placement = placement
         self.throughput = throughput
         self.restore_s = restore_s
         self.capacity = cluster.total_gpus
+        self.speed_model = speed_model
+        # The first g of these GPUs are a placement as consolidated as g GPUs can be.
+        self._packed_gpus = tuple(g for gpus in cluster.node_gpus for g in gpus)
 
         def speed(job: Job, gpus: tuple[int, ...]) -> float:
             base = speed_model(job, gpus) if speed_model is not None else 1.0
@@ -301,8 +320,10 @@ class ElasticScheduler:
             placement,
             speed_model=speed,
             restore_s=restore_s,
+            migration=Migration() if migrate else None,
         )
         self.policy = self.inner.policy
+        self.migration = self.inner.migration
         self.jobs: dict[str, Job] = {}
         self._elastic: dict[str, _Elastic] = {}
         self.counters = ElasticCounters()
@@ -326,7 +347,7 @@ class ElasticScheduler:
         if spec.id in self.jobs:
             raise JobRefused(f"job {spec.id}: a job with this id already exists")
         probe = Job(spec=spec, seq=len(self.jobs), queued_since=now)
-        curve = scaling_curve(probe, self.throughput, self.capacity)
+        curve = scaling_curve(probe, self.throughput, self.capacity, self._placed_speed(probe))
         if not curve.sizes:
             smallest = spec.elastic.min_gpus if spec.elastic is not None else spec.gpus
             raise JobRefused(
@@ -335,8 +356,10 @@ class ElasticScheduler:
             )
         no_plan = spec.deadline is None or spec.duration_s is None
         if not no_plan:
-            refusal = self._admission(probe, curve, now)
-            if refusal is not None:
+            verdict = self._admission(probe, curve, now)
+            if verdict is not None:
+                refusal, alone = verdict
+                self.counters.refused_alone += alone
                 probe.status = JobStatus.REFUSED
                 probe.finished_at = now
                 probe.pending_reason = ""
@@ -353,32 +376,38 @@ class ElasticScheduler:
 
     def decide(self, now: float) -> Decision:
         self.rounds += 1
+        if self.migration is not None:
+            self.migration.new_round()
         shares = self._plan(now)
         targets = self._allocate(shares, now)
         actions: list[Action] = []
         growing: list[Job] = []
+        shrunk: list[Job] = []
         for job in list(self.inner.running_jobs()):
             target = targets[job.id]
             if target > job.gpus:
                 growing.append(job)
-            elif target < job.gpus:  # other jobs' shares need its GPUs: stop it now
+            elif target < job.gpus:  # other jobs' shares need its GPUs
+                before = job.gpus
+                actions.append(self.inner.evict(job.id, now, by="elasticflow resize"))
                 if target == 0:
                     self.counters.suspensions += 1
+                    job.last_event = "suspended by elasticflow: earlier deadlines need its GPUs"
                 else:
                     self.counters.shrinks += 1
-                actions.append(self.inner.evict(job.id, now, by="elasticflow resize"))
-                job.last_event = f"shrunk from {job.gpus} to {target} GPUs by elasticflow"
+                    job.last_event = f"shrunk from {before} to {target} GPUs by elasticflow"
+                    shrunk.append(job)
+        # Shrunk jobs first: the GPUs they just freed hold them (best fit keeps nodes packed).
+        resized = {job.id for job in shrunk}
         waiting = sorted(
-            (j for j in self.inner.pending_jobs() if targets[j.id] > 0),
-            key=lambda j: (-targets[j.id], j.spec.deadline or math.inf, j.seq),
+            (j for j in self.inner.pending_jobs() if targets[j.id] > 0 and j.id not in resized),
+            key=lambda j: (-targets[j.id], deadline_of(j), j.seq),
         )
         wakes: list[float] = []
-        for job in waiting:
-            start = self._place(job, targets[job.id], now)
-            if start is None:
+        for job in [*sorted(shrunk, key=lambda j: (-targets[j.id], j.seq)), *waiting]:
+            actions.extend(self._place(job, targets[job.id], now))
+            if job.status is JobStatus.PENDING:
                 wakes.append(self.placement.changes_at(job, now))
-            else:
-                actions.append(start)
         for job in sorted(growing, key=lambda j: (-targets[j.id], j.seq)):
             actions.extend(self._grow(job, targets[job.id], now))
         for job in self.inner.pending_jobs():
@@ -407,7 +436,8 @@ class ElasticScheduler:
         if state is None or state.share is None:
             return text
         if state.best_effort:
-            return f"{text}; best effort: its deadline cannot be met any more"
+            late = job.spec.deadline is not None and job.spec.duration_s is not None
+            return f"{text}; best effort ({'deadline out of reach' if late else 'no deadline'})"
         share = state.share
         return (
             f"{text}; minimum satisfactory share {share.min_share} GPUs, "
@@ -421,6 +451,12 @@ class ElasticScheduler:
 
     # -- planning ---------------------------------------------------------------------------
 
+    def _placed_speed(self, job: Job) -> Callable[[int], float] | None:
+        speed_model = self.speed_model
+        if speed_model is None:
+            return None
+        return lambda gpus: speed_model(job, self._packed_gpus[:gpus])
+
     def _relative_speed(self, job: Job, gpus: int) -> float:
         elastic = job.spec.elastic
         if elastic is None or gpus == elastic.base_gpus:
@@ -431,7 +467,7 @@ class ElasticScheduler:
         running = job.status is JobStatus.RUNNING
         return Demand(
             job_id=job.id,
-            deadline=job.spec.deadline if job.spec.deadline is not None else math.inf,
+            deadline=deadline_of(job),
             work_s=job.remaining_work_s(now),
             curve=state.curve,
             running_gpus=job.gpus if running else 0,
@@ -462,34 +498,38 @@ class ElasticScheduler:
                 self._elastic[demand.job_id].best_effort = True
         return shares
 
-    def _admission(self, job: Job, curve: Curve, now: float) -> str | None:
-        """Why the job must be refused, or None to admit it: planned with the admitted jobs,
-        it and every admitted job that could make it without it must meet their deadlines."""
+    def _admission(self, job: Job, curve: Curve, now: float) -> tuple[str, bool] | None:
+        """None to admit the job, else why not and whether it could not make it even alone:
+        planned with the admitted jobs, it and every admitted job that could make it without it
+        must meet their deadlines."""
         assert job.spec.deadline is not None
         new = Demand(job.id, job.spec.deadline, job.remaining_work_s(now), curve)
 
-        def verdict() -> tuple[bool, list[str]]:
+        def check() -> tuple[bool, list[str]]:
             demands = [self._demand(other, state, now) for other, state in self._admitted()]
             shares = plan([*demands, new], self.capacity, now)
-            broken = [d.job_id for d in demands if not d.best_effort and not shares[d.job_id].feasible]
+            broken = [
+                d.job_id for d in demands if not d.best_effort and not shares[d.job_id].feasible
+            ]
             return shares[job.id].feasible, broken
 
-        fits, broken = verdict()
+        fits, broken = check()
         if fits and not broken:
             return None
         if broken:  # those that are late even without it become best effort
             self._demote_late(now)
-            fits, broken = verdict()
+            fits, broken = check()
             if fits and not broken:
                 return None
         if not plan([new], self.capacity, now)[job.id].feasible:
             return (
                 f"its deadline (in {job.spec.deadline - now:.0f}s) cannot be met even on "
-                f"{curve.sizes[-1]} GPUs of an empty cluster"
+                f"{curve.sizes[-1]} GPUs of an empty cluster",
+                True,
             )
         if not fits:
-            return "too few GPUs free before its deadline once admitted jobs get their shares"
-        return f"admitting it would make {len(broken)} admitted job(s) miss their deadlines"
+            return "too few GPUs free before its deadline once admitted jobs get theirs", False
+        return f"admitting it would make {len(broken)} admitted job(s) miss their deadlines", False
 
     def _allocate(self, shares: dict[str, Share], now: float) -> dict[str, int]:
         """GPUs per admitted job now: its share; running jobs keep their size where the shares
@@ -499,9 +539,7 @@ class ElasticScheduler:
             for job_id, share in shares.items()
         }
         free = self.capacity - sum(targets.values())
-        running = sorted(
-            self.inner.running_jobs(), key=lambda j: (j.spec.deadline or math.inf, j.seq)
-        )
+        running = sorted(self.inner.running_jobs(), key=lambda j: (deadline_of(j), j.seq))
         for job in running:
             extra = job.gpus - targets[job.id]
             if 0 < extra <= free:
@@ -514,8 +552,7 @@ class ElasticScheduler:
             step = self._next_step(job, state.curve, targets[job.id], now)
             if step is not None:
                 gain, size = step
-                deadline = job.spec.deadline if job.spec.deadline is not None else math.inf
-                heapq.heappush(steps, (-gain, deadline, job.seq, job.id, size))
+                heapq.heappush(steps, (-gain, deadline_of(job), job.seq, job.id, size))
 
         for job, _ in self._admitted():
             offer(job)
@@ -548,19 +585,26 @@ class ElasticScheduler:
 
     # -- carrying it out --------------------------------------------------------------------
 
-    def _place(self, job: Job, target: int, now: float) -> Action | None:
-        """Start the job on `target` GPUs, or on fewer of its counts if they are too scattered."""
+    def _place(self, job: Job, target: int, now: float) -> list[Action]:
+        """Start the job on `target` GPUs, migrating running jobs out of the way if its GPUs are
+        too scattered, else on fewer of its counts."""
         curve = self._elastic[job.id].curve
         reason = ""
+        actions: list[Action] = []
         for size in reversed([s for s in curve.sizes if s <= target]):
             if job.gpus != size:
                 self.inner.set_gpus(job.id, size, now)
             result = self.placement.place(self.cluster, job, now)
             if isinstance(result, Placed):
-                return self.inner.start_placed(job.id, result, now)
+                actions.append(self.inner.start_placed(job.id, result, now))
+                return actions
+            if size == target and self.migration is not None:
+                actions.extend(self.inner.start_defragmented(job.id, now))
+                if job.status is JobStatus.RUNNING:
+                    return actions
             reason = result.reason
         job.pending_reason = f"admitted for {target} GPUs; {reason}"
-        return None
+        return actions
 
     def _grow(self, job: Job, target: int, now: float) -> list[Action]:
         """Restart a running job on more GPUs if a placement holds it there (consolidated, as a

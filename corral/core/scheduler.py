@@ -214,6 +214,13 @@ class Scheduler:
         assert isinstance(start, Start)
         return start
 
+    def start_defragmented(self, job_id: str, now: float) -> list[Action]:
+        """Start a waiting job by migrating running jobs out of its way (needs `migration`); the
+        moves and the start, or [] when no plan within the migration's bounds frees a node."""
+        actions: list[Action] = []
+        self._defragment(self.jobs[job_id], now, actions)
+        return actions
+
     # -- deciding -----------------------------------------------------------------------------
 
     def decide(self, now: float, *, preempt: bool = True) -> Decision:

@@ -10,26 +10,16 @@ the `<type>_unconsolidated` tables (pairs were measured on one server).
 from __future__ import annotations
 
 import ast
-import json
 import math
 from pathlib import Path
 
 from corral.core.packing import PairTable
-from corral.sim.perfmodel import PerfModelError
+from corral.sim.perfmodel import PerfModelError, read_throughput_table
 
 
 def load_pair_table(path: str | Path) -> PairTable:
     path = Path(path)
-    try:
-        raw = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise PerfModelError(f"{path}: throughput table not found") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        detail = " ".join(str(exc).split())
-        raise PerfModelError(f"{path}: cannot read throughput table: {detail}") from None
-    if not isinstance(raw, dict):
-        raise PerfModelError(f"{path}: expected a JSON object of GPU types at the top level")
-    return PairTable(pair_speeds(raw, str(path)))
+    return PairTable(pair_speeds(read_throughput_table(path), str(path)))
 
 
 def pair_speeds(

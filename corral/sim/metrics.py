@@ -157,9 +157,11 @@ def deadlines(jobs: list[Job]) -> dict[str, object]:
     if not timed:
         return {}
     met = sum(
-        job.status is JobStatus.SUCCEEDED
-        and job.finished_at is not None
-        and job.finished_at <= job.spec.deadline + 1e-6  # type: ignore[operator]
+        bool(
+            job.status is JobStatus.SUCCEEDED
+            and job.finished_at is not None
+            and job.finished_at <= job.spec.deadline + 1e-6  # type: ignore[operator]
+        )
         for job in timed
     )
     return {

@@ -96,16 +96,7 @@ class PerfModel:
     ) -> PerfModel:
         """Load Gavel's simulation_throughputs.json (see the data README for the format)."""
         path = Path(path)
-        try:
-            raw = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise PerfModelError(f"{path}: throughput table not found") from None
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise PerfModelError(
-                f"{path}: cannot read throughput table: {_one_line(exc)}"
-            ) from None
-        if not isinstance(raw, dict):
-            raise PerfModelError(f"{path}: expected a JSON object of GPU types at the top level")
+        raw = read_throughput_table(path)
         consolidated: dict[str, dict[str, _Curve]] = {}
         spread: dict[str, dict[str, _Curve]] = {}
         for type_key, entries in raw.items():
@@ -237,6 +228,19 @@ class PerfModel:
             return 1.0 / job.spec.spread_slowdown if spread else 1.0
 
         return speed
+
+
+def read_throughput_table(path: Path) -> dict[str, object]:
+    """The raw JSON object of Gavel's simulation_throughputs.json, or a one-line error."""
+    try:
+        raw = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise PerfModelError(f"{path}: throughput table not found") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise PerfModelError(f"{path}: cannot read throughput table: {_one_line(exc)}") from None
+    if not isinstance(raw, dict):
+        raise PerfModelError(f"{path}: expected a JSON object of GPU types at the top level")
+    return raw
 
 
 def load_slowdowns(path: str | Path) -> dict[str, float]:

@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 from rich import box
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from corral.sim.metrics import JOB_COLUMNS, completion_times, job_rows, summarize
@@ -320,3 +322,15 @@ def plot_vc_queueing(runs: list[tuple[str, dict[str, object]]], out_png: Path) -
     out_png.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out_png, dpi=100)
     plt.close(fig)
+
+
+def progress_bar(console: Console) -> Progress:
+    """The transient progress bar long runs show while they work (one task per run)."""
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    )

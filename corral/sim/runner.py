@@ -9,7 +9,6 @@ from pathlib import Path
 
 import numpy as np
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from corral.core.cache import CACHE_POLICIES, CacheError, DataCache
 from corral.core.cluster import Cluster, ClusterError
@@ -32,7 +31,7 @@ from corral.sim.engine import FailureModel, Simulation
 from corral.sim.metrics import measured_jobs, per_vc
 from corral.sim.perfmodel import GAVEL_REFERENCE_TYPE, PerfModel, PerfModelError, load_slowdowns
 from corral.sim.progress import LossCurveModel
-from corral.sim.report import summary_table, vc_table, write_outputs
+from corral.sim.report import progress_bar, summary_table, vc_table, write_outputs
 from corral.sim.result import SimResult
 from corral.sim.traces import Trace, TraceError, load_trace
 
@@ -330,7 +329,7 @@ def with_deadlines(
     return [
         replace(
             spec,
-            deadline=spec.submit_time + factor * spec.duration_s,
+            deadline=spec.submit_time + float(factor) * spec.duration_s,
             elastic=elastic_range(perf, spec) if perf is not None else None,
         )
         if spec.duration_s is not None
@@ -520,14 +519,7 @@ def _run(
     options = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(settings).items()}
     orderings = [make_ordering(name, settings, jobs) for name in settings.policies]
     results: list[SimResult] = []
-    with Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
-        transient=True,
-    ) as progress:
+    with progress_bar(console) as progress:
         for ordering in orderings:
             task = progress.add_task(f"{ordering.name}/{settings.placement}", total=len(jobs))
             run_cluster, _, _ = build_cluster(settings)
@@ -602,6 +594,7 @@ def _run(
             if isinstance(simulation.scheduler, ElasticScheduler):
                 counters = simulation.scheduler.counters
                 result.annotations.update(
+                    refused_alone=counters.refused_alone,
                     grows=counters.grows,
                     shrinks=counters.shrinks,
                     suspensions=counters.suspensions,

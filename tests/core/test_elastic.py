@@ -152,7 +152,7 @@ def test_a_job_that_would_break_an_admitted_deadline_is_refused_and_never_runs()
     d = s.submit(elastic("D", 1000, 100), 0)
     assert d.status is JobStatus.REFUSED
     assert "cannot be met even on 4 GPUs of an empty cluster" in d.last_event
-    assert s.counters.refused == 2
+    assert (s.counters.refused, s.counters.refused_alone) == (2, 1)
     for now in (0, 10):
         assert set(started(s.decide(now).actions)) <= {"A", "B"}
     assert s.jobs["C"].attempts == 0 and s.jobs["D"].attempts == 0
@@ -170,15 +170,14 @@ def test_a_job_without_a_deadline_gets_no_share_only_what_is_left_over():
     s.submit(elastic("F", 50, None), 1)
     assert s.decide(1).actions == []
     assert "earlier deadlines" in s.jobs["F"].pending_reason
+    assert "best effort (no deadline)" in s.explain("F", 1)
 
 
 def test_a_job_that_cannot_make_its_deadline_is_planned_after_the_others():
     # On 1 GPU: X (1000 s due at 100) cannot make it; Y (150 s due at 200) can, if it goes
     # first. X is planned after Y, on what Y leaves: from t=150.
     curve = Curve((1,), (1.0,))
-    shares = plan(
-        [Demand("X", 100, 1000, curve), Demand("Y", 200, 150, curve)], capacity=1, now=0
-    )
+    shares = plan([Demand("X", 100, 1000, curve), Demand("Y", 200, 150, curve)], capacity=1, now=0)
     assert (shares["Y"].now_gpus, shares["Y"].feasible, shares["Y"].finish) == (1, True, 150)
     assert (shares["X"].now_gpus, shares["X"].feasible, shares["X"].finish) == (0, False, 1150)
 
@@ -260,6 +259,29 @@ def test_a_running_job_does_not_grow_when_the_restart_costs_more_than_it_saves()
     s.finished("B", 5)
     assert s.decide(5).actions == []
     assert s.jobs["A"].gpus == 2 and s.counters.grows == 0
+
+
+def test_running_jobs_migrate_when_free_gpus_are_too_scattered_for_a_share():
+    # 2 nodes x 4 GPUs, gangs of exactly 2 or 4 (min = max). X, Y, W (2 GPUs each) start at 0:
+    # X on node 0, Y beside it (the tightest node), W on node 1. Y ends at 10: 2 GPUs free on
+    # each node. Z (4 GPUs, 100 s due at 160) is admitted, but no node has 4 free: X moves to
+    # node 1 (a checkpoint-restart, counted as a migration, not a preemption) and Z takes node 0.
+    s = make(2, 4)
+    for name, work in (("X", 1000), ("Y", 10), ("W", 1000)):
+        s.submit(elastic(name, work, 100_000, base=2, min_gpus=2, max_gpus=2), 0)
+    s.decide(0)
+    node_of = s.cluster.gpu_node
+    assert [node_of[s.jobs[n].placement[0]] for n in "XYW"] == [0, 0, 1]
+    s.finished("Y", 10)
+    assert s.decide(10).actions == []
+    s.submit(elastic("Z", 100, 160, submit=10, base=4, min_gpus=4, max_gpus=4), 10)
+    decision = s.decide(10)
+    assert preempted(decision.actions) == ["X"]
+    assert sizes(decision.actions) == {"X": 2, "Z": 4}
+    assert {node_of[g] for g in s.jobs["Z"].placement} == {0}
+    assert {node_of[g] for g in s.jobs["X"].placement} == {1}
+    assert s.migration is not None and s.migration.migrations == 1
+    assert s.jobs["X"].preemptions == 0
 
 
 # -- edge cases -----------------------------------------------------------------------------------

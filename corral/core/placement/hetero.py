@@ -201,9 +201,8 @@ class Hetero(Placement):
         self,
         within: Placement | None = None,
         fairness: float | None = None,
-        max_jobs: int = 64,
+        max_jobs: int = 32,
         relax_after_s: float = 600.0,
-        lengths: bool = False,
     ) -> None:
         check_fairness(fairness)
         if max_jobs < 1:
@@ -211,8 +210,6 @@ class Hetero(Placement):
         self.within = within if within is not None else Relax(relax_after_s)
         self.fairness = fairness
         self.max_jobs = max_jobs
-        self.lengths = lengths
-        self._now = 0.0
         self._cluster: Cluster | None = None
         self._speed_model: SpeedModel | None = None
         self._representatives: dict[str, tuple[int, ...]] = {}
@@ -221,9 +218,8 @@ class Hetero(Placement):
         self._plan: dict[str, str | None] | None = None
         self._views: dict[str, Job] = {}
         self._backlog: dict[str, float] = {}
-        # Run times of the jobs in view this round and the round before: without lengths they
-        # never change, with lengths their speeds do not (two generations keep the cache to the
-        # jobs still in view).
+        # Run times of the jobs in view this round and the round before: they never change, and
+        # two generations keep the cache to the jobs still in view.
         self._known: dict[str, tuple[dict[str, float], dict[str, float]]] = {}
         self._known_before: dict[str, tuple[dict[str, float], dict[str, float]]] = {}
 
@@ -245,7 +241,6 @@ class Hetero(Placement):
         self._speed_model = speed_model
         self._plan = None
         self._views = {}
-        self._now = now
         if len(cluster.gpu_types) < 2:
             self._waiting, self._running = [], []
             return
@@ -305,13 +300,10 @@ class Hetero(Placement):
     def _times(self, cluster: Cluster, job: Job) -> tuple[dict[str, float], dict[str, float]]:
         """The job's run time on every type that can hold it, and on those fairness allows."""
         known = self._known.get(job.id) or self._known_before.get(job.id)
-        if known is None or self.lengths:
+        if known is None:
             speeds = type_speeds(cluster, job, self._speed_model, self._representatives)
-            work = job.remaining_work_s(self._now) if self.lengths else math.inf
             capacity = cluster.total_by_type
-            times = run_times(
-                JobSpeeds(job.spec.gpus, speeds, work if math.isfinite(work) else None), capacity
-            )
+            times = run_times(JobSpeeds(job.spec.gpus, speeds), capacity)
             fair = (
                 fair_types(times, capacity, self.fairness)
                 if times and self.fairness is not None
