@@ -65,7 +65,9 @@ def parse_range(option: str, text: str | None) -> tuple[float, float] | None:
     except ValueError:
         low = high = math.nan
     if not 0 < low <= high < math.inf:
-        raise UserError(f"{option}: expected LO:HI with 0 < LO <= HI, such as 0.5:1.5, got {text!r}")
+        raise UserError(
+            f"{option}: expected LO:HI with 0 < LO <= HI, such as 0.5:1.5, got {text!r}"
+        )
     return low, high
 
 

@@ -234,7 +234,9 @@ class Scheduler:
             self.migration.new_round()
         begin_round = getattr(self.placement, "begin_round", None)
         if begin_round is not None:  # a placement that decides for the round's jobs together
-            begin_round(self.cluster, self.pending_jobs(), self.running_jobs(), self.speed_model, now)
+            begin_round(
+                self.cluster, self.pending_jobs(), self.running_jobs(), self.speed_model, now
+            )
         self.blocked_by = None
         actions: list[Action] = []
         cluster = self.cluster
@@ -508,7 +510,9 @@ class Scheduler:
         self._account_run(job, now)
         self._enqueue(job, now)
         actions.append(Preempt(job.id, gpus, by))
-        self._start(job, Placed(tuple(self.cluster.pick_in_node(node, job.spec.gpus))), now, actions)
+        self._start(
+            job, Placed(tuple(self.cluster.pick_in_node(node, job.spec.gpus))), now, actions
+        )
         assert self.migration is not None
         self.migration.migrations += 1
         job.extra["migrations"] = int(job.extra.get("migrations", 0)) + 1  # type: ignore[call-overload]

@@ -73,7 +73,9 @@ class LoggedLosses(Sequence[tuple[float, float]]):
     def __getitem__(self, index: int) -> tuple[float, float]: ...
     @overload
     def __getitem__(self, index: slice) -> Sequence[tuple[float, float]]: ...
-    def __getitem__(self, index: int | slice) -> tuple[float, float] | Sequence[tuple[float, float]]:
+    def __getitem__(
+        self, index: int | slice
+    ) -> tuple[float, float] | Sequence[tuple[float, float]]:
         if isinstance(index, slice):
             return [self[i] for i in range(*index.indices(self.count))]
         if index < 0:

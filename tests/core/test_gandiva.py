@@ -196,7 +196,9 @@ def test_packing_refuses_an_admission():
     from corral.core.tenancy.quota import QuotaAdmission
 
     with pytest.raises(ValueError, match="admission"):
-        scheduler(1, 1, packing=Packing(lambda g, h, t: None), admission=QuotaAdmission({"default": 1}))
+        scheduler(
+            1, 1, packing=Packing(lambda g, h, t: None), admission=QuotaAdmission({"default": 1})
+        )
     with pytest.raises(ValueError, match="threshold"):
         Packing(lambda g, h, t: None, threshold=0)
 

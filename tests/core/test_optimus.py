@@ -34,7 +34,13 @@ def exact_observer(curves: dict[str, tuple[LossCurve, float]], every: float = 10
 def test_fit_recovers_a_known_curve_and_its_convergence_step():
     # l(k) = 1/(0.01 k + 0.5) + 0.2: l(10) = 1/0.6 + 0.2 = 1.8667, l(50) = 1/1.0 + 0.2 = 1.2,
     # l(100) = 1/1.5 + 0.2 = 0.8667, l(200) = 1/2.5 + 0.2 = 0.6, l(400) = 1/4.5 + 0.2 = 0.4222.
-    points = [(10, 1 / 0.6 + 0.2), (50, 1.2), (100, 1 / 1.5 + 0.2), (200, 0.6), (400, 1 / 4.5 + 0.2)]
+    points = [
+        (10, 1 / 0.6 + 0.2),
+        (50, 1.2),
+        (100, 1 / 1.5 + 0.2),
+        (200, 0.6),
+        (400, 1 / 4.5 + 0.2),
+    ]
     curve = fit_loss_curve(points)
     assert curve is not None
     assert (curve.b0, curve.b1, curve.b2) == pytest.approx((0.01, 0.5, 0.2), rel=1e-5)

@@ -165,7 +165,10 @@ class Optimus(Policy):
             self._watch[job.id] = job
             # Projected finish instant: stays put while the job runs (as srtf's does).
             stall = max(0.0, job.stall_until - now)
-            return (now + stall + self.remaining_s(job, now) / max(job.speed, 1e-12), *tie_break(job))
+            return (
+                now + stall + self.remaining_s(job, now) / max(job.speed, 1e-12),
+                *tie_break(job),
+            )
         return self.key(job, now)
 
     def key_changes_at(self, job: Job, now: float) -> float:

@@ -35,7 +35,9 @@ class TimeSlice(Policy):
 
     def __init__(self, quantum_s: float = DEFAULT_QUANTUM_S) -> None:
         if not quantum_s > 0 or math.isinf(quantum_s):
-            raise ValueError(f"the time-slice quantum must be a positive number of seconds, got {quantum_s}")
+            raise ValueError(
+                f"the time-slice quantum must be a positive number of seconds, got {quantum_s}"
+            )
         self.quantum_s = quantum_s
 
     @staticmethod
