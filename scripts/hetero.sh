@@ -3,7 +3,7 @@
 # 36 V100 + 36 P100 + 36 K80 cluster, type-agnostic `relax` against `hetero` (the same ordering
 # policies, las and fifo with backfill), and `hetero` with its fairness floor at 0.8; then the
 # comparison table (printed as markdown) and docs/img/hetero-jct-cdf.png.
-# Takes about 8 minutes on 2 cores. Run from the repository root after the README's first
+# Takes about 4 minutes on 2 cores. Run from the repository root after the README's first
 # command: bash scripts/hetero.sh [OUT_DIR]
 set -euo pipefail
 corral=${CORRAL:-.venv/bin/corral}

@@ -170,7 +170,9 @@ def make_ordering(name: str, settings: RunSettings, jobs: list[JobSpec]) -> Poli
     if name == "timeslice":
         return make_policy(name, quantum_s=settings.quantum_s)
     if name == "optimus":  # learns lengths from a seeded loss-curve model of each job's progress
-        return make_policy(name, observe=LossCurveModel(settings.seed, noise=settings.optimus_noise))
+        return make_policy(
+            name, observe=LossCurveModel(settings.seed, noise=settings.optimus_noise)
+        )
     if name in ("sjf", "srtf") and any(s.duration_s is None for s in jobs):
         raise SimulationError(f"{name} needs every job's duration, and this trace lacks some")
     return make_policy(name)
@@ -207,7 +209,11 @@ def check_settings(settings: RunSettings) -> None:
         ("--quantum-s", not settings.quantum_s > 0, "must be positive"),
         ("--packing-threshold", not settings.packing_threshold > 0, "must be positive"),
         ("--packing", settings.packing and settings.admission != "none", "needs --admission none"),
-        ("--migrate", settings.migrate and settings.admission == "hived", "not with --admission hived"),
+        (
+            "--migrate",
+            settings.migrate and settings.admission == "hived",
+            "not with --admission hived",
+        ),
         ("--max-retries", settings.max_retries < 0, "must not be negative"),
         ("--seed", settings.seed < 0, "must not be negative"),
         (
@@ -259,6 +265,9 @@ def check_settings(settings: RunSettings) -> None:
         raise SimulationError("--opportunistic-share: opportunistic jobs need --admission hived")
     if settings.oversubscribe and settings.admission not in ("quota", "hived"):
         raise SimulationError("--oversubscribe: lending GPUs needs --admission quota or hived")
+    if settings.oversubscribe and settings.admission == "hived" and settings.placement == "hetero":
+        # A lent job the lender's matching would not place bounces back every round, re-queued.
+        raise SimulationError("--placement hetero: not with --admission hived --oversubscribe")
     if settings.gittins_history is not None and not settings.gittins_history.is_file():
         raise SimulationError(f"{settings.gittins_history}: no such file (--gittins-history)")
     check_cache_settings(settings)

@@ -129,6 +129,12 @@ def test_types_a_job_cannot_use_are_never_matched():
     assert match_types([], ONE_EACH) == []
 
 
+def test_bad_work_is_refused():
+    for work in (0.0, -1.0, math.inf, math.nan):
+        with pytest.raises(ValueError, match="work must be a positive number"):
+            match_types([JobSpeeds(1, SPEEDS["half"], work=work)], ONE_EACH)
+
+
 def test_bad_fairness_is_refused():
     for fairness in (0.0, -0.5, 1.5):
         with pytest.raises(ValueError, match="fairness must be in"):

@@ -15,9 +15,10 @@ Recommendation job faster on the K80). A type-agnostic placement takes whichever
   of the type's time the running jobs still hold. scipy's `linear_sum_assignment` solves it.
 * **Speeds** come from the shell's `SpeedModel` (the same function that sets a running job's
   speed: Gavel's throughput table in the simulator, measured throughputs live), read on a
-  consolidated set of GPUs of each type. Job lengths are not used: every job is taken to have
-  one unit of work, the time it takes on its fastest type, so `p = best speed / speed on t`.
-  Running jobs count with one unit as well.
+  consolidated set of GPUs of each type. Job lengths are not used (the live manager does not
+  know them): every job is taken to have one unit of work, the time it takes on its fastest
+  type, so `p = best speed / speed on t`; running jobs count with one unit as well.
+  (`match_types` also takes a known amount of work per job, AlloX's processing times.)
 * **Fairness (after Gavel, Narayanan et al., OSDI'20, section 4.1).** Gavel's max-min fairness
   compares a job's throughput with what it would get from an equal share of every GPU type.
   With `fairness = f`, a job may only be matched to a type where its speed is at least `f` times
@@ -39,7 +40,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from itertools import islice
 
 import numpy as np
@@ -73,6 +74,8 @@ def run_times(job: JobSpeeds, capacity: Mapping[str, int]) -> dict[str, float]:
         for t, s in job.speeds.items()
         if capacity.get(t, 0) >= job.gpus and s > 0 and math.isfinite(s)
     }
+    if job.work is not None and not (job.work > 0 and math.isfinite(job.work)):
+        raise ValueError(f"work must be a positive number, got {job.work}")
     if not usable:
         return {}
     work = job.work if job.work is not None else max(usable.values())
@@ -194,6 +197,23 @@ def restricted(job: Job, gpu_type: str) -> Job:
     return replace(job, spec=replace(job.spec, gpu_types=frozenset((gpu_type,))))
 
 
+@dataclass(slots=True)
+class _Seen:
+    """What `Hetero` keeps per cluster and speed model it places for (HiveD's per-VC schedulers
+    share one placement): representative GPUs, and the run times of the jobs in view this
+    round and the round before (they never change; two generations keep the cache to the jobs
+    still in view)."""
+
+    cluster: Cluster | None
+    speed_model: SpeedModel | None
+    representatives: dict[str, tuple[int, ...]]
+    known: dict[str, tuple[dict[str, float], dict[str, float]]] = field(default_factory=dict)
+    known_before: dict[str, tuple[dict[str, float], dict[str, float]]] = field(default_factory=dict)
+
+    def new_generation(self) -> None:
+        self.known_before, self.known = self.known, {}
+
+
 class Hetero(Placement):
     name = "hetero"
 
@@ -210,18 +230,13 @@ class Hetero(Placement):
         self.within = within if within is not None else Relax(relax_after_s)
         self.fairness = fairness
         self.max_jobs = max_jobs
-        self._cluster: Cluster | None = None
-        self._speed_model: SpeedModel | None = None
-        self._representatives: dict[str, tuple[int, ...]] = {}
         self._waiting: list[Job] = []
         self._running: list[Job] = []
         self._plan: dict[str, str | None] | None = None
         self._views: dict[str, Job] = {}
         self._backlog: dict[str, float] = {}
-        # Run times of the jobs in view this round and the round before: they never change, and
-        # two generations keep the cache to the jobs still in view.
-        self._known: dict[str, tuple[dict[str, float], dict[str, float]]] = {}
-        self._known_before: dict[str, tuple[dict[str, float], dict[str, float]]] = {}
+        self._seen: dict[tuple[int, int], _Seen] = {}
+        self._current = _Seen(None, None, {})
 
     # -- the round ------------------------------------------------------------------------------
 
@@ -234,11 +249,11 @@ class Hetero(Placement):
         now: float,
     ) -> None:
         """Note the round's view; the matching itself waits until a job is to be placed."""
-        if cluster is not self._cluster or speed_model is not self._speed_model:
-            self._representatives = representative_gpus(cluster)
-            self._known, self._known_before = {}, {}
-        self._cluster = cluster
-        self._speed_model = speed_model
+        key = (id(cluster), id(speed_model))
+        seen = self._seen.get(key)
+        if seen is None or seen.cluster is not cluster or seen.speed_model is not speed_model:
+            seen = self._seen[key] = _Seen(cluster, speed_model, representative_gpus(cluster))
+        self._current = seen
         self._plan = None
         self._views = {}
         if len(cluster.gpu_types) < 2:
@@ -252,11 +267,11 @@ class Hetero(Placement):
         type, or when no type can hold the job (the wrapped placement then decides alone)."""
         plan = self._plan
         if plan is None:
-            if cluster is not self._cluster or len(cluster.gpu_types) < 2:
+            if cluster is not self._current.cluster or len(cluster.gpu_types) < 2:
                 return None
-            self._known_before, self._known = self._known, {}
+            self._current.new_generation()
             plan = self._plan = self._match(cluster)
-        elif cluster is not self._cluster:
+        elif cluster is not self._current.cluster:
             return None
         key = job.spec.id
         if key in plan:
@@ -299,9 +314,10 @@ class Hetero(Placement):
 
     def _times(self, cluster: Cluster, job: Job) -> tuple[dict[str, float], dict[str, float]]:
         """The job's run time on every type that can hold it, and on those fairness allows."""
-        known = self._known.get(job.id) or self._known_before.get(job.id)
+        seen = self._current
+        known = seen.known.get(job.id) or seen.known_before.get(job.id)
         if known is None:
-            speeds = type_speeds(cluster, job, self._speed_model, self._representatives)
+            speeds = type_speeds(cluster, job, seen.speed_model, seen.representatives)
             capacity = cluster.total_by_type
             times = run_times(JobSpeeds(job.spec.gpus, speeds), capacity)
             fair = (
@@ -310,7 +326,7 @@ class Hetero(Placement):
                 else times
             )
             known = (times, fair)
-        self._known[job.id] = known
+        seen.known[job.id] = known
         return known
 
     # -- the Placement interface -----------------------------------------------------------------
@@ -340,7 +356,7 @@ class Hetero(Placement):
         return result
 
     def mode(self, job: Job, now: float) -> str:
-        cluster = self._cluster
+        cluster = self._current.cluster
         gpu_type = None if cluster is None else self.gpu_type_for(cluster, job)
         return f"{self.within.mode(job, now)}@{gpu_type}"
 
