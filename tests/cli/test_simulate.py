@@ -131,6 +131,12 @@ def test_job_larger_than_cluster_is_refused_with_one_line(tmp_path: Path):
         (["--placement", "nowhere"], "unknown placement 'nowhere'"),
         (["--window", "5:2"], "--window"),
         (["--las-thresholds", "a,b"], "--las-thresholds"),
+        (
+            ["--placement", "hetero", "--hetero-fairness", "1.5"],
+            "--hetero-fairness: must be in (0, 1]",
+        ),
+        (["--policy", "elasticflow", "--deadline-factor", "2:1"], "--deadline-factor"),
+        (["--policy", "timeslice", "--quantum-s", "0"], "--quantum-s: must be positive"),
     ],
 )
 def test_bad_options_exit_non_zero_with_a_clear_message(
