@@ -316,6 +316,9 @@ def plot_vcs_command(
 
 
 app.command("fgd")(__import__("corral.cli.sharing", fromlist=["fgd"]).fgd)
+app.command("up")(__import__("corral.cli.up", fromlist=["up"]).up)
+__import__("corral.cli.client", fromlist=["register"]).register(app)
+app.command("export-trace")(__import__("corral.cli.up", fromlist=["export_trace"]).export_trace)
 
 
 def run() -> None:

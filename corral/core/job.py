@@ -105,6 +105,8 @@ class Job:
     preemptions: int = 0
     relaxed: bool = False
     pending_reason: str = "not yet considered"
+    #: A failed job waits at least until then before its retry (the shell's backoff).
+    hold_until: float = 0.0
     last_event: str = ""
     # Policy bookkeeping: LAS starvation promotion discounts service attained before it.
     service_offset_gpu_s: float = 0.0

@@ -114,9 +114,20 @@ class Scheduler:
         self._finish(job, JobStatus.SUCCEEDED, now, "succeeded")
         return job
 
-    def failed(self, job_id: str, now: float, reason: str, infrastructure: bool = False) -> Job:
-        """An attempt failed: the work of the attempt is lost; retry until max_retries. A failure
-        of the infrastructure (a node died) is counted apart and never uses up the retries."""
+    def failed(
+        self,
+        job_id: str,
+        now: float,
+        reason: str,
+        infrastructure: bool = False,
+        *,
+        retry_after_s: float = 0.0,
+        give_up: bool = False,
+    ) -> Job:
+        """An attempt failed: the work of the attempt is lost; retry until max_retries, not before
+        `retry_after_s` (a backoff). A failure of the infrastructure (a node died) is counted
+        apart and never uses up the retries; `give_up` ends the job now (the shell judged the
+        failure a user error that retrying cannot mend)."""
         job = self._running_job(job_id)
         kept_work = job.work_done_s
         self._stop(job, now)
@@ -125,10 +136,11 @@ class Scheduler:
             job.extra["infra_failures"] = int(job.extra.get("infra_failures", 0)) + 1  # type: ignore[call-overload]
         else:
             job.failures += 1
-        if job.failures > job.spec.max_retries:
+        if give_up or job.failures > job.spec.max_retries:
             self._finish(job, JobStatus.FAILED, now, f"failed: {reason}")
         else:
             job.last_event = f"attempt {job.attempts} failed ({reason}); retrying"
+            job.hold_until = now + retry_after_s
             self._enqueue(job, now)
         return job
 
@@ -189,6 +201,30 @@ class Scheduler:
         self.jobs[job.id] = job
         self._by_seq.append(job)
         self._enqueue(job, now)
+
+    def restore_running(
+        self, job_id: str, gpus: tuple[int, ...], started_at: float, now: float
+    ) -> Job:
+        """After the shell restarts: a queued job (adopted with its history, its attempt count
+        already counting this attempt) is in fact running on these GPUs since `started_at`."""
+        job = self.jobs[job_id]
+        if job.status is not JobStatus.PENDING:
+            raise ValueError(f"job {job_id} is {job.status.value}, not PENDING")
+        self._dequeue(job, now)
+        self.cluster.allocate(gpus)
+        job.status = JobStatus.RUNNING
+        job.placement = gpus
+        job.run_started_at = started_at
+        job.stall_until = started_at
+        if job.first_started_at is None:
+            job.first_started_at = started_at
+        job.speed = self.speed_model(job, gpus) if self.speed_model else 1.0
+        job.pending_reason = ""
+        job.last_event = "found running after a restart"
+        if self.admission is not None:
+            self.admission.on_start(job)
+        self._index(self._running, job, now)
+        return job
 
     # -- for a caller that sizes and places jobs itself (core.elastic) ------------------------
 
@@ -255,9 +291,16 @@ class Scheduler:
             can_preempt = preempt and self._may_preempt_for(job, now)
             if cluster.free_gpus == 0 and not can_preempt and not self._may_pack():
                 if admission is None or not admission.someone_over_share():
+                    job.pending_reason = (
+                        "waiting for free GPUs: all are in use by jobs of equal or higher priority"
+                    )
                     break
                 # A job further back, of a VC under its share, may still reclaim GPUs.
                 job.pending_reason = "waiting for free GPUs"
+                position += 1
+                continue
+            if job.hold_until > now:
+                job.pending_reason = f"retry backoff: held for {job.hold_until - now:.0f} s more"
                 position += 1
                 continue
             if admission is not None:
@@ -588,6 +631,8 @@ class Scheduler:
         at = self.policy.key_changes_at(job, now)
         if job.status is JobStatus.PENDING:
             at = min(at, self.placement.changes_at(job, now))
+            if job.hold_until > now:  # wake when its retry backoff ends
+                at = min(at, job.hold_until)
         version = self._timer_version.get(job.seq, 0) + 1
         self._timer_version[job.seq] = version
         if at < math.inf:

@@ -1,0 +1,402 @@
+"""The client commands: submit, ls, describe, logs, cancel, vc ls, token create.
+
+They talk to a running `corral up` through corral.client (CORRAL_URL, CORRAL_TOKEN). With
+`-o json` a command prints only JSON on stdout, for scripts. A refusal (the server's, or a bad
+spec file) is one line on stderr and exit code 1; a usage error exits with 2.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime
+from enum import StrEnum
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
+
+import typer
+from rich.table import Table
+
+from corral.cli.main import console, err_console
+
+if TYPE_CHECKING:
+    from corral.client import Client
+
+REASON_WIDTH = 60  # `ls` truncates the reason column to this many characters
+DEFAULT_LS_LIMIT = 50
+
+
+class Output(StrEnum):
+    table = "table"
+    json = "json"
+
+
+class Status(StrEnum):
+    PENDING = "PENDING"
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+
+
+OutputOption = Annotated[
+    Output, typer.Option("--output", "-o", help="table for people, json for scripts")
+]
+
+
+def refuse(message: str) -> NoReturn:
+    """A request that could not be done: one line on stderr, exit code 1."""
+    err_console.print(f"[bold red]error:[/] {_escape(message)}", highlight=False, soft_wrap=True)
+    raise typer.Exit(1)
+
+
+@contextmanager
+def connected() -> Iterator[Client]:
+    """A Client from CORRAL_URL/CORRAL_TOKEN; its errors become one line and exit code 1."""
+    from corral.client import Client, ClientError
+
+    try:
+        with Client() as client:
+            yield client
+    except ClientError as error:
+        refuse(error.message)
+
+
+def print_json(value: object) -> None:
+    typer.echo(json.dumps(value, indent=2))
+
+
+# -- submit -----------------------------------------------------------------------------------
+
+
+def submit(
+    file: Annotated[Path, typer.Argument(help="the job spec, YAML or JSON")],
+    output: OutputOption = Output.table,
+) -> None:
+    """Submit a job; print its id (ID=$(corral submit job.yaml))."""
+    from corral.client import load_spec_file
+    from corral.server.spec import SpecError
+
+    try:
+        spec = load_spec_file(file)
+    except SpecError as error:
+        refuse(str(error))
+    # The job runs where it was submitted from, as with sbatch, unless the file says otherwise.
+    workdir = os.path.expanduser(spec.get("workdir") or ".")
+    spec["workdir"] = os.path.normpath(os.path.join(os.getcwd(), workdir))
+    with connected() as client:
+        job = client.submit(spec, source=str(file))
+    if output is Output.json:
+        print_json(job)
+    else:
+        typer.echo(job["id"])
+
+
+# -- ls ---------------------------------------------------------------------------------------
+
+
+def ls(
+    all_jobs: Annotated[
+        bool,
+        typer.Option("--all", "-a", help=f"every job (default: the {DEFAULT_LS_LIMIT} newest)"),
+    ] = False,
+    status: Annotated[
+        Status | None, typer.Option(help="only jobs in this state", case_sensitive=False)
+    ] = None,
+    vc: Annotated[str | None, typer.Option(help="only this VC's jobs")] = None,
+    user: Annotated[str | None, typer.Option(help="only this user's jobs")] = None,
+    output: OutputOption = Output.table,
+) -> None:
+    """List jobs, newest first."""
+    with connected() as client:
+        jobs = client.jobs(
+            status=status.value if status else None,
+            vc=vc,
+            user=user,
+            limit=None if all_jobs else DEFAULT_LS_LIMIT,
+        )
+    if output is Output.json:
+        print_json(jobs)
+        return
+    if not jobs:
+        err_console.print("no jobs", highlight=False)
+        return
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    for column in ("ID", "NAME", "USER", "VC", "STATUS", "GPUS", "AGE", "REASON"):
+        table.add_column(column, no_wrap=column != "REASON", overflow="ellipsis")
+    now = time.time()
+    for job in jobs:
+        table.add_row(
+            job["id"],
+            job["name"],
+            job["user"],
+            job["vc"],
+            _status(job["status"]),
+            str(job["gpus"]),
+            _age(now - job["submitted_at"]),
+            _escape(_truncate(job["reason"], REASON_WIDTH)),
+        )
+    console.print(table, highlight=False)
+
+
+# -- describe ---------------------------------------------------------------------------------
+
+
+def describe(
+    job_id: Annotated[str, typer.Argument(metavar="JOB", help="the job id")],
+    output: OutputOption = Output.table,
+) -> None:
+    """A job's state, placement, attempts and events, and why it is pending."""
+    with connected() as client:
+        job = client.job(job_id)
+    if output is Output.json:
+        print_json(job)
+        return
+    spec = job.get("spec", {})
+    workers = job.get("workers", 1)
+    attempts = _attempt_list(job)
+    # Field values are rich markup: anything the user wrote is escaped.
+    fields: list[tuple[str, str]] = [
+        ("Status", _status(job["status"])),
+        ("User / VC", _escape(f"{job['user']} / {job['vc']}")),
+        ("Priority", job["priority"]),
+        ("GPUs", f"{job['gpus']} ({workers} worker{'s' if workers != 1 else ''})"),
+    ]
+    if job["placement"]:
+        fields.append(("Placement", _escape(", ".join(job["placement"]))))
+    fields.append(("Submitted", _when(job["submitted_at"])))
+    if job["started_at"]:
+        fields.append(("Started", _when(job["started_at"])))
+    if job["finished_at"]:
+        fields.append(("Finished", _when(job["finished_at"])))
+    fields.append(
+        (
+            "Attempts",
+            f"{_attempt_count(job)} ({job['failures']} failed, {job['preemptions']} preempted)",
+        )
+    )
+    if job["exit_code"] is not None:
+        fields.append(("Exit code", str(job["exit_code"])))
+    if spec.get("command"):
+        command = spec["command"]
+        fields.append(
+            ("Command", _escape(command if isinstance(command, str) else " ".join(command)))
+        )
+    if spec.get("workdir"):
+        fields.append(("Workdir", _escape(spec["workdir"])))
+    console.print(f"[bold]Job {_escape(job['id'])}[/]  {_escape(job['name'])}", highlight=False)
+    for label, value in fields:
+        console.print(f"  {label + ':':<11} {value}", highlight=False, soft_wrap=True)
+    if job["status"] == "PENDING":
+        reason = job["reason"] or "not yet considered by the scheduler"
+        console.print(f"[bold]Why pending:[/] {_escape(reason)}", highlight=False, soft_wrap=True)
+    elif job["reason"]:
+        label = "Reason" if job["status"] != "RUNNING" else "Note"
+        console.print(
+            f"[bold]{label}:[/] {_escape(job['reason'])}", highlight=False, soft_wrap=True
+        )
+    if attempts:
+        console.print()
+        table = Table(title="Attempts", title_justify="left", box=None, header_style="bold")
+        for column in ("#", "GPUS", "STARTED", "ENDED", "STATE", "OUTCOME", "EXIT", "REASON"):
+            table.add_column(column, overflow="fold")
+        for attempt in attempts:
+            table.add_row(
+                str(attempt["number"]),
+                _escape(",".join(attempt["gpus"])),
+                _clock(attempt["started_at"]),
+                _clock(attempt["ended_at"]),
+                attempt["state"],
+                attempt["outcome"] or "",
+                "" if attempt["exit_code"] is None else str(attempt["exit_code"]),
+                _escape(attempt["reason"] or ""),
+            )
+        console.print(table, highlight=False)
+    events = sorted(job.get("events", []), key=lambda event: event["at"])
+    if events:
+        console.print()
+        table = Table(title="Events", title_justify="left", box=None, header_style="bold")
+        for column in ("TIME", "EVENT", "MESSAGE"):
+            table.add_column(column, overflow="fold")
+        for event in events:
+            table.add_row(_clock(event["at"]), event["kind"], _escape(event["message"]))
+        console.print(table, highlight=False)
+
+
+# -- logs -------------------------------------------------------------------------------------
+
+
+def logs(
+    job_id: Annotated[str, typer.Argument(metavar="JOB", help="the job id")],
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="keep printing until the job ends")
+    ] = False,
+    attempt: Annotated[
+        int | None, typer.Option(min=1, help="this attempt (default: the latest)")
+    ] = None,
+    rank: Annotated[int, typer.Option(min=0, help="this worker's output")] = 0,
+    stderr: Annotated[bool, typer.Option("--stderr", help="stderr instead of stdout")] = False,
+) -> None:
+    """Print a job's output (one worker's stdout or stderr)."""
+    stream = "stderr" if stderr else "stdout"
+    with connected() as client:
+        if attempt is not None:
+            job = client.job(job_id)
+            had = _attempt_count(job)
+            if attempt > had and job["status"] not in ("PENDING", "RUNNING"):
+                refuse(f"job {job_id} has no attempt {attempt} (it had {had})")
+        if follow:
+            try:
+                for text in client.follow_logs(job_id, attempt, rank, stream):
+                    sys.stdout.write(text)
+                    sys.stdout.flush()
+            except KeyboardInterrupt:
+                raise typer.Exit(130) from None
+            return
+        offset = 0
+        number = attempt
+        while True:  # the server sends at most 1 MiB per call
+            chunk = client.log_chunk(job_id, number, rank, stream, offset)
+            number = number or chunk.attempt or None
+            if not chunk.text:
+                break
+            sys.stdout.write(chunk.text)
+            offset = chunk.next_offset
+        sys.stdout.flush()
+
+
+# -- cancel -----------------------------------------------------------------------------------
+
+
+def cancel(
+    job_id: Annotated[str, typer.Argument(metavar="JOB", help="the job id")],
+    output: OutputOption = Output.table,
+) -> None:
+    """Cancel a pending or running job (its processes get their signal, then SIGKILL)."""
+    with connected() as client:
+        job = client.cancel(job_id)
+    if output is Output.json:
+        print_json(job)
+    if job["status"] != "CANCELLED":
+        refuse(f"job {job_id} already ended ({job['status']}); nothing to cancel")
+    if output is Output.table:
+        typer.echo(f"job {job_id} cancelled")
+
+
+# -- vc ---------------------------------------------------------------------------------------
+
+vc_app = typer.Typer(no_args_is_help=True, help="Virtual clusters (teams' GPU shares).")
+
+
+@vc_app.command("ls")
+def vc_ls(output: OutputOption = Output.table) -> None:
+    """The VCs: guaranteed GPUs, GPUs in use, pending and running jobs."""
+    with connected() as client:
+        vcs = client.vcs()
+    if output is Output.json:
+        print_json(vcs)
+        return
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    for column in ("VC", "GUARANTEED", "ALLOCATED", "PENDING", "RUNNING"):
+        table.add_column(column, justify="left" if column == "VC" else "right")
+    for vc in vcs:
+        table.add_row(
+            vc["name"],
+            str(vc["guaranteed_gpus"]),
+            str(vc["allocated_gpus"]),
+            str(vc["pending"]),
+            str(vc["running"]),
+        )
+    console.print(table, highlight=False)
+
+
+# -- token ------------------------------------------------------------------------------------
+
+token_app = typer.Typer(no_args_is_help=True, help="API tokens (admins only).")
+
+
+@token_app.command("create")
+def token_create(
+    user: Annotated[str, typer.Argument(help="the user the token acts as")],
+    vc: Annotated[
+        str | None, typer.Option(help="the user's VC: they submit there and read its jobs")
+    ] = None,
+    admin: Annotated[bool, typer.Option("--admin", help="an admin token")] = False,
+    output: OutputOption = Output.table,
+) -> None:
+    """Create a token and print it (the only time it is shown)."""
+    with connected() as client:
+        created = client.create_token(user, vc=vc, admin=admin)
+    if output is Output.json:
+        print_json(created)
+    else:
+        typer.echo(created["token"])
+
+
+def register(app: typer.Typer) -> None:
+    app.command("submit")(submit)
+    app.command("ls")(ls)
+    app.command("describe")(describe)
+    app.command("logs")(logs)
+    app.command("cancel")(cancel)
+    app.add_typer(vc_app, name="vc")
+    app.add_typer(token_app, name="token")
+
+
+# -- formatting -------------------------------------------------------------------------------
+
+STATUS_STYLE = {
+    "PENDING": "yellow",
+    "RUNNING": "cyan",
+    "SUCCEEDED": "green",
+    "FAILED": "red",
+    "CANCELLED": "magenta",
+}
+
+
+def _status(status: str) -> str:
+    style = STATUS_STYLE.get(status)
+    return f"[{style}]{status}[/]" if style else status
+
+
+def _attempt_list(job: dict[str, Any]) -> list[dict[str, Any]]:
+    """A job detail's attempts (`attempt_history`; older servers listed them in `attempts`)."""
+    listed = job.get("attempt_history", job["attempts"])
+    return listed if isinstance(listed, list) else []
+
+
+def _attempt_count(job: dict[str, Any]) -> int:
+    attempts = job["attempts"]
+    return len(attempts) if isinstance(attempts, list) else int(attempts)
+
+
+def _escape(text: Any) -> str:
+    from rich.markup import escape
+
+    return escape(str(text))
+
+
+def _truncate(text: str, width: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _age(seconds: float) -> str:
+    seconds = max(0.0, seconds)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)}{unit}"
+    return f"{int(seconds)}s"
+
+
+def _clock(at: float | None) -> str:
+    return "" if at is None else datetime.fromtimestamp(at).strftime("%H:%M:%S")
+
+
+def _when(at: float) -> str:
+    stamp = datetime.fromtimestamp(at).strftime("%Y-%m-%d %H:%M:%S")
+    return f"{stamp} ({_age(time.time() - at)} ago)"

@@ -1,0 +1,154 @@
+"""`corral up`: the embedded manager (API, control loop, local executor) in the foreground."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from corral.cli.main import console, fail, parse_floats
+
+DEFAULT_DATA_DIR = Path(os.environ.get("CORRAL_HOME", "~/.corral")).expanduser()
+
+
+def up(
+    gpus: Annotated[
+        int | None,
+        typer.Option(help="declare this many GPUs (a machine without GPUs); default: NVML's"),
+    ] = None,
+    gpu_type: Annotated[str, typer.Option(help="the type of declared GPUs")] = "gpu",
+    port: Annotated[int, typer.Option(help="the API and dashboard port")] = 8470,
+    host: Annotated[str, typer.Option(help="the address to listen on")] = "127.0.0.1",
+    data_dir: Annotated[
+        Path, typer.Option(help="state, logs, checkpoints and admin.token live here")
+    ] = DEFAULT_DATA_DIR,
+    config: Annotated[
+        Path | None, typer.Option(help="cluster and VC config (the simulator's YAML)")
+    ] = None,
+    db: Annotated[
+        str | None,
+        typer.Option(help="a database URL (postgresql+psycopg://...); default SQLite in DATA_DIR"),
+    ] = None,
+    policy: Annotated[str, typer.Option(help="fifo, las, gittins or timeslice")] = "las",
+    las_thresholds: Annotated[
+        str, typer.Option(help="LAS/Gittins queue thresholds, GPU-seconds, comma-separated")
+    ] = "3600,36000",
+    quantum_s: Annotated[float, typer.Option(help="timeslice: the round length")] = 600.0,
+    relax_after: Annotated[
+        float, typer.Option(help="seconds a job waits for a consolidated placement")
+    ] = 60.0,
+    demo: Annotated[
+        bool,
+        typer.Option(
+            help="run the demo workload (two VCs, a preemption and resume) to the end, then exit"
+        ),
+    ] = False,
+) -> None:
+    """Start the embedded cluster manager on this machine."""
+    from corral.server.boot import BootError, ServerOptions, build_manager
+    from corral.server.manager import LIVE_POLICIES, ManagerSettings
+
+    if policy not in LIVE_POLICIES:
+        fail(f"--policy: unknown {policy!r}; choose one of {', '.join(LIVE_POLICIES)}")
+    if gpus is not None and gpus <= 0:
+        fail("--gpus: must be a positive integer")
+    if not 0 < port < 65536 and not (demo and port == 0):
+        fail("--port: must be between 1 and 65535")
+    if quantum_s <= 0:
+        fail("--quantum-s: must be positive")
+    settings = ManagerSettings(
+        policy=policy,
+        las_thresholds_gpu_s=parse_floats("--las-thresholds", las_thresholds),
+        quantum_s=quantum_s,
+        relax_after_s=relax_after,
+    )
+    options = ServerOptions(
+        data_dir=data_dir.expanduser(),
+        gpus=gpus,
+        gpu_type=gpu_type,
+        config=config,
+        db_url=db,
+        host=host,
+        port=port,
+        settings=settings,
+    )
+    if demo:
+        from corral.server.demo import run_demo
+
+        try:
+            run_demo(options, console)
+        except BootError as error:
+            fail(str(error))
+        return
+    try:
+        manager = build_manager(options)
+    except BootError as error:
+        fail(str(error))
+    serve(manager, options)
+
+
+def serve(manager: object, options: object) -> None:
+    import uvicorn
+
+    from corral.server.api import create_app
+    from corral.server.boot import ServerOptions
+    from corral.server.manager import Manager
+
+    assert isinstance(manager, Manager) and isinstance(options, ServerOptions)
+    url = f"http://{options.host}:{options.port}"
+    token_file = options.data_dir / "admin.token"
+    token = token_file.read_text().strip()
+    quota = ", ".join(f"{vc} ({gpus} GPUs)" for vc, gpus in sorted(manager.vc_quota.items()))
+    node = manager.cluster.nodes[0]
+    console.print(
+        f"corral up: {manager.cluster.total_gpus} GPUs on {node.name}, policy "
+        f"{manager.settings.policy}, VCs {quota}",
+        highlight=False,
+    )
+    console.print(f"  API        {url}/api/v1   (OpenAPI: {url}/docs)", highlight=False)
+    console.print(f"  dashboard  {url}/#token={token}", highlight=False, soft_wrap=True)
+    console.print(
+        f"  clients    export CORRAL_URL={url} CORRAL_TOKEN=$(cat {token_file})",
+        highlight=False,
+        soft_wrap=True,
+    )
+    console.print(f"  state      {options.data_dir}   (Ctrl-C stops; jobs keep running)")
+    manager.start()
+    try:
+        uvicorn.run(
+            create_app(manager),
+            host=options.host,
+            port=options.port,
+            log_level="warning",
+            access_log=False,
+        )
+    finally:
+        manager.stop()
+
+
+def export_trace(
+    out: Annotated[Path, typer.Option(help="the CSV to write (Helios's cluster_log format)")],
+    data_dir: Annotated[Path, typer.Option(help="the manager's data directory")] = DEFAULT_DATA_DIR,
+    db: Annotated[
+        str | None, typer.Option(help="a database URL instead of DATA_DIR's SQLite")
+    ] = None,
+) -> None:
+    """Write the manager's job history as a trace: `corral simulate --trace helios:FILE`."""
+    from corral.server.export import export_trace as write_trace
+    from corral.server.store import Store, StoreError
+
+    data_dir = data_dir.expanduser()
+    if db is None and not (data_dir / "corral.db").is_file():
+        fail(f"{data_dir / 'corral.db'}: no corral database here (--data-dir or --db)")
+    try:
+        store = Store(db or Store.sqlite_url(data_dir))
+        written, skipped = write_trace(store, out)
+    except (StoreError, OSError) as error:
+        fail(str(error))
+    console.print(
+        f"wrote {written} jobs to {out} ({skipped} that never ran left out); replay with:\n"
+        f"  corral simulate --trace helios:{out} --cluster 1x8 --compare fifo,las",
+        highlight=False,
+    )

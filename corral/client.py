@@ -1,0 +1,272 @@
+"""The Python SDK over corral's REST API (/api/v1).
+
+    from corral.client import Client
+
+    with Client() as corral:                  # CORRAL_URL and CORRAL_TOKEN from the environment
+        job = corral.submit("job.yaml")
+        for text in corral.follow_logs(job["id"]):
+            print(text, end="")
+        print(corral.wait(job["id"], timeout=600)["status"])
+
+Every refusal is a ClientError whose message is one line: the server's own `detail` (e.g.
+``gpus: must be a positive integer``), or what went wrong reaching it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+DEFAULT_URL = "http://127.0.0.1:8470"
+FINAL_STATUSES = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
+POLL_SECONDS = 0.5
+
+
+class ClientError(Exception):
+    """A request corral refused (`status` is the HTTP status) or could not be made (None)."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+
+
+@dataclass(slots=True)
+class LogChunk:
+    text: str
+    next_offset: int
+    finished: bool  # this attempt's log will not grow any more
+    attempt: int  # the attempt read (0: the job has not started yet)
+
+
+def load_spec_file(path: str | Path) -> dict[str, Any]:
+    """A job spec file validated here, as the fields the user wrote (the server fills defaults,
+    e.g. the VC of a user's token when `vc` is not given). SpecError names the file."""
+    from corral.server.spec import load_job_spec_file
+
+    model = load_job_spec_file(path)
+    return model.model_dump(mode="json", exclude_unset=True)
+
+
+class Client:
+    def __init__(
+        self, url: str | None = None, token: str | None = None, timeout: float = 30
+    ) -> None:
+        self.url = (url or os.environ.get("CORRAL_URL") or DEFAULT_URL).rstrip("/")
+        token = token if token is not None else os.environ.get("CORRAL_TOKEN", "")
+        headers = {"Authorization": f"Bearer {token.strip()}"} if token.strip() else {}
+        try:
+            self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
+        except (httpx.InvalidURL, ValueError) as error:
+            raise ClientError(f"CORRAL_URL: not a usable URL {self.url!r} ({error})") from None
+        self.timeout = timeout
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # -- jobs ---------------------------------------------------------------------------------
+
+    def submit(self, spec: dict[str, Any] | str | Path, *, source: str | None = None) -> dict:
+        """Submit a job spec (a mapping, or a YAML/JSON file's path) -> the job's summary.
+        Refusals of a file's spec name the file (`source` names it for a mapping)."""
+        if isinstance(spec, str | Path):
+            from corral.server.spec import SpecError
+
+            source = source or str(spec)
+            try:
+                spec = load_spec_file(spec)
+            except SpecError as error:
+                raise ClientError(str(error)) from None
+        try:
+            return self._request("POST", "/jobs", json=spec)
+        except ClientError as error:
+            if source and error.status in (403, 422):  # a field of the spec was refused
+                raise ClientError(f"{source}: {error.message}", error.status) from None
+            raise
+
+    def jobs(
+        self,
+        status: str | None = None,
+        vc: str | None = None,
+        user: str | None = None,
+        limit: int | None = None,
+    ) -> list[dict]:
+        """Jobs newest first (a user sees their own and their VC's)."""
+        params = {"status": status, "vc": vc, "user": user, "limit": limit}
+        return self._request(
+            "GET", "/jobs", params={k: v for k, v in params.items() if v is not None}
+        )
+
+    def job(self, job_id: str | int) -> dict:
+        """One job's detail: the summary plus spec, attempts, events."""
+        return self._request("GET", f"/jobs/{_segment(job_id)}")
+
+    def cancel(self, job_id: str | int) -> dict:
+        return self._request("POST", f"/jobs/{_segment(job_id)}/cancel")
+
+    def wait(self, job_id: str | int, timeout: float, poll_s: float = POLL_SECONDS) -> dict:
+        """The job's detail once it is SUCCEEDED, FAILED or CANCELLED; ClientError after
+        `timeout` seconds."""
+        deadline = time.monotonic() + timeout
+        while True:
+            job = self.job(job_id)
+            if job["status"] in FINAL_STATUSES:
+                return job
+            if time.monotonic() >= deadline:
+                raise ClientError(f"job {job_id} is still {job['status']} after {timeout:g} s")
+            time.sleep(min(poll_s, max(0.0, deadline - time.monotonic())))
+
+    # -- logs ---------------------------------------------------------------------------------
+
+    def logs(
+        self,
+        job_id: str | int,
+        attempt: int | None = None,
+        rank: int = 0,
+        stream: str = "stdout",
+        offset: int = 0,
+    ) -> tuple[str, int, bool]:
+        """(text from `offset`, the next offset, whether the log is complete) of one worker's
+        stdout or stderr; the latest attempt unless `attempt` is given."""
+        chunk = self.log_chunk(job_id, attempt, rank, stream, offset)
+        return chunk.text, chunk.next_offset, chunk.finished
+
+    def log_chunk(
+        self,
+        job_id: str | int,
+        attempt: int | None = None,
+        rank: int = 0,
+        stream: str = "stdout",
+        offset: int = 0,
+    ) -> LogChunk:
+        params: dict[str, Any] = {"rank": rank, "stream": stream, "offset": offset}
+        if attempt is not None:
+            params["attempt"] = attempt
+        response = self._send("GET", f"/jobs/{_segment(job_id)}/logs", params=params)
+        headers = response.headers
+        return LogChunk(
+            text=response.text,
+            next_offset=int(headers.get("X-Corral-Offset", offset + len(response.content))),
+            finished=headers.get("X-Corral-Finished", "true") == "true",
+            attempt=int(headers.get("X-Corral-Attempt", attempt or 0)),
+        )
+
+    def follow_logs(
+        self,
+        job_id: str | int,
+        attempt: int | None = None,
+        rank: int = 0,
+        stream: str = "stdout",
+        poll_s: float = POLL_SECONDS,
+    ) -> Iterator[str]:
+        """The log's text as it grows, until the job ends. Without `attempt`, it follows the
+        latest attempt and moves on to each new one (after a failure or a preemption),
+        yielding a separator line between them."""
+        current = attempt
+        offset = 0
+        ends_line = True
+        while True:
+            chunk = self.log_chunk(job_id, current, rank, stream, offset)
+            if chunk.text:
+                yield chunk.text
+                ends_line = chunk.text.endswith("\n")
+                offset = chunk.next_offset
+            if current is None and chunk.attempt:
+                current = chunk.attempt  # stay on it: a later attempt gets a separator
+            if not chunk.finished:
+                if not chunk.text:
+                    time.sleep(poll_s)
+                continue
+            if chunk.text:
+                continue  # read once more to be sure nothing is left
+            if attempt is not None or current is None:
+                return  # the attempt asked for is over, or the job ended before starting
+            latest = self.log_chunk(job_id, None, rank, stream, 0).attempt
+            if latest <= current:
+                return  # the job ended with this attempt
+            current, offset = latest, 0
+            yield ("" if ends_line else "\n") + f"--- attempt {latest} ---\n"
+            ends_line = True
+
+    # -- cluster and auth ---------------------------------------------------------------------
+
+    def vcs(self) -> list[dict]:
+        """Virtual clusters: name, guaranteed_gpus, allocated_gpus, pending, running."""
+        return self._request("GET", "/vcs")
+
+    def cluster(self) -> dict:
+        """Nodes and their GPUs (with the job holding each), and the VCs."""
+        return self._request("GET", "/cluster")
+
+    def create_token(self, user: str, vc: str | None = None, admin: bool = False) -> dict:
+        """A new token (admins only): {token, user, vc, admin}; the secret is shown only now."""
+        body: dict[str, Any] = {"user": user, "admin": admin}
+        if vc is not None:
+            body["vc"] = vc
+        return self._request("POST", "/tokens", json=body)
+
+    def whoami(self) -> dict:
+        return self._request("GET", "/whoami")
+
+    # -- HTTP ---------------------------------------------------------------------------------
+
+    def _request(self, method: str, path: str, **kwargs: Any) -> Any:
+        return self._send(method, path, **kwargs).json()
+
+    def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        try:
+            response = self._http.request(method, "/api/v1" + path, **kwargs)
+        except httpx.ConnectError:
+            raise ClientError(
+                f"cannot reach corral at {self.url}: is `corral up` running? (CORRAL_URL)"
+            ) from None
+        except httpx.TimeoutException:
+            raise ClientError(
+                f"corral at {self.url} did not answer within {self.timeout:g} s"
+            ) from None
+        except httpx.HTTPError as error:
+            raise ClientError(f"corral at {self.url}: {error}") from None
+        if response.status_code >= 400:
+            raise ClientError(_detail(response), response.status_code)
+        return response
+
+
+def _segment(job_id: str | int) -> str:
+    """The job id as one path segment (an id such as '../tokens' must stay inside /jobs)."""
+    return quote(str(job_id), safe="")
+
+
+def _detail(response: httpx.Response) -> str:
+    """The server's one-line reason for a refusal."""
+    try:
+        detail = response.json().get("detail")
+    except (ValueError, AttributeError):
+        detail = None
+    if isinstance(detail, list) and detail and isinstance(detail[0], dict):
+        # FastAPI's own validation of query parameters: [{"loc": [...], "msg": ...}, ...]
+        first = detail[0]
+        where = ".".join(str(part) for part in first.get("loc", [])[1:])
+        detail = f"{where}: {first.get('msg', 'invalid')}" if where else first.get("msg")
+    if not isinstance(detail, str) or not detail:
+        text = response.text.strip().splitlines()
+        detail = text[0] if text else response.reason_phrase
+    return " ".join(detail.split()) or f"HTTP {response.status_code}"

@@ -1,0 +1,370 @@
+"""Run attempts as local processes, each supervised by its own shim (corral.exec.shim).
+
+The executor never waits on a worker itself: it writes `launch.json`, spawns the shim in a new
+session and returns. The shim outlives the server, so a server restart loses nothing: `recover`
+finds each attempt again from the files in its directory (see corral/exec/shim.py for them).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from corral.exec.shim import (
+    is_alive,
+    last_line,
+    process_start_time,
+    read_proc_stat,
+    write_json_atomic,
+)
+
+LOST_REASON = "lost: the attempt's supervisor died"
+
+
+@dataclass(slots=True)
+class WorkerLaunch:
+    """One worker process."""
+
+    rank: int
+    argv: list[str]
+    env: dict[str, str]  # the full extra environment for this worker (added to os.environ)
+
+
+@dataclass(slots=True)
+class AttemptLaunch:
+    job_id: str
+    attempt: int
+    workers: list[WorkerLaunch]
+    workdir: str
+    stop_signal: int
+    grace_s: float
+    attempt_dir: Path
+
+
+@dataclass(slots=True)
+class AttemptEnded:
+    job_id: str
+    attempt: int
+    exit_code: int | None  # worker 0's, or the first failing worker's; None if ended by a signal
+    signal: int | None  # the signal that ended it, if any
+    stopped: bool  # ended because stop() asked it to (preemption/cancel)
+    reason: str  # one line
+    error_tail: str  # last non-empty stderr line of the failing worker ("" if none)
+    ended_at: float
+
+
+@dataclass(slots=True)
+class _Tracked:
+    job_id: str
+    attempt: int
+    attempt_dir: Path
+    pid: int
+    start_time: int | None
+    popen: subprocess.Popen[bytes] | None  # None for a shim found again by recover()
+
+
+# Shims spawned by executors that were closed since: reaped by any executor's poll() so that they
+# do not stay zombies while this process lives on (e.g. in tests that restart an executor).
+_unreaped: list[subprocess.Popen[bytes]] = []
+_unreaped_lock = threading.Lock()
+
+
+def command_argv(command: str | list[str]) -> list[str]:
+    """A job spec's command as argv: a string runs through /bin/sh -c, a list is argv as is."""
+    return ["/bin/sh", "-c", command] if isinstance(command, str) else list(command)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (for MASTER_PORT)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def worker_envs(
+    job_id: str,
+    attempt: int,
+    gpus_local: list[int],
+    workers: int,
+    checkpoint_dir: str | Path,
+    port: int,
+    extra_env: dict[str, str] | None = None,
+) -> list[dict[str, str]]:
+    """The extra environment of each worker (rank order) of a single-node attempt.
+
+    Every worker sees all the attempt's GPUs in CUDA_VISIBLE_DEVICES, in rank order, as torchrun
+    does; CORRAL_LOCAL_GPUS names the worker's own share as indexes within that list. corral's
+    variables win over the spec's env: a job must not escape its GPUs by setting them.
+    """
+    if workers < 1:
+        raise ValueError(f"workers: must be at least 1 (got {workers})")
+    if len(gpus_local) % workers != 0:
+        raise ValueError(f"workers: must divide gpus ({workers} does not divide {len(gpus_local)})")
+    per_worker = len(gpus_local) // workers
+    visible = ",".join(str(gpu) for gpu in gpus_local)
+    envs: list[dict[str, str]] = []
+    for rank in range(workers):
+        env = dict(extra_env or {})
+        own = range(rank * per_worker, (rank + 1) * per_worker)
+        env.update(
+            {
+                "CUDA_VISIBLE_DEVICES": visible,
+                "CORRAL_LOCAL_GPUS": ",".join(str(index) for index in own),
+                "RANK": str(rank),
+                "LOCAL_RANK": str(rank),
+                "WORLD_SIZE": str(workers),
+                "LOCAL_WORLD_SIZE": str(workers),
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+                "CORRAL_JOB_ID": str(job_id),
+                "CORRAL_ATTEMPT": str(attempt),
+                "CORRAL_CHECKPOINT_DIR": str(checkpoint_dir),
+            }
+        )
+        envs.append(env)
+    return envs
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        with open(path, encoding="utf-8") as json_file:
+            data = json.load(json_file)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _ended_from_result(job_id: str, attempt: int, result: dict[str, Any]) -> AttemptEnded:
+    def optional_int(value: Any) -> int | None:
+        return None if value is None else int(value)
+
+    return AttemptEnded(
+        job_id=job_id,
+        attempt=attempt,
+        exit_code=optional_int(result.get("exit_code")),
+        signal=optional_int(result.get("signal")),
+        stopped=bool(result.get("stopped", False)),
+        reason=str(result.get("reason", "")),
+        error_tail=str(result.get("error_tail", "")),
+        ended_at=float(result.get("ended_at", time.time())),
+    )
+
+
+def kill_attempt(attempt_dir: Path) -> int:
+    """SIGKILL an attempt's shim and workers if they still run; returns how many were killed.
+
+    Every pid is checked against the start time recorded for it, so a pid reused by an unrelated
+    process is left alone. For a lost attempt (shim gone, workers orphaned) and for cleaning up.
+    """
+    killed = 0
+    shim = _read_json(attempt_dir / "shim.json")
+    if shim is not None and shim.get("start_time") is not None:
+        if is_alive(int(shim["pid"]), int(shim["start_time"])):
+            os.kill(int(shim["pid"]), signal.SIGKILL)
+            killed += 1
+    info = _read_json(attempt_dir / "workers.json")
+    if info is None:
+        return killed
+    recorded = [w for w in info.get("workers", []) if w.get("start_time") is not None]
+    alive = [w for w in recorded if is_alive(int(w["pid"]), int(w["start_time"]))]
+    if not alive:
+        return killed
+    pgid = int(info["pgid"])
+    leader = next((w for w in recorded if int(w["pid"]) == pgid), None)
+    leader_start = process_start_time(pgid)
+    # The group id is worker 0's pid: while that pid is unused or still worker 0, it is ours.
+    if leader_start is None or (leader is not None and leader_start == int(leader["start_time"])):
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    for worker in alive:
+        try:
+            os.kill(int(worker["pid"]), signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return killed + len(alive)
+
+
+class LocalExecutor:
+    """Launches, stops, polls and recovers attempts on this machine. Thread-safe."""
+
+    def __init__(self, shim_python: str = sys.executable) -> None:
+        self.shim_python = shim_python
+        self._tracked: dict[tuple[str, int], _Tracked] = {}
+        self._lock = threading.Lock()
+
+    # -- launching and stopping ----------------------------------------------------------------
+
+    def launch(self, launch: AttemptLaunch) -> None:
+        """Write launch.json and spawn the attempt's shim; returns at once."""
+        key = (launch.job_id, launch.attempt)
+        attempt_dir = Path(launch.attempt_dir)
+        with self._lock:
+            if key in self._tracked:
+                raise ValueError(f"attempt {launch.attempt} of job {launch.job_id} is running")
+            attempt_dir.mkdir(parents=True, exist_ok=True)
+            write_json_atomic(
+                attempt_dir / "launch.json",
+                {
+                    "job_id": launch.job_id,
+                    "attempt": launch.attempt,
+                    "workdir": launch.workdir,
+                    "stop_signal": int(launch.stop_signal),
+                    "grace_s": float(launch.grace_s),
+                    "workers": [
+                        {"rank": worker.rank, "argv": list(worker.argv), "env": dict(worker.env)}
+                        for worker in launch.workers
+                    ],
+                },
+                durable=True,
+            )
+            # SIGTERM stays blocked in the shim until its handler is installed, so a stop()
+            # right after launch() is a clean stop, not a dead shim. The mask is per thread and
+            # inherited by the child.
+            old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+            try:
+                with open(attempt_dir / "shim.log", "ab") as shim_log:
+                    popen = subprocess.Popen(
+                        [self.shim_python, "-m", "corral.exec.shim", str(attempt_dir)],
+                        stdin=subprocess.DEVNULL,
+                        stdout=shim_log,
+                        stderr=shim_log,
+                        cwd=attempt_dir,
+                        start_new_session=True,
+                    )
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+            start_time = process_start_time(popen.pid)
+            # The shim writes the same file as it starts; writing it here as well closes the
+            # window in which a server crash would make a started attempt look never-started.
+            if start_time is not None and not (attempt_dir / "shim.json").exists():
+                write_json_atomic(
+                    attempt_dir / "shim.json", {"pid": popen.pid, "start_time": start_time}
+                )
+            self._tracked[key] = _Tracked(
+                launch.job_id, launch.attempt, attempt_dir, popen.pid, start_time, popen
+            )
+
+    def stop(self, job_id: str, attempt: int) -> None:
+        """Ask an attempt's shim to stop its workers. Idempotent; a no-op once the shim is gone."""
+        with self._lock:
+            tracked = self._tracked.get((job_id, attempt))
+            if tracked is None:
+                return
+            if tracked.popen is not None:
+                # send_signal checks that the child has not been reaped yet.
+                tracked.popen.send_signal(signal.SIGTERM)
+            elif tracked.start_time is not None and is_alive(tracked.pid, tracked.start_time):
+                try:
+                    os.kill(tracked.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+
+    # -- observing -----------------------------------------------------------------------------
+
+    def poll(self) -> list[AttemptEnded]:
+        """The attempts that ended since the last call; each is reported once."""
+        _reap_unreaped()
+        ended: list[AttemptEnded] = []
+        with self._lock:
+            for key, tracked in list(self._tracked.items()):
+                if self._shim_running(tracked):
+                    continue
+                ended.append(self._ended(tracked))
+                del self._tracked[key]
+        return ended
+
+    def recover(
+        self, job_id: str, attempt: int, attempt_dir: Path
+    ) -> Literal["running", "never-started"] | AttemptEnded:
+        """Find an attempt again after a server restart (see the executor contract)."""
+        attempt_dir = Path(attempt_dir)
+        with self._lock:
+            existing = self._tracked.pop((job_id, attempt), None)
+            if existing is not None and self._shim_running(existing):
+                self._tracked[(job_id, attempt)] = existing
+                return "running"
+        result = _read_json(attempt_dir / "result.json")
+        if result is not None:
+            return _ended_from_result(job_id, attempt, result)
+        shim = _read_json(attempt_dir / "shim.json")
+        if shim is None:
+            return "never-started"
+        pid = int(shim["pid"])
+        start_time = None if shim.get("start_time") is None else int(shim["start_time"])
+        tracked = _Tracked(job_id, attempt, attempt_dir, pid, start_time, None)
+        if self._shim_running(tracked):
+            with self._lock:
+                self._tracked[(job_id, attempt)] = tracked
+            return "running"
+        return self._ended(tracked)
+
+    def active(self) -> set[tuple[str, int]]:
+        """Attempts whose processes may still hold GPUs (including ended but not yet polled)."""
+        with self._lock:
+            return set(self._tracked)
+
+    def close(self) -> None:
+        """Stop tracking. Never kills anything: the attempts outlive a server restart."""
+        with self._lock:
+            with _unreaped_lock:
+                _unreaped.extend(t.popen for t in self._tracked.values() if t.popen is not None)
+            self._tracked.clear()
+
+    # -- internals -----------------------------------------------------------------------------
+
+    @staticmethod
+    def _shim_running(tracked: _Tracked) -> bool:
+        if tracked.popen is not None:
+            return tracked.popen.poll() is None
+        if tracked.start_time is None:
+            return False
+        stat = read_proc_stat(tracked.pid)
+        if stat is None or stat[1] != tracked.start_time:
+            return False
+        if stat[0] in ("Z", "X"):
+            # Still our child when the executor that spawned it was replaced in this process.
+            try:
+                os.waitpid(tracked.pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
+            return False
+        return True
+
+    @staticmethod
+    def _ended(tracked: _Tracked) -> AttemptEnded:
+        result = _read_json(tracked.attempt_dir / "result.json")
+        if result is not None:
+            return _ended_from_result(tracked.job_id, tracked.attempt, result)
+        # The shim died without a result (e.g. SIGKILL, OOM killer): its workers may live on,
+        # holding GPUs, and must not run alongside a retry of the same job.
+        killed = kill_attempt(tracked.attempt_dir)
+        reason = LOST_REASON
+        if killed:
+            reason += f"; killed {killed} orphaned worker process(es)"
+        return AttemptEnded(
+            job_id=tracked.job_id,
+            attempt=tracked.attempt,
+            exit_code=None,
+            signal=None,
+            stopped=False,
+            reason=reason,
+            error_tail=last_line(tracked.attempt_dir / "shim.log"),
+            ended_at=time.time(),
+        )
+
+
+def _reap_unreaped() -> None:
+    with _unreaped_lock:
+        if _unreaped:
+            _unreaped[:] = [popen for popen in _unreaped if popen.poll() is None]

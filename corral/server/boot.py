@@ -1,0 +1,132 @@
+"""Putting a manager together: data directory, store, GPUs, cluster, executor, HTTP server."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import uvicorn
+
+from corral.core.cluster import Cluster, ClusterError, NodeDef
+from corral.core.config import ConfigError, vc_gpu_quota
+from corral.exec.gpus import NoGpusError, discover_gpus
+from corral.exec.local import LocalExecutor
+from corral.server import auth
+from corral.server.api import create_app
+from corral.server.manager import Executor, Manager, ManagerSettings
+from corral.server.store import Store
+
+
+class BootError(ValueError):
+    """A setting `corral up` cannot start with: one line, exit 2."""
+
+
+@dataclass(slots=True)
+class ServerOptions:
+    data_dir: Path
+    gpus: int | None = None  # declared GPUs; None: ask NVML
+    gpu_type: str = "gpu"
+    config: Path | None = None
+    db_url: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 8470
+    settings: ManagerSettings = field(default_factory=ManagerSettings)
+
+
+def node_name() -> str:
+    return socket.gethostname().split(".")[0] or "localhost"
+
+
+def build_cluster(options: ServerOptions) -> tuple[Cluster, dict[str, int]]:
+    """The machine as a one-node cluster (or the config's cluster, which must be one node) and
+    the VCs' guaranteed GPUs."""
+    if options.config is not None:
+        from corral.config_file import load_cluster_config
+
+        try:
+            config = load_cluster_config(options.config)
+        except ConfigError as error:
+            raise BootError(str(error)) from None
+        cluster = config.cluster
+        if len(cluster.nodes) != 1:
+            raise BootError(
+                f"{options.config}: describes {len(cluster.nodes)} nodes; the local executor "
+                "runs jobs on this one machine: give one node"
+            )
+        if options.gpus is None:
+            try:
+                found = len(discover_gpus(None))
+            except NoGpusError:
+                found = cluster.total_gpus  # a machine without GPUs runs the config as declared
+        else:
+            found = options.gpus
+        if found < cluster.total_gpus:
+            raise BootError(
+                f"{options.config}: the node has {cluster.total_gpus} GPUs but this machine "
+                f"has {found}"
+            )
+        return cluster, vc_gpu_quota(config)
+    try:
+        gpus = discover_gpus(options.gpus, gpu_type=options.gpu_type)
+    except NoGpusError as error:
+        raise BootError(str(error)) from None
+    try:
+        cluster = Cluster.from_nodes(
+            [NodeDef(name=node_name(), gpus=len(gpus), gpu_type=gpus[0].gpu_type)]
+        )
+    except ClusterError as error:
+        raise BootError(str(error)) from None
+    return cluster, {"default": cluster.total_gpus}
+
+
+def build_manager(options: ServerOptions, executor: Executor | None = None) -> Manager:
+    options.data_dir.mkdir(parents=True, exist_ok=True)
+    cluster, quota = build_cluster(options)
+    store = Store(options.db_url or Store.sqlite_url(options.data_dir))
+    auth.ensure_admin_token(store, options.data_dir)
+    try:
+        return Manager(
+            store,
+            executor or LocalExecutor(),
+            cluster,
+            options.data_dir,
+            vc_quota=quota,
+            settings=options.settings,
+        )
+    except ValueError as error:
+        raise BootError(str(error)) from None
+
+
+class RunningServer:
+    """The API server in a background thread (tests, the demo); `corral up` runs it in front."""
+
+    def __init__(self, manager: Manager, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.manager = manager
+        if port == 0:
+            with socket.socket() as probe:
+                probe.bind((host, 0))
+                port = probe.getsockname()[1]
+        self.url = f"http://{host}:{port}"
+        config = uvicorn.Config(
+            create_app(manager), host=host, port=port, log_level="warning", access_log=False
+        )
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, name="corral-api", daemon=True)
+
+    def start(self) -> RunningServer:
+        self.manager.start()
+        self.thread.start()
+        deadline = time.monotonic() + 20
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise BootError(f"the API server did not start on {self.url}")
+            time.sleep(0.02)
+        return self
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+        self.manager.stop()

@@ -1,0 +1,579 @@
+"""The live manager: the core's Scheduler driven by real time, a store and an executor.
+
+One control loop (a thread) owns every change of state. Each round it collects the attempts that
+ended, asks the core to decide, writes what it decided to the store in one transaction, and only
+then carries it out (starts processes, signals the ones to stop). Writing first is what makes a
+crash at any point recoverable: an attempt the store calls running either has a supervisor
+(found again on restart), has a result (its end is recorded then), or never started (requeued).
+
+The API's threads call `submit`, `cancel` and the read methods under the same lock. A preempted
+job's GPUs are free in the core at once, but its processes may take the grace period to leave:
+a start on those GPUs waits (deferred) until they are gone, so two jobs never share a GPU.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from corral.core.actions import Preempt, Start
+from corral.core.cluster import Cluster
+from corral.core.job import Job, JobStatus
+from corral.core.placement import make_placement
+from corral.core.policy import make_policy
+from corral.core.scheduler import JobRefused, Scheduler
+from corral.core.tenancy.quota import QuotaAdmission
+from corral.exec.local import AttemptEnded, AttemptLaunch, WorkerLaunch, free_port, worker_envs
+from corral.server.spec import JobSpecModel, argv, parse_job_spec, signal_number, to_core_spec
+from corral.server.store import AttemptRow, JobRow, Store
+
+log = logging.getLogger("corral.manager")
+
+#: Policies the live manager offers (the others need job lengths or a throughput table).
+LIVE_POLICIES = ("fifo", "las", "gittins", "timeslice")
+
+
+class Executor(Protocol):
+    def launch(self, launch: AttemptLaunch) -> None: ...
+    def stop(self, job_id: str, attempt: int) -> None: ...
+    def poll(self) -> list[AttemptEnded]: ...
+    def recover(self, job_id: str, attempt: int, attempt_dir: Path) -> str | AttemptEnded: ...
+    def close(self) -> None: ...
+
+
+class SubmitError(ValueError):
+    """A job the manager refuses (unknown VC, too big for the cluster); nothing is stored."""
+
+
+@dataclass(slots=True)
+class ManagerSettings:
+    policy: str = "las"
+    placement: str = "relax"
+    relax_after_s: float = 60.0
+    #: LAS / Gittins queue thresholds in GPU-seconds (Tiresias's defaults suit day-long jobs).
+    las_thresholds_gpu_s: list[float] = field(default_factory=lambda: [3600.0, 36000.0])
+    quantum_s: float = 600.0
+    gittins_history_gpu_s: list[float] | None = None
+    #: Backoff before retry n (from 1): base x 2^(n-1), at most `retry_backoff_max_s`.
+    retry_backoff_s: float = 5.0
+    retry_backoff_max_s: float = 300.0
+    #: An attempt failing within this many seconds with the same error as the previous attempt
+    #: is a repeat; this many repeats in a row end the job as a user error.
+    fast_fail_s: float = 60.0
+    fast_fail_repeats: int = 2
+    tick_s: float = 0.2
+
+
+@dataclass(slots=True)
+class _Attempt:
+    number: int
+    gpus: tuple[int, ...]
+    started_at: float
+    stopping: str = ""  # "", "preempted" or "cancelled": why it was asked to stop
+
+
+@dataclass(slots=True)
+class _Failure:
+    signature: str
+    fast: bool
+
+
+class Manager:
+    def __init__(
+        self,
+        store: Store,
+        executor: Executor,
+        cluster: Cluster,
+        data_dir: Path,
+        *,
+        vc_quota: dict[str, int] | None = None,
+        settings: ManagerSettings | None = None,
+        clock: Callable[[], float] = time.time,
+        on_round: Callable[[float, Manager], None] | None = None,
+    ) -> None:
+        self.store = store
+        self.executor = executor
+        self.cluster = cluster
+        self.data_dir = Path(data_dir)
+        self.settings = settings or ManagerSettings()
+        self.clock = clock
+        self.on_round = on_round
+        self.vc_quota = dict(vc_quota) if vc_quota else {"default": cluster.total_gpus}
+        self.scheduler = self._make_scheduler()
+        self.lock = threading.RLock()
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._attempts: dict[str, _Attempt] = {}  # job id -> its live (launched) attempt
+        self._draining: dict[tuple[str, int], tuple[int, ...]] = {}  # stopping attempts' GPUs
+        self._deferred: dict[str, Start] = {}  # started in the core, waiting for GPUs to drain
+        self._failures: dict[str, list[_Failure]] = {}
+        self._spec_models: dict[str, JobSpecModel] = {}
+        self._dirty = True
+        self._wake_at: float | None = None
+        self.next_id = store.max_job_id() + 1
+        self.rounds = 0
+        self.round_seconds: list[float] = []  # latest rounds' durations (for /metrics)
+
+    # -- set-up -------------------------------------------------------------------------------
+
+    def _make_scheduler(self) -> Scheduler:
+        settings = self.settings
+        name = settings.policy
+        if name not in LIVE_POLICIES:
+            raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(LIVE_POLICIES)}")
+        if name == "las":
+            policy = make_policy(name, thresholds_gpu_s=settings.las_thresholds_gpu_s)
+        elif name == "gittins":
+            history = settings.gittins_history_gpu_s or [600.0, 3600.0, 36000.0]
+            policy = make_policy(
+                name,
+                service_samples_gpu_s=history,
+                thresholds_gpu_s=settings.las_thresholds_gpu_s,
+            )
+        elif name == "timeslice":
+            policy = make_policy(name, quantum_s=settings.quantum_s)
+        else:
+            policy = make_policy(name)
+        options = {"relax_after_s": settings.relax_after_s} if settings.placement == "relax" else {}
+        placement = make_placement(settings.placement, **options)
+        admission = None
+        if set(self.vc_quota) != {"default"}:  # VCs share by quota; idle GPUs are lent
+            admission = QuotaAdmission(self.vc_quota, oversubscribe=True)
+        return Scheduler(self.cluster, policy, placement, admission=admission)
+
+    def gpu_name(self, gpu: int) -> str:
+        node = self.cluster.gpu_node[gpu]
+        return f"{self.cluster.nodes[node].name}/{self._device_index(gpu)}"
+
+    def _device_index(self, gpu: int) -> int:
+        node = self.cluster.gpu_node[gpu]
+        return list(self.cluster.node_gpus[node]).index(gpu)
+
+    def job_dir(self, job_id: str) -> Path:
+        return self.data_dir / "jobs" / job_id
+
+    def attempt_dir(self, job_id: str, attempt: int) -> Path:
+        return self.job_dir(job_id) / f"attempt-{attempt}"
+
+    # -- the loop -----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Recover what the store holds, then run the control loop in a thread."""
+        self.recover()
+        self._thread = threading.Thread(target=self._run, name="corral-control-loop", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the loop; jobs keep running and are found again by the next start."""
+        self._stopping.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join()
+        self.executor.close()
+
+    def _run(self) -> None:
+        while not self._stopping.is_set():
+            timeout = self.settings.tick_s
+            self._wake.wait(timeout)
+            self._wake.clear()
+            try:
+                self.step()
+            except Exception:  # a bug must not silently stop scheduling; log and go on
+                log.exception("scheduling round failed")
+                time.sleep(self.settings.tick_s)
+
+    def step(self) -> bool:
+        """One pass: collect ended attempts, start drained deferred jobs, decide if anything
+        changed. Returns whether a scheduling round ran."""
+        with self.lock:
+            now = self.clock()
+            ended = self.executor.poll()
+            if ended:
+                with self.store.batch():
+                    for end in ended:
+                        self._attempt_ended(end, now)
+            if not (self._dirty or ended or (self._wake_at is not None and now >= self._wake_at)):
+                self._launch_deferred(now)
+                return False
+            began = time.perf_counter()
+            self._dirty = False
+            decision = self.scheduler.decide(now)
+            self._wake_at = decision.wake_at
+            launches: list[Start] = []
+            stops: list[tuple[str, int]] = []
+            with self.store.batch():
+                for action in decision.actions:
+                    if isinstance(action, Preempt):
+                        stop = self._record_preempt(action, now)
+                        if stop is not None:
+                            stops.append(stop)
+                    else:
+                        launches.append(action)
+            for job_id, attempt in stops:
+                self.executor.stop(job_id, attempt)
+            for action in launches:
+                self._deferred[action.job_id] = action
+            self._launch_deferred(now)
+            self.rounds += 1
+            self.round_seconds.append(time.perf_counter() - began)
+            del self.round_seconds[:-1000]
+            if self.on_round is not None:
+                self.on_round(now, self)
+            return True
+
+    def _launch_deferred(self, now: float) -> None:
+        if not self._deferred:
+            return
+        held = {gpu for gpus in self._draining.values() for gpu in gpus}
+        ready = [s for s in self._deferred.values() if held.isdisjoint(s.gpus)]
+        if not ready:
+            return
+        launches = []
+        with self.store.batch():
+            for action in ready:
+                del self._deferred[action.job_id]
+                launches.append(self._record_start(action, now))
+        for launch in launches:
+            self.executor.launch(launch)
+
+    # -- carrying out the core's actions ------------------------------------------------------
+
+    def _record_start(self, action: Start, now: float) -> AttemptLaunch:
+        job = self.scheduler.jobs[action.job_id]
+        spec_model = self._spec_models[job.id]
+        number = job.attempts
+        gpus = tuple(action.gpus)
+        self._attempts[job.id] = _Attempt(number, gpus, now)
+        names = [self.gpu_name(g) for g in gpus]
+        self.store.add_attempt(job.id, number, list(gpus), now, "running")
+        self.store.update_job(
+            job.id,
+            status="RUNNING",
+            started_at=job.first_started_at,
+            attempts=number,
+            reason="",
+        )
+        verb = "resumed" if action.resumed else "started"
+        self.store.add_event(
+            job.id, now, "started", f"attempt {number} {verb} on {', '.join(names)}"
+        )
+        checkpoint = self.job_dir(job.id) / "checkpoint"
+        checkpoint.mkdir(parents=True, exist_ok=True)
+        attempt_dir = self.attempt_dir(job.id, number)
+        attempt_dir.mkdir(parents=True, exist_ok=True)
+        envs = worker_envs(
+            job.id,
+            number,
+            [self._device_index(g) for g in gpus],
+            spec_model.workers,
+            checkpoint,
+            free_port(),
+            spec_model.env,
+        )
+        command = argv(spec_model)
+        workdir = spec_model.workdir or str(self.job_dir(job.id))
+        return AttemptLaunch(
+            job_id=job.id,
+            attempt=number,
+            workers=[WorkerLaunch(rank, command, env) for rank, env in enumerate(envs)],
+            workdir=workdir,
+            stop_signal=signal_number(spec_model),
+            grace_s=spec_model.grace_seconds,
+            attempt_dir=attempt_dir,
+        )
+
+    def _record_preempt(self, action: Preempt, now: float) -> tuple[str, int] | None:
+        """The core preempted a job: record it and return the attempt to stop (None when the
+        job's start was still deferred and nothing runs yet)."""
+        job = self.scheduler.jobs[action.job_id]
+        self._save_progress(job, status="PENDING", reason=f"preempted by job {action.by_job_id}")
+        self.store.add_event(job.id, now, "preempted", f"preempted by job {action.by_job_id}")
+        if self._deferred.pop(job.id, None) is not None:
+            return None
+        attempt = self._attempts.pop(job.id)
+        attempt.stopping = "preempted"
+        self._draining[(job.id, attempt.number)] = attempt.gpus
+        self.store.update_attempt(job.id, attempt.number, state="stopping", outcome="preempted")
+        return job.id, attempt.number
+
+    def _save_progress(self, job: Job, **fields: object) -> None:
+        self.store.update_job(
+            job.id,
+            attempts=job.attempts,
+            failures=job.failures,
+            preemptions=job.preemptions,
+            attained_gpu_s=job.attained_gpu_s,
+            executed_s=job.executed_s,
+            **fields,
+        )
+
+    # -- attempts that ended ------------------------------------------------------------------
+
+    def _attempt_ended(self, end: AttemptEnded, now: float) -> None:
+        key = (end.job_id, end.attempt)
+        outcome_fields = {
+            "ended_at": end.ended_at,
+            "exit_code": end.exit_code,
+            "reason": end.reason,
+            "state": "ended",
+        }
+        if key in self._draining:  # a stop we asked for: its GPUs are free for real now
+            del self._draining[key]
+            self.store.update_attempt(end.job_id, end.attempt, **outcome_fields)
+            self._dirty = True
+            return
+        attempt = self._attempts.get(end.job_id)
+        if attempt is None or attempt.number != end.attempt:
+            self.store.update_attempt(end.job_id, end.attempt, **outcome_fields)
+            return
+        del self._attempts[end.job_id]
+        self._dirty = True
+        job = self.scheduler.jobs[end.job_id]
+        if end.exit_code == 0 and not end.reason.startswith("lost"):
+            self.scheduler.finished(job.id, now)
+            self.store.update_attempt(job.id, end.attempt, outcome="succeeded", **outcome_fields)
+            self._save_progress(
+                job, status="SUCCEEDED", finished_at=now, exit_code=0, reason="succeeded"
+            )
+            self.store.add_event(job.id, now, "succeeded", f"attempt {end.attempt} exited 0")
+            return
+        lost = end.reason.startswith("lost")
+        detail = end.reason + (f": {end.error_tail}" if end.error_tail else "")
+        give_up = False
+        if not lost:
+            give_up = self._repeated_fast_failure(job.id, end, attempt)
+        failures_after = job.failures + (0 if lost else 1)
+        backoff = min(
+            self.settings.retry_backoff_s * 2 ** max(0, failures_after - 1),
+            self.settings.retry_backoff_max_s,
+        )
+        if give_up:
+            detail = (
+                f"user error: the same failure {self.settings.fast_fail_repeats + 1} times "
+                f"in a row, each within {self.settings.fast_fail_s:g} s ({detail})"
+            )
+        self.scheduler.failed(
+            job.id, now, detail, infrastructure=lost, retry_after_s=backoff, give_up=give_up
+        )
+        self.store.update_attempt(
+            job.id, end.attempt, outcome="lost" if lost else "failed", **outcome_fields
+        )
+        if job.status is JobStatus.FAILED:
+            self._save_progress(
+                job, status="FAILED", finished_at=now, exit_code=end.exit_code, reason=detail
+            )
+            self.store.add_event(job.id, now, "failed", detail)
+        else:
+            self._save_progress(job, status="PENDING", exit_code=end.exit_code, reason=detail)
+            self.store.add_event(
+                job.id,
+                now,
+                "retrying",
+                f"attempt {end.attempt} failed ({detail}); retry in {backoff:g} s",
+            )
+
+    def _repeated_fast_failure(self, job_id: str, end: AttemptEnded, attempt: _Attempt) -> bool:
+        """Philly's analysis found most failures to be user errors that fail fast and the same
+        way each time; retrying them only wastes GPUs. True when this attempt and the ones before
+        it failed fast with the same error `fast_fail_repeats` + 1 times in a row."""
+        signature = f"{end.exit_code}|{end.signal}|{end.error_tail}"
+        fast = end.ended_at - attempt.started_at <= self.settings.fast_fail_s
+        history = self._failures.setdefault(job_id, [])
+        history.append(_Failure(signature, fast))
+        run = 0
+        for failure in reversed(history):
+            if not failure.fast or failure.signature != signature:
+                break
+            run += 1
+        return run > self.settings.fast_fail_repeats
+
+    # -- requests from the API ----------------------------------------------------------------
+
+    def submit(self, model: JobSpecModel, user: str) -> str:
+        """Accept a validated job: stored and queued, or SubmitError with nothing stored."""
+        with self.lock:
+            job_id = str(self.next_id)
+            now = self.clock()
+            spec = to_core_spec(model, job_id, now, user)
+            if spec.vc not in self.vc_quota:
+                raise SubmitError(
+                    f"vc: unknown VC {spec.vc!r}; this cluster has {', '.join(sorted(self.vc_quota))}"
+                )
+            try:
+                self.scheduler.submit(spec, now)
+            except JobRefused as refusal:
+                raise SubmitError(_field_message(str(refusal), job_id)) from None
+            try:
+                with self.store.batch():
+                    self.store.insert_job(
+                        job_id,
+                        name=model.name,
+                        user=user,
+                        vc=spec.vc,
+                        priority=spec.priority.value,
+                        gpus=spec.gpus,
+                        spec=model.model_dump(mode="json"),
+                        status="PENDING",
+                        submitted_at=now,
+                    )
+                    self.store.add_event(job_id, now, "submitted", f"submitted by {user}")
+            except BaseException:
+                self.scheduler.cancel(job_id, now)
+                del self.scheduler.jobs[job_id]
+                raise
+            self._spec_models[job_id] = model
+            self.next_id += 1
+            self._dirty = True
+        self._wake.set()
+        return job_id
+
+    def cancel(self, job_id: str) -> None:
+        with self.lock:
+            job = self.scheduler.jobs.get(job_id)
+            if job is None or job.status.finished:
+                return
+            now = self.clock()
+            was_running = job.status is JobStatus.RUNNING
+            self.scheduler.cancel(job_id, now)
+            self._deferred.pop(job_id, None)
+            attempt = self._attempts.pop(job_id, None)
+            with self.store.batch():
+                self._save_progress(
+                    job, status="CANCELLED", finished_at=now, reason="cancelled by request"
+                )
+                self.store.add_event(job_id, now, "cancelled", "cancelled by request")
+                if was_running and attempt is not None:
+                    attempt.stopping = "cancelled"
+                    self._draining[(job_id, attempt.number)] = attempt.gpus
+                    self.store.update_attempt(
+                        job_id, attempt.number, state="stopping", outcome="cancelled"
+                    )
+            if was_running and attempt is not None:
+                self.executor.stop(job_id, attempt.number)
+            self._dirty = True
+        self._wake.set()
+
+    def why(self, job_id: str) -> str:
+        """Why the job is where it is (the core's explanation, plus a deferred start)."""
+        with self.lock:
+            if job_id in self._deferred:
+                return "starting: waiting for a stopped job's processes to release its GPUs"
+            job = self.scheduler.jobs.get(job_id)
+            if job is None:
+                return ""
+            if job.status is JobStatus.PENDING:
+                return self.scheduler.explain(job_id, self.clock())
+            return job.last_event
+
+    def pending_reasons(self, job_ids: Iterable[str]) -> dict[str, str]:
+        with self.lock:
+            return {job_id: self.why(job_id) for job_id in job_ids}
+
+    def placement_of(self, job_id: str) -> list[str]:
+        with self.lock:
+            attempt = self._attempts.get(job_id)
+            return [self.gpu_name(g) for g in attempt.gpus] if attempt else []
+
+    def gpu_owners(self) -> dict[int, str]:
+        """GPU -> the job whose processes hold it (running, or still stopping)."""
+        with self.lock:
+            owners = {g: job_id for job_id, a in self._attempts.items() for g in a.gpus}
+            for (job_id, _), gpus in self._draining.items():
+                owners.update(dict.fromkeys(gpus, job_id))
+            return owners
+
+    def counts_by_vc(self) -> dict[str, dict[str, int]]:
+        """Per VC: pending and running jobs, and GPUs allocated."""
+        with self.lock:
+            counts = {vc: {"pending": 0, "running": 0, "gpus": 0} for vc in self.vc_quota}
+            for job in self.scheduler.pending_jobs():
+                counts[job.spec.vc]["pending"] += 1
+            for job in self.scheduler.running_jobs():
+                counts[job.spec.vc]["running"] += 1
+                counts[job.spec.vc]["gpus"] += job.spec.gpus
+            return counts
+
+    # -- recovery -----------------------------------------------------------------------------
+
+    def recover(self) -> None:
+        """Rebuild the core's state from the store after a (clean or abrupt) restart."""
+        now = self.clock()
+        with self.lock, self.store.batch():
+            for row, _ in self.store.unfinished_jobs():
+                self._recover_job(row, now)
+            self._dirty = True
+
+    def _recover_job(self, row: JobRow, now: float) -> None:
+        model = parse_job_spec(row.spec)
+        self._spec_models[row.id] = model
+        spec = to_core_spec(model, row.id, row.submitted_at, row.user)
+        job = Job(
+            spec=spec,
+            attempts=row.attempts,
+            failures=row.failures,
+            preemptions=row.preemptions,
+            attained_gpu_s=row.attained_gpu_s,
+            executed_s=row.executed_s,
+            first_started_at=row.started_at,
+        )
+        self.scheduler.adopt(job, now)
+        for attempt in self.store.attempts(row.id):
+            if attempt.state != "ended":
+                self._recover_attempt(job, attempt, now)
+
+    def _recover_attempt(self, job: Job, row: AttemptRow, now: float) -> None:
+        number = row.number
+        gpus = tuple(row.gpus)
+        started_at = row.started_at
+        found = self.executor.recover(job.id, number, self.attempt_dir(job.id, number))
+        stopping = row.state == "stopping"
+        if found == "never-started":
+            self.store.update_attempt(
+                job.id, number, state="ended", outcome="lost", ended_at=now, reason="never started"
+            )
+            if not stopping:
+                self.store.update_job(job.id, status="PENDING", reason="requeued after a restart")
+                self.store.add_event(
+                    job.id, now, "recovered", f"attempt {number} never started; requeued"
+                )
+            return
+        if found == "running":
+            if stopping:  # the stop may not have been sent before the crash: send it again
+                self._draining[(job.id, number)] = gpus
+                self.executor.stop(job.id, number)
+                return
+            self.scheduler.restore_running(job.id, gpus, started_at, now)
+            self._attempts[job.id] = _Attempt(number, gpus, started_at)
+            self.store.add_event(job.id, now, "recovered", f"attempt {number} found running")
+            return
+        assert isinstance(found, AttemptEnded)
+        if stopping:
+            self.store.update_attempt(
+                job.id,
+                number,
+                state="ended",
+                ended_at=found.ended_at,
+                exit_code=found.exit_code,
+                reason=found.reason,
+            )
+            return
+        # It ended while the manager was down: take it as running until then, then as ended.
+        self.scheduler.restore_running(job.id, gpus, started_at, now)
+        self._attempts[job.id] = _Attempt(number, gpus, started_at)
+        self.store.add_event(
+            job.id, now, "recovered", f"attempt {number} ended while the manager was down"
+        )
+        self._attempt_ended(found, now)
+
+
+def _field_message(refusal: str, job_id: str) -> str:
+    """The core's refusal ("job 7: asks for 9 GPUs but ...") as a field message."""
+    prefix = f"job {job_id}: "
+    text = refusal[len(prefix) :] if refusal.startswith(prefix) else refusal
+    return f"gpus: {text}" if "GPUs" in text else text

@@ -1,0 +1,574 @@
+"""The manager's durable state: jobs, their attempts and events, API tokens, and a few settings.
+
+SQLAlchemy Core (no ORM: the control loop writes many small rows and wants plain data back), on a
+SQLite file by default or any database SQLAlchemy reaches by URL (PostgreSQL). The SQL is portable:
+no SQLite-only statements, JSON kept as TEXT.
+
+Writes are serialized inside the process by one lock; each call commits on its own, unless it runs
+inside `with store.batch():` on the same thread, where every call shares one transaction that
+commits once at the end (or rolls back entirely on an exception). Reads outside a batch use their
+own pooled connection and, thanks to SQLite's WAL, never wait for a writer.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import threading
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine, RowMapping
+from sqlalchemy.pool import StaticPool
+
+SCHEMA_VERSION = "1"
+UNFINISHED = ("PENDING", "RUNNING")
+FINISHED = ("SUCCEEDED", "FAILED", "CANCELLED", "REFUSED")
+
+#: Job ids are decimal strings everywhere else ("1", "2", ...); the store keeps them as integers.
+JobId = int | str
+
+metadata = sa.MetaData()
+
+jobs_table = sa.Table(
+    "jobs",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("name", sa.String, nullable=False),
+    sa.Column("user", sa.String, nullable=False, index=True),
+    sa.Column("vc", sa.String, nullable=False, index=True),
+    sa.Column("priority", sa.String, nullable=False),
+    sa.Column("gpus", sa.Integer, nullable=False),
+    sa.Column("spec", sa.Text, nullable=False),
+    sa.Column("status", sa.String, nullable=False, index=True),
+    sa.Column("reason", sa.Text, nullable=False, default=""),
+    sa.Column("submitted_at", sa.Double, nullable=False),
+    sa.Column("started_at", sa.Double),
+    sa.Column("finished_at", sa.Double),
+    sa.Column("attempts", sa.Integer, nullable=False, default=0),
+    sa.Column("failures", sa.Integer, nullable=False, default=0),
+    sa.Column("preemptions", sa.Integer, nullable=False, default=0),
+    sa.Column("attained_gpu_s", sa.Double, nullable=False, default=0.0),
+    sa.Column("executed_s", sa.Double, nullable=False, default=0.0),
+    sa.Column("exit_code", sa.Integer),
+)
+
+attempts_table = sa.Table(
+    "attempts",
+    metadata,
+    sa.Column("job_id", sa.Integer, sa.ForeignKey("jobs.id"), primary_key=True),
+    sa.Column("number", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("gpus", sa.Text, nullable=False),
+    sa.Column("started_at", sa.Double, nullable=False),
+    sa.Column("ended_at", sa.Double),
+    sa.Column("state", sa.String, nullable=False),
+    sa.Column("outcome", sa.String),
+    sa.Column("exit_code", sa.Integer),
+    sa.Column("reason", sa.Text, nullable=False, default=""),
+)
+
+events_table = sa.Table(
+    "events",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    # NULL for events of the manager itself (started, recovered) rather than of one job.
+    sa.Column("job_id", sa.Integer, sa.ForeignKey("jobs.id"), index=True),
+    sa.Column("at", sa.Double, nullable=False),
+    sa.Column("kind", sa.String, nullable=False),
+    sa.Column("message", sa.Text, nullable=False),
+)
+
+tokens_table = sa.Table(
+    "tokens",
+    metadata,
+    sa.Column("sha256", sa.String(64), primary_key=True),
+    sa.Column("user", sa.String, nullable=False),
+    sa.Column("vc", sa.String),
+    sa.Column("admin", sa.Boolean, nullable=False),
+    sa.Column("created_at", sa.Double, nullable=False),
+    sa.Column("name", sa.String),
+)
+
+meta_table = sa.Table(
+    "meta",
+    metadata,
+    sa.Column("key", sa.String, primary_key=True),
+    sa.Column("value", sa.Text, nullable=False),
+)
+
+
+class StoreError(RuntimeError):
+    """The database cannot be opened or used; the message is one line naming it."""
+
+
+@dataclass(slots=True)
+class JobRow:
+    id: str
+    name: str
+    user: str
+    vc: str
+    priority: str
+    gpus: int
+    spec: dict[str, Any]
+    status: str
+    reason: str
+    submitted_at: float
+    started_at: float | None
+    finished_at: float | None
+    attempts: int
+    failures: int
+    preemptions: int
+    attained_gpu_s: float
+    executed_s: float
+    exit_code: int | None
+
+
+@dataclass(slots=True)
+class AttemptRow:
+    job_id: str
+    number: int
+    gpus: list[int]
+    started_at: float
+    ended_at: float | None
+    state: str  # starting | running | stopping | ended
+    outcome: str | None  # None until ended: succeeded | failed | preempted | cancelled | lost
+    exit_code: int | None
+    reason: str
+
+
+@dataclass(slots=True)
+class EventRow:
+    id: int
+    job_id: str | None
+    at: float
+    kind: str
+    message: str
+
+
+@dataclass(slots=True)
+class TokenRow:
+    sha256: str
+    user: str
+    vc: str | None
+    admin: bool
+    created_at: float
+    name: str | None
+
+
+def _job_row(row: RowMapping) -> JobRow:
+    return JobRow(
+        id=str(row["id"]),
+        name=row["name"],
+        user=row["user"],
+        vc=row["vc"],
+        priority=row["priority"],
+        gpus=row["gpus"],
+        spec=json.loads(row["spec"]),
+        status=row["status"],
+        reason=row["reason"],
+        submitted_at=row["submitted_at"],
+        started_at=row["started_at"],
+        finished_at=row["finished_at"],
+        attempts=row["attempts"],
+        failures=row["failures"],
+        preemptions=row["preemptions"],
+        attained_gpu_s=row["attained_gpu_s"],
+        executed_s=row["executed_s"],
+        exit_code=row["exit_code"],
+    )
+
+
+def _attempt_row(row: RowMapping) -> AttemptRow:
+    return AttemptRow(
+        job_id=str(row["job_id"]),
+        number=row["number"],
+        gpus=json.loads(row["gpus"]),
+        started_at=row["started_at"],
+        ended_at=row["ended_at"],
+        state=row["state"],
+        outcome=row["outcome"],
+        exit_code=row["exit_code"],
+        reason=row["reason"],
+    )
+
+
+def _token_row(row: RowMapping) -> TokenRow:
+    return TokenRow(
+        sha256=row["sha256"],
+        user=row["user"],
+        vc=row["vc"],
+        admin=bool(row["admin"]),
+        created_at=row["created_at"],
+        name=row["name"],
+    )
+
+
+def _column_values(
+    table: sa.Table, fields: dict[str, Any], json_columns: set[str]
+) -> dict[str, Any]:
+    """Fields of an update as column values; refuses a name that is not a column."""
+    values: dict[str, Any] = {}
+    for name, value in fields.items():
+        if name not in table.c or table.c[name].primary_key:
+            raise ValueError(f"{table.name}: no updatable column {name!r}")
+        if isinstance(value, enum.Enum):
+            value = value.value
+        values[name] = json.dumps(value) if name in json_columns else value
+    return values
+
+
+def _set_sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    # WAL lets readers run while the control loop writes; NORMAL is durable against a crash of
+    # the process (the case that matters: kill -9 the server), only a power cut may lose the
+    # last transactions; busy_timeout covers a second process (the CLI) holding the write lock.
+    for pragma in (
+        "journal_mode=WAL",
+        "synchronous=NORMAL",
+        "busy_timeout=5000",
+        "foreign_keys=ON",
+    ):
+        cursor.execute(f"PRAGMA {pragma}")
+    cursor.close()
+
+
+class Store:
+    def __init__(self, url: str) -> None:
+        try:
+            parsed = sa.make_url(url)
+        except sa.exc.ArgumentError as error:
+            raise StoreError(f"{url}: not a database URL ({error})") from None
+        self.url = parsed.render_as_string(hide_password=True)
+        self._lock = threading.RLock()
+        self._local = threading.local()
+        kwargs: dict[str, Any] = {}
+        sqlite = parsed.get_backend_name() == "sqlite"
+        # An in-memory SQLite database exists once per connection: share that one connection
+        # between threads, and then every read must also take the lock.
+        self._in_memory = sqlite and parsed.database in (None, "", ":memory:")
+        if self._in_memory:
+            kwargs = {"poolclass": StaticPool, "connect_args": {"check_same_thread": False}}
+        try:
+            self._engine: Engine = sa.create_engine(parsed, **kwargs)
+        except (sa.exc.ArgumentError, ImportError) as error:
+            raise StoreError(f"{self.url}: cannot use this database: {error}") from None
+        if sqlite:
+            sa.event.listen(self._engine, "connect", _set_sqlite_pragmas)
+        try:
+            with self._lock:
+                metadata.create_all(self._engine)
+                if self.get_meta("schema_version") is None:
+                    self.set_meta("schema_version", SCHEMA_VERSION)
+        except sa.exc.SQLAlchemyError as error:
+            self._engine.dispose()
+            reason = str(getattr(error, "orig", None) or error).splitlines()[0]
+            raise StoreError(f"{self.url}: cannot open the database: {reason}") from None
+
+    @staticmethod
+    def sqlite_url(data_dir: str | Path) -> str:
+        return f"sqlite:///{Path(data_dir).resolve() / 'corral.db'}"
+
+    def close(self) -> None:
+        self._engine.dispose()
+
+    # -- transactions -----------------------------------------------------------------------------
+
+    @contextmanager
+    def batch(self) -> Iterator[None]:
+        """Every store call inside (on this thread) shares one transaction, committed at the end.
+
+        Nested batches join the outer one. An exception rolls back all of it and propagates.
+        """
+        if getattr(self._local, "connection", None) is not None:
+            yield
+            return
+        with self._lock, self._engine.begin() as connection:
+            self._local.connection = connection
+            try:
+                yield
+            finally:
+                self._local.connection = None
+
+    @contextmanager
+    def _writing(self) -> Iterator[Connection]:
+        current: Connection | None = getattr(self._local, "connection", None)
+        if current is not None:
+            yield current
+            return
+        with self._lock, self._engine.begin() as connection:
+            yield connection
+
+    @contextmanager
+    def _reading(self) -> Iterator[Connection]:
+        current: Connection | None = getattr(self._local, "connection", None)
+        if current is not None:
+            yield current  # sees the batch's own uncommitted writes
+        elif self._in_memory:
+            with self._lock, self._engine.connect() as connection:
+                yield connection
+        else:
+            with self._engine.connect() as connection:
+                yield connection
+
+    # -- jobs -------------------------------------------------------------------------------------
+
+    def insert_job(
+        self,
+        job_id: JobId,
+        *,
+        name: str,
+        user: str,
+        vc: str,
+        priority: str,
+        gpus: int,
+        spec: dict[str, Any],
+        submitted_at: float,
+        status: str = "PENDING",
+        reason: str = "",
+    ) -> None:
+        with self._writing() as connection:
+            connection.execute(
+                jobs_table.insert(),
+                dict(
+                    id=int(job_id),
+                    name=name,
+                    user=user,
+                    vc=vc,
+                    priority=priority,
+                    gpus=gpus,
+                    spec=json.dumps(spec),
+                    status=status,
+                    reason=reason,
+                    submitted_at=submitted_at,
+                ),
+            )
+
+    def max_job_id(self) -> int:
+        """The highest job id ever inserted, 0 if none: the next job is this plus one."""
+        with self._reading() as connection:
+            return int(connection.execute(sa.select(sa.func.max(jobs_table.c.id))).scalar() or 0)
+
+    def get_job(self, job_id: JobId) -> JobRow | None:
+        key = _int_or_none(job_id)
+        if key is None:
+            return None
+        with self._reading() as connection:
+            row = (
+                connection.execute(sa.select(jobs_table).where(jobs_table.c.id == key))
+                .mappings()
+                .first()
+            )
+        return None if row is None else _job_row(row)
+
+    def list_jobs(
+        self,
+        status: str | Iterable[str] | None = None,
+        vc: str | None = None,
+        user: str | None = None,
+        visible_to: tuple[str, str | None] | None = None,
+        limit: int | None = None,
+    ) -> list[JobRow]:
+        """Jobs newest first. `visible_to=(user, vc)` keeps that user's jobs and those of the VC."""
+        query = sa.select(jobs_table).order_by(jobs_table.c.id.desc())
+        if status is not None:
+            statuses = [status] if isinstance(status, str) else list(status)
+            query = query.where(jobs_table.c.status.in_(statuses))
+        if vc is not None:
+            query = query.where(jobs_table.c.vc == vc)
+        if user is not None:
+            query = query.where(jobs_table.c.user == user)
+        if visible_to is not None:
+            viewer, viewer_vc = visible_to
+            own = jobs_table.c.user == viewer
+            query = query.where(
+                own if viewer_vc is None else sa.or_(own, jobs_table.c.vc == viewer_vc)
+            )
+        if limit is not None:
+            query = query.limit(limit)
+        with self._reading() as connection:
+            return [_job_row(row) for row in connection.execute(query).mappings()]
+
+    def unfinished_jobs(self) -> list[tuple[JobRow, AttemptRow | None]]:
+        """PENDING and RUNNING jobs, oldest first, each with its latest attempt (None if none)."""
+        unfinished = jobs_table.c.status.in_(UNFINISHED)
+        with self._reading() as connection:
+            job_rows = connection.execute(
+                sa.select(jobs_table).where(unfinished).order_by(jobs_table.c.id)
+            ).mappings()
+            found = [_job_row(row) for row in job_rows]
+            attempt_rows = connection.execute(
+                sa.select(attempts_table)
+                .where(attempts_table.c.job_id.in_(sa.select(jobs_table.c.id).where(unfinished)))
+                .order_by(attempts_table.c.job_id, attempts_table.c.number)
+            ).mappings()
+            latest = {str(row["job_id"]): _attempt_row(row) for row in attempt_rows}
+        return [(job, latest.get(job.id)) for job in found]
+
+    def finished_jobs(self) -> list[JobRow]:
+        """Jobs that ended (SUCCEEDED, FAILED, CANCELLED, REFUSED), oldest first: the history."""
+        query = (
+            sa.select(jobs_table).where(jobs_table.c.status.in_(FINISHED)).order_by(jobs_table.c.id)
+        )
+        with self._reading() as connection:
+            return [_job_row(row) for row in connection.execute(query).mappings()]
+
+    def job_counts(self) -> dict[str, int]:
+        """How many jobs are in each status."""
+        query = sa.select(jobs_table.c.status, sa.func.count()).group_by(jobs_table.c.status)
+        with self._reading() as connection:
+            return {status: count for status, count in connection.execute(query)}
+
+    def update_job(self, job_id: JobId, /, **fields: Any) -> None:
+        """Set columns of one job (e.g. status="RUNNING", started_at=...); KeyError if unknown."""
+        if not fields:
+            return
+        values = _column_values(jobs_table, fields, {"spec"})
+        with self._writing() as connection:
+            result = connection.execute(
+                jobs_table.update().where(jobs_table.c.id == int(job_id)).values(**values)
+            )
+            if result.rowcount == 0:
+                raise KeyError(f"job {job_id} not found")
+
+    # -- attempts ---------------------------------------------------------------------------------
+
+    def add_attempt(
+        self, job_id: JobId, number: int, gpus: Iterable[int], started_at: float, state: str
+    ) -> None:
+        with self._writing() as connection:
+            connection.execute(
+                attempts_table.insert(),
+                dict(
+                    job_id=int(job_id),
+                    number=number,
+                    gpus=json.dumps([int(gpu) for gpu in gpus]),
+                    started_at=started_at,
+                    state=state,
+                ),
+            )
+
+    def update_attempt(self, job_id: JobId, number: int, /, **fields: Any) -> None:
+        """Set columns of one attempt (state, ended_at, outcome, exit_code, reason, gpus)."""
+        if not fields:
+            return
+        values = _column_values(attempts_table, fields, {"gpus"})
+        where = sa.and_(attempts_table.c.job_id == int(job_id), attempts_table.c.number == number)
+        with self._writing() as connection:
+            result = connection.execute(attempts_table.update().where(where).values(**values))
+            if result.rowcount == 0:
+                raise KeyError(f"job {job_id} has no attempt {number}")
+
+    def attempts(self, job_id: JobId) -> list[AttemptRow]:
+        key = _int_or_none(job_id)
+        if key is None:
+            return []
+        query = (
+            sa.select(attempts_table)
+            .where(attempts_table.c.job_id == key)
+            .order_by(attempts_table.c.number)
+        )
+        with self._reading() as connection:
+            return [_attempt_row(row) for row in connection.execute(query).mappings()]
+
+    # -- events -----------------------------------------------------------------------------------
+
+    def add_event(self, job_id: JobId | None, at: float, kind: str, message: str) -> None:
+        """Record what happened; job_id None for an event of the manager itself."""
+        key = None if job_id is None else int(job_id)
+        with self._writing() as connection:
+            connection.execute(
+                events_table.insert(), dict(job_id=key, at=at, kind=kind, message=message)
+            )
+
+    def events(self, job_id: JobId | None, limit: int | None = None) -> list[EventRow]:
+        """A job's events (or the manager's, for None) in order; with `limit`, the latest ones."""
+        which: sa.ColumnElement[bool]
+        if job_id is None:
+            which = events_table.c.job_id.is_(None)
+        else:
+            key = _int_or_none(job_id)
+            if key is None:
+                return []
+            which = events_table.c.job_id == key
+        query = sa.select(events_table).where(which).order_by(events_table.c.id.desc())
+        if limit is not None:
+            query = query.limit(limit)
+        with self._reading() as connection:
+            rows = list(connection.execute(query).mappings())
+        return [
+            EventRow(
+                id=row["id"],
+                job_id=None if row["job_id"] is None else str(row["job_id"]),
+                at=row["at"],
+                kind=row["kind"],
+                message=row["message"],
+            )
+            for row in reversed(rows)
+        ]
+
+    # -- settings ---------------------------------------------------------------------------------
+
+    def get_meta(self, key: str) -> str | None:
+        with self._reading() as connection:
+            value = connection.execute(
+                sa.select(meta_table.c.value).where(meta_table.c.key == key)
+            ).scalar()
+        return None if value is None else str(value)
+
+    def set_meta(self, key: str, value: str) -> None:
+        with self._writing() as connection:
+            # Update-then-insert is portable (no dialect-specific upsert); the write lock makes it
+            # safe within the process, the only writer of these keys.
+            result = connection.execute(
+                meta_table.update().where(meta_table.c.key == key).values(value=value)
+            )
+            if result.rowcount == 0:
+                connection.execute(meta_table.insert(), dict(key=key, value=value))
+
+    # -- tokens -----------------------------------------------------------------------------------
+
+    def insert_token(
+        self,
+        sha256: str,
+        user: str,
+        vc: str | None,
+        admin: bool,
+        created_at: float,
+        name: str | None = None,
+    ) -> None:
+        with self._writing() as connection:
+            connection.execute(
+                tokens_table.insert(),
+                dict(
+                    sha256=sha256, user=user, vc=vc, admin=admin, created_at=created_at, name=name
+                ),
+            )
+
+    def token_by_hash(self, sha256: str) -> TokenRow | None:
+        with self._reading() as connection:
+            row = (
+                connection.execute(sa.select(tokens_table).where(tokens_table.c.sha256 == sha256))
+                .mappings()
+                .first()
+            )
+        return None if row is None else _token_row(row)
+
+    def list_tokens(self) -> list[TokenRow]:
+        query = sa.select(tokens_table).order_by(tokens_table.c.created_at, tokens_table.c.sha256)
+        with self._reading() as connection:
+            return [_token_row(row) for row in connection.execute(query).mappings()]
+
+
+def _int_or_none(job_id: JobId) -> int | None:
+    """A job id from a URL or the CLI may be anything: a non-number names no job."""
+    if isinstance(job_id, int):
+        return job_id
+    text = job_id.strip()
+    # Longer than 18 digits cannot be a stored id, and would overflow a 64-bit INTEGER.
+    if not (text.isascii() and text.isdecimal()) or len(text) > 18:
+        return None
+    return int(text)

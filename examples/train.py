@@ -1,0 +1,138 @@
+"""A CPU stand-in for a training job: checkpoints every step, stops cleanly, resumes.
+
+It fits y = 3x + 1 by gradient descent, sleeping between steps as if each took real work, so that
+corral's preemption path (signal, grace, kill, requeue, resume) can be tried without a GPU:
+
+    python examples/train.py [STEPS]
+
+Environment (all optional):
+  TRAIN_STEPS            number of steps (default 60; a STEPS argument wins)
+  STEP_SECONDS           time per step (default 0.1)
+  CHECKPOINT_EVERY       write the checkpoint every K steps (default 1)
+  CORRAL_CHECKPOINT_DIR  where ckpt.json lives (default ./checkpoint); set by corral
+  RANK                   this worker's rank (default 0); only rank 0 writes the checkpoint
+  FAIL_AT_STEP=k         the worker of rank FAIL_RANK (default 0) exits with code 1 and a message
+                         on stderr when it reaches step k ...
+  FAIL_TIMES=n           ... but only the first n times (counted in CORRAL_CHECKPOINT_DIR/
+                         failures.count), so a retry resumes and succeeds; unset = every time
+
+On SIGTERM (corral's default stop signal) rank 0 writes a checkpoint and every rank exits with
+code 143 within one short sleep. On start every rank reads ckpt.json if present and prints
+"resumed from step K" (else "starting from step 0"). At the end it prints "done: loss=..." and
+exits 0.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import sys
+import time
+from pathlib import Path
+
+LEARNING_RATE = 0.3
+# The longest one sleep lasts, so that a stop request is seen promptly even with long steps.
+SLEEP_SLICE_S = 0.02
+
+stop_requested = False
+
+
+def on_sigterm(signum: int, frame: object) -> None:
+    global stop_requested
+    stop_requested = True
+
+
+def dataset() -> list[tuple[float, float]]:
+    rng = random.Random(0)
+    return [
+        (x, 3.0 * x + 1.0 + rng.gauss(0.0, 0.05)) for x in (rng.uniform(-1, 1) for _ in range(64))
+    ]
+
+
+def sgd_step(w: float, b: float, data: list[tuple[float, float]]) -> tuple[float, float, float]:
+    """One full-batch gradient step on the mean squared error; returns (w, b, loss before)."""
+    grad_w = grad_b = loss = 0.0
+    for x, y in data:
+        error = w * x + b - y
+        loss += error * error
+        grad_w += 2 * error * x
+        grad_b += 2 * error
+    n = len(data)
+    return w - LEARNING_RATE * grad_w / n, b - LEARNING_RATE * grad_b / n, loss / n
+
+
+def save_checkpoint(path: Path, step: int, w: float, b: float, loss: float) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps({"step": step, "w": w, "b": b, "loss": loss}))
+    os.replace(tmp, path)
+
+
+def should_fail(step: int, rank: int, checkpoint_dir: Path) -> bool:
+    fail_at = os.environ.get("FAIL_AT_STEP")
+    if fail_at is None or step != int(fail_at) or rank != int(os.environ.get("FAIL_RANK", "0")):
+        return False
+    limit = os.environ.get("FAIL_TIMES")
+    if limit is None:
+        return True
+    counter = checkpoint_dir / "failures.count"
+    failures = int(counter.read_text()) if counter.exists() else 0
+    if failures >= int(limit):
+        return False
+    counter.write_text(str(failures + 1))
+    return True
+
+
+def sleep_unless_stopped(seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while not stop_requested:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return
+        time.sleep(min(remaining, SLEEP_SLICE_S))
+
+
+def main() -> int:
+    signal.signal(signal.SIGTERM, on_sigterm)
+    steps = int(sys.argv[1] if len(sys.argv) > 1 else os.environ.get("TRAIN_STEPS", "60"))
+    step_seconds = float(os.environ.get("STEP_SECONDS", "0.1"))
+    every = max(1, int(os.environ.get("CHECKPOINT_EVERY", "1")))
+    rank = int(os.environ.get("RANK", "0"))
+    checkpoint_dir = Path(os.environ.get("CORRAL_CHECKPOINT_DIR", "checkpoint"))
+    checkpoint_dir.mkdir(parents=True, exist_ok=True)
+    checkpoint = checkpoint_dir / "ckpt.json"
+
+    step, w, b, loss = 0, 0.0, 0.0, float("nan")
+    if checkpoint.exists():
+        state = json.loads(checkpoint.read_text())
+        step, w, b, loss = int(state["step"]), float(state["w"]), float(state["b"]), state["loss"]
+        print(f"rank {rank}: resumed from step {step}", flush=True)
+    else:
+        print(f"rank {rank}: starting from step 0", flush=True)
+
+    data = dataset()
+    while step < steps:
+        if stop_requested:
+            break
+        if should_fail(step, rank, checkpoint_dir):
+            print(f"rank {rank}: injected failure at step {step} (FAIL_AT_STEP)", file=sys.stderr)
+            return 1
+        sleep_unless_stopped(step_seconds)
+        w, b, loss = sgd_step(w, b, data)
+        step += 1
+        if rank == 0 and (step % every == 0 or step == steps):
+            save_checkpoint(checkpoint, step, w, b, loss)
+        print(f"rank {rank}: step {step}/{steps} loss={loss:.6f} w={w:.4f} b={b:.4f}", flush=True)
+
+    if stop_requested:
+        if rank == 0:
+            save_checkpoint(checkpoint, step, w, b, loss)
+        print(f"rank {rank}: stopped at step {step}, checkpoint saved", flush=True)
+        return 143
+    print(f"rank {rank}: done: loss={loss:.6f} w={w:.4f} b={b:.4f}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,364 @@
+"""LocalExecutor and its shim with real processes: environment, exit codes, stop, gang, recover."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from corral.exec.local import (
+    LOST_REASON,
+    AttemptEnded,
+    LocalExecutor,
+    command_argv,
+    free_port,
+    worker_envs,
+)
+from corral.exec.shim import is_alive
+from tests.exec.helpers import PYTHON, make_launch, sh, wait_ended, wait_for_text
+
+DUMP_ENV = (
+    "import json, os, sys\n"
+    "rank = os.environ['RANK']\n"
+    "with open(sys.argv[1] + '/env-' + rank + '.json', 'w') as out:\n"
+    "    json.dump({'env': dict(os.environ), 'cwd': os.getcwd()}, out)\n"
+    "print('hello from', rank)\n"
+    "print('note from', rank, file=sys.stderr)\n"
+)
+
+
+def test_each_worker_gets_its_environment_and_output_files(
+    executor: LocalExecutor, tmp_path: Path
+) -> None:
+    dumps = tmp_path / "dumps"
+    dumps.mkdir()
+    argv = [PYTHON, "-c", DUMP_ENV, str(dumps)]
+    launch = make_launch(
+        tmp_path,
+        [argv, argv],
+        job_id="12",
+        attempt=3,
+        gpus=[2, 3, 5, 6],
+        extra_env={"FOO": "bar", "RANK": "99", "CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7"},
+    )
+    executor.launch(launch)
+    assert executor.active() == {("12", 3)}
+    ended = wait_ended(executor)
+
+    assert ended == AttemptEnded("12", 3, 0, None, False, "exit code 0", "", ended.ended_at)
+    assert abs(ended.ended_at - time.time()) < 10
+    assert executor.active() == set()
+    port = launch.workers[0].env["MASTER_PORT"]
+    for rank, own_gpus in ((0, "0,1"), (1, "2,3")):
+        dump = json.loads((dumps / f"env-{rank}.json").read_text())
+        env = dump["env"]
+        # corral's variables win over the spec's env, which is otherwise passed through.
+        assert env["CUDA_VISIBLE_DEVICES"] == "2,3,5,6"
+        assert env["CORRAL_LOCAL_GPUS"] == own_gpus
+        assert env["RANK"] == env["LOCAL_RANK"] == str(rank)
+        assert env["WORLD_SIZE"] == env["LOCAL_WORLD_SIZE"] == "2"
+        assert env["MASTER_ADDR"] == "127.0.0.1"
+        assert env["MASTER_PORT"] == port
+        assert env["CORRAL_JOB_ID"] == "12"
+        assert env["CORRAL_ATTEMPT"] == "3"
+        assert env["CORRAL_CHECKPOINT_DIR"] == str(tmp_path / "jobs" / "12" / "checkpoint")
+        assert env["FOO"] == "bar"
+        assert env["PATH"] == os.environ["PATH"]  # the server's environment underneath
+        assert dump["cwd"] == launch.workdir
+        assert (launch.attempt_dir / f"rank-{rank}.stdout").read_text() == f"hello from {rank}\n"
+        assert (launch.attempt_dir / f"rank-{rank}.stderr").read_text() == f"note from {rank}\n"
+    result = json.loads((launch.attempt_dir / "result.json").read_text())
+    assert [(w["rank"], w["exit_code"], w["signal"]) for w in result["workers"]] == [
+        (0, 0, None),
+        (1, 0, None),
+    ]
+    # Polled once, reported once.
+    assert executor.poll() == []
+
+
+def test_stop_lets_a_worker_that_handles_the_signal_exit_within_grace(
+    executor: LocalExecutor, tmp_path: Path
+) -> None:
+    launch = make_launch(
+        tmp_path,
+        [sh('trap "echo caught; exit 7" TERM; echo ready; while :; do sleep 0.05; done')],
+        grace_s=5.0,
+    )
+    executor.launch(launch)
+    wait_for_text(launch.attempt_dir / "rank-0.stdout", "ready")
+    stop_at = time.monotonic()
+    executor.stop("1", 1)
+    executor.stop("1", 1)  # idempotent
+    ended = wait_ended(executor)
+
+    assert time.monotonic() - stop_at < 3.0  # well inside the 5 s grace: no SIGKILL wait
+    assert (ended.exit_code, ended.signal, ended.stopped) == (7, None, True)
+    assert ended.reason == "stopped: exit code 7 after SIGTERM"
+    assert "caught" in (launch.attempt_dir / "rank-0.stdout").read_text()
+    executor.stop("1", 1)  # after the end: nothing to do, no error
+    executor.stop("nope", 1)
+
+
+def test_stop_kills_a_worker_that_ignores_the_signal_after_grace(
+    executor: LocalExecutor, tmp_path: Path
+) -> None:
+    ignore = sh("trap '' TERM; echo ready; while :; do sleep 0.05; done")
+    launch = make_launch(tmp_path, [ignore, ignore], grace_s=0.4)
+    executor.launch(launch)
+    wait_for_text(launch.attempt_dir / "rank-1.stdout", "ready")
+    wait_for_text(launch.attempt_dir / "rank-0.stdout", "ready")
+    stop_at = time.monotonic()
+    executor.stop("1", 1)
+    ended = wait_ended(executor)
+
+    assert time.monotonic() - stop_at >= 0.4
+    assert (ended.exit_code, ended.signal, ended.stopped) == (None, signal.SIGKILL, True)
+    assert ended.reason == "stopped: killed by SIGKILL after 0.4 s grace"
+
+
+def test_a_custom_stop_signal_is_sent(executor: LocalExecutor, tmp_path: Path) -> None:
+    launch = make_launch(
+        tmp_path,
+        [sh('trap "exit 9" USR1; echo ready; while :; do sleep 0.05; done')],
+        stop_signal=signal.SIGUSR1,
+    )
+    executor.launch(launch)
+    wait_for_text(launch.attempt_dir / "rank-0.stdout", "ready")
+    executor.stop("1", 1)
+    ended = wait_ended(executor)
+    assert (ended.exit_code, ended.stopped, ended.reason) == (
+        9,
+        True,
+        "stopped: exit code 9 after SIGUSR1",
+    )
+
+
+def test_stop_right_after_launch_is_a_clean_stop(executor: LocalExecutor, tmp_path: Path) -> None:
+    # The shim has not installed its SIGTERM handler yet: the signal must wait for it.
+    executor.launch(make_launch(tmp_path, [sh("sleep 30")]))
+    executor.stop("1", 1)
+    ended = wait_ended(executor)
+    assert ended.stopped
+    assert ended.reason in ("stopped before the workers started", "stopped: ended by SIGTERM")
+
+
+def test_a_failing_worker_ends_the_gang_with_its_exit_code(
+    executor: LocalExecutor, tmp_path: Path
+) -> None:
+    launch = make_launch(
+        tmp_path,
+        [
+            sh("echo ready; exec sleep 30"),
+            sh('sleep 0.2; echo "first line" >&2; echo "boom: bad thing  " >&2; echo >&2; exit 3'),
+        ],
+        grace_s=5.0,
+    )
+    started = time.monotonic()
+    executor.launch(launch)
+    ended = wait_ended(executor)
+
+    assert time.monotonic() - started < 4.0  # rank 0's sleep 30 ended by SIGTERM, not grace
+    assert (ended.exit_code, ended.signal, ended.stopped) == (3, None, False)
+    assert ended.reason == "exit code 3 (rank 1)"
+    assert ended.error_tail == "boom: bad thing"
+    workers = json.loads((launch.attempt_dir / "result.json").read_text())["workers"]
+    assert [(w["exit_code"], w["signal"]) for w in workers] == [(None, signal.SIGTERM), (3, None)]
+
+
+def test_a_worker_killed_by_a_signal_fails_the_attempt(
+    executor: LocalExecutor, tmp_path: Path
+) -> None:
+    launch = make_launch(
+        tmp_path,
+        [sh("echo dying >&2; kill -USR1 $$; sleep 5"), sh("exec sleep 30")],
+    )
+    executor.launch(launch)
+    ended = wait_ended(executor)
+    assert (ended.exit_code, ended.signal, ended.stopped) == (None, signal.SIGUSR1, False)
+    assert ended.reason == "killed by SIGUSR1 (rank 0)"
+    assert ended.error_tail == "dying"
+
+
+def test_a_worker_that_cannot_start_fails_with_a_clear_reason(
+    executor: LocalExecutor, tmp_path: Path
+) -> None:
+    missing = str(tmp_path / "no-such-program")
+    launch = make_launch(tmp_path, [sh("exec sleep 30"), [missing, "--flag"]])
+    executor.launch(launch)
+    ended = wait_ended(executor)
+
+    assert (ended.exit_code, ended.signal, ended.stopped) == (127, None, False)
+    assert ended.reason.startswith("cannot start rank 1: [Errno 2] No such file or directory")
+    assert missing in ended.reason
+    assert ended.error_tail == f"corral: {ended.reason}"
+    assert "Traceback" not in (launch.attempt_dir / "shim.log").read_text()
+
+
+def test_a_file_that_is_not_executable_exits_126(executor: LocalExecutor, tmp_path: Path) -> None:
+    script = tmp_path / "script.sh"
+    script.write_text("echo hi\n")
+    script.chmod(stat.S_IRUSR | stat.S_IWUSR)
+    executor.launch(make_launch(tmp_path, [[str(script)]]))
+    ended = wait_ended(executor)
+    assert ended.exit_code == 126
+    assert ended.reason.startswith("cannot start rank 0: [Errno 13] Permission denied")
+
+
+def test_launching_a_running_attempt_twice_is_refused(
+    executor: LocalExecutor, tmp_path: Path
+) -> None:
+    launch = make_launch(tmp_path, [sh("exec sleep 30")])
+    executor.launch(launch)
+    with pytest.raises(ValueError, match="attempt 1 of job 1 is running"):
+        executor.launch(launch)
+    executor.stop("1", 1)
+    assert wait_ended(executor).stopped
+
+
+def test_recover_finds_a_running_attempt_and_polls_its_end(
+    make_executor: Callable[[], LocalExecutor], tmp_path: Path
+) -> None:
+    before_restart = make_executor()
+    launch = make_launch(tmp_path, [sh("echo ready; sleep 0.6; echo bye >&2; exit 4")], job_id="7")
+    before_restart.launch(launch)
+    wait_for_text(launch.attempt_dir / "rank-0.stdout", "ready")
+    before_restart.close()  # the server goes away; the attempt goes on
+    assert before_restart.active() == set()
+
+    after_restart = make_executor()
+    assert after_restart.recover("7", 1, launch.attempt_dir) == "running"
+    assert after_restart.active() == {("7", 1)}
+    assert after_restart.poll() == []
+    ended = wait_ended(after_restart)
+    assert (ended.job_id, ended.attempt, ended.exit_code, ended.stopped) == ("7", 1, 4, False)
+    assert ended.error_tail == "bye"
+    assert after_restart.active() == set()
+
+    # Once ended, recovering again gives the recorded result, from result.json.
+    again = make_executor().recover("7", 1, launch.attempt_dir)
+    assert again == ended
+
+
+def test_a_recovered_attempt_can_be_stopped(
+    make_executor: Callable[[], LocalExecutor], tmp_path: Path
+) -> None:
+    before_restart = make_executor()
+    launch = make_launch(
+        tmp_path, [sh('trap "exit 5" TERM; echo ready; while :; do sleep 0.05; done')]
+    )
+    before_restart.launch(launch)
+    wait_for_text(launch.attempt_dir / "rank-0.stdout", "ready")
+    before_restart.close()
+
+    after_restart = make_executor()
+    assert after_restart.recover("1", 1, launch.attempt_dir) == "running"
+    after_restart.stop("1", 1)
+    ended = wait_ended(after_restart)
+    assert (ended.exit_code, ended.stopped) == (5, True)
+
+
+def _kill_shim(attempt_dir: Path) -> dict[str, Any]:
+    """SIGKILL an attempt's shim and return its workers.json once the shim is dead."""
+    wait_for_text(attempt_dir / "workers.json", "pgid")
+    shim = json.loads((attempt_dir / "shim.json").read_text())
+    os.kill(shim["pid"], signal.SIGKILL)
+    deadline = time.monotonic() + 2.0
+    while is_alive(shim["pid"], shim["start_time"]):
+        assert time.monotonic() < deadline, "the shim survived SIGKILL"
+        time.sleep(0.01)
+    return json.loads((attempt_dir / "workers.json").read_text())
+
+
+def _wait_dead(workers: list[dict[str, Any]]) -> None:
+    deadline = time.monotonic() + 2.0
+    while any(is_alive(w["pid"], w["start_time"]) for w in workers):
+        assert time.monotonic() < deadline, "workers still alive"
+        time.sleep(0.01)
+
+
+def test_an_attempt_whose_shim_was_killed_is_lost(
+    make_executor: Callable[[], LocalExecutor], tmp_path: Path
+) -> None:
+    before_restart = make_executor()
+    launch = make_launch(tmp_path, [sh("echo ready; exec sleep 30")] * 2)
+    before_restart.launch(launch)
+    wait_for_text(launch.attempt_dir / "rank-1.stdout", "ready")
+    before_restart.close()
+    workers = _kill_shim(launch.attempt_dir)
+    os.killpg(workers["pgid"], signal.SIGKILL)
+    _wait_dead(workers["workers"])
+
+    ended = make_executor().recover("1", 1, launch.attempt_dir)
+    assert isinstance(ended, AttemptEnded)
+    assert (ended.exit_code, ended.signal, ended.stopped) == (None, None, False)
+    assert ended.reason == LOST_REASON
+
+
+def test_a_lost_attempts_orphaned_workers_are_killed(
+    executor: LocalExecutor, tmp_path: Path
+) -> None:
+    launch = make_launch(tmp_path, [sh("echo ready; exec sleep 30")] * 2)
+    executor.launch(launch)
+    wait_for_text(launch.attempt_dir / "rank-0.stdout", "ready")
+    wait_for_text(launch.attempt_dir / "rank-1.stdout", "ready")
+    workers = _kill_shim(launch.attempt_dir)["workers"]
+    # The workers live on, holding their GPUs.
+    assert all(is_alive(w["pid"], w["start_time"]) for w in workers)
+
+    ended = wait_ended(executor)
+    assert ended.reason == f"{LOST_REASON}; killed 2 orphaned worker process(es)"
+    assert ended.exit_code is None and not ended.stopped
+    _wait_dead(workers)
+
+
+def test_an_attempt_without_shim_json_never_started(
+    executor: LocalExecutor, tmp_path: Path
+) -> None:
+    attempt_dir = tmp_path / "jobs" / "3" / "attempt-1"
+    assert executor.recover("3", 1, attempt_dir) == "never-started"
+    attempt_dir.mkdir(parents=True)
+    (attempt_dir / "launch.json").write_text("{}")
+    assert executor.recover("3", 1, attempt_dir) == "never-started"
+    assert executor.active() == set()
+
+
+def test_the_shim_reports_a_bad_launch_file(tmp_path: Path) -> None:
+    (tmp_path / "launch.json").write_text('{"workers": []')
+    subprocess.run([PYTHON, "-m", "corral.exec.shim", str(tmp_path)], check=True, timeout=30)
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert result["reason"].startswith("bad launch.json: ")
+    assert (result["exit_code"], result["stopped"]) == (None, False)
+    usage = subprocess.run(
+        [PYTHON, "-m", "corral.exec.shim"], capture_output=True, text=True, timeout=30
+    )
+    assert usage.returncode == 2
+    assert usage.stderr.strip() == "usage: python -m corral.exec.shim ATTEMPT_DIR"
+
+
+def test_worker_envs_split_the_gpus_in_rank_order(tmp_path: Path) -> None:
+    envs = worker_envs("5", 2, [4, 5, 6, 7, 0, 1], 3, tmp_path, 29500, {"A": "b"})
+    assert [env["CORRAL_LOCAL_GPUS"] for env in envs] == ["0,1", "2,3", "4,5"]
+    assert {env["CUDA_VISIBLE_DEVICES"] for env in envs} == {"4,5,6,7,0,1"}
+    assert [env["RANK"] for env in envs] == ["0", "1", "2"]
+    assert all(env["A"] == "b" and env["MASTER_PORT"] == "29500" for env in envs)
+    single = worker_envs("5", 1, [3], 1, tmp_path, 1234)
+    assert (single[0]["CUDA_VISIBLE_DEVICES"], single[0]["CORRAL_LOCAL_GPUS"]) == ("3", "0")
+    with pytest.raises(ValueError, match=r"workers: must divide gpus \(3 does not divide 4\)"):
+        worker_envs("5", 1, [0, 1, 2, 3], 3, tmp_path, 1234)
+    with pytest.raises(ValueError, match="workers: must be at least 1"):
+        worker_envs("5", 1, [0], 0, tmp_path, 1234)
+
+
+def test_command_argv_and_free_port() -> None:
+    assert command_argv("echo $HOME && ls") == ["/bin/sh", "-c", "echo $HOME && ls"]
+    assert command_argv(["python", "train.py"]) == ["python", "train.py"]
+    port = free_port()
+    assert 1024 <= port <= 65535

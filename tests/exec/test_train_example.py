@@ -1,0 +1,76 @@
+"""examples/train.py under the executor: stop mid-way, resume from the checkpoint, retry."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+
+from corral.exec.local import LocalExecutor
+from tests.exec.helpers import PYTHON, TRAIN_SCRIPT, make_launch, wait_ended, wait_for_text
+
+
+def test_stopped_training_resumes_from_its_checkpoint(
+    executor: LocalExecutor, tmp_path: Path
+) -> None:
+    env = {"TRAIN_STEPS": "30", "STEP_SECONDS": "0.04"}
+    first = make_launch(tmp_path, [[PYTHON, TRAIN_SCRIPT]] * 2, attempt=1, extra_env=env)
+    executor.launch(first)
+    wait_for_text(first.attempt_dir / "rank-0.stdout", "step 5/30")
+    executor.stop("1", 1)
+    stopped = wait_ended(executor)
+    assert (stopped.exit_code, stopped.signal, stopped.stopped) == (143, None, True)
+    checkpoint = tmp_path / "jobs" / "1" / "checkpoint" / "ckpt.json"
+    saved_step = json.loads(checkpoint.read_text())["step"]
+    assert 5 <= saved_step < 30
+    assert "starting from step 0" in (first.attempt_dir / "rank-1.stdout").read_text()
+
+    second = make_launch(tmp_path, [[PYTHON, TRAIN_SCRIPT]] * 2, attempt=2, extra_env=env)
+    executor.launch(second)
+    finished = wait_ended(executor)
+    assert (finished.exit_code, finished.stopped, finished.reason) == (0, False, "exit code 0")
+    for rank in (0, 1):
+        output = (second.attempt_dir / f"rank-{rank}.stdout").read_text()
+        assert f"rank {rank}: resumed from step {saved_step}\n" in output
+        assert f"rank {rank}: done: loss=" in output
+        steps_run = re.findall(rf"rank {rank}: step (\d+)/30", output)
+        assert steps_run[0] == str(saved_step + 1) and steps_run[-1] == "30"
+    assert json.loads(checkpoint.read_text())["step"] == 30
+
+
+def test_an_injected_failure_fails_once_then_the_retry_resumes(
+    executor: LocalExecutor, tmp_path: Path
+) -> None:
+    env = {"TRAIN_STEPS": "6", "STEP_SECONDS": "0", "FAIL_AT_STEP": "3", "FAIL_TIMES": "1"}
+    executor.launch(make_launch(tmp_path, [[PYTHON, TRAIN_SCRIPT]], attempt=1, extra_env=env))
+    failed = wait_ended(executor)
+    assert (failed.exit_code, failed.stopped, failed.reason) == (1, False, "exit code 1 (rank 0)")
+    assert failed.error_tail == "rank 0: injected failure at step 3 (FAIL_AT_STEP)"
+
+    retry = make_launch(tmp_path, [[PYTHON, TRAIN_SCRIPT]], attempt=2, extra_env=env)
+    executor.launch(retry)
+    assert wait_ended(executor).exit_code == 0
+    assert "resumed from step 3" in (retry.attempt_dir / "rank-0.stdout").read_text()
+
+
+def test_training_alone_fits_the_line(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CORRAL_", "FAIL_", "TRAIN_"))}
+    env["STEP_SECONDS"] = "0"
+    run = subprocess.run(
+        [PYTHON, TRAIN_SCRIPT, "60"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    assert run.stdout.startswith("rank 0: starting from step 0\n")
+    state = json.loads((tmp_path / "checkpoint" / "ckpt.json").read_text())
+    # y = 3x + 1 plus noise of sd 0.05: 60 steps of lr 0.3 converge to within the noise.
+    assert state["step"] == 60
+    assert abs(state["w"] - 3.0) < 0.05 and abs(state["b"] - 1.0) < 0.05
+    assert state["loss"] < 0.01
+    assert "rank 0: done: loss=" in run.stdout.splitlines()[-1]

@@ -1,0 +1,120 @@
+"""Starting a real manager (SQLite file, local executor, HTTP on 127.0.0.1) for the tests."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from corral.exec.local import kill_attempt
+from corral.server.boot import RunningServer, ServerOptions, build_manager
+from corral.server.manager import ManagerSettings
+
+REPO = Path(__file__).resolve().parents[2]
+TRAIN = REPO / "examples" / "train.py"
+FINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
+
+#: One machine of 2 GPUs; VCs `a` and `b` are guaranteed one GPU each.
+TWO_VCS = """\
+cell_types:
+  ONE: {child: gpu, count: 1}
+  NODE: {child: ONE, count: 2, node: true}
+physical_cells:
+  - {type: NODE, count: 1}
+virtual_clusters:
+  a: {ONE: 1}
+  b: {ONE: 1}
+"""
+
+
+def fast_settings(**changes: Any) -> ManagerSettings:
+    settings = ManagerSettings(
+        tick_s=0.05, retry_backoff_s=0.5, fast_fail_s=20.0, relax_after_s=0.0
+    )
+    for key, value in changes.items():
+        setattr(settings, key, value)
+    return settings
+
+
+def start_server(
+    data_dir: Path, *, gpus: int = 2, config: str | None = None, **settings: Any
+) -> RunningServer:
+    config_path = None
+    if config is not None:
+        config_path = data_dir.parent / f"{data_dir.name}-cluster.yaml"
+        config_path.write_text(config)
+    options = ServerOptions(
+        data_dir=data_dir, gpus=gpus, config=config_path, settings=fast_settings(**settings)
+    )
+    return RunningServer(build_manager(options)).start()
+
+
+def admin_token(data_dir: Path) -> str:
+    return (data_dir / "admin.token").read_text().strip()
+
+
+def api(url: str, token: str | None) -> httpx.Client:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    return httpx.Client(base_url=url, headers=headers, timeout=30)
+
+
+def submit(client: httpx.Client, **spec: Any) -> str:
+    response = client.post("/api/v1/jobs", json=spec)
+    assert response.status_code == 201, response.text
+    return str(response.json()["id"])
+
+
+def job(client: httpx.Client, job_id: str) -> dict[str, Any]:
+    response = client.get(f"/api/v1/jobs/{job_id}")
+    assert response.status_code == 200, response.text
+    return dict(response.json())
+
+
+def wait_for(
+    client: httpx.Client, job_id: str, statuses: Iterable[str] = FINAL, timeout: float = 30
+) -> dict[str, Any]:
+    wanted = tuple(statuses)
+    deadline = time.monotonic() + timeout
+    while True:
+        found = job(client, job_id)
+        if found["status"] in wanted:
+            return found
+        if time.monotonic() > deadline:
+            raise AssertionError(f"job {job_id} still {found['status']}: {found}")
+        time.sleep(0.05)
+
+
+def python_job(name: str, code: str, **fields: Any) -> dict[str, Any]:
+    return {"name": name, "gpus": 1, "command": [sys.executable, "-c", code], **fields}
+
+
+def train_job(name: str, steps: int, step_s: float = 0.05, **fields: Any) -> dict[str, Any]:
+    return {
+        "name": name,
+        "gpus": 1,
+        "command": [sys.executable, str(TRAIN)],
+        "env": {"TRAIN_STEPS": str(steps), "STEP_SECONDS": str(step_s)},
+        "grace_seconds": 5,
+        **fields,
+    }
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is dead for our purpose
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def kill_jobs_of(data_dir: Path) -> int:
+    """Kill whatever processes a test's jobs left behind (after a failed assertion)."""
+    return sum(kill_attempt(attempt) for attempt in data_dir.glob("jobs/*/attempt-*"))

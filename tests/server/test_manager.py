@@ -1,0 +1,310 @@
+"""The embedded manager end to end: real job processes, a real SQLite file, HTTP on loopback."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from corral.server.boot import RunningServer
+from tests.server.helpers import (
+    TWO_VCS,
+    admin_token,
+    alive,
+    api,
+    job,
+    kill_jobs_of,
+    python_job,
+    start_server,
+    submit,
+    train_job,
+    wait_for,
+)
+
+
+@pytest.fixture
+def data_dir(tmp_path: Path) -> Iterator[Path]:
+    directory = tmp_path / "corral"
+    yield directory
+    kill_jobs_of(directory)
+
+
+@pytest.fixture
+def server(data_dir: Path) -> Iterator[RunningServer]:
+    running = start_server(data_dir, gpus=2)
+    yield running
+    running.stop()
+
+
+@pytest.fixture
+def two_vcs(data_dir: Path) -> Iterator[RunningServer]:
+    running = start_server(data_dir, gpus=2, config=TWO_VCS)
+    yield running
+    running.stop()
+
+
+ENV_DUMP = (
+    "import json, os; keys = ['CUDA_VISIBLE_DEVICES', 'RANK', 'LOCAL_RANK', 'WORLD_SIZE', "
+    "'MASTER_ADDR', 'MASTER_PORT', 'CORRAL_CHECKPOINT_DIR', 'CORRAL_JOB_ID', 'CORRAL_ATTEMPT', "
+    "'CORRAL_LOCAL_GPUS', 'GREETING']; "
+    "print(json.dumps({k: os.environ.get(k) for k in keys} | "
+    "{'pid': os.getpid(), 'pgid': os.getpgid(0)}))"
+)
+
+
+def test_a_two_worker_job_gets_its_gpus_and_torch_distributed_variables(
+    server: RunningServer, data_dir: Path
+) -> None:
+    client = api(server.url, admin_token(data_dir))
+    job_id = submit(
+        client,
+        **python_job("env", ENV_DUMP, gpus=2, workers=2, env={"GREETING": "hello"}),
+    )
+    done = wait_for(client, job_id)
+    assert done["status"] == "SUCCEEDED" and done["exit_code"] == 0
+    attempt_dir = data_dir / "jobs" / job_id / "attempt-1"
+    seen = [json.loads((attempt_dir / f"rank-{r}.stdout").read_text()) for r in (0, 1)]
+    for rank, env in enumerate(seen):
+        # torchrun's convention: every worker sees the job's GPUs on its node, LOCAL_RANK picks
+        assert env["CUDA_VISIBLE_DEVICES"] == "0,1"
+        assert env["RANK"] == env["LOCAL_RANK"] == str(rank)
+        assert env["CORRAL_LOCAL_GPUS"] == str(rank)
+        assert env["WORLD_SIZE"] == "2" and env["MASTER_ADDR"] == "127.0.0.1"
+        assert env["CORRAL_CHECKPOINT_DIR"] == str(data_dir / "jobs" / job_id / "checkpoint")
+        assert env["CORRAL_JOB_ID"] == job_id and env["CORRAL_ATTEMPT"] == "1"
+        assert env["GREETING"] == "hello"
+    assert seen[0]["MASTER_PORT"] == seen[1]["MASTER_PORT"]
+    # one process group for the job's workers, led by worker 0, not the server's group
+    assert seen[0]["pgid"] == seen[1]["pgid"] == seen[0]["pid"]
+    assert seen[0]["pgid"] != os.getpgid(0)
+    detail = job(client, job_id)
+    assert [a["gpus"] for a in detail["attempt_history"]] == [[f"{_node()}/0", f"{_node()}/1"]]
+    assert [e["kind"] for e in detail["events"]] == ["submitted", "started", "succeeded"]
+
+
+def _node() -> str:
+    from corral.server.boot import node_name
+
+    return node_name()
+
+
+def test_a_preempted_job_checkpoints_and_resumes_on_gpus_no_one_else_holds(
+    two_vcs: RunningServer, data_dir: Path
+) -> None:
+    admin = api(two_vcs.url, admin_token(data_dir))
+    alice = api(
+        two_vcs.url, admin.post("/api/v1/tokens", json={"user": "alice", "vc": "a"}).json()["token"]
+    )
+    bob = api(
+        two_vcs.url, admin.post("/api/v1/tokens", json={"user": "bob", "vc": "b"}).json()["token"]
+    )
+    first = submit(alice, **train_job("first", steps=60))
+    second = submit(alice, **train_job("second", steps=60))
+    wait_for(alice, first, ["RUNNING"])
+    wait_for(alice, second, ["RUNNING"])  # on b's idle GPU, borrowed
+    time.sleep(1.0)  # some steps done, each checkpointed
+    mine = submit(bob, **python_job("bob", "import time; time.sleep(1)"))
+    ended = [wait_for(admin, j, timeout=60) for j in (first, second, mine)]
+    assert [e["status"] for e in ended] == ["SUCCEEDED"] * 3
+    preempted = [e for e in ended if e["preemptions"] == 1]
+    assert len(preempted) == 1 and preempted[0]["vc"] == "a"  # b took its GPU back
+    victim = preempted[0]
+    assert victim["attempts"] == 2
+    logs = data_dir / "jobs" / victim["id"]
+    resumed = (logs / "attempt-2" / "rank-0.stdout").read_text()
+    step = int(resumed.split("resumed from step ")[1].split()[0])
+    assert step > 0  # resumed, not restarted
+    assert "starting from step 0" in (logs / "attempt-1" / "rank-0.stdout").read_text()
+    # No GPU ever ran two attempts at once: the preempted job's processes left before bob's began.
+    spans: dict[str, list[tuple[float, float]]] = {}
+    for entry in ended:
+        for attempt in job(admin, entry["id"])["attempt_history"]:
+            for gpu in attempt["gpus"]:
+                spans.setdefault(gpu, []).append((attempt["started_at"], attempt["ended_at"]))
+    for gpu, intervals in spans.items():
+        intervals.sort()
+        for (_, end), (start, _) in zip(intervals, intervals[1:], strict=False):
+            assert start >= end, f"{gpu}: an attempt started before the previous one ended"
+    first_attempt = job(admin, victim["id"])["attempt_history"][0]
+    assert first_attempt["outcome"] == "preempted"
+
+
+def test_a_failed_attempt_is_retried_after_its_backoff(
+    server: RunningServer, data_dir: Path
+) -> None:
+    client = api(server.url, admin_token(data_dir))
+    flaky = (
+        "import os, sys, pathlib; mark = pathlib.Path(os.environ['CORRAL_CHECKPOINT_DIR'], 'tried');"
+        "sys.exit(0) if mark.exists() else (mark.touch(), print('boom', file=sys.stderr), sys.exit(3))"
+    )
+    job_id = submit(client, **python_job("flaky", flaky, max_retries=2))
+    done = wait_for(client, job_id)
+    assert done["status"] == "SUCCEEDED"
+    assert (done["attempts"], done["failures"]) == (2, 1)
+    history = job(client, job_id)["attempt_history"]
+    assert [a["outcome"] for a in history] == ["failed", "succeeded"]
+    assert history[0]["exit_code"] == 3
+    assert history[1]["started_at"] - history[0]["ended_at"] >= 0.5 - 0.06  # the backoff, 1 tick
+    kinds = [e["kind"] for e in job(client, job_id)["events"]]
+    assert kinds.count("retrying") == 1
+
+
+def test_the_same_fast_failure_again_and_again_is_a_user_error(
+    server: RunningServer, data_dir: Path
+) -> None:
+    client = api(server.url, admin_token(data_dir))
+    job_id = submit(client, **python_job("typo", "import torchh", max_retries=10))
+    done = wait_for(client, job_id, timeout=30)
+    assert done["status"] == "FAILED"
+    assert done["attempts"] == 3  # fast_fail_repeats = 2: the third identical failure ends it
+    assert "user error" in done["reason"] and "torchh" in done["reason"]
+
+
+def test_different_failures_use_up_the_retries(server: RunningServer, data_dir: Path) -> None:
+    client = api(server.url, admin_token(data_dir))
+    varying = "import os, sys; sys.exit('failure number ' + os.environ['CORRAL_ATTEMPT'])"
+    job_id = submit(client, **python_job("varying", varying, max_retries=2))
+    done = wait_for(client, job_id, timeout=30)
+    assert done["status"] == "FAILED"
+    assert (done["attempts"], done["failures"]) == (3, 3)
+    assert "failure number 3" in done["reason"]
+
+
+def test_cancel_stops_a_running_job_and_a_pending_one_never_runs(
+    server: RunningServer, data_dir: Path
+) -> None:
+    client = api(server.url, admin_token(data_dir))
+    running = submit(
+        client,
+        **python_job(
+            "long", "import os, time; print(os.getpid(), flush=True); time.sleep(60)", gpus=2
+        ),
+    )
+    waiting = submit(client, **python_job("waits", "print('ran')", gpus=2))
+    wait_for(client, running, ["RUNNING"])
+    stdout = data_dir / "jobs" / running / "attempt-1" / "rank-0.stdout"
+    deadline = time.monotonic() + 10
+    while not (stdout.is_file() and stdout.read_text().strip()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    pid = int(stdout.read_text().split()[0])
+    assert job(client, waiting)["status"] == "PENDING"
+    assert client.post(f"/api/v1/jobs/{waiting}/cancel").json()["status"] == "CANCELLED"
+    assert client.post(f"/api/v1/jobs/{running}/cancel").json()["status"] == "CANCELLED"
+    deadline = time.monotonic() + 10
+    while alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not alive(pid)
+    assert job(client, waiting)["attempts"] == 0
+    history = job(client, running)["attempt_history"]
+    assert [a["outcome"] for a in history] == ["cancelled"]
+    # cancelling again changes nothing
+    assert client.post(f"/api/v1/jobs/{running}/cancel").json()["status"] == "CANCELLED"
+
+
+BAD_SPECS = [
+    ({"name": "x", "gpus": 0, "command": "true"}, "gpus: must be a positive integer"),
+    ({"name": "x", "gpus": 1}, "command: field required"),
+    (
+        {"name": "x", "gpus": 3, "command": "true"},
+        "gpus: asks for 3 GPUs but the cluster has only 2 GPUs",
+    ),
+    ({"name": "x", "gpus": 2, "workers": 3, "command": "true"}, "workers: must divide gpus"),
+    ({"name": "x", "gpus": 1, "command": "true", "vc": "nope"}, "vc: unknown VC 'nope'"),
+    ({"name": "x", "gpus": 1, "command": "true", "colour": "red"}, "colour: unknown field"),
+    (["not", "a", "mapping"], "the job spec must be a mapping of fields"),
+]
+
+
+@pytest.mark.parametrize(("body", "message"), BAD_SPECS)
+def test_a_bad_spec_is_refused_with_its_field_and_nothing_is_stored(
+    server: RunningServer, data_dir: Path, body: object, message: str
+) -> None:
+    client = api(server.url, admin_token(data_dir))
+    response = client.post("/api/v1/jobs", json=body)
+    assert response.status_code == 422
+    assert response.json()["detail"].startswith(message)
+    assert client.get("/api/v1/jobs").json() == []
+    assert server.manager.scheduler.jobs == {}
+    assert submit(client, **python_job("ok", "pass")) == "1"  # no id was used up
+
+
+def test_tokens_and_permissions(two_vcs: RunningServer, data_dir: Path) -> None:
+    url = two_vcs.url
+    admin = api(url, admin_token(data_dir))
+    assert api(url, None).get("/api/v1/jobs").status_code == 401
+    assert api(url, "not-a-token").get("/api/v1/jobs").status_code == 401
+    tokens = {
+        user: admin.post("/api/v1/tokens", json={"user": user, "vc": vc}).json()["token"]
+        for user, vc in (("alice", "a"), ("carol", "a"), ("bob", "b"))
+    }
+    alice, carol, bob = (api(url, tokens[u]) for u in ("alice", "carol", "bob"))
+    sleeper = python_job("sleeper", "import time; time.sleep(30)")
+    alices = submit(alice, **sleeper)  # vc defaults to the token's VC
+    bobs = submit(bob, **sleeper)
+    assert job(alice, alices)["vc"] == "a"
+    assert bob.post("/api/v1/jobs", json=sleeper | {"vc": "a"}).status_code == 403
+    # a user sees own jobs and the VC's, not other VCs'
+    assert [j["id"] for j in carol.get("/api/v1/jobs").json()] == [alices]
+    assert carol.get(f"/api/v1/jobs/{bobs}").status_code == 404
+    response = carol.post(f"/api/v1/jobs/{alices}/cancel")
+    assert response.status_code == 403 and "belongs to alice" in response.json()["detail"]
+    assert bob.post("/api/v1/tokens", json={"user": "mallory", "admin": True}).status_code == 403
+    assert alice.get("/api/v1/whoami").json() == {"user": "alice", "vc": "a", "admin": False}
+    assert [v["name"] for v in bob.get("/api/v1/vcs").json()] == ["b"]
+    assert alice.post(f"/api/v1/jobs/{alices}/cancel").json()["status"] == "CANCELLED"
+    assert admin.post(f"/api/v1/jobs/{bobs}/cancel").json()["status"] == "CANCELLED"
+
+
+def test_metrics_show_queues_allocation_states_and_round_latency(
+    two_vcs: RunningServer, data_dir: Path
+) -> None:
+    admin = api(two_vcs.url, admin_token(data_dir))
+    sleeper = python_job("sleeper", "import time; time.sleep(30)", gpus=2)
+    running = submit(admin, **sleeper | {"vc": "a"})
+    wait_for(admin, running, ["RUNNING"])
+    queued = [submit(admin, **sleeper | {"vc": "b"}) for _ in range(2)]
+    time.sleep(0.3)
+    text = admin.get("/metrics").text
+    values = {
+        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line and not line.startswith("#")
+    }
+    # b's jobs wait: b is guaranteed 1 GPU and a job of 2 cannot start while a holds both
+    assert values['corral_queue_length{vc="b"}'] == 2
+    assert values['corral_queue_length{vc="a"}'] == 0
+    assert values['corral_gpus_allocated{vc="a"}'] == 2
+    assert values['corral_jobs{state="RUNNING"}'] == 1
+    assert values['corral_jobs{state="PENDING"}'] == 2
+    assert values["corral_scheduling_round_seconds_count"] >= 1
+    for job_id in [running, *queued]:
+        admin.post(f"/api/v1/jobs/{job_id}/cancel")
+
+
+def test_a_waiting_job_says_why(server: RunningServer, data_dir: Path) -> None:
+    client = api(server.url, admin_token(data_dir))
+    blocker = submit(client, **python_job("blocker", "import time; time.sleep(30)", gpus=2))
+    wait_for(client, blocker, ["RUNNING"])
+    waiting = submit(client, **python_job("waiting", "pass", gpus=1))
+    time.sleep(0.3)
+    reason = job(client, waiting)["reason"]
+    assert reason.startswith("PENDING, position 1 of 1 in the queue")
+    assert "free" in reason or "GPUs" in reason, reason
+    client.post(f"/api/v1/jobs/{blocker}/cancel")
+    assert wait_for(client, waiting)["status"] == "SUCCEEDED"
+
+
+def test_logs_are_kept_per_attempt_and_stream(server: RunningServer, data_dir: Path) -> None:
+    client = api(server.url, admin_token(data_dir))
+    code = "import sys; print('out line'); print('err line', file=sys.stderr)"
+    job_id = submit(client, **python_job("logs", code))
+    wait_for(client, job_id)
+    out = client.get(f"/api/v1/jobs/{job_id}/logs")
+    assert out.text == "out line\n" and out.headers["X-Corral-Finished"] == "true"
+    assert out.headers["X-Corral-Offset"] == str(len("out line\n"))
+    err = client.get(f"/api/v1/jobs/{job_id}/logs", params={"stream": "stderr", "offset": 4})
+    assert err.text == "line\n"

@@ -1,0 +1,323 @@
+"""The job spec: every refusal is one line naming the field; valid specs get the documented defaults."""
+
+from __future__ import annotations
+
+import json
+import math
+import signal
+from pathlib import Path
+
+import pytest
+
+from corral.core.job import JobSpec, Priority
+from corral.server.spec import (
+    JobSpecModel,
+    SpecError,
+    argv,
+    load_job_spec_file,
+    parse_job_spec,
+    signal_number,
+    to_core_spec,
+)
+
+BASE = {"name": "train", "gpus": 4, "command": "python train.py"}
+NAME_RULE = "name: must be 1-63 characters of letters, digits, '.', '_' and '-'"
+GRACE_RULE = "grace_seconds: must be a non-negative number of seconds"
+DROP = object()  # an override value that removes the key from BASE
+
+
+def spec_with(**overrides: object) -> dict[str, object]:
+    data = dict(BASE)
+    for key, value in overrides.items():
+        if value is DROP:
+            data.pop(key, None)
+        else:
+            data[key] = value
+    return data
+
+
+BAD_SPECS = [
+    # counts: bool and float are not integers, strings are not coerced
+    (spec_with(gpus=0), "gpus: must be a positive integer"),
+    (spec_with(gpus=-2), "gpus: must be a positive integer"),
+    (spec_with(gpus=True), "gpus: must be a positive integer"),
+    (spec_with(gpus=2.0), "gpus: must be a positive integer"),
+    (spec_with(gpus="4"), "gpus: must be a positive integer"),
+    (spec_with(gpus=None), "gpus: must be a positive integer"),
+    (spec_with(gpus=2_000_000), "gpus: must be at most 1000000"),
+    (spec_with(workers=0), "workers: must be a positive integer"),
+    (spec_with(workers=3), "workers: must divide gpus (3 does not divide 4)"),
+    (spec_with(gpus=2, workers=4), "workers: must divide gpus (4 does not divide 2)"),
+    (spec_with(max_retries=-1), "max_retries: must be a non-negative integer"),
+    (spec_with(max_retries=False), "max_retries: must be a non-negative integer"),
+    (spec_with(max_retries=1.5), "max_retries: must be a non-negative integer"),
+    # unknown and missing fields
+    (spec_with(colour="red"), "colour: unknown field"),
+    (spec_with(gpus=DROP, gpu=4), "gpu: unknown field (did you mean 'gpus'?)"),
+    (spec_with(command=DROP), "command: field required"),
+    (spec_with(gpus=DROP), "gpus: field required"),
+    ({}, "name: field required"),
+    # several problems: unknown first, then in field order, cross-field checks last
+    (spec_with(gpus=0, workers=0), "gpus: must be a positive integer"),
+    (spec_with(workers=0, name="a b"), NAME_RULE),
+    (spec_with(gpus=0, colour="red"), "colour: unknown field"),
+    (
+        spec_with(workers=3, signal="SIGFOO"),
+        "signal: unknown signal 'SIGFOO'; use e.g. SIGTERM, SIGINT, SIGUSR1",
+    ),
+    # name
+    (spec_with(name="my job"), NAME_RULE),
+    (spec_with(name=""), NAME_RULE),
+    (spec_with(name="a" * 64), NAME_RULE),
+    (spec_with(name="résumé"), NAME_RULE),
+    (spec_with(name=7), "name: must be a string"),
+    # vc, priority, locality
+    (spec_with(vc=""), "vc: must be a non-empty string"),
+    (spec_with(vc=["a"]), "vc: must be a non-empty string"),
+    (spec_with(priority="high"), "priority: must be guaranteed or opportunistic"),
+    (spec_with(priority=1), "priority: must be guaranteed or opportunistic"),
+    (spec_with(locality="zone"), "locality: must be node, rack or any"),
+    # command
+    (spec_with(command=""), "command: must not be empty"),
+    (spec_with(command="   "), "command: must not be empty"),
+    (spec_with(command=[]), "command: must not be empty"),
+    (spec_with(command=["python", ["-u"]]), "command.1: must be a string"),
+    (spec_with(command=["python", {"a": 1}]), "command.1: must be a string"),
+    (spec_with(command=["", "x"]), "command.0: must not be empty (it is the program to run)"),
+    (spec_with(command=["a", "b\0c"]), "command.1: must not contain a NUL character"),
+    (spec_with(command=5), "command: must be a string (run by /bin/sh -c) or a list of arguments"),
+    # env
+    (spec_with(env={"FOO": [1]}), "env.FOO: must be a string"),
+    (spec_with(env={"OK": "1", "FOO": {"a": 1}}), "env.FOO: must be a string"),
+    (spec_with(env={"FOO": None}), "env.FOO: must be a string"),
+    (spec_with(env=["A=1"]), "env: must be a mapping of variable names to strings"),
+    (
+        spec_with(env={"A=B": "x"}),
+        "env.A=B: a variable name must not contain '=' or a NUL character",
+    ),
+    (spec_with(env={1: "x"}), "env: variable names must be non-empty strings (got 1)"),
+    # gpu_type
+    (spec_with(gpu_type=[]), "gpu_type: must not be an empty list"),
+    (spec_with(gpu_type=["a100", 3]), "gpu_type.1: must be a non-empty string"),
+    (spec_with(gpu_type=["a100", " "]), "gpu_type.1: must be a non-empty string"),
+    (spec_with(gpu_type=""), "gpu_type: must not be empty"),
+    (spec_with(gpu_type=5), "gpu_type: must be a GPU type or a list of GPU types"),
+    # workdir, signal, grace
+    (spec_with(workdir=""), "workdir: must be a non-empty path"),
+    (spec_with(workdir=3), "workdir: must be a non-empty path"),
+    (
+        spec_with(signal="SIGFOO"),
+        "signal: unknown signal 'SIGFOO'; use e.g. SIGTERM, SIGINT, SIGUSR1",
+    ),
+    (spec_with(signal="FOO"), "signal: unknown signal 'FOO'; use e.g. SIGTERM, SIGINT, SIGUSR1"),
+    (spec_with(signal=15), "signal: must be a signal name such as SIGTERM"),
+    (spec_with(grace_seconds=-1), GRACE_RULE),
+    (spec_with(grace_seconds=-0.5), GRACE_RULE),
+    (spec_with(grace_seconds="30"), GRACE_RULE),
+    (spec_with(grace_seconds=True), GRACE_RULE),
+    (spec_with(grace_seconds=math.inf), GRACE_RULE),
+    (spec_with(grace_seconds=math.nan), GRACE_RULE),
+    # not a mapping at all
+    ([BASE], "the job spec must be a mapping of fields"),
+    ("name: x", "the job spec must be a mapping of fields"),
+    (None, "the job spec must be a mapping of fields"),
+]
+
+
+@pytest.mark.parametrize(("data", "message"), BAD_SPECS)
+def test_each_bad_spec_gets_its_one_line_message(data: object, message: str) -> None:
+    with pytest.raises(SpecError) as caught:
+        parse_job_spec(data)
+    assert str(caught.value) == message
+
+
+def test_the_source_prefixes_the_message_and_the_parts_are_kept() -> None:
+    with pytest.raises(SpecError) as caught:
+        parse_job_spec(spec_with(gpus=0), source="job.yaml")
+    assert str(caught.value) == "job.yaml: gpus: must be a positive integer"
+    assert (caught.value.source, caught.value.field) == ("job.yaml", "gpus")
+    assert caught.value.reason == "must be a positive integer"
+    with pytest.raises(SpecError, match=r"^job.yaml: the job spec must be a mapping of fields$"):
+        parse_job_spec([1], source="job.yaml")
+
+
+def test_user_text_in_a_message_stays_on_one_line() -> None:
+    with pytest.raises(SpecError) as caught:
+        parse_job_spec(spec_with(signal="SIG\nFOO"))
+    assert "\n" not in str(caught.value)
+    assert (
+        str(caught.value)
+        == "signal: unknown signal 'SIG\\nFOO'; " + "use e.g. SIGTERM, SIGINT, SIGUSR1"
+    )
+
+
+def test_a_minimal_spec_gets_every_default() -> None:
+    model = parse_job_spec(BASE)
+    assert model.model_dump() == {
+        "name": "train",
+        "vc": "default",
+        "priority": "guaranteed",
+        "gpus": 4,
+        "workers": 1,
+        "gpu_type": None,
+        "locality": "node",
+        "command": "python train.py",
+        "env": {},
+        "workdir": None,
+        "max_retries": 0,
+        "signal": "SIGTERM",
+        "grace_seconds": 30.0,
+    }
+
+
+def test_a_full_spec_is_normalised() -> None:
+    model = parse_job_spec(
+        {
+            "name": "bert.large_v2-1",
+            "vc": "nlp",
+            "priority": "Opportunistic",
+            "gpus": 8,
+            "workers": 4,
+            "gpu_type": ["A100", "h100", "a100"],
+            "locality": "RACK",
+            "command": ["torchrun", "--nproc", 2, "train.py"],
+            "env": {"EPOCHS": 10, "LR": 0.5, "DEBUG": True, "NAME": "x"},
+            "workdir": "/data/bert",
+            "max_retries": 3,
+            "signal": "usr1",
+            "grace_seconds": 0,
+        }
+    )
+    assert model.priority == "opportunistic"
+    assert model.locality == "rack"
+    assert model.gpu_type == ["a100", "h100"]  # lower-cased, duplicates dropped, order kept
+    assert model.command == ["torchrun", "--nproc", "2", "train.py"]
+    assert model.env == {"EPOCHS": "10", "LR": "0.5", "DEBUG": "true", "NAME": "x"}
+    assert model.signal == "SIGUSR1"
+    assert model.grace_seconds == 0.0 and isinstance(model.grace_seconds, float)
+    assert (model.workers, model.max_retries, model.workdir) == (4, 3, "/data/bert")
+    # The dump is plain JSON and parses back to the same model (what the store keeps).
+    again = parse_job_spec(json.loads(json.dumps(model.model_dump())))
+    assert again == model
+
+
+def test_a_single_gpu_type_string_is_lower_cased() -> None:
+    assert parse_job_spec(spec_with(gpu_type=" V100 ")).gpu_type == "v100"
+
+
+def test_the_longest_name_and_a_one_gpu_gang_are_accepted() -> None:
+    model = parse_job_spec(spec_with(name="a" * 63, gpus=1, workers=1))
+    assert model.name == "a" * 63
+
+
+def test_to_core_spec_converts_types_and_priority() -> None:
+    model = parse_job_spec(
+        spec_with(vc="vision", gpu_type=["A100", "V100"], priority="opportunistic", max_retries=2)
+    )
+    core = to_core_spec(model, job_id="17", submit_time=1000.5, user="alice")
+    assert core == JobSpec(
+        id="17",
+        submit_time=1000.5,
+        gpus=4,
+        user="alice",
+        vc="vision",
+        gpu_types=frozenset({"a100", "v100"}),
+        priority=Priority.OPPORTUNISTIC,
+        max_retries=2,
+    )
+    assert core.accepts("a100") and not core.accepts("t4")
+    single = to_core_spec(parse_job_spec(spec_with(gpu_type="T4")), "1", 0.0, "bob")
+    assert single.gpu_types == frozenset({"t4"})
+    plain = to_core_spec(parse_job_spec(BASE), "2", 0.0, "bob")
+    assert plain.gpu_types is None and plain.priority is Priority.GUARANTEED
+    assert plain.accepts("anything")
+
+
+def test_signal_number_and_argv() -> None:
+    assert signal_number(parse_job_spec(BASE)) == signal.SIGTERM
+    assert signal_number(parse_job_spec(spec_with(signal="SIGINT"))) == signal.SIGINT
+    assert signal_number(parse_job_spec(spec_with(signal="hup"))) == signal.SIGHUP
+    assert argv(parse_job_spec(BASE)) == ["/bin/sh", "-c", "python train.py"]
+    listed = parse_job_spec(spec_with(command=["python", "-c", "print(1)"]))
+    assert argv(listed) == ["python", "-c", "print(1)"]
+    assert argv(listed) is not listed.command  # the caller may extend its copy
+
+
+def test_the_model_is_extra_forbid_with_a_json_schema() -> None:
+    schema = JobSpecModel.model_json_schema()
+    assert schema["additionalProperties"] is False
+    assert schema["required"] == ["name", "gpus", "command"]
+    assert schema["properties"]["priority"]["enum"] == ["guaranteed", "opportunistic"]
+
+
+# -- files ------------------------------------------------------------------------------------------
+
+
+def write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_a_yaml_file_and_a_json_file_load(tmp_path: Path) -> None:
+    yaml_file = write(tmp_path, "job.yaml", "name: a\ngpus: 2\ncommand: [sleep, 1]\nenv:\n  N: 3\n")
+    model = load_job_spec_file(yaml_file)
+    assert (model.name, model.gpus, model.command, model.env) == (
+        "a",
+        2,
+        ["sleep", "1"],
+        {"N": "3"},
+    )
+    json_file = write(tmp_path, "job.json", json.dumps({"name": "b", "gpus": 1, "command": "true"}))
+    assert load_job_spec_file(str(json_file)).name == "b"
+
+
+def test_invalid_yaml_names_the_file_line_and_column(tmp_path: Path) -> None:
+    # The flow list opened on line 2 meets the ':' of line 3 ("command" is 7 characters).
+    path = write(tmp_path, "job.yaml", "name: a\ngpus: [1\ncommand: x\n")
+    with pytest.raises(SpecError) as caught:
+        load_job_spec_file(path)
+    assert str(caught.value).startswith(f"{path}: line 3, column 8: invalid YAML: ")
+    assert "\n" not in str(caught.value)
+    indented = write(tmp_path, "indent.yaml", "name: a\n  gpus: 4\n")
+    with pytest.raises(SpecError) as caught:
+        load_job_spec_file(indented)
+    assert str(caught.value) == (
+        f"{indented}: line 2, column 7: invalid YAML: mapping values are not allowed here"
+    )
+
+
+def test_a_key_given_twice_is_refused(tmp_path: Path) -> None:
+    path = write(tmp_path, "job.yaml", "name: a\ngpus: 4\ngpus: 2\ncommand: x\n")
+    with pytest.raises(SpecError, match=r"line 3, column 1: .*duplicate key 'gpus'"):
+        load_job_spec_file(path)
+
+
+def test_empty_missing_and_unreadable_files(tmp_path: Path) -> None:
+    empty = write(tmp_path, "empty.yaml", "\n# nothing but a comment\n")
+    with pytest.raises(SpecError) as caught:
+        load_job_spec_file(empty)
+    assert str(caught.value) == f"{empty}: the file is empty"
+    missing = tmp_path / "missing.yaml"
+    with pytest.raises(SpecError) as caught:
+        load_job_spec_file(missing)
+    assert str(caught.value) == f"{missing}: cannot read the file: No such file or directory"
+    with pytest.raises(SpecError) as caught:
+        load_job_spec_file(tmp_path)
+    assert str(caught.value) == f"{tmp_path}: cannot read the file: Is a directory"
+    binary = tmp_path / "binary.yaml"
+    binary.write_bytes(b"name: \xff\xfe\n")
+    with pytest.raises(SpecError) as caught:
+        load_job_spec_file(binary)
+    assert str(caught.value) == f"{binary}: the file is not UTF-8 text"
+
+
+def test_a_field_error_in_a_file_names_the_file(tmp_path: Path) -> None:
+    path = write(tmp_path, "job.yaml", "name: a\ngpus: 4\nworkers: 3\ncommand: x\n")
+    with pytest.raises(SpecError) as caught:
+        load_job_spec_file(path)
+    assert str(caught.value) == f"{path}: workers: must divide gpus (3 does not divide 4)"
+    listed = write(tmp_path, "list.yaml", "- name: a\n")
+    with pytest.raises(SpecError) as caught:
+        load_job_spec_file(listed)
+    assert str(caught.value) == f"{listed}: the job spec must be a mapping of fields"
