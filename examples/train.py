@@ -11,6 +11,8 @@ Environment (all optional):
   CHECKPOINT_EVERY       write the checkpoint every K steps (default 1)
   CORRAL_CHECKPOINT_DIR  where ckpt.json lives (default ./checkpoint); set by corral
   RANK                   this worker's rank (default 0); only rank 0 writes the checkpoint
+                         (each rank runs its own loop, unsynchronised: a rank that starts late
+                         may resume from a newer step than rank 0 did)
   FAIL_AT_STEP=k         the worker of rank FAIL_RANK (default 0) exits with code 1 and a message
                          on stderr when it reaches step k ...
   FAIL_TIMES=n           ... but only the first n times (counted in CORRAL_CHECKPOINT_DIR/

@@ -86,21 +86,27 @@ class Scheduler:
 
     # -- what the shell reports ---------------------------------------------------------------
 
-    def submit(self, spec: JobSpec, now: float) -> Job:
-        if spec.id in self.jobs:
-            raise JobRefused(f"job {spec.id}: a job with this id already exists")
+    def refusal(self, spec: JobSpec) -> str | None:
+        """Why this job could never run here (so `submit` would refuse it), or None. Depends
+        only on the cluster's shape and the VCs, so a shell may ask before it stores the job."""
         if spec.gpus <= 0:
-            raise JobRefused(f"job {spec.id}: gpus must be a positive integer, got {spec.gpus}")
+            return f"gpus must be a positive integer, got {spec.gpus}"
         if self.admission is not None and not self.admission.known(spec.vc):
-            raise JobRefused(f"job {spec.id}: unknown VC {spec.vc!r}")
+            return f"unknown VC {spec.vc!r}"
         capacity = self.cluster.capacity_for(spec.gpu_types)
         if self.admission is not None and not self.admission.oversubscribe:
             capacity = min(capacity, self.admission.capacity(spec.vc))
         if spec.gpus > capacity:
             kind = "" if spec.gpu_types is None else f" of type {'|'.join(sorted(spec.gpu_types))}"
-            raise JobRefused(
-                f"job {spec.id}: asks for {spec.gpus} GPUs but the cluster has only {capacity} GPUs{kind}"
-            )
+            return f"asks for {spec.gpus} GPUs but the cluster has only {capacity} GPUs{kind}"
+        return None
+
+    def submit(self, spec: JobSpec, now: float) -> Job:
+        if spec.id in self.jobs:
+            raise JobRefused(f"job {spec.id}: a job with this id already exists")
+        refusal = self.refusal(spec)
+        if refusal is not None:
+            raise JobRefused(f"job {spec.id}: {refusal}")
         job = Job(spec=spec, seq=len(self._by_seq), queued_since=now)
         self.jobs[spec.id] = job
         self._by_seq.append(job)

@@ -65,7 +65,7 @@ def declared_gpus(count: int, gpu_type: str = "gpu") -> list[LocalGpu]:
 def _nvml() -> Any:
     hint = "pass --gpus N to declare N GPUs on a machine without them"
     try:
-        import pynvml
+        import pynvml  # type: ignore[import-untyped]
     except ImportError as exc:
         raise NoGpusError(f"cannot find GPUs: nvidia-ml-py is not installed; {hint}") from exc
     try:

@@ -48,6 +48,8 @@ class AttemptLaunch:
     stop_signal: int
     grace_s: float
     attempt_dir: Path
+    #: Created before the workers start (it is theirs to write; the same for every attempt).
+    checkpoint_dir: Path | None = None
 
 
 @dataclass(slots=True)
@@ -213,6 +215,8 @@ class LocalExecutor:
             if key in self._tracked:
                 raise ValueError(f"attempt {launch.attempt} of job {launch.job_id} is running")
             attempt_dir.mkdir(parents=True, exist_ok=True)
+            if launch.checkpoint_dir is not None:
+                Path(launch.checkpoint_dir).mkdir(parents=True, exist_ok=True)
             write_json_atomic(
                 attempt_dir / "launch.json",
                 {

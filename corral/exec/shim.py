@@ -177,6 +177,8 @@ class Shim:
             workdir = str(self.launch["workdir"])
         except (OSError, ValueError, KeyError, TypeError) as exc:
             return AttemptResult(None, None, False, f"bad launch.json: {exc}")
+        if not specs or not all(spec.get("argv") for spec in specs):
+            return AttemptResult(None, None, False, "bad launch.json: a worker without argv")
         if self.stop_requested:
             return AttemptResult(None, None, True, "stopped before the workers started")
         start_error = self.start_workers(specs, workdir)
@@ -214,10 +216,15 @@ class Shim:
                     # The shell's conventions: 126 found but not runnable, 127 not found.
                     code = 126 if exc.errno in (errno.EACCES, errno.ENOEXEC) else 127
                     self.failed_rank = rank
+                    self.record_workers()
                     return AttemptResult(code, None, False, message, last_line(stderr_path))
             if self.pgid is None:
                 self.pgid = popen.pid
             self.workers.append(Worker(rank, popen))
+        self.record_workers()
+        return None
+
+    def record_workers(self) -> None:
         write_json_atomic(
             self.attempt_dir / "workers.json",
             {
@@ -232,7 +239,6 @@ class Shim:
                 ],
             },
         )
-        return None
 
     def reap(self) -> None:
         for index, worker in enumerate(self.workers):

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import Body, Depends, FastAPI, HTTPException, Query, Request
-from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from fastapi.staticfiles import StaticFiles
 
@@ -29,7 +28,7 @@ STATUSES = ("PENDING", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED")
 LOG_CHUNK = 1 << 20  # at most 1 MiB of a log per call
 
 
-def principal(request: Request) -> Principal:
+async def principal(request: Request) -> Principal:
     header = request.headers.get("authorization", "")
     scheme, _, token = header.partition(" ")
     store = request.app.state.manager.store
@@ -94,14 +93,12 @@ def create_app(manager: Manager) -> FastAPI:
 
     @app.post("/api/v1/jobs", status_code=201, tags=["jobs"])
     async def submit_job(who: Caller, request: Request) -> dict[str, Any]:
-        """Submit a job (the body is a job spec; see the JobSpec schema)."""
+        """Submit a job (the body is a job spec; see the JobSpec schema). Answered once the job
+        is stored: an accepted job survives a crash of the server."""
         try:
             body = json.loads(await request.body())
         except ValueError:
             raise HTTPException(422, "the body must be a job spec in JSON") from None
-        return await run_in_threadpool(submit, who, body)
-
-    def submit(who: Principal, body: Any) -> dict[str, Any]:
         try:
             model = parse_job_spec(body)
         except SpecError as error:
@@ -111,10 +108,10 @@ def create_app(manager: Manager) -> FastAPI:
         if not auth.can_submit_to(who, model.vc):
             raise HTTPException(403, f"vc: user {who.user} may submit only to VC {who.vc}")
         try:
-            job_id = manager.submit(model, who.user)
+            row = await manager.submit_async(model, who.user)
         except SubmitError as error:
             raise HTTPException(422, str(error)) from None
-        return summary(store.get_job(job_id))
+        return summary(row, {row.id: "submitted: waiting for the next scheduling round"})
 
     @app.get("/api/v1/jobs", tags=["jobs"])
     def list_jobs(

@@ -13,20 +13,22 @@ a start on those GPUs waits (deferred) until they are gone, so two jobs never sh
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
 from corral.core.actions import Preempt, Start
 from corral.core.cluster import Cluster
-from corral.core.job import Job, JobStatus
+from corral.core.job import Job, JobSpec, JobStatus
 from corral.core.placement import make_placement
 from corral.core.policy import make_policy
-from corral.core.scheduler import JobRefused, Scheduler
+from corral.core.scheduler import Scheduler
 from corral.core.tenancy.quota import QuotaAdmission
 from corral.exec.local import AttemptEnded, AttemptLaunch, WorkerLaunch, free_port, worker_envs
 from corral.server.spec import JobSpecModel, argv, parse_job_spec, signal_number, to_core_spec
@@ -67,6 +69,8 @@ class ManagerSettings:
     fast_fail_s: float = 60.0
     fast_fail_repeats: int = 2
     tick_s: float = 0.2
+    #: The shortest time between two scheduling rounds.
+    round_gap_s: float = 0.02
 
 
 @dataclass(slots=True)
@@ -75,6 +79,15 @@ class _Attempt:
     gpus: tuple[int, ...]
     started_at: float
     stopping: str = ""  # "", "preempted" or "cancelled": why it was asked to stop
+
+
+@dataclass(slots=True)
+class _Submission:
+    row: JobRow
+    model: JobSpecModel
+    spec: JobSpec
+    #: Called once from the committing thread: None when stored and queued, else the error.
+    finish: Callable[[BaseException | None], None]
 
 
 @dataclass(slots=True)
@@ -117,6 +130,10 @@ class Manager:
         self._dirty = True
         self._wake_at: float | None = None
         self.next_id = store.max_job_id() + 1
+        self._inbox: deque[_Submission] = deque()
+        self._inbox_lock = threading.Lock()
+        self._inbox_ready = threading.Event()
+        self._committer: threading.Thread | None = None
         self.rounds = 0
         self.round_seconds: list[float] = []  # latest rounds' durations (for /metrics)
 
@@ -168,13 +185,19 @@ class Manager:
         self.recover()
         self._thread = threading.Thread(target=self._run, name="corral-control-loop", daemon=True)
         self._thread.start()
+        self._committer = threading.Thread(
+            target=self._commit_loop, name="corral-submissions", daemon=True
+        )
+        self._committer.start()
 
     def stop(self) -> None:
         """Stop the loop; jobs keep running and are found again by the next start."""
         self._stopping.set()
         self._wake.set()
-        if self._thread is not None:
-            self._thread.join()
+        self._inbox_ready.set()
+        for thread in (self._committer, self._thread):
+            if thread is not None:
+                thread.join()
         self.executor.close()
 
     def _run(self) -> None:
@@ -183,64 +206,59 @@ class Manager:
             self._wake.wait(timeout)
             self._wake.clear()
             try:
-                self.step()
+                decided = self.step()
             except Exception:  # a bug must not silently stop scheduling; log and go on
                 log.exception("scheduling round failed")
-                time.sleep(self.settings.tick_s)
+                decided = True
+            if decided:  # let submissions gather: one round for many, not one round each
+                self._stopping.wait(self.settings.round_gap_s)
 
     def step(self) -> bool:
-        """One pass: collect ended attempts, start drained deferred jobs, decide if anything
-        changed. Returns whether a scheduling round ran."""
+        """One pass: collect ended attempts, decide if anything changed, record it all in one
+        transaction, then carry it out. Returns whether a scheduling round ran."""
         with self.lock:
+            began = time.perf_counter()
             now = self.clock()
             ended = self.executor.poll()
-            if ended:
-                with self.store.batch():
-                    for end in ended:
-                        self._attempt_ended(end, now)
-            if not (self._dirty or ended or (self._wake_at is not None and now >= self._wake_at)):
-                self._launch_deferred(now)
-                return False
-            began = time.perf_counter()
-            self._dirty = False
-            decision = self.scheduler.decide(now)
-            self._wake_at = decision.wake_at
-            launches: list[Start] = []
+            wake = self._wake_at is not None and now >= self._wake_at
+            deciding = self._dirty or bool(ended) or wake
             stops: list[tuple[str, int]] = []
             with self.store.batch():
-                for action in decision.actions:
-                    if isinstance(action, Preempt):
+                for end in ended:
+                    self._attempt_ended(end, now)
+                if deciding:
+                    self._dirty = False
+                    decision = self.scheduler.decide(now)
+                    self._wake_at = decision.wake_at
+                    for action in decision.actions:
+                        if isinstance(action, Start):
+                            self._deferred[action.job_id] = action
+                            continue
                         stop = self._record_preempt(action, now)
                         if stop is not None:
                             stops.append(stop)
-                    else:
-                        launches.append(action)
+                launches = self._record_ready_starts(now)
             for job_id, attempt in stops:
                 self.executor.stop(job_id, attempt)
-            for action in launches:
-                self._deferred[action.job_id] = action
-            self._launch_deferred(now)
-            self.rounds += 1
-            self.round_seconds.append(time.perf_counter() - began)
-            del self.round_seconds[:-1000]
-            if self.on_round is not None:
-                self.on_round(now, self)
-            return True
+            for launch in launches:
+                self.executor.launch(launch)
+            if deciding:
+                self.rounds += 1
+                self.round_seconds.append(time.perf_counter() - began)
+                del self.round_seconds[:-1000]
+                if self.on_round is not None:
+                    self.on_round(now, self)
+            return deciding
 
-    def _launch_deferred(self, now: float) -> None:
+    def _record_ready_starts(self, now: float) -> list[AttemptLaunch]:
+        """The core's starts whose GPUs no stopping attempt holds any more, recorded."""
         if not self._deferred:
-            return
+            return []
         held = {gpu for gpus in self._draining.values() for gpu in gpus}
-        ready = [s for s in self._deferred.values() if held.isdisjoint(s.gpus)]
-        if not ready:
-            return
-        launches = []
-        with self.store.batch():
-            for action in ready:
-                del self._deferred[action.job_id]
-                launches.append(self._record_start(action, now))
-        for launch in launches:
-            self.executor.launch(launch)
+        ready = [start for start in self._deferred.values() if held.isdisjoint(start.gpus)]
+        for start in ready:
+            del self._deferred[start.job_id]
+        return [self._record_start(start, now) for start in ready]
 
     # -- carrying out the core's actions ------------------------------------------------------
 
@@ -264,9 +282,7 @@ class Manager:
             job.id, now, "started", f"attempt {number} {verb} on {', '.join(names)}"
         )
         checkpoint = self.job_dir(job.id) / "checkpoint"
-        checkpoint.mkdir(parents=True, exist_ok=True)
         attempt_dir = self.attempt_dir(job.id, number)
-        attempt_dir.mkdir(parents=True, exist_ok=True)
         envs = worker_envs(
             job.id,
             number,
@@ -286,6 +302,7 @@ class Manager:
             stop_signal=signal_number(spec_model),
             grace_s=spec_model.grace_seconds,
             attempt_dir=attempt_dir,
+            checkpoint_dir=checkpoint,
         )
 
     def _record_preempt(self, action: Preempt, now: float) -> tuple[str, int] | None:
@@ -395,43 +412,99 @@ class Manager:
 
     # -- requests from the API ----------------------------------------------------------------
 
-    def submit(self, model: JobSpecModel, user: str) -> str:
-        """Accept a validated job: stored and queued, or SubmitError with nothing stored."""
-        with self.lock:
+    def submit(self, model: JobSpecModel, user: str) -> JobRow:
+        """Accept a validated job: stored, then queued (the stored row is returned), or
+        SubmitError with nothing stored. Submissions from many API threads are committed in
+        groups by one thread (one transaction for all that arrived meanwhile)."""
+        done = threading.Event()
+        outcome: list[BaseException | None] = []
+
+        def finish(error: BaseException | None) -> None:
+            outcome.append(error)
+            done.set()
+
+        row = self._enqueue_submission(model, user, finish)
+        if self._committer is None:  # not started (a test driving `step` by hand): commit now
+            self._commit_submissions()
+        done.wait()
+        if outcome[0] is not None:
+            raise outcome[0]
+        return row
+
+    async def submit_async(self, model: JobSpecModel, user: str) -> JobRow:
+        """`submit` for the API's event loop: waits for the commit without holding a thread."""
+        loop = asyncio.get_running_loop()
+        stored: asyncio.Future[None] = loop.create_future()
+
+        def settle(error: BaseException | None) -> None:
+            if not stored.done():
+                if error is None:
+                    stored.set_result(None)
+                else:
+                    stored.set_exception(error)
+
+        def finish(error: BaseException | None) -> None:
+            loop.call_soon_threadsafe(settle, error)
+
+        row = self._enqueue_submission(model, user, finish)
+        await stored
+        return row
+
+    def _enqueue_submission(
+        self, model: JobSpecModel, user: str, finish: Callable[[BaseException | None], None]
+    ) -> JobRow:
+        now = self.clock()
+        spec = to_core_spec(model, "new", now, user)
+        if spec.vc not in self.vc_quota:
+            raise SubmitError(
+                f"vc: unknown VC {spec.vc!r}; this cluster has {', '.join(sorted(self.vc_quota))}"
+            )
+        refusal = self.scheduler.refusal(spec)  # the cluster's shape only: no lock needed
+        if refusal is not None:
+            raise SubmitError(_field_message(refusal))
+        with self._inbox_lock:  # ids in the order the core will queue the jobs
             job_id = str(self.next_id)
-            now = self.clock()
-            spec = to_core_spec(model, job_id, now, user)
-            if spec.vc not in self.vc_quota:
-                raise SubmitError(
-                    f"vc: unknown VC {spec.vc!r}; this cluster has {', '.join(sorted(self.vc_quota))}"
-                )
-            try:
-                self.scheduler.submit(spec, now)
-            except JobRefused as refusal:
-                raise SubmitError(_field_message(str(refusal), job_id)) from None
-            try:
-                with self.store.batch():
-                    self.store.insert_job(
-                        job_id,
-                        name=model.name,
-                        user=user,
-                        vc=spec.vc,
-                        priority=spec.priority.value,
-                        gpus=spec.gpus,
-                        spec=model.model_dump(mode="json"),
-                        status="PENDING",
-                        submitted_at=now,
-                    )
-                    self.store.add_event(job_id, now, "submitted", f"submitted by {user}")
-            except BaseException:
-                self.scheduler.cancel(job_id, now)
-                del self.scheduler.jobs[job_id]
-                raise
-            self._spec_models[job_id] = model
             self.next_id += 1
+            row = JobRow.new(
+                job_id,
+                name=model.name,
+                user=user,
+                vc=spec.vc,
+                priority=spec.priority.value,
+                gpus=spec.gpus,
+                spec=model.model_dump(mode="json"),
+                submitted_at=now,
+            )
+            self._inbox.append(_Submission(row, model, replace(spec, id=job_id), finish))
+        self._inbox_ready.set()
+        return row
+
+    def _commit_loop(self) -> None:
+        while not self._stopping.is_set() or self._inbox:
+            self._inbox_ready.wait(self.settings.tick_s)
+            self._inbox_ready.clear()
+            self._commit_submissions()
+
+    def _commit_submissions(self) -> None:
+        with self._inbox_lock:
+            batch = list(self._inbox)
+            self._inbox.clear()
+        if not batch:
+            return
+        try:
+            self.store.insert_jobs([s.row for s in batch])
+        except BaseException as error:  # nothing stored: every waiting submitter hears why
+            for submission in batch:
+                submission.finish(error)
+            return
+        with self.lock:
+            for submission in batch:
+                self._spec_models[submission.row.id] = submission.model
+                self.scheduler.submit(submission.spec, submission.row.submitted_at)
             self._dirty = True
+        for submission in batch:
+            submission.finish(None)
         self._wake.set()
-        return job_id
 
     def cancel(self, job_id: str) -> None:
         with self.lock:
@@ -466,7 +539,7 @@ class Manager:
                 return "starting: waiting for a stopped job's processes to release its GPUs"
             job = self.scheduler.jobs.get(job_id)
             if job is None:
-                return ""
+                return "submitted: waiting for the next scheduling round"
             if job.status is JobStatus.PENDING:
                 return self.scheduler.explain(job_id, self.clock())
             return job.last_event
@@ -572,8 +645,6 @@ class Manager:
         self._attempt_ended(found, now)
 
 
-def _field_message(refusal: str, job_id: str) -> str:
-    """The core's refusal ("job 7: asks for 9 GPUs but ...") as a field message."""
-    prefix = f"job {job_id}: "
-    text = refusal[len(prefix) :] if refusal.startswith(prefix) else refusal
-    return f"gpus: {text}" if "GPUs" in text else text
+def _field_message(refusal: str) -> str:
+    """The core's refusal ("asks for 9 GPUs but ...") as a field message."""
+    return f"gpus: {refusal}" if "GPUs" in refusal else refusal

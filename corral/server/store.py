@@ -126,6 +126,41 @@ class JobRow:
     executed_s: float
     exit_code: int | None
 
+    @classmethod
+    def new(
+        cls,
+        job_id: JobId,
+        *,
+        name: str,
+        user: str,
+        vc: str,
+        priority: str,
+        gpus: int,
+        spec: dict[str, Any],
+        submitted_at: float,
+    ) -> JobRow:
+        """The row of a job just submitted (PENDING, nothing run yet)."""
+        return cls(
+            id=str(job_id),
+            name=name,
+            user=user,
+            vc=vc,
+            priority=priority,
+            gpus=gpus,
+            spec=spec,
+            status="PENDING",
+            reason="",
+            submitted_at=submitted_at,
+            started_at=None,
+            finished_at=None,
+            attempts=0,
+            failures=0,
+            preemptions=0,
+            attained_gpu_s=0.0,
+            executed_s=0.0,
+            exit_code=None,
+        )
+
 
 @dataclass(slots=True)
 class AttemptRow:
@@ -221,6 +256,23 @@ def _column_values(
     return values
 
 
+_INSERT_ATTEMPT = attempts_table.insert()
+_INSERT_EVENT = events_table.insert()
+_UPDATES: dict[tuple[str, frozenset[str]], Any] = {}
+
+
+def _update_statement(table: sa.Table, keys: tuple[str, ...], columns: frozenset[str]) -> Any:
+    """One UPDATE statement object per table and set of columns, so that a batch can send the
+    same kind of update for many rows as one executemany."""
+    cache_key = (table.name, columns)
+    statement = _UPDATES.get(cache_key)
+    if statement is None:
+        where = sa.and_(*(table.c[key] == sa.bindparam(f"k_{key}") for key in keys))
+        values = {name: sa.bindparam(f"v_{name}") for name in sorted(columns)}
+        statement = _UPDATES[cache_key] = table.update().where(where).values(values)
+    return statement
+
+
 def _set_sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor = dbapi_connection.cursor()
     # WAL lets readers run while the control loop writes; NORMAL is durable against a crash of
@@ -288,10 +340,40 @@ class Store:
             return
         with self._lock, self._engine.begin() as connection:
             self._local.connection = connection
+            self._local.pending = []
             try:
                 yield
+                self._flush(connection)
             finally:
                 self._local.connection = None
+                self._local.pending = None
+
+    def _run(self, statement: Any, params: dict[str, Any], missing: str | None = None) -> None:
+        """Execute a write; inside a batch, consecutive writes of the same statement are held and
+        sent together as one executemany (a round's many starts cost one statement per kind).
+        `missing`: the KeyError message when the write changes no row."""
+        pending: list[tuple[Any, list[dict[str, Any]], str | None]] | None = getattr(
+            self._local, "pending", None
+        )
+        if pending is not None:
+            if pending and pending[-1][0] is statement and pending[-1][2] == missing:
+                pending[-1][1].append(params)
+            else:
+                pending.append((statement, [params], missing))
+            return
+        with self._writing() as connection:
+            result = connection.execute(statement, params)
+            if missing is not None and result.rowcount == 0:
+                raise KeyError(missing)
+
+    def _flush(self, connection: Connection) -> None:
+        pending = self._local.pending
+        self._local.pending = []
+        for statement, params, missing in pending:
+            result = connection.execute(statement, params if len(params) > 1 else params[0])
+            # (a driver may not count the rows of an executemany: -1)
+            if missing is not None and 0 <= result.rowcount < len(params):
+                raise KeyError(missing if len(params) == 1 else f"{missing} (in a batch)")
 
     @contextmanager
     def _writing(self) -> Iterator[Connection]:
@@ -306,6 +388,7 @@ class Store:
     def _reading(self) -> Iterator[Connection]:
         current: Connection | None = getattr(self._local, "connection", None)
         if current is not None:
+            self._flush(current)
             yield current  # sees the batch's own uncommitted writes
         elif self._in_memory:
             with self._lock, self._engine.connect() as connection:
@@ -345,6 +428,43 @@ class Store:
                     reason=reason,
                     submitted_at=submitted_at,
                 ),
+            )
+
+    def insert_jobs(self, rows: list[JobRow]) -> None:
+        """Insert newly submitted jobs, each with its "submitted" event, in one statement per
+        table (the manager commits submissions in groups)."""
+        if not rows:
+            return
+        with self._writing() as connection:
+            connection.execute(
+                jobs_table.insert(),
+                [
+                    dict(
+                        id=int(row.id),
+                        name=row.name,
+                        user=row.user,
+                        vc=row.vc,
+                        priority=row.priority,
+                        gpus=row.gpus,
+                        spec=json.dumps(row.spec),
+                        status=row.status,
+                        reason=row.reason,
+                        submitted_at=row.submitted_at,
+                    )
+                    for row in rows
+                ],
+            )
+            connection.execute(
+                events_table.insert(),
+                [
+                    dict(
+                        job_id=int(row.id),
+                        at=row.submitted_at,
+                        kind="submitted",
+                        message=f"submitted by {row.user}",
+                    )
+                    for row in rows
+                ],
             )
 
     def max_job_id(self) -> int:
@@ -427,40 +547,33 @@ class Store:
         if not fields:
             return
         values = _column_values(jobs_table, fields, {"spec"})
-        with self._writing() as connection:
-            result = connection.execute(
-                jobs_table.update().where(jobs_table.c.id == int(job_id)).values(**values)
-            )
-            if result.rowcount == 0:
-                raise KeyError(f"job {job_id} not found")
+        statement = _update_statement(jobs_table, ("id",), frozenset(values))
+        params = {f"v_{name}": value for name, value in values.items()} | {"k_id": int(job_id)}
+        self._run(statement, params, missing=f"job {job_id} not found")
 
     # -- attempts ---------------------------------------------------------------------------------
 
     def add_attempt(
         self, job_id: JobId, number: int, gpus: Iterable[int], started_at: float, state: str
     ) -> None:
-        with self._writing() as connection:
-            connection.execute(
-                attempts_table.insert(),
-                dict(
-                    job_id=int(job_id),
-                    number=number,
-                    gpus=json.dumps([int(gpu) for gpu in gpus]),
-                    started_at=started_at,
-                    state=state,
-                ),
-            )
+        row = dict(
+            job_id=int(job_id),
+            number=number,
+            gpus=json.dumps([int(gpu) for gpu in gpus]),
+            started_at=started_at,
+            state=state,
+        )
+        self._run(_INSERT_ATTEMPT, row)
 
     def update_attempt(self, job_id: JobId, number: int, /, **fields: Any) -> None:
         """Set columns of one attempt (state, ended_at, outcome, exit_code, reason, gpus)."""
         if not fields:
             return
         values = _column_values(attempts_table, fields, {"gpus"})
-        where = sa.and_(attempts_table.c.job_id == int(job_id), attempts_table.c.number == number)
-        with self._writing() as connection:
-            result = connection.execute(attempts_table.update().where(where).values(**values))
-            if result.rowcount == 0:
-                raise KeyError(f"job {job_id} has no attempt {number}")
+        statement = _update_statement(attempts_table, ("job_id", "number"), frozenset(values))
+        params = {f"v_{name}": value for name, value in values.items()}
+        params |= {"k_job_id": int(job_id), "k_number": number}
+        self._run(statement, params, missing=f"job {job_id} has no attempt {number}")
 
     def attempts(self, job_id: JobId) -> list[AttemptRow]:
         key = _int_or_none(job_id)
@@ -479,10 +592,7 @@ class Store:
     def add_event(self, job_id: JobId | None, at: float, kind: str, message: str) -> None:
         """Record what happened; job_id None for an event of the manager itself."""
         key = None if job_id is None else int(job_id)
-        with self._writing() as connection:
-            connection.execute(
-                events_table.insert(), dict(job_id=key, at=at, kind=kind, message=message)
-            )
+        self._run(_INSERT_EVENT, dict(job_id=key, at=at, kind=kind, message=message))
 
     def events(self, job_id: JobId | None, limit: int | None = None) -> list[EventRow]:
         """A job's events (or the manager's, for None) in order; with `limit`, the latest ones."""

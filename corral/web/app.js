@@ -20,6 +20,7 @@
   const state = {
     token: null,
     timer: null,
+    generation: 0,
     polls: 0,
     whoami: null,
     selected: null, // job id shown in the drawer
@@ -249,7 +250,11 @@
     if (!gpu.job) {
       return el(
         "div",
-        { class: "gpu free", data: { gpu: name, vc: "", job: "" }, title: `${name} (${gpu.type}): free` },
+        {
+          class: "gpu free",
+          data: { gpu: name, vc: "", job: "" },
+          title: `${name} (${gpu.type}): free`,
+        },
         el("span", { class: "gpu-index" }, gpu.index),
         el("span", { class: "gpu-job" }, "free"),
       );
@@ -450,13 +455,11 @@
       ["failures", job.failures],
       ["command", command || "–"],
     ];
-    if (changed("detail-fields", [job.id, fields.filter(([k]) => k !== "age")])) {
-      $("detail-fields").replaceChildren(
-        ...fields.map(([key, value]) =>
-          el("div", { data: { field: key } }, el("dt", {}, key), el("dd", {}, value)),
-        ),
-      );
-    }
+    $("detail-fields").replaceChildren(
+      ...fields.map(([key, value]) =>
+        el("div", { data: { field: key } }, el("dt", {}, key), el("dd", {}, value)),
+      ),
+    );
     const attempts = attemptsOf(job);
     $("detail-no-attempts").hidden = attempts.length > 0;
     $("detail-attempts").replaceChildren(
@@ -490,8 +493,11 @@
   }
 
   async function followLog(job) {
-    const attempts = attemptsOf(job).map((a) => a.number);
-    const attempt = attempts.length ? Math.max(...attempts) : 0;
+    const latest = attemptsOf(job).reduce((a, b) => (b.number > (a ? a.number : 0) ? b : a), null);
+    const attempt = latest ? latest.number : 0;
+    // A cancelled or preempted attempt may still write during its grace period: keep reading
+    // until its processes are gone, not only until the job's status is final.
+    const ended = latest !== null && latest.state === "ended";
     const pre = $("log");
     let log = state.log;
     if (!log || log.job !== job.id || log.attempt !== attempt || log.stream !== state.stream) {
@@ -516,7 +522,7 @@
       const next = Number(response.headers.get("X-Corral-Offset"));
       const read = Number.isFinite(next) ? next - log.offset : text.length;
       log.offset += read;
-      log.finished = response.headers.get("X-Corral-Finished") === "true";
+      log.finished = ended && response.headers.get("X-Corral-Finished") === "true";
       if (text) appendLog(pre, text);
       pre.dataset.offset = log.offset;
       pre.dataset.finished = log.finished;
@@ -540,6 +546,8 @@
   async function poll() {
     clearTimeout(state.timer);
     state.timer = null;
+    // a newer poll (e.g. from the token form) supersedes one still waiting for the server
+    const generation = ++state.generation;
     if (!state.token) return showLogin("");
     try {
       if (!state.whoami) {
@@ -554,6 +562,7 @@
         getJson("/jobs?status=PENDING"),
         getJson("/jobs?status=RUNNING"),
       ]);
+      if (generation !== state.generation) return;
       showDashboard();
       render(cluster, recent, pending, running);
       if (state.selected) await refreshDetail();
@@ -562,6 +571,7 @@
       document.body.dataset.state = "live";
       $("banner").hidden = true;
     } catch (error) {
+      if (generation !== state.generation) return;
       if (error.status === 401) {
         forgetToken();
         return showLogin("The server refused this token; paste another.");
@@ -571,7 +581,7 @@
       banner.textContent = `Cannot update: ${error.message}. Retrying every second…`;
       banner.hidden = false;
     }
-    state.timer = setTimeout(poll, POLL_MS);
+    if (generation === state.generation) state.timer = setTimeout(poll, POLL_MS);
   }
 
   function render(cluster, recent, pending, running) {
@@ -594,6 +604,7 @@
   function showLogin(message) {
     clearTimeout(state.timer);
     state.timer = null;
+    state.generation += 1;
     state.rendered.clear();
     document.body.dataset.state = "login";
     $("dashboard").hidden = true;

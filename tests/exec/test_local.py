@@ -202,6 +202,16 @@ def test_a_worker_that_cannot_start_fails_with_a_clear_reason(
     assert "Traceback" not in (launch.attempt_dir / "shim.log").read_text()
 
 
+def test_a_missing_workdir_is_named_in_the_reason(executor: LocalExecutor, tmp_path: Path) -> None:
+    launch = make_launch(tmp_path, [sh("echo hi")])
+    launch.workdir = str(tmp_path / "gone")
+    executor.launch(launch)
+    ended = wait_ended(executor)
+    assert ended.exit_code == 127
+    assert ended.reason.startswith("cannot start rank 0: [Errno 2] No such file or directory")
+    assert launch.workdir in ended.reason
+
+
 def test_a_file_that_is_not_executable_exits_126(executor: LocalExecutor, tmp_path: Path) -> None:
     script = tmp_path / "script.sh"
     script.write_text("echo hi\n")
@@ -339,6 +349,13 @@ def test_the_shim_reports_a_bad_launch_file(tmp_path: Path) -> None:
     usage = subprocess.run(
         [PYTHON, "-m", "corral.exec.shim"], capture_output=True, text=True, timeout=30
     )
+    (tmp_path / "result.json").unlink()
+    (tmp_path / "launch.json").write_text(
+        '{"workers": [{"rank": 0, "argv": []}], "stop_signal": 15, "grace_s": 1, "workdir": "/"}'
+    )
+    subprocess.run([PYTHON, "-m", "corral.exec.shim", str(tmp_path)], check=True, timeout=30)
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert result["reason"] == "bad launch.json: a worker without argv"
     assert usage.returncode == 2
     assert usage.stderr.strip() == "usage: python -m corral.exec.shim ATTEMPT_DIR"
 
@@ -362,3 +379,69 @@ def test_command_argv_and_free_port() -> None:
     assert command_argv(["python", "train.py"]) == ["python", "train.py"]
     port = free_port()
     assert 1024 <= port <= 65535
+
+
+def test_many_attempts_are_each_reported_once_and_polling_is_cheap(
+    executor: LocalExecutor, tmp_path: Path
+) -> None:
+    for job in range(1, 7):
+        script = f"echo ready; while [ ! -e {tmp_path}/go ]; do sleep 0.02; done; exit {job}"
+        executor.launch(make_launch(tmp_path, [sh(script)], job_id=str(job)))
+    for job in range(1, 7):
+        wait_for_text(tmp_path / "jobs" / str(job) / "attempt-1" / "rank-0.stdout", "ready")
+    started = time.perf_counter()
+    for _ in range(100):
+        assert executor.poll() == []
+    # 100 polls over 6 running attempts: a few thousand syscalls, far below the 0.2 s period.
+    assert time.perf_counter() - started < 0.5
+    (tmp_path / "go").touch()
+    ended: list[AttemptEnded] = []
+    deadline = time.monotonic() + 10
+    while len(ended) < 6 and time.monotonic() < deadline:
+        ended += executor.poll()
+        time.sleep(0.02)
+    assert sorted((e.job_id, e.exit_code) for e in ended) == [(str(j), j) for j in range(1, 7)]
+    assert executor.active() == set()
+
+
+SERVER = """
+import signal, sys, time
+from pathlib import Path
+from corral.exec.local import AttemptLaunch, LocalExecutor, WorkerLaunch
+attempt_dir, workdir, script = sys.argv[1:]
+LocalExecutor().launch(AttemptLaunch(
+    "9", 1, [WorkerLaunch(0, ["/bin/sh", "-c", script], {})], workdir, signal.SIGTERM, 0.5,
+    Path(attempt_dir),
+))
+print("launched", flush=True)
+time.sleep(60)
+"""
+
+
+def test_attempts_survive_the_server_being_killed(executor: LocalExecutor, tmp_path: Path) -> None:
+    attempt_dir = tmp_path / "jobs" / "9" / "attempt-1"
+    go = tmp_path / "go"
+    script = f"echo ready; while [ ! -e {go} ]; do sleep 0.02; done; echo finished"
+    server = subprocess.Popen(
+        [PYTHON, "-c", SERVER, str(attempt_dir), str(tmp_path), script],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert server.stdout is not None and server.stdout.readline() == "launched\n"
+        wait_for_text(attempt_dir / "rank-0.stdout", "ready")
+        server.kill()  # kill -9 the server
+    finally:
+        server.kill()
+        server.wait()
+    shim = json.loads((attempt_dir / "shim.json").read_text())
+    # A hang-up or Ctrl-C aimed at the shim does not end the attempt either.
+    os.kill(shim["pid"], signal.SIGHUP)
+    os.kill(shim["pid"], signal.SIGINT)
+    time.sleep(0.1)
+
+    assert executor.recover("9", 1, attempt_dir) == "running"
+    go.touch()
+    ended = wait_ended(executor)
+    assert (ended.exit_code, ended.stopped, ended.reason) == (0, False, "exit code 0")
+    assert (attempt_dir / "rank-0.stdout").read_text() == "ready\nfinished\n"

@@ -33,10 +33,12 @@ def test_stopped_training_resumes_from_its_checkpoint(
     assert (finished.exit_code, finished.stopped, finished.reason) == (0, False, "exit code 0")
     for rank in (0, 1):
         output = (second.attempt_dir / f"rank-{rank}.stdout").read_text()
-        assert f"rank {rank}: resumed from step {saved_step}\n" in output
+        resumed_from = int(re.findall(rf"rank {rank}: resumed from step (\d+)\n", output)[0])
+        # The ranks are not synchronised: rank 1 may start after rank 0 saved a newer step.
+        assert resumed_from == saved_step if rank == 0 else saved_step <= resumed_from < 30
         assert f"rank {rank}: done: loss=" in output
         steps_run = re.findall(rf"rank {rank}: step (\d+)/30", output)
-        assert steps_run[0] == str(saved_step + 1) and steps_run[-1] == "30"
+        assert steps_run[0] == str(resumed_from + 1) and steps_run[-1] == "30"
     assert json.loads(checkpoint.read_text())["step"] == 30
 
 
