@@ -169,6 +169,12 @@ def simulate(
             help="lend idle GPUs to jobs their VC cannot place now; owners reclaim them by preemption (quota, hived)"
         ),
     ] = False,
+    lend_last: Annotated[
+        bool,
+        typer.Option(
+            help="quota --oversubscribe: each round places jobs within their quota before lending (as corral up does)"
+        ),
+    ] = False,
     private_baseline: Annotated[
         bool,
         typer.Option(help="also run each VC alone on its own cells, to detect sharing anomaly"),
@@ -243,6 +249,7 @@ def simulate(
             seed=seed,
             admission=admission,
             oversubscribe=oversubscribe,
+            lend_last=lend_last,
             private_baseline=private_baseline,
             opportunistic_share=opportunistic_share,
             cache_gb_per_node=cache_gb_per_node,

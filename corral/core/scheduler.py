@@ -279,8 +279,20 @@ class Scheduler:
             begin_round(
                 self.cluster, self.pending_jobs(), self.running_jobs(), self.speed_model, now
             )
-        self.blocked_by = None
         actions: list[Action] = []
+        admission = self.admission
+        if admission is not None and admission.lend_last:
+            # First only what fits within the VCs' quotas; lend what is left after that.
+            admission.lending = False
+            self._walk_queue(now, preempt, actions)
+            admission.lending = True
+        self._walk_queue(now, preempt, actions)
+        return Decision(actions, self._next_wake(), self._respeeds())
+
+    def _walk_queue(self, now: float, preempt: bool, actions: list[Action]) -> None:
+        """Start (and preempt for) waiting jobs in the policy's order, as far as anything can
+        change: the body of a scheduling round."""
+        self.blocked_by = None
         cluster = self.cluster
         # Within a round, a job of the same kind needing at least as many GPUs as one that did not
         # fit cannot fit either (and, being of lower priority, has no more victims to preempt).
@@ -354,7 +366,6 @@ class Scheduler:
                     break
                 blocked_vcs.add(job.spec.vc)  # YARN-CS: each VC's queue blocks only itself
             position += 1
-        return Decision(actions, self._next_wake(), self._respeeds())
 
     def _current_key(self, job: Job, now: float) -> Key:
         if self.policy.stored_is_key:

@@ -10,6 +10,7 @@ API over HTTP, SQLite, one process per worker.
 
 from __future__ import annotations
 
+import re
 import sys
 import time
 from pathlib import Path
@@ -71,81 +72,108 @@ def run_demo(options: ServerOptions, console: Console) -> None:
         server.stop()
 
 
+class _Narrator:
+    """Prints the demo's own steps and the manager's events of its jobs, in time order."""
+
+    def __init__(self, client: Client, console: Console) -> None:
+        self.client = client
+        self.console = console
+        self.started = time.time()
+        self.names: dict[str, str] = {}
+        self.printed: set[int] = set()
+
+    def say(self, text: str, *, after_events: bool = True) -> None:
+        """Print a step of the demo's, after the events so far (or before: an action's own
+        consequences come after it)."""
+        if after_events:
+            self.events()
+        self.console.print(f"t={time.time() - self.started:3.0f}s  {text}", highlight=False)
+
+    def follow(self, job_ids: list[str]) -> None:
+        for job_id in job_ids:
+            self.names[job_id] = self.client.job(job_id)["name"]
+
+    def events(self) -> list[dict[str, object]]:
+        """Print the events not printed yet; returns the jobs' details."""
+        details = [self.client.job(job_id) for job_id in self.names]
+        news = sorted(
+            (event for detail in details for event in detail["events"]),
+            key=lambda event: event["id"],
+        )
+        for event in news:
+            if event["id"] in self.printed or event["kind"] == "submitted":
+                continue
+            self.printed.add(event["id"])
+            message = re.sub(
+                r"job (\d+)", lambda m: self.names.get(m[1], m[0]), str(event["message"])
+            )
+            who = self.names[str(event["job_id"])]
+            self.console.print(
+                f"t={float(event['at']) - self.started:3.0f}s    {who}: {message}",  # type: ignore[arg-type]
+                highlight=False,
+            )
+        return details
+
+
 def _play(url: str, data_dir: Path, console: Console) -> None:
-    admin = Client(url, (data_dir / "admin.token").read_text().strip())
     token = (data_dir / "admin.token").read_text().strip()
+    admin = Client(url, token)
     console.print(f"corral demo: manager up at {url} (4 declared GPUs, VCs vision and nlp)")
-    console.print(f"  dashboard  {url}/#token={token}", highlight=False, soft_wrap=True)
+    console.print(
+        f"  dashboard  {url}/#token={token}   (live while the demo runs)",
+        highlight=False,
+        soft_wrap=True,
+    )
     console.print(f"  state      {data_dir}", highlight=False)
     alice = Client(url, admin.create_token("alice", vc="vision")["token"])
     bob = Client(url, admin.create_token("bob", vc="nlp")["token"])
-    started = time.monotonic()
+    story = _Narrator(admin, console)
     ids = [
         alice.submit(training_job("resnet50", "vision", 2, steps=60))["id"],
         alice.submit(training_job("vit-base", "vision", 2, steps=60, workers=2))["id"],
     ]
-    console.print("t=  0s  alice (vision) submits resnet50 and vit-base, 2 GPUs each")
+    story.follow(ids)
+    story.say(
+        "alice (vision) submits resnet50 and vit-base (2 workers), 2 GPUs each",
+        after_events=False,
+    )
     _wait_until(admin, lambda jobs: all(j["status"] == "RUNNING" for j in jobs), ids, 30)
-    console.print(
-        f"t={time.monotonic() - started:3.0f}s  both run: vit-base on nlp's idle GPUs (borrowed)"
-    )
+    story.say("both run: vit-base on nlp's idle GPUs, borrowed")
     time.sleep(5)
-    ids.append(bob.submit(training_job("bert-large", "nlp", 2, steps=30))["id"])
-    ids.append(
-        bob.submit(
-            {
-                "name": "typo",
-                "vc": "nlp",
-                "gpus": 1,
-                "command": [sys.executable, "-c", "import torchh"],
-                "max_retries": 5,
-            }
-        )["id"]
-    )
-    console.print(
-        f"t={time.monotonic() - started:3.0f}s  bob (nlp) submits bert-large (2 GPUs) and a job "
-        "with a typo (max_retries 5)"
-    )
-    seen: set[tuple[str, str]] = set()
+    bert = bob.submit(training_job("bert-large", "nlp", 2, steps=30))["id"]
+    typo = bob.submit(
+        {
+            "name": "typo",
+            "vc": "nlp",
+            "gpus": 1,
+            "command": [sys.executable, "-c", "import torchh"],
+            "max_retries": 5,
+        }
+    )["id"]
+    ids += [bert, typo]
+    story.follow([bert, typo])
+    story.say("bob (nlp) submits bert-large (2 GPUs): nlp takes its GPUs back", after_events=False)
+    story.say("bob also submits a job with a typo in it, max_retries 5", after_events=False)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
-        jobs = {j["id"]: j for j in admin.jobs() if j["id"] in ids}
-        for job in jobs.values():
-            mark = (job["id"], f"{job['status']}/{job['preemptions']}/{job['attempts']}")
-            if mark in seen:
-                continue
-            seen.add(mark)
-            note = _narrate(job)
-            if note:
-                console.print(f"t={time.monotonic() - started:3.0f}s  {note}", highlight=False)
-        if all(j["status"] in FINAL for j in jobs.values()):
+        if all(detail["status"] in FINAL for detail in story.events()):
             break
         time.sleep(0.5)
     _summary(admin, ids, console)
-    resumed = [
-        line
-        for job_id in ids
-        for line in admin.logs(job_id)[0].splitlines()
-        if line.startswith("resumed from step")
-    ]
-    for line in resumed:
-        console.print(f"  a preempted job's log: {line}", highlight=False)
-    console.print(f"done in {time.monotonic() - started:.0f} s; state kept in {data_dir}")
-
-
-def _narrate(job: dict[str, object]) -> str:
-    name, status = job["name"], job["status"]
-    if status == "PENDING" and int(job["preemptions"]) > 0:  # type: ignore[call-overload]
-        return f"{name} preempted ({job['reason']}); it checkpointed and waits"
-    if status == "PENDING" and int(job["failures"]) > 0:  # type: ignore[call-overload]
-        return f"{name} attempt {job['attempts']} failed: {job['reason']}"
-    if status == "RUNNING" and int(job["preemptions"]) > 0:  # type: ignore[call-overload]
-        return f"{name} resumed on {', '.join(job['placement'])}"  # type: ignore[arg-type]
-    if status == "RUNNING" and int(job["attempts"]) == 1:  # type: ignore[call-overload]
-        return f"{name} runs on {', '.join(job['placement'])}"  # type: ignore[arg-type]
-    if status in FINAL:
-        return f"{name} {status.lower()}: {job['reason']}"  # type: ignore[union-attr]
-    return ""
+    for job_id in ids:
+        for attempt in range(2, int(admin.job(job_id)["attempts"]) + 1):
+            text = admin.logs(job_id, attempt=attempt)[0]
+            for line in text.splitlines():
+                if "resumed from step" in line:
+                    console.print(
+                        f"  {story.names[job_id]}, attempt {attempt}: {line}", highlight=False
+                    )
+    console.print(
+        f"done in {time.time() - story.started:.0f} s. The state stays in {data_dir}: "
+        f"`corral up --gpus 4 --data-dir {data_dir} --config {data_dir / 'demo-cluster.yaml'}` "
+        "serves it again.",
+        highlight=False,
+    )
 
 
 def _wait_until(client: Client, done: object, ids: list[str], timeout: float) -> None:

@@ -127,6 +127,7 @@ class Manager:
         self._deferred: dict[str, Start] = {}  # started in the core, waiting for GPUs to drain
         self._failures: dict[str, list[_Failure]] = {}
         self._spec_models: dict[str, JobSpecModel] = {}
+        self._retrying: set[str] = set()  # requeued after a failed attempt
         self._dirty = True
         self._wake_at: float | None = None
         self.next_id = store.max_job_id() + 1
@@ -161,7 +162,7 @@ class Manager:
         placement = make_placement(settings.placement, **options)
         admission = None
         if set(self.vc_quota) != {"default"}:  # VCs share by quota; idle GPUs are lent
-            admission = QuotaAdmission(self.vc_quota, oversubscribe=True)
+            admission = QuotaAdmission(self.vc_quota, oversubscribe=True, lend_last=True)
         return Scheduler(self.cluster, policy, placement, admission=admission)
 
     def gpu_name(self, gpu: int) -> str:
@@ -277,7 +278,10 @@ class Manager:
             attempts=number,
             reason="",
         )
-        verb = "resumed" if action.resumed else "started"
+        verb = "started" if not action.resumed else "resumed"
+        if job.id in self._retrying:  # after a failure it starts over from its checkpoint
+            self._retrying.discard(job.id)
+            verb = "retried"
         self.store.add_event(
             job.id, now, "started", f"attempt {number} {verb} on {', '.join(names)}"
         )
@@ -387,6 +391,7 @@ class Manager:
             )
             self.store.add_event(job.id, now, "failed", detail)
         else:
+            self._retrying.add(job.id)
             self._save_progress(job, status="PENDING", exit_code=end.exit_code, reason=detail)
             self.store.add_event(
                 job.id,

@@ -69,6 +69,7 @@ class RunSettings:
     seed: int = 0
     admission: str = "none"
     oversubscribe: bool = False
+    lend_last: bool = False  # quota: place jobs within their quota before lending (corral up)
     private_baseline: bool = False
     opportunistic_share: float = 0.0
     cache_gb_per_node: float | None = None  # None: no data model (every job at compute speed)
@@ -263,6 +264,8 @@ def check_settings(settings: RunSettings) -> None:
         )
     if settings.opportunistic_share > 0 and settings.admission != "hived":
         raise SimulationError("--opportunistic-share: opportunistic jobs need --admission hived")
+    if settings.lend_last and not (settings.admission == "quota" and settings.oversubscribe):
+        raise SimulationError("--lend-last: needs --admission quota --oversubscribe")
     if settings.oversubscribe and settings.admission not in ("quota", "hived"):
         raise SimulationError("--oversubscribe: lending GPUs needs --admission quota or hived")
     if settings.oversubscribe and settings.admission == "hived" and settings.placement == "hetero":
@@ -414,7 +417,9 @@ def make_scheduler(
         )
     admission = None
     if settings.admission == "quota":
-        admission = QuotaAdmission(quota, oversubscribe=settings.oversubscribe)
+        admission = QuotaAdmission(
+            quota, oversubscribe=settings.oversubscribe, lend_last=settings.lend_last
+        )
     elif settings.admission == "fairshare":  # weights: the VCs' guaranteed GPUs
         admission = FairShareAdmission(
             {vc: float(g) for vc, g in quota.items()}, cluster.total_gpus

@@ -10,12 +10,14 @@ from corral.core.policy import make_policy
 from corral.core.tenancy.quota import QuotaAdmission
 
 
-def scheduler(oversubscribe: bool, policy: str = "fifo") -> Scheduler:
+def scheduler(oversubscribe: bool, policy: str = "fifo", lend_last: bool = False) -> Scheduler:
     return Scheduler(
         Cluster.shorthand(1, 8),
         make_policy(policy),
         make_placement("consolidate"),
-        admission=QuotaAdmission({"a": 4, "b": 4}, oversubscribe=oversubscribe),
+        admission=QuotaAdmission(
+            {"a": 4, "b": 4}, oversubscribe=oversubscribe, lend_last=lend_last
+        ),
     )
 
 
@@ -51,6 +53,28 @@ def test_oversubscription_lends_idle_gpus_and_the_owner_reclaims_them():
     # fifo never preempts for priority, but b is under its quota: it takes back what a borrowed.
     assert decision.actions == [Preempt("a2", borrowed_gpus, "b1"), Start("b1", borrowed_gpus)]
     assert s.jobs["a1"].status.value == "RUNNING"
+
+
+@pytest.mark.parametrize("lend_last", [False, True])
+def test_lending_last_places_jobs_within_quota_before_borrowers(lend_last: bool):
+    # a runs 4 GPUs (its quota); 4 GPUs are free. a2 (4 GPUs, would borrow) is ahead of b1 (4,
+    # within b's quota) in fifo order.
+    s = scheduler(oversubscribe=True, lend_last=lend_last)
+    s.submit(job("a1", "a"), 0)
+    assert starts(s.decide(0)) == ["a1"]
+    s.submit(job("a2", "a", submit=1), 1)
+    s.submit(job("b1", "b", submit=2), 2)
+    decision = s.decide(2)
+    if lend_last:
+        # b1 gets the free GPUs; a2 waits for idle GPUs to lend, and nothing is preempted.
+        assert decision.actions == [Start("b1", s.jobs["b1"].placement)]
+        assert "waiting for free GPUs" in s.explain("a2", 2)
+    else:
+        # a2 borrows them first; b1 then takes back borrowed GPUs. a2 started this instant and is
+        # never undone in the same round, so the victim is a1, which ran within a's quota
+        # until a2's start put a over it.
+        assert [type(a).__name__ for a in decision.actions] == ["Start", "Preempt", "Start"]
+        assert decision.actions[1].job_id == "a1" and starts(decision) == ["a2", "b1"]
 
 
 def test_preemption_stays_inside_a_vc_unless_it_reclaims_borrowed_gpus():

@@ -20,9 +20,16 @@ from corral.core.job import Job
 class QuotaAdmission:
     name = "quota"
 
-    def __init__(self, quota_gpus: dict[str, int], oversubscribe: bool = False) -> None:
+    def __init__(
+        self, quota_gpus: dict[str, int], oversubscribe: bool = False, lend_last: bool = False
+    ) -> None:
         self.quota = dict(quota_gpus)
         self.oversubscribe = oversubscribe
+        #: With oversubscription, each round first places only jobs within their VC's quota and
+        #: lends idle GPUs after that: a borrower started in a round is never preempted by a
+        #: job within its quota later in the same queue walk (which would undo the start).
+        self.lend_last = lend_last and oversubscribe
+        self.lending = True  # the scheduler turns it off for the first walk of a round
         self.usage: dict[str, int] = {vc: 0 for vc in self.quota}
         self.waiting: dict[str, int] = {vc: 0 for vc in self.quota}
 
@@ -42,9 +49,13 @@ class QuotaAdmission:
 
     def check(self, job: Job) -> str | None:
         """Why the job may not start now, or None."""
-        if self._within_share(job) or self.oversubscribe:
+        if self._within_share(job):
             return None
         vc = job.spec.vc
+        if self.oversubscribe:
+            if self.lending:
+                return None
+            return f"VC {vc} is at its quota; idle GPUs are lent once jobs within quotas are placed"
         return (
             f"VC {vc} is at its quota: {self.usage[vc]} of {self.quota[vc]} GPUs in use, "
             f"{job.spec.gpus} more asked"
