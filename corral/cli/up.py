@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from corral.cli.main import console, fail, parse_floats
+from corral.cli.main import UserError, console, fail, parse_floats
 
 DEFAULT_DATA_DIR = Path(os.environ.get("CORRAL_HOME", "~/.corral")).expanduser()
 
@@ -58,9 +58,15 @@ def up(
         fail("--port: must be between 1 and 65535")
     if quantum_s <= 0:
         fail("--quantum-s: must be positive")
+    try:
+        thresholds = parse_floats("--las-thresholds", las_thresholds)
+    except UserError as error:
+        fail(str(error))
+    if not demo:
+        check_port_free(host, port)
     settings = ManagerSettings(
         policy=policy,
-        las_thresholds_gpu_s=parse_floats("--las-thresholds", las_thresholds),
+        las_thresholds_gpu_s=thresholds,
         quantum_s=quantum_s,
         relax_after_s=relax_after,
     )
@@ -87,6 +93,17 @@ def up(
     except BootError as error:
         fail(str(error))
     serve(manager, options)
+
+
+def check_port_free(host: str, port: int) -> None:
+    import socket
+
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as error:
+            fail(f"--port {port}: cannot listen on {host}:{port} ({error.strerror or error})")
 
 
 def serve(manager: object, options: object) -> None:

@@ -167,6 +167,8 @@ def create_app(manager: Manager) -> FastAPI:
     ) -> Response:
         row = visible_job(job_id, who)
         number = attempt or row.attempts
+        # Over once its attempt's processes have ended (a stopped attempt may still write
+        # during its grace period), or, with no attempt, once the job has.
         finished = row.status not in ("PENDING", "RUNNING")
         text = b""
         if number:
@@ -175,8 +177,8 @@ def create_app(manager: Manager) -> FastAPI:
                 with path.open("rb") as handle:
                     handle.seek(offset)
                     text = handle.read(LOG_CHUNK)
-            # this attempt is over when a later one exists or the job is
-            finished = finished or (attempt is not None and attempt < row.attempts)
+            states = {a.number: a.state for a in store.attempts(job_id)}
+            finished = states.get(number) == "ended" and (finished or number < row.attempts)
         return PlainTextResponse(
             text.decode("utf-8", errors="replace"),
             headers={

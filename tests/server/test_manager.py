@@ -308,3 +308,96 @@ def test_logs_are_kept_per_attempt_and_stream(server: RunningServer, data_dir: P
     assert out.headers["X-Corral-Offset"] == str(len("out line\n"))
     err = client.get(f"/api/v1/jobs/{job_id}/logs", params={"stream": "stderr", "offset": 4})
     assert err.text == "line\n"
+
+
+def _resumed_step(data_dir: Path, job_id: str, attempt: int) -> int:
+    text = (data_dir / "jobs" / job_id / f"attempt-{attempt}" / "rank-0.stdout").read_text()
+    return int(text.split("resumed from step ")[1].split()[0])
+
+
+def test_las_preempts_the_job_that_attained_more_service_and_it_resumes(
+    data_dir: Path,
+) -> None:
+    # One GPU; LAS's first queue holds jobs under 1 GPU-second of service.
+    server = start_server(data_dir, gpus=1, policy="las", las_thresholds_gpu_s=[1.0])
+    try:
+        client = api(server.url, admin_token(data_dir))
+        long = submit(client, **train_job("long", steps=60))
+        wait_for(client, long, ["RUNNING"])
+        time.sleep(1.5)  # past 1 GPU-second: it moves to the second queue
+        short = submit(client, **python_job("short", "import time; time.sleep(0.5)"))
+        done_short = wait_for(client, short, timeout=20)
+        done_long = wait_for(client, long, timeout=30)
+        assert done_short["status"] == done_long["status"] == "SUCCEEDED"
+        assert (done_long["preemptions"], done_long["attempts"]) == (1, 2)
+        assert done_short["preemptions"] == 0
+        assert done_short["finished_at"] < done_long["finished_at"]
+        assert _resumed_step(data_dir, long, 2) > 0
+        events = [e["message"] for e in job(client, long)["events"]]
+        assert f"preempted by job {short}" in events
+    finally:
+        server.stop()
+
+
+def test_time_slicing_suspends_and_resumes_jobs_in_turns(data_dir: Path) -> None:
+    server = start_server(data_dir, gpus=1, policy="timeslice", quantum_s=0.8)
+    try:
+        client = api(server.url, admin_token(data_dir))
+        first = submit(client, **train_job("first", steps=40))
+        second = submit(client, **train_job("second", steps=40))
+        done = [wait_for(client, j, timeout=60) for j in (first, second)]
+        assert [d["status"] for d in done] == ["SUCCEEDED", "SUCCEEDED"]
+        # 2 s of steps each and a 0.8 s quantum: each is suspended at least once and resumes
+        # from its checkpoint, and the second ran before the first finished.
+        for entry in done:
+            assert entry["preemptions"] >= 1
+            assert _resumed_step(data_dir, entry["id"], 2) > 0
+        second_start = job(client, second)["attempt_history"][0]["started_at"]
+        assert second_start < done[0]["finished_at"]
+    finally:
+        server.stop()
+
+
+def test_export_trace_writes_the_history_that_simulate_replays(
+    server: RunningServer, data_dir: Path, tmp_path: Path
+) -> None:
+    from typer.testing import CliRunner
+
+    from corral.cli.main import app
+    from corral.sim.traces import load_trace
+
+    client = api(server.url, admin_token(data_dir))
+    ran = [submit(client, **python_job(f"j{i}", "import time; time.sleep(0.3)")) for i in range(3)]
+    two = submit(client, **python_job("pair", "pass", gpus=2))
+    never = submit(client, **python_job("never", "pass", gpus=2))
+    for job_id in [*ran, two]:
+        wait_for(client, job_id)
+    client.post(f"/api/v1/jobs/{never}/cancel")  # may or may not have run: see below
+    out = tmp_path / "history.csv"
+    result = CliRunner().invoke(
+        app, ["export-trace", "--data-dir", str(data_dir), "--out", str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    trace = load_trace(f"helios:{out}")
+    replayed = {spec.id: spec for spec in trace.jobs}
+    assert set(ran) | {two} <= set(replayed)
+    assert replayed[two].gpus == 2 and replayed[ran[0]].gpus == 1
+    for job_id in ran:  # each ran about 0.3 s (plus the interpreter's start)
+        assert 0.25 < replayed[job_id].duration_s < 10
+    assert (never in replayed) == (job(client, never)["attempts"] > 0)
+    simulated = CliRunner().invoke(
+        app,
+        [
+            "simulate",
+            "--trace",
+            f"helios:{out}",
+            "--cluster",
+            "1x2",
+            "--compare",
+            "fifo,las",
+            "--out",
+            str(tmp_path / "sim"),
+        ],
+    )
+    assert simulated.exit_code == 0, simulated.output
+    assert "fifo" in simulated.output and "las" in simulated.output
