@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Annotated
 
@@ -19,11 +20,18 @@ def up(
         typer.Option(help="declare this many GPUs (a machine without GPUs); default: NVML's"),
     ] = None,
     gpu_type: Annotated[str, typer.Option(help="the type of declared GPUs")] = "gpu",
-    port: Annotated[int, typer.Option(help="the API and dashboard port")] = 8470,
+    port: Annotated[
+        int | None,
+        typer.Option(help="the API and dashboard port [default: 8470; demo: a free one]"),
+    ] = None,
     host: Annotated[str, typer.Option(help="the address to listen on")] = "127.0.0.1",
     data_dir: Annotated[
-        Path, typer.Option(help="state, logs, checkpoints and admin.token live here")
-    ] = DEFAULT_DATA_DIR,
+        Path | None,
+        typer.Option(
+            help="state, logs, checkpoints and admin.token live here "
+            "[default: $CORRAL_HOME or ~/.corral; demo: a new runs/demo-TIME]"
+        ),
+    ] = None,
     config: Annotated[
         Path | None, typer.Option(help="cluster and VC config (the simulator's YAML)")
     ] = None,
@@ -54,6 +62,10 @@ def up(
         fail(f"--policy: unknown {policy!r}; choose one of {', '.join(LIVE_POLICIES)}")
     if gpus is not None and gpus <= 0:
         fail("--gpus: must be a positive integer")
+    if port is None:
+        port = 0 if demo else 8470
+    if data_dir is None:
+        data_dir = Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S") if demo else DEFAULT_DATA_DIR
     if not 0 < port < 65536 and not (demo and port == 0):
         fail("--port: must be between 1 and 65535")
     if quantum_s <= 0:

@@ -210,7 +210,7 @@ class LocalExecutor:
     def launch(self, launch: AttemptLaunch) -> None:
         """Write launch.json and spawn the attempt's shim; returns at once."""
         key = (launch.job_id, launch.attempt)
-        attempt_dir = Path(launch.attempt_dir)
+        attempt_dir = Path(launch.attempt_dir).resolve()  # the shim runs in it: no relative path
         with self._lock:
             if key in self._tracked:
                 raise ValueError(f"attempt {launch.attempt} of job {launch.job_id} is running")

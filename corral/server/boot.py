@@ -83,6 +83,7 @@ def build_cluster(options: ServerOptions) -> tuple[Cluster, dict[str, int]]:
 
 
 def build_manager(options: ServerOptions, executor: Executor | None = None) -> Manager:
+    options.data_dir = options.data_dir.resolve()
     options.data_dir.mkdir(parents=True, exist_ok=True)
     cluster, quota = build_cluster(options)
     store = Store(options.db_url or Store.sqlite_url(options.data_dir))

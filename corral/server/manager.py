@@ -112,7 +112,7 @@ class Manager:
         self.store = store
         self.executor = executor
         self.cluster = cluster
-        self.data_dir = Path(data_dir)
+        self.data_dir = Path(data_dir).resolve()  # job processes run elsewhere: no relative paths
         self.settings = settings or ManagerSettings()
         self.clock = clock
         self.on_round = on_round
@@ -366,17 +366,17 @@ class Manager:
             return
         lost = end.reason.startswith("lost")
         detail = end.reason + (f": {end.error_tail}" if end.error_tail else "")
-        give_up = False
-        if not lost:
-            give_up = self._repeated_fast_failure(job.id, end, attempt)
-        failures_after = job.failures + (0 if lost else 1)
+        # Lost attempts too: a supervisor that dies at once, again and again, is no passing
+        # fault of the machine, and must not be retried forever.
+        give_up = self._repeated_fast_failure(job.id, end, attempt)
         backoff = min(
-            self.settings.retry_backoff_s * 2 ** max(0, failures_after - 1),
+            self.settings.retry_backoff_s * 2 ** (len(self._failures[job.id]) - 1),
             self.settings.retry_backoff_max_s,
         )
         if give_up:
+            kind = "lost" if lost else "user error"
             detail = (
-                f"user error: the same failure {self.settings.fast_fail_repeats + 1} times "
+                f"{kind}: the same failure {self.settings.fast_fail_repeats + 1} times "
                 f"in a row, each within {self.settings.fast_fail_s:g} s ({detail})"
             )
         self.scheduler.failed(
@@ -404,7 +404,7 @@ class Manager:
         """Philly's analysis found most failures to be user errors that fail fast and the same
         way each time; retrying them only wastes GPUs. True when this attempt and the ones before
         it failed fast with the same error `fast_fail_repeats` + 1 times in a row."""
-        signature = f"{end.exit_code}|{end.signal}|{end.error_tail}"
+        signature = f"{end.exit_code}|{end.signal}|{end.reason}|{end.error_tail}"
         fast = end.ended_at - attempt.started_at <= self.settings.fast_fail_s
         history = self._failures.setdefault(job_id, [])
         history.append(_Failure(signature, fast))

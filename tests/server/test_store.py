@@ -1,8 +1,9 @@
-"""The store on a real SQLite file: round trips, filters, batches, reopening."""
+"""The store on a real SQLite file and a real PostgreSQL server: round trips, filters, batches,
+reopening."""
 
 from __future__ import annotations
 
-import os
+import socket
 import sqlite3
 import threading
 from collections.abc import Iterator
@@ -19,25 +20,18 @@ from corral.server.store import (
     Store,
     StoreError,
     TokenRow,
-    metadata,
 )
 
 SPEC = {"name": "train", "gpus": 2, "command": "python train.py", "env": {"A": "1"}}
 
 
-# Set to e.g. postgresql+psycopg://corral@127.0.0.1:5432/corral_test to run every test that takes
-# `store` (or `database_url`) on PostgreSQL too; its corral tables are dropped before each test.
-POSTGRES_URL = os.environ.get("CORRAL_TEST_POSTGRES_URL")
-
-
-@pytest.fixture(params=["sqlite", "postgresql"] if POSTGRES_URL else ["sqlite"])
+@pytest.fixture(params=["sqlite", "postgresql"])
 def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite" or not POSTGRES_URL:
+    """Every test that takes `store` or `database_url` runs on a SQLite file and on a real
+    PostgreSQL server (an empty database each time: tests/server/postgres.py)."""
+    if request.param == "sqlite":
         return Store.sqlite_url(tmp_path)
-    engine = sa.create_engine(POSTGRES_URL)
-    metadata.drop_all(engine)
-    engine.dispose()
-    return POSTGRES_URL
+    return str(request.getfixturevalue("postgres_url"))
 
 
 @pytest.fixture
@@ -385,3 +379,23 @@ def test_a_database_that_cannot_be_opened_is_one_line(tmp_path: Path) -> None:
     assert str(caught.value) == f"{url}: cannot open the database: unable to open database file"
     with pytest.raises(StoreError, match="not a database URL"):
         Store("not a url")
+
+
+def test_a_postgresql_database_that_cannot_be_opened_is_one_line(postgres_url: str) -> None:
+    # the server is up, the database is not there; the password must not be printed
+    missing = sa.make_url(postgres_url).set(database="no_such_db", password="s3cret")
+    with pytest.raises(StoreError) as caught:
+        Store(missing.render_as_string(hide_password=False))
+    message = str(caught.value)
+    assert message.startswith(
+        f"{missing.render_as_string(hide_password=True)}: cannot open the database: "
+    )
+    assert 'database "no_such_db" does not exist' in message
+    assert "\n" not in message and "s3cret" not in message
+    # nothing listens on this port
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    refused = sa.make_url(postgres_url).set(port=port).render_as_string(hide_password=False)
+    with pytest.raises(StoreError, match=r"cannot open the database: .*Connection refused$"):
+        Store(refused)

@@ -13,12 +13,15 @@ other VCs' cells, and are preempted through the checkpoint contract when a guara
 their GPUs. With `spill`, a guaranteed job that its VC cannot place yet runs the same way on idle
 GPUs (lent, as a quota's oversubscription lends them) and goes back to its VC's queue whenever it
 is waiting again: a VC's own cells always come first, and lending never delays another VC.
+
+The live manager drives the same object: after a restart it `adopt`s the waiting jobs and
+`restore_running`s the ones found running, which binds the VCs' cells again from the physical GPUs.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 
 from corral.core.actions import Action, Decision, Preempt, Start
 from corral.core.cells import CellAllocator
@@ -98,27 +101,80 @@ class HivedScheduler:
             s.running_count for s in self.schedulers.values()
         )
 
+    def refusal(self, spec: JobSpec) -> str | None:
+        """Why `submit` would refuse this job, or None: an unknown VC, or more GPUs than the VC's
+        cells (than the cluster, for an opportunistic job) could hold. Depends on the shapes only."""
+        if spec.priority is Priority.OPPORTUNISTIC:
+            return self.opportunistic.refusal(spec)
+        scheduler = self.schedulers.get(spec.vc)
+        if scheduler is None:
+            return f"unknown VC {spec.vc!r}; VCs are {', '.join(self.schedulers)}"
+        if spec.gpus <= 0:
+            return scheduler.refusal(spec)
+        capacity = scheduler.cluster.capacity_for(spec.gpu_types)
+        if spec.gpus > capacity:
+            return (
+                f"asks for {spec.gpus} GPUs but VC {spec.vc} is guaranteed only {capacity} GPUs "
+                "that could hold it"
+            )
+        return None
+
     def submit(self, spec: JobSpec, now: float) -> Job:
         if spec.id in self.jobs:
             raise JobRefused(f"job {spec.id}: a job with this id already exists")
-        if spec.priority is Priority.OPPORTUNISTIC:
-            owner = OPPORTUNISTIC
-            job = self.opportunistic.submit(spec, now)
-        else:
-            scheduler = self.schedulers.get(spec.vc)
-            if scheduler is None:
-                raise JobRefused(
-                    f"job {spec.id}: unknown VC {spec.vc!r}; VCs are {', '.join(self.schedulers)}"
-                )
-            if spec.gpus > scheduler.cluster.capacity_for(spec.gpu_types):
-                raise JobRefused(
-                    f"job {spec.id}: asks for {spec.gpus} GPUs but VC {spec.vc} is guaranteed only "
-                    f"{scheduler.cluster.capacity_for(spec.gpu_types)} GPUs that could hold it"
-                )
-            owner = spec.vc
-            job = scheduler.submit(spec, now)
+        refusal = self.refusal(spec)
+        if refusal is not None:
+            raise JobRefused(f"job {spec.id}: {refusal}")
+        owner = self._home(spec)
+        job = self._scheduler_for(owner).submit(spec, now)
         self.jobs[spec.id] = job
         self._owner[spec.id] = owner
+        return job
+
+    def adopt(self, job: Job, now: float) -> None:
+        """Queue a waiting job with its history (after a restart): in its VC's queue, or the
+        opportunistic one for an opportunistic job."""
+        if job.id in self.jobs:
+            raise JobRefused(f"job {job.id}: a job with this id already exists")
+        refusal = self.refusal(job.spec)
+        if refusal is not None:
+            raise JobRefused(f"job {job.id}: {refusal}")
+        owner = self._home(job.spec)
+        self._scheduler_for(owner).adopt(job, now)
+        self.jobs[job.id] = job
+        self._owner[job.id] = owner
+
+    def restore_running(
+        self, job_id: str, gpus: tuple[int, ...], started_at: float, now: float
+    ) -> Job:
+        """After a restart: an adopted job is in fact running on these physical GPUs.
+
+        A guaranteed job runs in its VC's cells if its GPUs lie in cells the VC holds, or in
+        free cells that buddy allocation could have bound to the VC (those are bound now); else
+        it was lent idle GPUs and runs as opportunistic work, reclaimed when their owner needs
+        them. Jobs are restored in the order given: the first ones found get the VC's cells.
+        """
+        job = self.jobs[job_id]
+        if job.status is not JobStatus.PENDING:
+            raise ValueError(f"job {job_id} is {job.status.value}, not PENDING")
+        busy = [g for g in gpus if not self.cluster.gpu_free[g]]
+        if busy:
+            names = ", ".join(self.cluster.gpus[g].name for g in busy)
+            raise ValueError(f"job {job_id}: GPUs {names} are already in use")
+        owner = self._owner[job_id]
+        if owner != OPPORTUNISTIC:
+            vc = self.vcs[owner]
+            virtual = self._bind_for_restore(vc, gpus)
+            if virtual is not None:
+                self.schedulers[owner].restore_running(job_id, virtual, started_at, now)
+                self.cluster.allocate(gpus)
+                return job
+            self.opportunistic.adopt(self.schedulers[owner].withdraw(job_id, now), now)
+            self._owner[job_id] = OPPORTUNISTIC
+            self._spilled[job_id] = owner
+        self.opportunistic.restore_running(job_id, gpus, started_at, now)
+        for gpu in gpus:
+            self._opportunistic_on[gpu] = job_id
         return job
 
     def decide(self, now: float) -> Decision:
@@ -166,7 +222,7 @@ class HivedScheduler:
             if idle <= 0:
                 return
             for job in list(itertools.islice(scheduler.pending_jobs(), self.LEND_LOOKAHEAD)):
-                if job.spec.gpus > idle:
+                if job.spec.gpus > idle or job.hold_until > now:  # held: its retry backoff
                     continue
                 idle -= job.spec.gpus
                 self.opportunistic.adopt(scheduler.withdraw(job.id, now), now)
@@ -187,8 +243,28 @@ class HivedScheduler:
     def finished(self, job_id: str, now: float) -> Job:
         return self._stopped(job_id, lambda scheduler: scheduler.finished(job_id, now))
 
-    def failed(self, job_id: str, now: float, reason: str) -> Job:
-        return self._stopped(job_id, lambda scheduler: scheduler.failed(job_id, now, reason))
+    def failed(
+        self,
+        job_id: str,
+        now: float,
+        reason: str,
+        infrastructure: bool = False,
+        *,
+        retry_after_s: float = 0.0,
+        give_up: bool = False,
+    ) -> Job:
+        """As `Scheduler.failed`; a lent job that will retry goes back to its VC's queue."""
+        return self._stopped(
+            job_id,
+            lambda scheduler: scheduler.failed(
+                job_id,
+                now,
+                reason,
+                infrastructure,
+                retry_after_s=retry_after_s,
+                give_up=give_up,
+            ),
+        )
 
     def cancel(self, job_id: str, now: float) -> Job:
         if self.jobs[job_id].status is not JobStatus.RUNNING:
@@ -199,6 +275,15 @@ class HivedScheduler:
         owner = self._owner[job_id]
         where = "opportunistic, on idle GPUs of any VC" if owner == OPPORTUNISTIC else f"VC {owner}"
         return f"{where}: {self._scheduler_of(job_id).explain(job_id, now)}"
+
+    def pending_jobs(self) -> Iterator[Job]:
+        """Waiting jobs: each VC's queue in policy order, then the opportunistic queue."""
+        for scheduler in self._all_schedulers():
+            yield from scheduler.pending_jobs()
+
+    def running_jobs(self) -> Iterator[Job]:
+        for scheduler in self._all_schedulers():
+            yield from scheduler.running_jobs()
 
     def physical_placement(self, job_id: str) -> tuple[int, ...]:
         job = self.jobs[job_id]
@@ -266,6 +351,62 @@ class HivedScheduler:
             return False
         vc.bound[top] = (cell, [leaf.index for leaf in cell.leaves()])
         return True
+
+    def _bind_for_restore(
+        self, vc: VirtualCluster, physical: tuple[int, ...]
+    ) -> tuple[int, ...] | None:
+        """The VC's virtual GPUs for a job found running on these physical GPUs, binding free
+        cells as needed; None (nothing bound) when the GPUs do not fit the VC's cells."""
+        home = {where: virtual for virtual, where in enumerate(vc.gpu_home)}
+        newly_bound: list[int] = []
+        virtual: list[int] = []
+        for gpu in physical:
+            found = self._virtual_gpu(vc, gpu, home)
+            if found is None:
+                top = self._bind_containing(vc, gpu)
+                if top is not None:
+                    newly_bound.append(top)
+                    found = self._virtual_gpu(vc, gpu, home)
+            if found is None or not vc.cluster.gpu_free[found]:
+                for top in newly_bound:
+                    cell, _ = vc.bound.pop(top)
+                    self.allocator.release(cell)
+                return None
+            virtual.append(found)
+        return tuple(virtual)
+
+    @staticmethod
+    def _virtual_gpu(vc: VirtualCluster, gpu: int, home: dict[tuple[int, int], int]) -> int | None:
+        """The virtual GPU that a bound top cell of the VC maps to this physical GPU."""
+        for top, (_, cell_gpus) in vc.bound.items():
+            if gpu in cell_gpus:
+                return home[(top, cell_gpus.index(gpu))]
+        return None
+
+    def _bind_containing(self, vc: VirtualCluster, gpu: int) -> int | None:
+        """Bind an unbound top cell of the VC to the physical cell of its type that holds this
+        GPU, if buddy allocation could have chosen that cell now (a free cell of the type, or
+        split from the nearest bigger free cell when none is free). A cell taken out of that
+        order could split the big cells other VCs are guaranteed: then the job counts as lent."""
+        leaf = self.cluster.gpus[gpu]
+        for top, cell_type in enumerate(vc.top_types):
+            if top in vc.bound:
+                continue
+            target: Cell | None = leaf
+            while target is not None and target.cell_type != cell_type:
+                target = target.parent
+            if target is None:
+                continue
+            # Among the choices the allocator may make, ask for the cell on the GPU's path.
+            cell = self.allocator.bind(cell_type, prefer=_towards(target))
+            if cell is None:
+                continue
+            if cell is not target:  # not a choice buddy allocation had: undo it
+                self.allocator.release(cell)
+                continue
+            vc.bound[top] = (cell, [g.index for g in cell.leaves()])
+            return top
+        return None
 
     def _unbind_idle(self, vc: VirtualCluster, virtual_gpus: Iterable[int]) -> None:
         """Release the physical cells of top-level virtual cells that hold no job any more; a
@@ -372,8 +513,18 @@ class HivedScheduler:
     # -- endings ----------------------------------------------------------------------------
 
     def _scheduler_of(self, job_id: str) -> Scheduler:
-        owner = self._owner[job_id]
+        return self._scheduler_for(self._owner[job_id])
+
+    def _scheduler_for(self, owner: str) -> Scheduler:
         return self.opportunistic if owner == OPPORTUNISTIC else self.schedulers[owner]
+
+    @staticmethod
+    def _home(spec: JobSpec) -> str:
+        """Where a new or adopted job waits: its VC's queue, or the opportunistic one."""
+        return OPPORTUNISTIC if spec.priority is Priority.OPPORTUNISTIC else spec.vc
+
+    def _all_schedulers(self) -> list[Scheduler]:
+        return [*self.schedulers.values(), self.opportunistic]
 
     def _stopped(self, job_id: str, stop: Callable[[Scheduler], object]) -> Job:
         """End a running attempt through its scheduler, then give back what it held."""
@@ -403,3 +554,13 @@ class HivedScheduler:
         vc = self.vcs[owner]
         self.cluster.release(vc.to_physical(placement))
         self._unbind_idle(vc, placement)
+
+
+def _towards(target: Cell) -> Callable[[Cell], bool]:
+    """A `prefer` key for CellAllocator.bind that puts the target and the cells holding it first."""
+    on_path: set[Cell] = set()
+    up: Cell | None = target
+    while up is not None:
+        on_path.add(up)
+        up = up.parent
+    return lambda cell: cell not in on_path

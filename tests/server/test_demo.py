@@ -1,0 +1,29 @@
+"""The README's main command: `corral up --gpus 4 --demo` runs its two-team story to the end."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from corral.cli.main import app
+from tests.server.helpers import kill_jobs_of
+
+
+def test_the_demo_preempts_resumes_and_stops_a_user_error(tmp_path: Path) -> None:
+    data_dir = tmp_path / "demo"
+    try:
+        result = CliRunner().invoke(
+            app, ["up", "--gpus", "4", "--demo", "--data-dir", str(data_dir)]
+        )
+    finally:
+        kill_jobs_of(data_dir)
+    text = " ".join(result.output.split())
+    assert result.exit_code == 0, result.output
+    assert "/#token=" in text  # the dashboard's address, signed in
+    assert "vit-base: preempted by bert-large" in text  # nlp took its lent GPUs back
+    assert "vit-base, attempt 2: rank 0: resumed from step" in text
+    assert "typo: user error: the same failure 3 times in a row" in text
+    for name in ("resnet50", "vit-base", "bert-large"):
+        assert f"{name}: attempt" in text and "exited 0" in text
+    assert (data_dir / "corral.db").is_file()

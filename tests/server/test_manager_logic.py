@@ -1,0 +1,127 @@
+"""The manager's bookkeeping with an executor whose attempts end as the test scripts them:
+what a run of lost attempts, or a relative data directory, leads to."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from corral.core.cluster import Cluster
+from corral.exec.local import AttemptEnded, AttemptLaunch
+from corral.server.manager import Manager, ManagerSettings
+from corral.server.spec import parse_job_spec
+from corral.server.store import Store
+from tests.server.helpers import admin_token, api, python_job, start_server, submit, wait_for
+
+
+class ScriptedExecutor:
+    """Every launched attempt ends, at the next poll, the way `outcome` says."""
+
+    def __init__(self, outcome: AttemptEnded, clock: Clock) -> None:
+        self.outcome = outcome
+        self.clock = clock
+        self.launched: list[AttemptLaunch] = []
+        self.due: list[AttemptLaunch] = []
+
+    def launch(self, launch: AttemptLaunch) -> None:
+        self.launched.append(launch)
+        self.due.append(launch)
+
+    def stop(self, job_id: str, attempt: int) -> None:
+        pass
+
+    def poll(self) -> list[AttemptEnded]:
+        ended = [
+            AttemptEnded(
+                a.job_id,
+                a.attempt,
+                self.outcome.exit_code,
+                None,
+                False,
+                self.outcome.reason,
+                self.outcome.error_tail,
+                0.0,
+            )
+            for a in self.due
+        ]
+        self.due = []
+        return ended
+
+    def recover(self, job_id: str, attempt: int, attempt_dir: Path) -> str:
+        return "never-started"
+
+    def close(self) -> None:
+        pass
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def manager_with(tmp_path: Path, outcome: AttemptEnded) -> tuple[Manager, ScriptedExecutor, Clock]:
+    clock = Clock()
+    executor = ScriptedExecutor(outcome, clock)
+    manager = Manager(
+        Store(Store.sqlite_url(tmp_path)),
+        executor,
+        Cluster.shorthand(1, 2),
+        tmp_path,
+        settings=ManagerSettings(retry_backoff_s=2.0, fast_fail_s=60.0, fast_fail_repeats=2),
+        clock=clock,
+    )
+    return manager, executor, clock
+
+
+LOST = AttemptEnded("", 0, None, None, False, "lost: the attempt's supervisor died", "", 0.0)
+
+
+def test_an_attempt_lost_again_and_again_ends_the_job_with_growing_backoff(tmp_path: Path) -> None:
+    manager, executor, clock = manager_with(tmp_path, LOST)
+    manager.submit(parse_job_spec(python_job("j", "pass", max_retries=0)), "u")
+    starts: list[float] = []
+    for _ in range(40):  # 0.5 s steps of the clock
+        before = len(executor.launched)
+        manager.step()
+        if len(executor.launched) > before:
+            starts.append(clock.now)
+        clock.now += 0.5
+    row = manager.store.get_job("1")
+    assert row is not None and row.status == "FAILED"
+    # max_retries 0 does not count lost attempts (the machine's fault), yet the third identical
+    # fast loss ends it; retries waited 2 s, then 4 s (backoff doubling per failure in a row).
+    assert len(starts) == 3
+    assert [b - a for a, b in zip(starts, starts[1:], strict=False)] == [2.5, 4.5]  # + a step
+    assert row.reason.startswith("lost: the same failure 3 times in a row")
+    assert row.failures == 0
+
+
+def test_a_user_error_exit_uses_retries_then_fails(tmp_path: Path) -> None:
+    failing = AttemptEnded("", 0, 1, None, False, "exit code 1 (rank 0)", "ValueError: x", 0.0)
+    manager, executor, clock = manager_with(tmp_path, failing)
+    manager.submit(parse_job_spec(python_job("j", "pass", max_retries=1)), "u")
+    for _ in range(20):
+        manager.step()
+        clock.now += 0.5
+    row = manager.store.get_job("1")
+    assert row is not None and row.status == "FAILED"
+    assert (row.attempts, row.failures) == (2, 2)  # max_retries 1: two attempts in all
+    assert row.reason == "exit code 1 (rank 0): ValueError: x"
+
+
+def test_a_relative_data_dir_works_for_the_jobs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    server = start_server(Path("relative"), gpus=1)
+    try:
+        client = api(server.url, admin_token(tmp_path / "relative"))
+        job_id = submit(client, **python_job("j", "print('ok')"))
+        assert wait_for(client, job_id)["status"] == "SUCCEEDED"
+        assert (tmp_path / "relative/jobs/1/attempt-1/rank-0.stdout").read_text() == "ok\n"
+    finally:
+        server.stop()
