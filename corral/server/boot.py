@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import fcntl
+import os
 import socket
 import threading
 import time
@@ -40,9 +42,11 @@ def node_name() -> str:
     return socket.gethostname().split(".")[0] or "localhost"
 
 
-def build_cluster(options: ServerOptions) -> tuple[Cluster, dict[str, int]]:
-    """The machine as a one-node cluster (or the config's cluster, which must be one node) and
-    the VCs' guaranteed GPUs."""
+def build_cluster(
+    options: ServerOptions,
+) -> tuple[Cluster, dict[str, int], dict[str, dict[str, int]] | None]:
+    """The machine as a one-node cluster (or the config's cluster, which must be one node), the
+    VCs' guaranteed GPUs and, from a config, their cells (HiveD's guarantees)."""
     if options.config is not None:
         from corral.config_file import load_cluster_config
 
@@ -68,7 +72,7 @@ def build_cluster(options: ServerOptions) -> tuple[Cluster, dict[str, int]]:
                 f"{options.config}: the node has {cluster.total_gpus} GPUs but this machine "
                 f"has {found}"
             )
-        return cluster, vc_gpu_quota(config)
+        return cluster, vc_gpu_quota(config), config.virtual_clusters
     try:
         gpus = discover_gpus(options.gpus, gpu_type=options.gpu_type)
     except NoGpusError as error:
@@ -79,13 +83,41 @@ def build_cluster(options: ServerOptions) -> tuple[Cluster, dict[str, int]]:
         )
     except ClusterError as error:
         raise BootError(str(error)) from None
-    return cluster, {"default": cluster.total_gpus}
+    return cluster, {"default": cluster.total_gpus}, None
+
+
+def lock_data_dir(data_dir: Path) -> int:
+    """Hold DIR/corral.lock for the life of the manager: a second manager on the same state would
+    run every job twice. The kernel drops the lock when the process dies, kill -9 included."""
+    fd = os.open(data_dir / "corral.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise BootError(
+            f"{data_dir}: another corral manager (pid {holder}) is using this data directory"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    return fd
 
 
 def build_manager(options: ServerOptions, executor: Executor | None = None) -> Manager:
     options.data_dir = options.data_dir.resolve()
     options.data_dir.mkdir(parents=True, exist_ok=True)
-    cluster, quota = build_cluster(options)
+    lock = lock_data_dir(options.data_dir)
+    try:
+        manager = _build_manager(options, executor)
+    except BaseException:
+        os.close(lock)
+        raise
+    manager.on_stop.append(lambda: os.close(lock))
+    return manager
+
+
+def _build_manager(options: ServerOptions, executor: Executor | None) -> Manager:
+    cluster, quota, cells = build_cluster(options)
     store = Store(options.db_url or Store.sqlite_url(options.data_dir))
     auth.ensure_admin_token(store, options.data_dir)
     try:
@@ -95,6 +127,7 @@ def build_manager(options: ServerOptions, executor: Executor | None = None) -> M
             cluster,
             options.data_dir,
             vc_quota=quota,
+            vc_cells=cells,
             settings=options.settings,
         )
     except ValueError as error:

@@ -29,6 +29,7 @@ from corral.core.job import Job, JobSpec, JobStatus
 from corral.core.placement import make_placement
 from corral.core.policy import make_policy
 from corral.core.scheduler import Scheduler
+from corral.core.tenancy.hived import HivedScheduler
 from corral.core.tenancy.quota import QuotaAdmission
 from corral.exec.local import AttemptEnded, AttemptLaunch, WorkerLaunch, free_port, worker_envs
 from corral.server.spec import JobSpecModel, argv, parse_job_spec, signal_number, to_core_spec
@@ -38,6 +39,8 @@ log = logging.getLogger("corral.manager")
 
 #: Policies the live manager offers (the others need job lengths or a throughput table).
 LIVE_POLICIES = ("fifo", "las", "gittins", "timeslice")
+#: How VCs share the machine: GPU quotas (YARN-CS), or HiveD's guaranteed cells.
+ADMISSIONS = ("quota", "hived")
 
 
 class Executor(Protocol):
@@ -55,6 +58,8 @@ class SubmitError(ValueError):
 @dataclass(slots=True)
 class ManagerSettings:
     policy: str = "las"
+    #: "quota" (VCs own GPU counts) or "hived" (VCs own cells; needs the VCs' cells).
+    admission: str = "quota"
     placement: str = "relax"
     relax_after_s: float = 60.0
     #: LAS / Gittins queue thresholds in GPU-seconds (Tiresias's defaults suit day-long jobs).
@@ -105,6 +110,7 @@ class Manager:
         data_dir: Path,
         *,
         vc_quota: dict[str, int] | None = None,
+        vc_cells: dict[str, dict[str, int]] | None = None,
         settings: ManagerSettings | None = None,
         clock: Callable[[], float] = time.time,
         on_round: Callable[[float, Manager], None] | None = None,
@@ -117,6 +123,8 @@ class Manager:
         self.clock = clock
         self.on_round = on_round
         self.vc_quota = dict(vc_quota) if vc_quota else {"default": cluster.total_gpus}
+        #: Each VC's guaranteed cells ({cell type: count}, as the config gives them), for hived.
+        self.vc_cells = {vc: dict(cells) for vc, cells in (vc_cells or {}).items()}
         self.scheduler = self._make_scheduler()
         self.lock = threading.RLock()
         self._wake = threading.Event()
@@ -136,12 +144,17 @@ class Manager:
         self._inbox_ready = threading.Event()
         self._committer: threading.Thread | None = None
         self.rounds = 0
+        self.on_stop: list[Callable[[], None]] = []  # e.g. release the data directory's lock
         self.round_seconds: list[float] = []  # latest rounds' durations (for /metrics)
 
     # -- set-up -------------------------------------------------------------------------------
 
-    def _make_scheduler(self) -> Scheduler:
+    def _make_scheduler(self) -> Scheduler | HivedScheduler:
         settings = self.settings
+        if settings.admission not in ADMISSIONS:
+            raise ValueError(
+                f"unknown admission {settings.admission!r}; choose one of {', '.join(ADMISSIONS)}"
+            )
         name = settings.policy
         if name not in LIVE_POLICIES:
             raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(LIVE_POLICIES)}")
@@ -160,6 +173,13 @@ class Manager:
             policy = make_policy(name)
         options = {"relax_after_s": settings.relax_after_s} if settings.placement == "relax" else {}
         placement = make_placement(settings.placement, **options)
+        if settings.admission == "hived":
+            if not any(self.vc_cells.values()):
+                raise ValueError(
+                    "admission hived: the VCs need guaranteed cells (a --config with virtual_clusters)"
+                )
+            # The simulator's HiveD objects; idle cells are lent and reclaimed by preemption.
+            return HivedScheduler(self.cluster, self.vc_cells, policy, placement, spill=True)
         admission = None
         if set(self.vc_quota) != {"default"}:  # VCs share by quota; idle GPUs are lent
             admission = QuotaAdmission(self.vc_quota, oversubscribe=True, lend_last=True)
@@ -200,6 +220,9 @@ class Manager:
             if thread is not None:
                 thread.join()
         self.executor.close()
+        for release in self.on_stop:
+            release()
+        self.on_stop.clear()
 
     def _run(self) -> None:
         while not self._stopping.is_set():

@@ -401,3 +401,15 @@ def test_export_trace_writes_the_history_that_simulate_replays(
     )
     assert simulated.exit_code == 0, simulated.output
     assert "fifo" in simulated.output and "las" in simulated.output
+
+
+def test_a_second_manager_on_the_same_data_directory_is_refused(
+    server: RunningServer, data_dir: Path
+) -> None:
+    from corral.server.boot import BootError, ServerOptions, build_manager
+
+    with pytest.raises(BootError, match="another corral manager .* is using this data directory"):
+        build_manager(ServerOptions(data_dir=data_dir, gpus=2))
+    server.stop()  # the lock goes with the manager: a new one may start
+    again = build_manager(ServerOptions(data_dir=data_dir, gpus=2))
+    again.stop()
