@@ -31,9 +31,12 @@ from corral.server.boot import RunningServer, ServerOptions, build_manager
 from corral.server.manager import ManagerSettings
 
 CHROMIUM = shutil.which("chromium")
-pytestmark = pytest.mark.skipif(
-    CHROMIUM is None, reason="needs Debian's chromium: apt-get install -y chromium"
-)
+
+
+@pytest.fixture(autouse=True)
+def _needs_chromium() -> None:
+    if CHROMIUM is None:  # a failure, not a skip: the dashboard must be tested in a real browser
+        pytest.fail("the dashboard tests need Debian's chromium: apt-get install -y chromium")
 
 CLUSTER_YAML = """\
 cell_types:
