@@ -124,6 +124,19 @@ def group_by_level(
     return sorted(groups.values())
 
 
+def uniform_group_size(groups: list[list[int]], count: int) -> int | None:
+    """The size of the GPU groups (e.g. under one PCIe switch) when they split the devices
+    0..count-1 into consecutive runs of one size, the shape corral's cluster model describes
+    (`gpus_per_switch`); None when they do not, or when one group holds them all."""
+    if not groups:
+        return None
+    size = len(groups[0])
+    expected = [list(range(start, start + size)) for start in range(0, count, size)]
+    if size >= count or sorted(sorted(group) for group in groups) != expected:
+        return None
+    return size
+
+
 def nvml_topology() -> GpuTopology:
     """The GPUs with their PCIe-switch and CPU-socket groups (NoGpusError without NVML)."""
     pynvml = _nvml()

@@ -14,7 +14,7 @@ import uvicorn
 
 from corral.core.cluster import Cluster, ClusterError, NodeDef
 from corral.core.config import ConfigError, vc_gpu_quota
-from corral.exec.gpus import NoGpusError, discover_gpus
+from corral.exec.gpus import NoGpusError, discover_gpus, nvml_topology, uniform_group_size
 from corral.exec.local import LocalExecutor
 from corral.server import auth
 from corral.server.api import create_app
@@ -73,14 +73,24 @@ def build_cluster(
                 f"has {found}"
             )
         return cluster, vc_gpu_quota(config), config.virtual_clusters
+    switch_size = None
     try:
-        gpus = discover_gpus(options.gpus, gpu_type=options.gpu_type)
+        if options.gpus is None:  # NVML: the GPUs and the PCIe switches they sit under
+            topology = nvml_topology()
+            gpus = topology.gpus
+            switch_size = uniform_group_size(topology.switch_groups, len(gpus))
+        else:
+            gpus = discover_gpus(options.gpus, gpu_type=options.gpu_type)
     except NoGpusError as error:
         raise BootError(str(error)) from None
     try:
-        cluster = Cluster.from_nodes(
-            [NodeDef(name=node_name(), gpus=len(gpus), gpu_type=gpus[0].gpu_type)]
+        node = NodeDef(
+            name=node_name(),
+            gpus=len(gpus),
+            gpu_type=gpus[0].gpu_type,
+            gpus_per_switch=switch_size,
         )
+        cluster = Cluster.from_nodes([node])
     except ClusterError as error:
         raise BootError(str(error)) from None
     return cluster, {"default": cluster.total_gpus}, None

@@ -12,6 +12,7 @@ from corral.exec.gpus import (
     gpu_type_from_name,
     group_by_level,
     nvml_topology,
+    uniform_group_size,
 )
 
 
@@ -87,3 +88,21 @@ def test_topology_groups() -> None:
     assert group_by_level(6, levels, 40) == [[0, 1, 2, 3], [4, 5]]
     assert group_by_level(6, levels, 50) == [[0, 1, 2, 3, 4, 5]]
     assert group_by_level(2, {}, 50) == [[0], [1]]
+
+
+@pytest.mark.parametrize(
+    ("groups", "count", "size"),
+    [
+        ([[0, 1, 2, 3], [4, 5, 6, 7]], 8, 4),  # two PCIe switches of four, as on a DGX-1
+        ([[4, 5, 6, 7], [0, 1, 2, 3]], 8, 4),  # in any order
+        ([[0, 1], [2, 3], [4, 5], [6, 7]], 8, 2),
+        ([[0, 1, 2, 3, 4, 5, 6, 7]], 8, None),  # one switch for all: nothing to model
+        ([[0, 2], [1, 3]], 4, None),  # not consecutive
+        ([[0, 1, 2], [3]], 4, None),  # uneven
+        ([], 4, None),
+    ],
+)
+def test_switch_groups_become_a_switch_size_only_when_uniform(
+    groups: list[list[int]], count: int, size: int | None
+) -> None:
+    assert uniform_group_size(groups, count) == size
