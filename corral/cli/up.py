@@ -40,6 +40,13 @@ def up(
         typer.Option(help="a database URL (postgresql+psycopg://...); default SQLite in DATA_DIR"),
     ] = None,
     policy: Annotated[str, typer.Option(help="fifo, las, gittins or timeslice")] = "las",
+    admission: Annotated[
+        str,
+        typer.Option(
+            help="how VCs share GPUs: quota (GPU counts) or hived (HiveD's guaranteed cells; "
+            "needs --config with virtual_clusters). Both lend idle GPUs and reclaim them"
+        ),
+    ] = "quota",
     las_thresholds: Annotated[
         str, typer.Option(help="LAS/Gittins queue thresholds, GPU-seconds, comma-separated")
     ] = "3600,36000",
@@ -56,10 +63,14 @@ def up(
 ) -> None:
     """Start the embedded cluster manager on this machine."""
     from corral.server.boot import BootError, ServerOptions, build_manager
-    from corral.server.manager import LIVE_POLICIES, ManagerSettings
+    from corral.server.manager import ADMISSIONS, LIVE_POLICIES, ManagerSettings
 
     if policy not in LIVE_POLICIES:
         fail(f"--policy: unknown {policy!r}; choose one of {', '.join(LIVE_POLICIES)}")
+    if admission not in ADMISSIONS:
+        fail(f"--admission: unknown {admission!r}; choose one of {', '.join(ADMISSIONS)}")
+    if admission == "hived" and config is None and not demo:  # the demo writes its own config
+        fail("--admission hived: needs --config FILE whose virtual_clusters give the VCs' cells")
     if gpus is not None and gpus <= 0:
         fail("--gpus: must be a positive integer")
     if port is None:
@@ -78,6 +89,7 @@ def up(
         check_port_free(host, port)
     settings = ManagerSettings(
         policy=policy,
+        admission=admission,
         las_thresholds_gpu_s=thresholds,
         quantum_s=quantum_s,
         relax_after_s=relax_after,
@@ -133,7 +145,7 @@ def serve(manager: object, options: object) -> None:
     node = manager.cluster.nodes[0]
     console.print(
         f"corral up: {manager.cluster.total_gpus} GPUs on {node.name}, policy "
-        f"{manager.settings.policy}, VCs {quota}",
+        f"{manager.settings.policy}, admission {manager.settings.admission}, VCs {quota}",
         highlight=False,
     )
     console.print(f"  API        {url}/api/v1   (OpenAPI: {url}/docs)", highlight=False)

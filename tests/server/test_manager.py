@@ -318,14 +318,15 @@ def _resumed_step(data_dir: Path, job_id: str, attempt: int) -> int:
 def test_las_preempts_the_job_that_attained_more_service_and_it_resumes(
     data_dir: Path,
 ) -> None:
-    # One GPU; LAS's first queue holds jobs under 1 GPU-second of service.
-    server = start_server(data_dir, gpus=1, policy="las", las_thresholds_gpu_s=[1.0])
+    # One GPU; LAS's first queue holds jobs under 3 GPU-seconds of service (wide enough that the
+    # short job stays in it even on a loaded machine).
+    server = start_server(data_dir, gpus=1, policy="las", las_thresholds_gpu_s=[3.0])
     try:
         client = api(server.url, admin_token(data_dir))
-        long = submit(client, **train_job("long", steps=60))
+        long = submit(client, **train_job("long", steps=150))
         wait_for(client, long, ["RUNNING"])
-        time.sleep(1.5)  # past 1 GPU-second: it moves to the second queue
-        short = submit(client, **python_job("short", "import time; time.sleep(0.5)"))
+        time.sleep(3.5)  # past 3 GPU-seconds: it moves to the second queue
+        short = submit(client, **python_job("short", "import time; time.sleep(0.3)"))
         done_short = wait_for(client, short, timeout=20)
         done_long = wait_for(client, long, timeout=30)
         assert done_short["status"] == done_long["status"] == "SUCCEEDED"
