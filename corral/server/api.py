@@ -134,6 +134,20 @@ def create_app(manager: Manager) -> FastAPI:
         why = manager.pending_reasons(live)
         return [summary(row, why) for row in rows]
 
+    @app.get("/api/v1/queue", tags=["jobs"])
+    def job_queue(
+        who: Caller, limit: Annotated[int, Query(ge=1, le=10_000)] = 100
+    ) -> dict[str, Any]:
+        """The waiting jobs in the scheduler's order (the first `limit`), with why each waits,
+        and how many wait in all."""
+        visible = None if who.admin else lambda user, vc: auth.can_read_job(who, user, vc)
+        total, reasons = manager.queue(limit, visible)
+        rows = [store.get_job(job_id) for job_id in reasons]
+        return {
+            "total": total,
+            "jobs": [summary(row, reasons) for row in rows if row is not None],
+        }
+
     @app.get("/api/v1/jobs/{job_id}", tags=["jobs"])
     def describe_job(job_id: str, who: Caller) -> dict[str, Any]:
         row = visible_job(job_id, who)

@@ -572,6 +572,23 @@ class Manager:
                 return self.scheduler.explain(job_id, self.clock())
             return job.last_event
 
+    def queue(
+        self, limit: int, visible: Callable[[str, str], bool] | None = None
+    ) -> tuple[int, dict[str, str]]:
+        """The waiting jobs in the order the scheduler considers them: how many there are (that
+        `visible(user, vc)` admits), and the first `limit` with why each waits."""
+        with self.lock:
+            now = self.clock()
+            total = 0
+            first: dict[str, str] = {}
+            for job in self.scheduler.pending_jobs():
+                if visible is not None and not visible(job.spec.user, job.spec.vc):
+                    continue
+                total += 1
+                if len(first) < limit:
+                    first[job.id] = self.scheduler.explain(job.id, now)
+            return total, first
+
     def pending_reasons(self, job_ids: Iterable[str]) -> dict[str, str]:
         with self.lock:
             return {job_id: self.why(job_id) for job_id in job_ids}

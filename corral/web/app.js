@@ -7,6 +7,7 @@
   const POLL_MS = 1000;
   const TOKEN_KEY = "corral.token";
   const RECENT_JOBS = 200;
+  const QUEUE_JOBS = 100;
   const LOG_CHUNK_BYTES = 1 << 20; // the server's largest log reply
   const LOG_KEEP_CHARS = 512 * 1024; // older output is dropped from the page, not the server
   // A VC's colour is the palette entry at its index among the sorted VC names, so it stays the
@@ -316,11 +317,12 @@
     return match ? Number(match[1]) : Number.MAX_SAFE_INTEGER;
   }
 
-  function renderQueue(pending, colours) {
+  function renderQueue(pending, colours, total) {
     const ordered = [...pending].sort(
       (a, b) => queuePosition(a) - queuePosition(b) || Number(a.id) - Number(b.id),
     );
-    $("queue-count").textContent = ordered.length ? plural(ordered.length, "job") : "";
+    const shown = total > ordered.length ? ` (first ${ordered.length})` : "";
+    $("queue-count").textContent = total ? plural(total, "job") + shown : "";
     $("queue-empty").hidden = ordered.length > 0;
     if (!changed("queue", [ordered, [...colours.entries()]])) return;
     const items = ordered.map((job, i) =>
@@ -556,15 +558,17 @@
         $("whoami").textContent =
           `${who.user}${who.admin ? " (admin)" : ""}${who.vc ? ` · vc ${who.vc}` : ""}`;
       }
-      const [cluster, recent, pending, running] = await Promise.all([
+      // The queue comes in the scheduler's order, its first QUEUE_JOBS with the total: with
+      // thousands waiting, the page stays as cheap to serve as with a few.
+      const [cluster, recent, queue, running] = await Promise.all([
         getJson("/cluster"),
         getJson(`/jobs?limit=${RECENT_JOBS}`),
-        getJson("/jobs?status=PENDING"),
+        getJson(`/queue?limit=${QUEUE_JOBS}`),
         getJson("/jobs?status=RUNNING"),
       ]);
       if (generation !== state.generation) return;
       showDashboard();
-      render(cluster, recent, pending, running);
+      render(cluster, recent, queue, running);
       if (state.selected) await refreshDetail();
       state.polls += 1;
       document.body.dataset.polls = state.polls;
@@ -584,7 +588,8 @@
     if (generation === state.generation) state.timer = setTimeout(poll, POLL_MS);
   }
 
-  function render(cluster, recent, pending, running) {
+  function render(cluster, recent, queue, running) {
+    const pending = queue.jobs;
     const byId = new Map();
     for (const job of [...recent, ...pending, ...running]) byId.set(job.id, job);
     const jobs = [...byId.values()].sort((a, b) => Number(b.id) - Number(a.id));
@@ -592,12 +597,13 @@
     const truncated = recent.length >= RECENT_JOBS;
     const counts = {};
     for (const job of jobs) counts[job.status] = (counts[job.status] || 0) + 1;
+    counts.PENDING = queue.total;
     const gpuVcs = cluster.nodes.flatMap((n) => n.gpus.map((g) => g.vc)).filter(Boolean);
     const colours = vcColours([...cluster.vcs.map((v) => v.name), ...gpuVcs]);
     renderHeader(cluster, jobs, counts, truncated);
     renderCluster(cluster, colours);
     renderVcs(cluster.vcs, colours);
-    renderQueue(pending, colours);
+    renderQueue(pending, colours, queue.total);
     renderJobs(jobs, colours, truncated);
   }
 

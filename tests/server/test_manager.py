@@ -414,3 +414,33 @@ def test_a_second_manager_on_the_same_data_directory_is_refused(
     server.stop()  # the lock goes with the manager: a new one may start
     again = build_manager(ServerOptions(data_dir=data_dir, gpus=2))
     again.stop()
+
+
+def test_the_queue_lists_waiting_jobs_in_the_schedulers_order(
+    two_vcs: RunningServer, data_dir: Path
+) -> None:
+    admin = api(two_vcs.url, admin_token(data_dir))
+    bob = api(
+        two_vcs.url, admin.post("/api/v1/tokens", json={"user": "bob", "vc": "b"}).json()["token"]
+    )
+    blocker = submit(admin, **python_job("blocker", "import time; time.sleep(30)", gpus=2, vc="a"))
+    wait_for(admin, blocker, ["RUNNING"])
+    waiting = [
+        submit(admin, **python_job("w1", "pass", gpus=2, vc="a")),
+        submit(bob, **python_job("w2", "pass", gpus=2)),
+        submit(admin, **python_job("w3", "pass", gpus=1, vc="a")),
+    ]
+    time.sleep(0.3)
+    queue = admin.get("/api/v1/queue").json()
+    assert queue["total"] == 3
+    # fifo within LAS's first queue: submission order; each says where it stands
+    assert [j["id"] for j in queue["jobs"]] == waiting
+    for position, entry in enumerate(queue["jobs"], start=1):
+        assert entry["status"] == "PENDING"
+        assert entry["reason"].startswith(f"PENDING, position {position} of 3")
+    first = admin.get("/api/v1/queue", params={"limit": 2}).json()
+    assert first["total"] == 3 and [j["id"] for j in first["jobs"]] == waiting[:2]
+    mine = bob.get("/api/v1/queue").json()  # bob sees his VC's only
+    assert mine["total"] == 1 and [j["id"] for j in mine["jobs"]] == [waiting[1]]
+    for job_id in [blocker, *waiting]:
+        admin.post(f"/api/v1/jobs/{job_id}/cancel")
