@@ -37,6 +37,9 @@ from corral.server.store import AttemptRow, JobRow, Store
 
 log = logging.getLogger("corral.manager")
 
+#: Finished jobs needed before Gittins takes its job-size distribution from this manager's own.
+MIN_GITTINS_HISTORY = 20
+
 #: Policies the live manager offers (the others need job lengths or a throughput table).
 LIVE_POLICIES = ("fifo", "las", "gittins", "timeslice")
 #: How VCs share the machine: GPU quotas (YARN-CS), or HiveD's guaranteed cells.
@@ -113,7 +116,6 @@ class Manager:
         vc_cells: dict[str, dict[str, int]] | None = None,
         settings: ManagerSettings | None = None,
         clock: Callable[[], float] = time.time,
-        on_round: Callable[[float, Manager], None] | None = None,
     ) -> None:
         self.store = store
         self.executor = executor
@@ -121,7 +123,6 @@ class Manager:
         self.data_dir = Path(data_dir).resolve()  # job processes run elsewhere: no relative paths
         self.settings = settings or ManagerSettings()
         self.clock = clock
-        self.on_round = on_round
         self.vc_quota = dict(vc_quota) if vc_quota else {"default": cluster.total_gpus}
         #: Each VC's guaranteed cells ({cell type: count}, as the config gives them), for hived.
         self.vc_cells = {vc: dict(cells) for vc, cells in (vc_cells or {}).items()}
@@ -161,7 +162,7 @@ class Manager:
         if name == "las":
             policy = make_policy(name, thresholds_gpu_s=settings.las_thresholds_gpu_s)
         elif name == "gittins":
-            history = settings.gittins_history_gpu_s or [600.0, 3600.0, 36000.0]
+            history = settings.gittins_history_gpu_s or self._service_history()
             policy = make_policy(
                 name,
                 service_samples_gpu_s=history,
@@ -184,6 +185,16 @@ class Manager:
         if set(self.vc_quota) != {"default"}:  # VCs share by quota; idle GPUs are lent
             admission = QuotaAdmission(self.vc_quota, oversubscribe=True, lend_last=True)
         return Scheduler(self.cluster, policy, placement, admission=admission)
+
+    def _service_history(self) -> list[float]:
+        """Gittins's distribution of job sizes, as Tiresias learns it: the GPU-seconds of the jobs
+        this manager finished; until there are enough, one spread over a minute to a day."""
+        finished = [
+            job.attained_gpu_s
+            for job in self.store.finished_jobs()
+            if job.status == "SUCCEEDED" and job.attained_gpu_s > 0
+        ]
+        return finished if len(finished) >= MIN_GITTINS_HISTORY else [60.0, 600.0, 3600.0, 86400.0]
 
     def gpu_name(self, gpu: int) -> str:
         node = self.cluster.gpu_node[gpu]
@@ -270,8 +281,6 @@ class Manager:
                 self.rounds += 1
                 self.round_seconds.append(time.perf_counter() - began)
                 del self.round_seconds[:-1000]
-                if self.on_round is not None:
-                    self.on_round(now, self)
             return deciding
 
     def _record_ready_starts(self, now: float) -> list[AttemptLaunch]:

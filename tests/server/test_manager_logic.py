@@ -125,3 +125,45 @@ def test_a_relative_data_dir_works_for_the_jobs(
         assert (tmp_path / "relative/jobs/1/attempt-1/rank-0.stdout").read_text() == "ok\n"
     finally:
         server.stop()
+
+
+def test_gittins_learns_job_sizes_from_the_managers_own_history(tmp_path: Path) -> None:
+    from corral.server.store import JobRow
+
+    store = Store(Store.sqlite_url(tmp_path))
+    for number in range(1, 26):  # 25 finished jobs of 100 GPU-s, one cancelled (not a size)
+        store.insert_jobs(
+            [
+                JobRow.new(
+                    number,
+                    name="j",
+                    user="u",
+                    vc="default",
+                    priority="guaranteed",
+                    gpus=1,
+                    spec={},
+                    submitted_at=0.0,
+                )
+            ]
+        )
+        status = "CANCELLED" if number == 25 else "SUCCEEDED"
+        store.update_job(number, status=status, attained_gpu_s=100.0 if number < 25 else 7.0)
+    cluster = Cluster.shorthand(1, 2)
+    learned = Manager(
+        store,
+        ScriptedExecutor(LOST, Clock()),
+        cluster,
+        tmp_path,
+        settings=ManagerSettings(policy="gittins"),
+    )
+    assert sorted(learned.scheduler.policy.samples) == [100.0] * 24
+    fresh_dir = tmp_path / "fresh"
+    fresh_dir.mkdir()
+    fresh = Manager(
+        Store(Store.sqlite_url(fresh_dir)),
+        ScriptedExecutor(LOST, Clock()),
+        cluster,
+        fresh_dir,
+        settings=ManagerSettings(policy="gittins"),
+    )
+    assert sorted(fresh.scheduler.policy.samples) == [60.0, 600.0, 3600.0, 86400.0]
