@@ -119,6 +119,8 @@ def worker_envs(
         own = range(rank * per_worker, (rank + 1) * per_worker)
         env.update(
             {
+                # NVML's numbering (PCI bus order); CUDA's default is fastest-first
+                "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
                 "CUDA_VISIBLE_DEVICES": visible,
                 "CORRAL_LOCAL_GPUS": ",".join(str(index) for index in own),
                 "RANK": str(rank),
@@ -134,6 +136,16 @@ def worker_envs(
         )
         envs.append(env)
     return envs
+
+
+#: The manager's own variables that its jobs must not inherit (an admin's token above all).
+PRIVATE_VARIABLES = ("CORRAL_TOKEN", "CORRAL_URL")
+
+
+def job_environment() -> dict[str, str]:
+    """The environment the supervisor (and so every worker) starts from: the manager's, less
+    what is private to it."""
+    return {k: v for k, v in os.environ.items() if k not in PRIVATE_VARIABLES}
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
@@ -245,6 +257,7 @@ class LocalExecutor:
                         stderr=shim_log,
                         cwd=attempt_dir,
                         start_new_session=True,
+                        env=job_environment(),
                     )
             finally:
                 signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)

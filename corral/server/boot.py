@@ -19,7 +19,7 @@ from corral.exec.local import LocalExecutor
 from corral.server import auth
 from corral.server.api import create_app
 from corral.server.manager import Executor, Manager, ManagerSettings
-from corral.server.store import Store
+from corral.server.store import Store, StoreError
 
 
 class BootError(ValueError):
@@ -115,7 +115,7 @@ def lock_data_dir(data_dir: Path) -> int:
 
 def build_manager(options: ServerOptions, executor: Executor | None = None) -> Manager:
     options.data_dir = options.data_dir.resolve()
-    options.data_dir.mkdir(parents=True, exist_ok=True)
+    options.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # logs may hold secrets
     lock = lock_data_dir(options.data_dir)
     try:
         manager = _build_manager(options, executor)
@@ -128,7 +128,10 @@ def build_manager(options: ServerOptions, executor: Executor | None = None) -> M
 
 def _build_manager(options: ServerOptions, executor: Executor | None) -> Manager:
     cluster, quota, cells = build_cluster(options)
-    store = Store(options.db_url or Store.sqlite_url(options.data_dir))
+    try:
+        store = Store(options.db_url or Store.sqlite_url(options.data_dir))
+    except StoreError as error:
+        raise BootError(str(error)) from None
     auth.ensure_admin_token(store, options.data_dir)
     try:
         return Manager(

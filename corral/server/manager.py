@@ -147,6 +147,7 @@ class Manager:
         self.rounds = 0
         self.on_stop: list[Callable[[], None]] = []  # e.g. release the data directory's lock
         self.round_seconds: list[float] = []  # latest rounds' durations (for /metrics)
+        self.round_seconds_total = 0.0  # all rounds' (a Prometheus summary's sum only grows)
 
     # -- set-up -------------------------------------------------------------------------------
 
@@ -279,7 +280,9 @@ class Manager:
                 self.executor.launch(launch)
             if deciding:
                 self.rounds += 1
-                self.round_seconds.append(time.perf_counter() - began)
+                took = time.perf_counter() - began
+                self.round_seconds.append(took)
+                self.round_seconds_total += took
                 del self.round_seconds[:-1000]
             return deciding
 
@@ -396,7 +399,9 @@ class Manager:
             )
             self.store.add_event(job.id, now, "succeeded", f"attempt {end.attempt} exited 0")
             return
-        lost = end.reason.startswith("lost")
+        # A stop the manager did not ask for (someone signalled the supervisor, the machine is
+        # shutting down) is not the job's failure either.
+        lost = end.reason.startswith("lost") or end.stopped
         detail = end.reason + (f": {end.error_tail}" if end.error_tail else "")
         # Lost attempts too: a supervisor that dies at once, again and again, is no passing
         # fault of the machine, and must not be retried forever.

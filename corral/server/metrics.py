@@ -50,11 +50,12 @@ class ManagerCollector(Collector):
         with manager.lock:
             latest = list(manager.round_seconds)
             rounds = manager.rounds
+            total = manager.round_seconds_total
         quantiles = SummaryMetricFamily(
             "corral_scheduling_round_seconds",
-            "Duration of scheduling rounds (decide and record; quantiles over the last 1,000).",
+            "Duration of scheduling rounds (collect ends, decide, record, carry out).",
             count_value=rounds,
-            sum_value=float(sum(latest)),
+            sum_value=total,
         )
         yield quantiles
         if latest:

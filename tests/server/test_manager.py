@@ -50,15 +50,16 @@ def two_vcs(data_dir: Path) -> Iterator[RunningServer]:
 ENV_DUMP = (
     "import json, os; keys = ['CUDA_VISIBLE_DEVICES', 'RANK', 'LOCAL_RANK', 'WORLD_SIZE', "
     "'MASTER_ADDR', 'MASTER_PORT', 'CORRAL_CHECKPOINT_DIR', 'CORRAL_JOB_ID', 'CORRAL_ATTEMPT', "
-    "'CORRAL_LOCAL_GPUS', 'GREETING']; "
+    "'CORRAL_LOCAL_GPUS', 'GREETING', 'CUDA_DEVICE_ORDER', 'CORRAL_TOKEN']; "
     "print(json.dumps({k: os.environ.get(k) for k in keys} | "
     "{'pid': os.getpid(), 'pgid': os.getpgid(0)}))"
 )
 
 
 def test_a_two_worker_job_gets_its_gpus_and_torch_distributed_variables(
-    server: RunningServer, data_dir: Path
+    server: RunningServer, data_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv("CORRAL_TOKEN", "the-admins-secret")  # the manager's, not its jobs'
     client = api(server.url, admin_token(data_dir))
     job_id = submit(
         client,
@@ -77,6 +78,8 @@ def test_a_two_worker_job_gets_its_gpus_and_torch_distributed_variables(
         assert env["CORRAL_CHECKPOINT_DIR"] == str(data_dir / "jobs" / job_id / "checkpoint")
         assert env["CORRAL_JOB_ID"] == job_id and env["CORRAL_ATTEMPT"] == "1"
         assert env["GREETING"] == "hello"
+        assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"  # device numbers as NVML gives them
+        assert env["CORRAL_TOKEN"] is None
     assert seen[0]["MASTER_PORT"] == seen[1]["MASTER_PORT"]
     # one process group for the job's workers, led by worker 0, not the server's group
     assert seen[0]["pgid"] == seen[1]["pgid"] == seen[0]["pid"]

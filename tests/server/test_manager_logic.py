@@ -38,7 +38,7 @@ class ScriptedExecutor:
                 a.attempt,
                 self.outcome.exit_code,
                 None,
-                False,
+                self.outcome.stopped,
                 self.outcome.reason,
                 self.outcome.error_tail,
                 0.0,
@@ -167,3 +167,15 @@ def test_gittins_learns_job_sizes_from_the_managers_own_history(tmp_path: Path) 
         settings=ManagerSettings(policy="gittins"),
     )
     assert sorted(fresh.scheduler.policy.samples) == [60.0, 600.0, 3600.0, 86400.0]
+
+
+def test_a_stop_nobody_asked_for_is_not_the_jobs_failure(tmp_path: Path) -> None:
+    stopped = AttemptEnded("", 0, 143, None, True, "stopped: exit code 143 after SIGTERM", "", 0.0)
+    manager, executor, clock = manager_with(tmp_path, stopped)
+    manager.submit(parse_job_spec(python_job("j", "pass", max_retries=0)), "u")
+    manager.step()  # started
+    clock.now += 1.0
+    manager.step()  # its supervisor was stopped by someone else: requeued, no retry used
+    row = manager.store.get_job("1")
+    assert row is not None and row.status == "PENDING" and row.failures == 0
+    assert [a.outcome for a in manager.store.attempts("1")] == ["lost"]

@@ -38,7 +38,7 @@ class Corral:
         self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            assert self.process.poll() is None, (self.data_dir.parent / "server.log")
+            assert self.process.poll() is None, self.data_dir.parent / "server.log"
             try:
                 client = api(self.url, admin_token(self.data_dir))
                 if client.get("/api/v1/whoami").status_code == 200:

@@ -30,6 +30,11 @@ physical_cells:
             ["--gpus", "2", "--config", "/nonexistent.yaml"],
             "/nonexistent.yaml: cannot read the file",
         ),
+        (["--gpus", "1", "--db", "nonsense://"], "nonsense://: cannot use this database"),
+        (
+            ["--gpus", "1", "--db", "postgresql+psycopg://nobody@127.0.0.1:1/x"],
+            "cannot open the database",
+        ),
     ],
 )
 def test_bad_settings_are_refused_in_one_line(
