@@ -132,9 +132,10 @@ def _build_manager(options: ServerOptions, executor: Executor | None) -> Manager
         store = Store(options.db_url or Store.sqlite_url(options.data_dir))
     except StoreError as error:
         raise BootError(str(error)) from None
-    auth.ensure_admin_token(store, options.data_dir)
     try:
-        return Manager(
+        store.claim()
+        auth.ensure_admin_token(store, options.data_dir)
+        manager = Manager(
             store,
             executor or LocalExecutor(),
             cluster,
@@ -143,8 +144,14 @@ def _build_manager(options: ServerOptions, executor: Executor | None) -> Manager
             vc_cells=cells,
             settings=options.settings,
         )
-    except ValueError as error:
+    except (StoreError, ValueError) as error:
+        store.close()
         raise BootError(str(error)) from None
+    except BaseException:
+        store.close()
+        raise
+    manager.on_stop.append(store.close)  # and with it the claim on the database
+    return manager
 
 
 class RunningServer:

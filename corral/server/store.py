@@ -13,7 +13,9 @@ own pooled connection and, thanks to SQLite's WAL, never wait for a writer.
 from __future__ import annotations
 
 import enum
+import fcntl
 import json
+import os
 import threading
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -99,6 +101,10 @@ meta_table = sa.Table(
     sa.Column("key", sa.String, primary_key=True),
     sa.Column("value", sa.Text, nullable=False),
 )
+
+
+#: The PostgreSQL advisory lock a manager holds on its database ("corral" in ASCII).
+OWNER_LOCK_KEY = 0x636F7272616C
 
 
 class StoreError(RuntimeError):
@@ -324,7 +330,39 @@ class Store:
     def sqlite_url(data_dir: str | Path) -> str:
         return f"sqlite:///{Path(data_dir).resolve() / 'corral.db'}"
 
+    def claim(self) -> None:
+        """Become the one manager of this database until `close` (or the process dies): two
+        managers on one database would both run its jobs. SQLite: a lock on a file beside the
+        database; PostgreSQL: a session advisory lock on a connection held open for it."""
+        url = sa.make_url(self._engine.url)
+        backend = url.get_backend_name()
+        taken = f"{self.url}: another corral manager is using this database"
+        if backend == "sqlite" and not self._in_memory:
+            fd = os.open(f"{url.database}.owner", os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                raise StoreError(taken) from None
+            self._owner = fd
+        elif backend == "postgresql":
+            connection = self._engine.connect()
+            held = connection.execute(
+                sa.text("SELECT pg_try_advisory_lock(:key)"), {"key": OWNER_LOCK_KEY}
+            ).scalar()
+            connection.commit()
+            if not held:
+                connection.close()
+                raise StoreError(taken)
+            self._owner = connection
+
     def close(self) -> None:
+        owner = getattr(self, "_owner", None)
+        if isinstance(owner, int):
+            os.close(owner)
+        elif owner is not None:
+            owner.close()
+        self._owner = None
         self._engine.dispose()
 
     # -- transactions -----------------------------------------------------------------------------

@@ -447,3 +447,16 @@ def test_the_queue_lists_waiting_jobs_in_the_schedulers_order(
     assert mine["total"] == 1 and [j["id"] for j in mine["jobs"]] == [waiting[1]]
     for job_id in [blocker, *waiting]:
         admin.post(f"/api/v1/jobs/{job_id}/cancel")
+
+
+def test_a_second_manager_on_the_same_sqlite_file_is_refused(tmp_path: Path) -> None:
+    from corral.server.boot import BootError, ServerOptions, build_manager
+
+    url = f"sqlite:///{tmp_path / 'shared.db'}"
+    first = build_manager(ServerOptions(data_dir=tmp_path / "one", gpus=1, db_url=url))
+    try:
+        with pytest.raises(BootError, match="another corral manager is using this database"):
+            build_manager(ServerOptions(data_dir=tmp_path / "two", gpus=1, db_url=url))
+    finally:
+        first.stop()
+    build_manager(ServerOptions(data_dir=tmp_path / "two", gpus=1, db_url=url)).stop()

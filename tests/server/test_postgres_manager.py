@@ -168,3 +168,19 @@ def test_export_trace_reads_the_history_from_postgresql(
     assert (written[short]["state"], written[short]["gpu_num"]) == ("COMPLETED", "1")
     assert (written[holder]["state"], written[holder]["gpu_num"]) == ("CANCELLED", "2")
     assert 0.25 < float(written[short]["duration"]) < 10  # it slept 0.3 s
+
+
+def test_a_second_manager_on_the_same_postgresql_database_is_refused(
+    postgres_url: str, tmp_path: Path
+) -> None:
+    from corral.server.boot import BootError
+
+    first = build_manager(ServerOptions(data_dir=tmp_path / "one", gpus=1, db_url=postgres_url))
+    try:
+        # Another data directory, the same database: its jobs would run twice.
+        with pytest.raises(BootError, match="another corral manager is using this database"):
+            build_manager(ServerOptions(data_dir=tmp_path / "two", gpus=1, db_url=postgres_url))
+    finally:
+        first.stop()
+    second = build_manager(ServerOptions(data_dir=tmp_path / "two", gpus=1, db_url=postgres_url))
+    second.stop()  # the advisory lock went with the first manager's connection
