@@ -151,6 +151,7 @@ def create_app(manager: Manager) -> FastAPI:
     @app.get("/api/v1/jobs/{job_id}", tags=["jobs"])
     def describe_job(job_id: str, who: Caller) -> dict[str, Any]:
         row = visible_job(job_id, who)
+        job_id = row.id
         detail = summary(row)
         detail["spec"] = row.spec
         detail["attempt_history"] = [
@@ -167,8 +168,8 @@ def create_app(manager: Manager) -> FastAPI:
             raise HTTPException(
                 403, f"job {job_id} belongs to {row.user}; only they or an admin may cancel it"
             )
-        manager.cancel(job_id)
-        return summary(store.get_job(job_id))
+        manager.cancel(row.id)  # "07" names job 7: use the stored id from here on
+        return summary(store.get_job(row.id))
 
     @app.get("/api/v1/jobs/{job_id}/logs", tags=["jobs"], response_class=PlainTextResponse)
     def job_logs(
@@ -177,9 +178,10 @@ def create_app(manager: Manager) -> FastAPI:
         attempt: Annotated[int | None, Query(ge=1)] = None,
         rank: Annotated[int, Query(ge=0)] = 0,
         stream: Annotated[str, Query(pattern="^(stdout|stderr)$")] = "stdout",
-        offset: Annotated[int, Query(ge=0)] = 0,
+        offset: Annotated[int, Query(ge=0, le=2**62)] = 0,
     ) -> Response:
         row = visible_job(job_id, who)
+        job_id = row.id
         number = attempt or row.attempts
         # Over once its attempt's processes have ended (a stopped attempt may still write
         # during its grace period), or, with no attempt, once the job has.
@@ -192,7 +194,8 @@ def create_app(manager: Manager) -> FastAPI:
                     handle.seek(offset)
                     text = handle.read(LOG_CHUNK)
             states = {a.number: a.state for a in store.attempts(job_id)}
-            finished = states.get(number) == "ended" and (finished or number < row.attempts)
+            if number in states:
+                finished = states[number] == "ended" and (finished or number < row.attempts)
         return PlainTextResponse(
             text.decode("utf-8", errors="replace"),
             headers={
@@ -228,6 +231,20 @@ def create_app(manager: Manager) -> FastAPI:
             for device, gpu in enumerate(cluster.node_gpus[node_index]):
                 owner = owners.get(gpu)
                 row = jobs.get(owner) if owner else None
+                if row is not None and not auth.can_read_job(who, row.user, row.vc):
+                    gpus.append(  # busy, and whose VC: but not whose job
+                        {
+                            "index": device,
+                            "global": gpu,
+                            "type": cluster.gpus[gpu].gpu_type,
+                            "job": None,
+                            "job_name": None,
+                            "vc": row.vc,
+                            "user": None,
+                            "busy": True,
+                        }
+                    )
+                    continue
                 gpus.append(
                     {
                         "index": device,
@@ -237,6 +254,7 @@ def create_app(manager: Manager) -> FastAPI:
                         "job_name": row.name if row else None,
                         "vc": row.vc if row else None,
                         "user": row.user if row else None,
+                        "busy": owner is not None,
                     }
                 )
             nodes.append({"name": node.name, "gpus": gpus})
@@ -251,7 +269,7 @@ def create_app(manager: Manager) -> FastAPI:
         admin = body.get("admin", False)
         if not isinstance(user, str) or not user.strip():
             raise HTTPException(422, "user: must be a non-empty string")
-        if vc is not None and vc not in manager.vc_quota:
+        if vc is not None and (not isinstance(vc, str) or vc not in manager.vc_quota):
             raise HTTPException(
                 422,
                 f"vc: unknown VC {vc!r}; this cluster has {', '.join(sorted(manager.vc_quota))}",

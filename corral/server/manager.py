@@ -14,6 +14,7 @@ a start on those GPUs waits (deferred) until they are gone, so two jobs never sh
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import threading
 import time
@@ -77,6 +78,8 @@ class ManagerSettings:
     fast_fail_s: float = 60.0
     fast_fail_repeats: int = 2
     tick_s: float = 0.2
+    #: The longest grace period a job's spec may ask for (then SIGKILL).
+    max_grace_s: float = 300.0
     #: The shortest time between two scheduling rounds.
     round_gap_s: float = 0.02
 
@@ -137,6 +140,8 @@ class Manager:
         self._failures: dict[str, list[_Failure]] = {}
         self._spec_models: dict[str, JobSpecModel] = {}
         self._retrying: set[str] = set()  # requeued after a failed attempt
+        self._cancel_on_arrival: set[str] = set()  # cancelled while stored but not yet queued
+        self._pristine_cluster = copy.deepcopy(cluster)  # to rebuild the core from the store
         self._dirty = True
         self._wake_at: float | None = None
         self.next_id = store.max_job_id() + 1
@@ -243,9 +248,14 @@ class Manager:
             self._wake.clear()
             try:
                 decided = self.step()
-            except Exception:  # a bug must not silently stop scheduling; log and go on
-                log.exception("scheduling round failed")
+            except Exception:  # e.g. the database failed mid-round: memory and store disagree
+                log.exception("scheduling round failed; rebuilding the state from the store")
                 decided = True
+                try:
+                    self.resync()
+                except Exception:
+                    log.exception("rebuilding failed; trying again")
+                    self._stopping.wait(1.0)
             if decided:  # let submissions gather: one round for many, not one round each
                 self._stopping.wait(self.settings.round_gap_s)
 
@@ -277,7 +287,7 @@ class Manager:
             for job_id, attempt in stops:
                 self.executor.stop(job_id, attempt)
             for launch in launches:
-                self.executor.launch(launch)
+                self._launch(launch, now)
             if deciding:
                 self.rounds += 1
                 took = time.perf_counter() - began
@@ -286,12 +296,40 @@ class Manager:
                 del self.round_seconds[:-1000]
             return deciding
 
+    def _launch(self, launch: AttemptLaunch, now: float) -> None:
+        """Spawn a recorded attempt; one that cannot even start is lost, like a dead supervisor."""
+        try:
+            self.executor.launch(launch)
+        except Exception as error:
+            log.exception("attempt %s of job %s could not start", launch.attempt, launch.job_id)
+            reason = f"lost: its supervisor could not start: {error}"
+            ended = AttemptEnded(launch.job_id, launch.attempt, None, None, False, reason, "", now)
+            with self.store.batch():
+                self._attempt_ended(ended, now)
+
+    def resync(self) -> None:
+        """Rebuild the core's state from the store (as after a restart), when a round failed
+        half-way and memory may disagree with what was committed."""
+        with self.lock:
+            self.cluster = copy.deepcopy(self._pristine_cluster)
+            self.scheduler = self._make_scheduler()
+            self._attempts.clear()
+            self._draining.clear()
+            self._deferred.clear()
+            self._retrying.clear()
+            self.recover()
+
     def _record_ready_starts(self, now: float) -> list[AttemptLaunch]:
         """The core's starts whose GPUs no stopping attempt holds any more, recorded."""
         if not self._deferred:
             return []
         held = {gpu for gpus in self._draining.values() for gpu in gpus}
-        ready = [start for start in self._deferred.values() if held.isdisjoint(start.gpus)]
+        stopping_jobs = {job_id for job_id, _ in self._draining}
+        ready = [  # nor while the same job's previous attempt still writes its checkpoint
+            start
+            for start in self._deferred.values()
+            if held.isdisjoint(start.gpus) and start.job_id not in stopping_jobs
+        ]
         for start in ready:
             del self._deferred[start.job_id]
         return [self._record_start(start, now) for start in ready]
@@ -339,7 +377,8 @@ class Manager:
             workers=[WorkerLaunch(rank, command, env) for rank, env in enumerate(envs)],
             workdir=workdir,
             stop_signal=signal_number(spec_model),
-            grace_s=spec_model.grace_seconds,
+            # A user's grace period must not hold GPUs against preemption and cancel forever.
+            grace_s=min(spec_model.grace_seconds, self.settings.max_grace_s),
             attempt_dir=attempt_dir,
             checkpoint_dir=checkpoint,
         )
@@ -348,10 +387,11 @@ class Manager:
         """The core preempted a job: record it and return the attempt to stop (None when the
         job's start was still deferred and nothing runs yet)."""
         job = self.scheduler.jobs[action.job_id]
+        if self._drop_deferred_start(job):  # it never ran: neither an attempt nor a preemption
+            job.preemptions -= 1
+            return None
         self._save_progress(job, status="PENDING", reason=f"preempted by job {action.by_job_id}")
         self.store.add_event(job.id, now, "preempted", f"preempted by job {action.by_job_id}")
-        if self._deferred.pop(job.id, None) is not None:
-            return None
         attempt = self._attempts.pop(job.id)
         attempt.stopping = "preempted"
         self._draining[(job.id, attempt.number)] = attempt.gpus
@@ -398,6 +438,7 @@ class Manager:
                 job, status="SUCCEEDED", finished_at=now, exit_code=0, reason="succeeded"
             )
             self.store.add_event(job.id, now, "succeeded", f"attempt {end.attempt} exited 0")
+            self._forget(job.id)
             return
         # A stop the manager did not ask for (someone signalled the supervisor, the machine is
         # shutting down) is not the job's failure either.
@@ -427,6 +468,7 @@ class Manager:
                 job, status="FAILED", finished_at=now, exit_code=end.exit_code, reason=detail
             )
             self.store.add_event(job.id, now, "failed", detail)
+            self._forget(job.id)
         else:
             self._retrying.add(job.id)
             self._save_progress(job, status="PENDING", exit_code=end.exit_code, reason=detail)
@@ -539,40 +581,76 @@ class Manager:
             for submission in batch:
                 submission.finish(error)
             return
+        outcomes: list[BaseException | None] = []
         with self.lock:
             for submission in batch:
-                self._spec_models[submission.row.id] = submission.model
-                self.scheduler.submit(submission.spec, submission.row.submitted_at)
+                job_id = submission.row.id
+                try:
+                    self._spec_models[job_id] = submission.model
+                    self.scheduler.submit(submission.spec, submission.row.submitted_at)
+                    outcomes.append(None)
+                except Exception as error:  # checked before storing; a bug, but never a hang
+                    log.exception("job %s was stored but could not be queued", job_id)
+                    self.store.update_job(job_id, status="FAILED", reason=f"not queued: {error}")
+                    outcomes.append(error)
+                    continue
+                if job_id in self._cancel_on_arrival:  # cancelled between store and queue
+                    self._cancel_on_arrival.discard(job_id)
+                    self._cancel_locked(job_id)
             self._dirty = True
-        for submission in batch:
-            submission.finish(None)
+        for submission, outcome in zip(batch, outcomes, strict=True):
+            try:
+                submission.finish(outcome)
+            except RuntimeError:  # the requester's event loop is gone (server shutting down)
+                pass
         self._wake.set()
 
     def cancel(self, job_id: str) -> None:
         with self.lock:
-            job = self.scheduler.jobs.get(job_id)
-            if job is None or job.status.finished:
+            if job_id not in self.scheduler.jobs:
+                row = self.store.get_job(job_id)
+                if row is not None and row.status == "PENDING":  # stored, not yet queued
+                    self._cancel_on_arrival.add(job_id)
                 return
-            now = self.clock()
-            was_running = job.status is JobStatus.RUNNING
-            self.scheduler.cancel(job_id, now)
-            self._deferred.pop(job_id, None)
-            attempt = self._attempts.pop(job_id, None)
-            with self.store.batch():
-                self._save_progress(
-                    job, status="CANCELLED", finished_at=now, reason="cancelled by request"
-                )
-                self.store.add_event(job_id, now, "cancelled", "cancelled by request")
-                if was_running and attempt is not None:
-                    attempt.stopping = "cancelled"
-                    self._draining[(job_id, attempt.number)] = attempt.gpus
-                    self.store.update_attempt(
-                        job_id, attempt.number, state="stopping", outcome="cancelled"
-                    )
-            if was_running and attempt is not None:
-                self.executor.stop(job_id, attempt.number)
-            self._dirty = True
+            self._cancel_locked(job_id)
         self._wake.set()
+
+    def _cancel_locked(self, job_id: str) -> None:
+        job = self.scheduler.jobs[job_id]
+        if job.status.finished:
+            return
+        now = self.clock()
+        self.scheduler.cancel(job_id, now)
+        self._drop_deferred_start(job)
+        attempt = self._attempts.pop(job_id, None)
+        with self.store.batch():
+            self._save_progress(
+                job, status="CANCELLED", finished_at=now, reason="cancelled by request"
+            )
+            self.store.add_event(job_id, now, "cancelled", "cancelled by request")
+            if attempt is not None:
+                attempt.stopping = "cancelled"
+                self._draining[(job_id, attempt.number)] = attempt.gpus
+                self.store.update_attempt(
+                    job_id, attempt.number, state="stopping", outcome="cancelled"
+                )
+        if attempt is not None:
+            self.executor.stop(job_id, attempt.number)
+        self._forget(job_id)
+        self._dirty = True
+
+    def _drop_deferred_start(self, job: Job) -> bool:
+        """A start still waiting for GPUs to drain will not happen: it is not an attempt."""
+        if self._deferred.pop(job.id, None) is None:
+            return False
+        job.attempts -= 1
+        return True
+
+    def _forget(self, job_id: str) -> None:
+        """A job that ended needs none of the manager's per-job memory."""
+        self._spec_models.pop(job_id, None)
+        self._failures.pop(job_id, None)
+        self._retrying.discard(job_id)
 
     def why(self, job_id: str) -> str:
         """Why the job is where it is (the core's explanation, plus a deferred start)."""
@@ -638,13 +716,43 @@ class Manager:
         now = self.clock()
         with self.lock, self.store.batch():
             for row, _ in self.store.unfinished_jobs():
-                self._recover_job(row, now)
+                try:
+                    self._recover_job(row, now)
+                except (ValueError, KeyError) as error:  # its VC or spec is no longer valid
+                    self._unrecoverable(row, now, error)
+            # Attempts of jobs that ended (cancelled, say) whose processes may still be stopping:
+            # their GPUs are not free until they are gone, and the stop may never have been sent.
+            for job_id, attempt in self.store.open_attempts_of_ended_jobs():
+                self._drain_leftover(job_id, attempt, now)
             self._dirty = True
+
+    def _unrecoverable(self, row: JobRow, now: float, error: Exception) -> None:
+        log.warning("job %s cannot be recovered: %s", row.id, error)
+        if row.id in self.scheduler.jobs:  # adopted, then something else failed
+            self.scheduler.cancel(row.id, now)
+        self._attempts.pop(row.id, None)
+        reason = f"could not be recovered after a restart: {error}"
+        self.store.update_job(row.id, status="FAILED", finished_at=now, reason=reason)
+        self.store.add_event(row.id, now, "failed", reason)
+
+    def _drain_leftover(self, job_id: str, row: AttemptRow, now: float) -> None:
+        found = self.executor.recover(job_id, row.number, self.attempt_dir(job_id, row.number))
+        if found == "running":
+            self._draining[(job_id, row.number)] = tuple(row.gpus)
+            self.executor.stop(job_id, row.number)
+            return
+        fields: dict[str, object] = {"state": "ended", "ended_at": now}
+        if isinstance(found, AttemptEnded):
+            fields.update(ended_at=found.ended_at, exit_code=found.exit_code, reason=found.reason)
+        self.store.update_attempt(job_id, row.number, **fields)
 
     def _recover_job(self, row: JobRow, now: float) -> None:
         model = parse_job_spec(row.spec)
         self._spec_models[row.id] = model
         spec = to_core_spec(model, row.id, row.submitted_at, row.user)
+        refusal = self.scheduler.refusal(spec)  # e.g. its VC left the config
+        if refusal is not None:
+            raise ValueError(refusal)
         job = Job(
             spec=spec,
             attempts=row.attempts,

@@ -566,6 +566,21 @@ class Store:
             latest = {str(row["job_id"]): _attempt_row(row) for row in attempt_rows}
         return [(job, latest.get(job.id)) for job in found]
 
+    def open_attempts_of_ended_jobs(self) -> list[tuple[str, AttemptRow]]:
+        """Attempts not recorded as ended whose jobs have ended (e.g. cancelled while the
+        attempt was stopping): (job id, attempt)."""
+        ended_jobs = sa.select(jobs_table.c.id).where(jobs_table.c.status.not_in(UNFINISHED))
+        query = (
+            sa.select(attempts_table)
+            .where(attempts_table.c.state != "ended", attempts_table.c.job_id.in_(ended_jobs))
+            .order_by(attempts_table.c.job_id, attempts_table.c.number)
+        )
+        with self._reading() as connection:
+            return [
+                (str(row["job_id"]), _attempt_row(row))
+                for row in connection.execute(query).mappings()
+            ]
+
     def finished_jobs(self) -> list[JobRow]:
         """Jobs that ended (SUCCEEDED, FAILED, CANCELLED, REFUSED), oldest first: the history."""
         query = (

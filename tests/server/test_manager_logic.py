@@ -179,3 +179,32 @@ def test_a_stop_nobody_asked_for_is_not_the_jobs_failure(tmp_path: Path) -> None
     row = manager.store.get_job("1")
     assert row is not None and row.status == "PENDING" and row.failures == 0
     assert [a.outcome for a in manager.store.attempts("1")] == ["lost"]
+
+
+def test_a_round_that_fails_half_way_is_rebuilt_from_the_store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ok = AttemptEnded("", 0, 0, None, False, "exit code 0", "", 0.0)
+    manager, executor, clock = manager_with(tmp_path, ok)
+    manager.submit(parse_job_spec(python_job("j", "pass")), "u")
+    real_add_attempt = manager.store.add_attempt
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(manager.store, "add_attempt", broken)
+    with pytest.raises(OSError):
+        manager.step()  # the core started the job; the store rolled the round back
+    assert executor.launched == []
+    row = manager.store.get_job("1")
+    assert row is not None and row.status == "PENDING" and row.attempts == 0
+    monkeypatch.setattr(manager.store, "add_attempt", real_add_attempt)
+    manager.resync()  # what the control loop does after a failed round
+    assert manager.scheduler.jobs["1"].status.value == "PENDING"
+    assert manager.cluster.free_gpus == 2  # nothing held by the start that never happened
+    manager.step()
+    assert [launch.attempt for launch in executor.launched] == [1]
+    clock.now += 1
+    manager.step()
+    row = manager.store.get_job("1")
+    assert row is not None and row.status == "SUCCEEDED" and row.attempts == 1
