@@ -103,8 +103,8 @@ class _Submission:
 
 @dataclass(slots=True)
 class _Failure:
-    signature: str
-    fast: bool
+    signature: str  # exit code and reason with the last stderr line
+    ran_s: float
 
 
 class Manager:
@@ -413,10 +413,11 @@ class Manager:
 
     def _attempt_ended(self, end: AttemptEnded, now: float) -> None:
         key = (end.job_id, end.attempt)
+        detail = end.reason + (f": {end.error_tail}" if end.error_tail else "")
         outcome_fields = {
             "ended_at": end.ended_at,
             "exit_code": end.exit_code,
-            "reason": end.reason,
+            "reason": detail,  # with the last stderr line: a restart rebuilds failure history
             "state": "ended",
         }
         if key in self._draining:  # a stop we asked for: its GPUs are free for real now
@@ -443,14 +444,12 @@ class Manager:
         # A stop the manager did not ask for (someone signalled the supervisor, the machine is
         # shutting down) is not the job's failure either.
         lost = end.reason.startswith("lost") or end.stopped
-        detail = end.reason + (f": {end.error_tail}" if end.error_tail else "")
         # Lost attempts too: a supervisor that dies at once, again and again, is no passing
         # fault of the machine, and must not be retried forever.
-        give_up = self._repeated_fast_failure(job.id, end, attempt)
-        backoff = min(
-            self.settings.retry_backoff_s * 2 ** (len(self._failures[job.id]) - 1),
-            self.settings.retry_backoff_max_s,
-        )
+        history = self._failures.setdefault(job.id, [])
+        history.append(_Failure(f"{end.exit_code}|{detail}", end.ended_at - attempt.started_at))
+        give_up = self._repeated_fast_failure(history)
+        backoff = self._backoff(len(history))
         if give_up:
             kind = "lost" if lost else "user error"
             detail = (
@@ -479,20 +478,24 @@ class Manager:
                 f"attempt {end.attempt} failed ({detail}); retry in {backoff:g} s",
             )
 
-    def _repeated_fast_failure(self, job_id: str, end: AttemptEnded, attempt: _Attempt) -> bool:
-        """Philly's analysis found most failures to be user errors that fail fast and the same
-        way each time; retrying them only wastes GPUs. True when this attempt and the ones before
-        it failed fast with the same error `fast_fail_repeats` + 1 times in a row."""
-        signature = f"{end.exit_code}|{end.signal}|{end.reason}|{end.error_tail}"
-        fast = end.ended_at - attempt.started_at <= self.settings.fast_fail_s
-        history = self._failures.setdefault(job_id, [])
-        history.append(_Failure(signature, fast))
+    def _repeated_fast_failure(self, history: list[_Failure]) -> bool:
+        """Philly's analysis (Jeon et al., ATC'19) found many failures to be user errors that
+        show up soon after a job starts, the same way each time; retrying them only wastes GPUs.
+        True when the latest failures, `fast_fail_repeats` + 1 in a row, were all fast and
+        alike."""
+        latest = history[-1].signature
         run = 0
         for failure in reversed(history):
-            if not failure.fast or failure.signature != signature:
+            if failure.ran_s > self.settings.fast_fail_s or failure.signature != latest:
                 break
             run += 1
         return run > self.settings.fast_fail_repeats
+
+    def _backoff(self, failures_in_a_row: int) -> float:
+        settings = self.settings
+        return min(
+            settings.retry_backoff_s * 2 ** (failures_in_a_row - 1), settings.retry_backoff_max_s
+        )
 
     # -- requests from the API ----------------------------------------------------------------
 
@@ -762,10 +765,28 @@ class Manager:
             executed_s=row.executed_s,
             first_started_at=row.started_at,
         )
+        attempts = self.store.attempts(row.id)
+        self._recover_failures(job, attempts)
         self.scheduler.adopt(job, now)
-        for attempt in self.store.attempts(row.id):
+        for attempt in attempts:
             if attempt.state != "ended":
                 self._recover_attempt(job, attempt, now)
+
+    def _recover_failures(self, job: Job, attempts: list[AttemptRow]) -> None:
+        """The failure history the backoff and the user-error rule count, from the attempts the
+        store recorded; a job that failed last waits out its backoff as it would have."""
+        history = [
+            _Failure(f"{a.exit_code}|{a.reason}", (a.ended_at or a.started_at) - a.started_at)
+            for a in attempts
+            if a.outcome in ("failed", "lost") and a.reason != "never started"
+        ]
+        if not history:
+            return
+        self._failures[job.id] = history
+        last = attempts[-1]
+        if last.outcome in ("failed", "lost") and last.ended_at is not None:
+            self._retrying.add(job.id)
+            job.hold_until = last.ended_at + self._backoff(len(history))
 
     def _recover_attempt(self, job: Job, row: AttemptRow, now: float) -> None:
         number = row.number

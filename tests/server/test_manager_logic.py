@@ -41,7 +41,7 @@ class ScriptedExecutor:
                 self.outcome.stopped,
                 self.outcome.reason,
                 self.outcome.error_tail,
-                0.0,
+                self.clock(),
             )
             for a in self.due
         ]
@@ -208,3 +208,40 @@ def test_a_round_that_fails_half_way_is_rebuilt_from_the_store(
     manager.step()
     row = manager.store.get_job("1")
     assert row is not None and row.status == "SUCCEEDED" and row.attempts == 1
+
+
+def test_failure_history_and_backoff_survive_a_restart(tmp_path: Path) -> None:
+    typo = AttemptEnded("", 0, 1, None, False, "exit code 1 (rank 0)", "ModuleNotFoundError", 0.0)
+    manager, executor, clock = manager_with(tmp_path, typo)
+    manager.submit(parse_job_spec(python_job("typo", "import torchh", max_retries=10)), "u")
+    manager.step()  # attempt 1 starts
+    clock.now += 0.5
+    manager.step()  # it fails: retry held 2 s
+    clock.now += 2.5
+    manager.step()  # attempt 2 starts
+    clock.now += 0.5
+    manager.step()  # it fails the same way: held 4 s
+    assert manager.store.get_job("1").attempts == 2  # type: ignore[union-attr]
+    failed_at = clock.now
+    # The manager restarts: a new one on the same store, with no memory of its own.
+    again = Manager(
+        manager.store,
+        ScriptedExecutor(typo, clock),
+        Cluster.shorthand(1, 2),
+        tmp_path,
+        settings=manager.settings,
+        clock=clock,
+    )
+    again.recover()
+    clock.now = failed_at + 3.0
+    again.step()  # still inside the 4 s backoff
+    assert again.executor.launched == []  # type: ignore[attr-defined]
+    clock.now = failed_at + 4.0
+    again.step()  # attempt 3 starts
+    clock.now += 0.5
+    again.step()  # the third identical fast failure: a user error, as without the restart
+    row = again.store.get_job("1")
+    assert row is not None and row.status == "FAILED" and row.attempts == 3
+    assert row.reason.startswith("user error: the same failure 3 times in a row")
+    history = again.store.attempts("1")
+    assert history[0].reason == "exit code 1 (rank 0): ModuleNotFoundError"
