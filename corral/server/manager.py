@@ -317,6 +317,7 @@ class Manager:
             self._draining.clear()
             self._deferred.clear()
             self._retrying.clear()
+            self._failures.clear()
             self.recover()
 
     def _record_ready_starts(self, now: float) -> list[AttemptLaunch]:
