@@ -139,10 +139,11 @@ def test_a_job_whose_vc_left_the_config_fails_at_restart_and_the_rest_runs(
     client = api(server.url, admin_token(data_dir))
     blocker = submit(client, **python_job("blocker", "import time; time.sleep(30)", gpus=2, vc="a"))
     wait_for(client, blocker, ["RUNNING"])
-    orphan = submit(client, **python_job("orphan", "pass", vc="b"))
+    # b asks for more than its quota: it cannot take back the GPU a borrowed, so it waits
+    orphan = submit(client, **python_job("orphan", "pass", vc="b", gpus=2))
     survivor = submit(client, **python_job("survivor", "pass", vc="a"))
-    client.post(f"/api/v1/jobs/{blocker}/cancel")
-    server.stop()
+    assert job(client, orphan)["status"] == job(client, survivor)["status"] == "PENDING"
+    server.stop()  # the blocker keeps running; the other two wait in the store
     only_a = TWO_VCS.replace("  b: {ONE: 1}\n", "").replace("a: {ONE: 1}", "a: {ONE: 2}")
     server = start_server(data_dir, gpus=2, config=only_a)
     try:
@@ -150,6 +151,8 @@ def test_a_job_whose_vc_left_the_config_fails_at_restart_and_the_rest_runs(
         failed = wait_for(client, orphan)
         assert failed["status"] == "FAILED"
         assert failed["reason"].startswith("could not be recovered after a restart")
+        assert job(client, blocker)["status"] == "RUNNING"  # found again
+        client.post(f"/api/v1/jobs/{blocker}/cancel")
         assert wait_for(client, survivor)["status"] == "SUCCEEDED"
     finally:
         server.stop()
