@@ -35,21 +35,35 @@ class _StrictLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+class YamlFileError(ValueError):
+    """A YAML file that cannot be read or parsed; str() is the reason, without the file name."""
+
+
+def read_yaml_file(path: str | Path) -> object:
+    """The data of a YAML (or JSON) file, refusing duplicate keys; YamlFileError if unreadable,
+    not UTF-8, invalid or empty."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as error:
+        raise YamlFileError(f"cannot read the file: {error.strerror or error}") from None
+    except UnicodeDecodeError:
+        raise YamlFileError("the file is not UTF-8 text") from None
+    try:
+        data = yaml.load(text, Loader=_StrictLoader)
+    except yaml.YAMLError as error:
+        raise YamlFileError(_yaml_reason(error)) from None
+    if data is None:
+        raise YamlFileError("the file is empty")
+    return data
+
+
 def load_cluster_config(path: Path) -> ClusterConfig:
     """Load and validate a cluster config file; ConfigError("FILE: key.path: reason") if refused."""
     file = str(path)
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as error:
-        raise ConfigError("", f"cannot read the file: {error.strerror or error}", file) from None
-    except UnicodeDecodeError:
-        raise ConfigError("", "the file is not UTF-8 text", file) from None
-    try:
-        data = yaml.load(text, Loader=_StrictLoader)
-    except yaml.YAMLError as error:
-        raise ConfigError("", _yaml_reason(error), file) from None
-    if data is None:
-        raise ConfigError("", "the file is empty", file)
+        data = read_yaml_file(path)
+    except YamlFileError as error:
+        raise ConfigError("", str(error), file) from None
     try:
         return parse_cluster_config(data)
     except ConfigError as error:

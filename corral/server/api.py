@@ -65,7 +65,7 @@ def create_app(manager: Manager) -> FastAPI:
         job_id = str(row.id)
         status = row.status
         live = status in ("PENDING", "RUNNING")
-        reason = (why or {}).get(job_id) if why is not None else None
+        reason = why.get(job_id) if why is not None else None
         if live and reason is None:
             reason = manager.why(job_id)
         spec = row.spec

@@ -89,7 +89,6 @@ class _Attempt:
     number: int
     gpus: tuple[int, ...]
     started_at: float
-    stopping: str = ""  # "", "preempted" or "cancelled": why it was asked to stop
 
 
 @dataclass(slots=True)
@@ -394,7 +393,6 @@ class Manager:
         self._save_progress(job, status="PENDING", reason=f"preempted by job {action.by_job_id}")
         self.store.add_event(job.id, now, "preempted", f"preempted by job {action.by_job_id}")
         attempt = self._attempts.pop(job.id)
-        attempt.stopping = "preempted"
         self._draining[(job.id, attempt.number)] = attempt.gpus
         self.store.update_attempt(job.id, attempt.number, state="stopping", outcome="preempted")
         return job.id, attempt.number
@@ -633,7 +631,6 @@ class Manager:
             )
             self.store.add_event(job_id, now, "cancelled", "cancelled by request")
             if attempt is not None:
-                attempt.stopping = "cancelled"
                 self._draining[(job_id, attempt.number)] = attempt.gpus
                 self.store.update_attempt(
                     job_id, attempt.number, state="stopping", outcome="cancelled"

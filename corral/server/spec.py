@@ -21,11 +21,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, PlainValidator, ValidationError, model_validator
 from pydantic_core import PydanticCustomError
 
-from corral.config_file import _StrictLoader, _yaml_reason
+from corral.config_file import YamlFileError, read_yaml_file
 from corral.core.job import JobSpec, Priority
 
 NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-")
@@ -309,17 +308,9 @@ def load_job_spec_file(path: str | Path) -> JobSpecModel:
     """Read and validate a YAML (or JSON: YAML reads it too) job spec file."""
     file = str(path)
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as error:
-        raise SpecError("", f"cannot read the file: {error.strerror or error}", file) from None
-    except UnicodeDecodeError:
-        raise SpecError("", "the file is not UTF-8 text", file) from None
-    try:
-        data = yaml.load(text, Loader=_StrictLoader)
-    except yaml.YAMLError as error:
-        raise SpecError("", _yaml_reason(error), file) from None
-    if data is None:
-        raise SpecError("", "the file is empty", file)
+        data = read_yaml_file(path)
+    except YamlFileError as error:
+        raise SpecError("", str(error), file) from None
     return parse_job_spec(data, file)
 
 
