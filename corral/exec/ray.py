@@ -1,0 +1,568 @@
+"""Run attempts on a Ray cluster: one detached Ray actor per worker, pinned to the core's node.
+
+Each actor runs its worker's command as a subprocess in its own process group, with the
+environment the manager chose (CUDA_VISIBLE_DEVICES is the core's choice of devices, not Ray's),
+and writes the worker's stdout/stderr to the attempt dir, which must be on storage that the
+manager and every node share (on one machine, the same disk).
+
+Actors are named `corral-<job>-<attempt>-<rank>` in the `corral` namespace and are detached, so
+they outlive the manager; a new executor finds them again by name (`recover`). An actor reports
+its worker's end through a blocking `wait()` call that `poll()` checks without waiting, and
+writes it to `rank-R.result.json` too, so that an end is not lost if the manager dies between
+collecting it and recording it. An actor that dies (its node died) ends its attempt as "lost".
+
+Which node a worker runs on comes from its env's CORRAL_NODE (see `multi_node_worker_envs`);
+MASTER_ADDR and MASTER_PORT, when left empty, are filled in here from rank 0's node.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import ray
+from ray.exceptions import GetTimeoutError, RayActorError
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from corral.exec.local import PRIVATE_VARIABLES, AttemptEnded, AttemptLaunch
+from corral.exec.shim import last_line, process_start_time, signal_name, write_json_atomic
+
+NAMESPACE = "corral"
+#: A node declares `--resources='{"corral-node-NAME": 1}'` to be called NAME by corral.
+NODE_RESOURCE_PREFIX = "corral-node-"
+#: The attempt dir's record of what was launched, read by `recover`.
+LAUNCH_FILE = "ray-launch.json"
+
+
+def actor_name(job_id: str, attempt: int, rank: int) -> str:
+    return f"corral-{job_id}-{attempt}-{rank}"
+
+
+@dataclass(slots=True, frozen=True)
+class RayNode:
+    name: str  # corral's name for the node
+    node_id: str  # Ray's
+    address: str  # the IP the node's processes are reached at (MASTER_ADDR)
+    gpus: int
+    gpu_type: str | None  # from Ray's `accelerator_type:X` resource, lower-cased
+
+
+def _node_name(node: dict[str, Any]) -> str:
+    for resource in node.get("Resources", {}):
+        if resource.startswith(NODE_RESOURCE_PREFIX):
+            return resource[len(NODE_RESOURCE_PREFIX) :]
+    # Nodes of one machine share an address: the id keeps the names apart.
+    return f"{node['NodeManagerAddress']}-{node['NodeID'][:8]}"
+
+
+def ray_nodes() -> list[RayNode]:
+    """The live nodes of the connected Ray cluster that declare GPUs, by name."""
+    found = []
+    for node in ray.nodes():
+        resources = node.get("Resources", {})
+        gpus = int(resources.get("GPU", 0))
+        if not node.get("Alive") or gpus < 1:
+            continue
+        types = [r.split(":", 1)[1].lower() for r in resources if r.startswith("accelerator_type:")]
+        found.append(
+            RayNode(
+                name=_node_name(node),
+                node_id=str(node["NodeID"]),
+                address=str(node["NodeManagerAddress"]),
+                gpus=gpus,
+                gpu_type=types[0] if types else None,
+            )
+        )
+    return sorted(found, key=lambda node: node.name)
+
+
+def multi_node_worker_envs(
+    job_id: str,
+    attempt: int,
+    placement: list[tuple[str, list[int]]],
+    checkpoint_dir: str | Path,
+    extra_env: dict[str, str] | None = None,
+    master_addr: str = "",
+    master_port: int | None = None,
+) -> list[dict[str, str]]:
+    """The environment of each worker (rank order) of an attempt whose worker r runs on node
+    placement[r][0] with the device indexes placement[r][1].
+
+    As torchrun does per node: CUDA_VISIBLE_DEVICES lists all the attempt's devices on that node
+    in rank order, LOCAL_RANK / LOCAL_WORLD_SIZE count the workers on that node. MASTER_ADDR and
+    MASTER_PORT left empty are filled in by the executor from rank 0's node.
+    """
+    by_node: dict[str, list[int]] = {}
+    for rank, (node, _) in enumerate(placement):
+        by_node.setdefault(node, []).append(rank)
+    envs = []
+    for rank, (node, devices) in enumerate(placement):
+        ranks_here = by_node[node]
+        visible = [device for other in ranks_here for device in placement[other][1]]
+        before = sum(len(placement[other][1]) for other in ranks_here if other < rank)
+        env = dict(extra_env or {})
+        env.update(
+            {
+                "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+                "CUDA_VISIBLE_DEVICES": ",".join(str(device) for device in visible),
+                "CORRAL_LOCAL_GPUS": ",".join(str(before + i) for i in range(len(devices))),
+                "CORRAL_NODE": node,
+                "RANK": str(rank),
+                "LOCAL_RANK": str(ranks_here.index(rank)),
+                "WORLD_SIZE": str(len(placement)),
+                "LOCAL_WORLD_SIZE": str(len(ranks_here)),
+                "MASTER_ADDR": master_addr,
+                "MASTER_PORT": "" if master_port is None else str(master_port),
+                "CORRAL_JOB_ID": str(job_id),
+                "CORRAL_ATTEMPT": str(attempt),
+                "CORRAL_CHECKPOINT_DIR": str(checkpoint_dir),
+            }
+        )
+        envs.append(env)
+    return envs
+
+
+# ---------------------------------------------------------------------------------------------
+# The actor that runs one worker on its node
+
+
+class WorkerActor:
+    """Runs one worker process; methods run on concurrent threads (max_concurrency)."""
+
+    def __init__(self) -> None:
+        self.popen: subprocess.Popen[bytes] | None = None
+        self.result: dict[str, Any] | None = None
+        self.stop_requested = False
+        self.killed_after_grace = False
+        self.started = threading.Event()
+        self.exited = threading.Event()  # the worker exited; not reaped yet (see wait)
+        self.lock = threading.Lock()
+        self.spec: dict[str, Any] = {}
+        self.result_written = False
+
+    def pick_port(self) -> int:
+        """A TCP port free on this node a moment ago, for rank 0's MASTER_PORT."""
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("", 0))
+            return int(sock.getsockname()[1])
+
+    def start(self, spec: dict[str, Any], master_port: int | None) -> dict[str, Any]:
+        self.spec = spec
+        attempt_dir = Path(spec["attempt_dir"])
+        rank = int(spec["rank"])
+        env = {k: v for k, v in os.environ.items() if k not in PRIVATE_VARIABLES}
+        env.update({str(k): str(v) for k, v in spec["env"].items()})
+        if not env.get("MASTER_PORT") and master_port is not None:
+            env["MASTER_PORT"] = str(master_port)
+        info: dict[str, Any] = {"rank": rank, "node_id": ray.get_runtime_context().get_node_id()}
+        try:
+            with self.lock:
+                if self.stop_requested:
+                    self.result = self._result(rank, None, "stopped before the worker started")
+                    return info
+                stdout_path = attempt_dir / f"rank-{rank}.stdout"
+                stderr_path = attempt_dir / f"rank-{rank}.stderr"
+                with open(stdout_path, "ab") as stdout, open(stderr_path, "ab") as stderr:
+                    try:
+                        self.popen = subprocess.Popen(
+                            [str(arg) for arg in spec["argv"]],
+                            stdin=subprocess.DEVNULL,
+                            stdout=stdout,
+                            stderr=stderr,
+                            cwd=spec["workdir"],
+                            env=env,
+                            process_group=0,
+                        )
+                    except OSError as exc:
+                        stderr.write(f"corral: cannot start rank {rank}: {exc}\n".encode())
+                        self.result = self._result(rank, 127, f"cannot start: {exc}")
+                        return info
+                info.update(pid=self.popen.pid, start_time=process_start_time(self.popen.pid))
+                write_json_atomic(attempt_dir / f"rank-{rank}.ray.json", info)
+                return info
+        finally:
+            self.started.set()
+
+    def _result(self, rank: int, returncode: int | None, reason: str = "") -> dict[str, Any]:
+        tail = last_line(Path(self.spec["attempt_dir"]) / f"rank-{rank}.stderr")
+        return {
+            "rank": rank,
+            "exit_code": returncode if returncode is not None and returncode >= 0 else None,
+            "signal": -returncode if returncode is not None and returncode < 0 else None,
+            "stopped": self.stop_requested,
+            "killed_after_grace": self.killed_after_grace,
+            "reason": reason,
+            "error_tail": tail,
+        }
+
+    def wait(self) -> dict[str, Any]:
+        """Blocks until the worker ends; its result (also written to rank-R.result.json)."""
+        self.started.wait()
+        if self.result is None:
+            assert self.popen is not None
+            # Wait without reaping: while the worker is an unreaped zombie its pid, the group
+            # id, cannot be reused, so the killpg below reaches only what it left behind.
+            os.waitid(os.P_PID, self.popen.pid, os.WEXITED | os.WNOWAIT)
+            self.exited.set()
+            self._signal_group(signal.SIGKILL)
+            returncode = self.popen.wait()
+            self.result = self._result(int(self.spec["rank"]), returncode)
+        self.exited.set()
+        with self.lock:  # a recovering executor calls wait() again while the first one waits
+            if not self.result_written:
+                attempt_dir = Path(self.spec["attempt_dir"])
+                write_json_atomic(
+                    attempt_dir / f"rank-{self.result['rank']}.result.json", self.result
+                )
+                self.result_written = True
+        return self.result
+
+    def state(self) -> str:
+        """not-started, running or ended (a start() whose caller died never arrives)."""
+        if not self.started.is_set():
+            return "not-started"
+        return "ended" if self.exited.is_set() or self.result is not None else "running"
+
+    def stop(self, stop_signal: int, grace_s: float) -> None:
+        """stop_signal to the worker's group, `grace_s`, then SIGKILL. Idempotent."""
+        with self.lock:
+            if self.stop_requested:
+                return
+            self.stop_requested = True
+        if not self.started.wait(timeout=30) or self.popen is None:
+            return
+        self._signal_group(stop_signal)
+        # wait() is the one that reaps the worker; here only watch for its exit.
+        if not self.exited.wait(timeout=grace_s):
+            self.killed_after_grace = True
+            self._signal_group(signal.SIGKILL)
+
+    def _signal_group(self, number: int) -> None:
+        if self.popen is None or self.popen.returncode is not None:
+            return  # reaped: its pid (the group id) may belong to someone else by now
+        try:
+            os.killpg(self.popen.pid, number)
+        except ProcessLookupError:
+            pass
+
+
+_RemoteWorker = ray.remote(WorkerActor)
+
+
+# ---------------------------------------------------------------------------------------------
+# The executor
+
+
+@dataclass(slots=True)
+class _Attempt:
+    job_id: str
+    attempt: int
+    attempt_dir: Path
+    stop_signal: int
+    grace_s: float
+    actors: list[Any]  # ActorHandle per rank
+    waiting: dict[Any, int] = field(default_factory=dict)  # wait() ObjectRef -> rank
+    results: dict[int, dict[str, Any]] = field(default_factory=dict)
+    stop_requested: bool = False
+    gang_stopping: bool = False
+    failed_rank: int | None = None
+
+
+class RayExecutor:
+    """Launches, stops, polls and recovers attempts on a Ray cluster. Thread-safe."""
+
+    def __init__(self, address: str) -> None:
+        self._owns_connection = not ray.is_initialized()
+        if self._owns_connection:
+            ray.init(address=address, namespace=NAMESPACE, log_to_driver=False)
+        self._tracked: dict[tuple[str, int], _Attempt] = {}
+        self._lock = threading.Lock()
+
+    def nodes(self) -> list[RayNode]:
+        return ray_nodes()
+
+    # -- launching and stopping ----------------------------------------------------------------
+
+    def launch(self, launch: AttemptLaunch) -> None:
+        """Start one detached actor per worker on its CORRAL_NODE; returns without waiting."""
+        key = (launch.job_id, launch.attempt)
+        nodes = {node.name: node for node in self.nodes()}
+        placed = []
+        for worker in sorted(launch.workers, key=lambda w: w.rank):
+            name = worker.env.get("CORRAL_NODE", "")
+            if name not in nodes:
+                raise ValueError(f"rank {worker.rank}: CORRAL_NODE {name!r} is not a live node")
+            placed.append((worker, nodes[name]))
+        attempt_dir = Path(launch.attempt_dir).resolve()
+        with self._lock:
+            if key in self._tracked:
+                raise ValueError(f"attempt {launch.attempt} of job {launch.job_id} is running")
+            attempt_dir.mkdir(parents=True, exist_ok=True)
+            if launch.checkpoint_dir is not None:
+                Path(launch.checkpoint_dir).mkdir(parents=True, exist_ok=True)
+            write_json_atomic(
+                attempt_dir / LAUNCH_FILE,
+                {
+                    "job_id": launch.job_id,
+                    "attempt": launch.attempt,
+                    "workers": len(placed),
+                    "nodes": [node.name for _, node in placed],
+                    "stop_signal": int(launch.stop_signal),
+                    "grace_s": float(launch.grace_s),
+                },
+                durable=True,
+            )
+            actors = []
+            for worker, node in placed:
+                gpus = len([g for g in worker.env.get("CORRAL_LOCAL_GPUS", "").split(",") if g])
+                actors.append(
+                    _RemoteWorker.options(
+                        name=actor_name(launch.job_id, launch.attempt, worker.rank),
+                        namespace=NAMESPACE,
+                        lifetime="detached",
+                        max_concurrency=4,
+                        max_restarts=0,
+                        num_cpus=0,
+                        # Ray's accounting agrees with the core's count; the devices themselves
+                        # are the core's choice, set in the worker's CUDA_VISIBLE_DEVICES.
+                        num_gpus=gpus,
+                        scheduling_strategy=NodeAffinitySchedulingStrategy(node.node_id, False),
+                    ).remote()
+                )
+            rank0_env = placed[0][0].env
+            # Rank 0's node picks the port; Ray hands the result to every start() call.
+            port_ref = actors[0].pick_port.remote() if not rank0_env.get("MASTER_PORT") else None
+            tracked = _Attempt(
+                launch.job_id,
+                launch.attempt,
+                attempt_dir,
+                int(launch.stop_signal),
+                float(launch.grace_s),
+                actors,
+            )
+            for (worker, _), actor in zip(placed, actors, strict=True):
+                env = dict(worker.env)
+                if not env.get("MASTER_ADDR"):
+                    env["MASTER_ADDR"] = placed[0][1].address
+                spec = {
+                    "rank": worker.rank,
+                    "argv": list(worker.argv),
+                    "env": env,
+                    "workdir": launch.workdir,
+                    "attempt_dir": str(attempt_dir),
+                }
+                actor.start.remote(spec, port_ref)
+                tracked.waiting[actor.wait.remote()] = worker.rank
+            self._tracked[key] = tracked
+
+    def stop(self, job_id: str, attempt: int) -> None:
+        """Ask every worker of an attempt to stop (signal, grace, kill). Idempotent."""
+        with self._lock:
+            tracked = self._tracked.get((job_id, attempt))
+            if tracked is None or tracked.stop_requested:
+                return
+            tracked.stop_requested = True
+            self._stop_workers(tracked)
+
+    @staticmethod
+    def _stop_workers(tracked: _Attempt) -> None:
+        for rank, actor in enumerate(tracked.actors):
+            if rank not in tracked.results:
+                actor.stop.remote(tracked.stop_signal, tracked.grace_s)
+
+    # -- observing -----------------------------------------------------------------------------
+
+    def poll(self) -> list[AttemptEnded]:
+        """The attempts that ended since the last call; each is reported once."""
+        ended = []
+        with self._lock:
+            pending = [ref for tracked in self._tracked.values() for ref in tracked.waiting]
+            if pending:
+                ready, _ = ray.wait(pending, num_returns=len(pending), timeout=0)
+                ready_set = set(ready)
+            else:
+                ready_set = set()
+            for key, tracked in list(self._tracked.items()):
+                for ref in [ref for ref in tracked.waiting if ref in ready_set]:
+                    rank = tracked.waiting.pop(ref)
+                    tracked.results[rank] = self._collect(tracked, rank, ref)
+                    self._note_failure(tracked, rank)
+                if tracked.failed_rank is not None and not tracked.gang_stopping:
+                    tracked.gang_stopping = True  # a failing worker ends its whole gang
+                    self._stop_workers(tracked)
+                if not tracked.waiting:
+                    ended.append(_attempt_ended(tracked))
+                    for actor in tracked.actors:
+                        ray.kill(actor, no_restart=True)
+                    del self._tracked[key]
+        return ended
+
+    @staticmethod
+    def _collect(tracked: _Attempt, rank: int, ref: Any) -> dict[str, Any]:
+        try:
+            return dict(ray.get(ref))
+        except RayActorError as error:
+            return _lost_result(tracked, rank, error)
+
+    @staticmethod
+    def _note_failure(tracked: _Attempt, rank: int) -> None:
+        result = tracked.results[rank]
+        failed = (
+            result.get("lost")
+            or result.get("exit_code") not in (0, None)
+            or (result.get("signal") is not None)
+        )
+        if failed and not tracked.stop_requested and tracked.failed_rank is None:
+            tracked.failed_rank = rank
+
+    def recover(
+        self, job_id: str, attempt: int, attempt_dir: Path
+    ) -> Literal["running", "never-started"] | AttemptEnded:
+        """After a manager restart: find the attempt's actors again by name."""
+        attempt_dir = Path(attempt_dir).resolve()
+        with self._lock:
+            if (job_id, attempt) in self._tracked:
+                return "running"
+        try:
+            with open(attempt_dir / LAUNCH_FILE, encoding="utf-8") as launch_file:
+                launched = json.load(launch_file)
+        except (OSError, ValueError):
+            return "never-started"
+        tracked = _Attempt(
+            job_id,
+            attempt,
+            attempt_dir,
+            int(launched["stop_signal"]),
+            float(launched["grace_s"]),
+            [],
+        )
+        missing = []
+        for rank in range(int(launched["workers"])):
+            try:
+                actor = ray.get_actor(actor_name(job_id, attempt, rank), namespace=NAMESPACE)
+            except ValueError:
+                missing.append(rank)
+                actor = None
+            tracked.actors.append(actor)
+        if missing:
+            return self._recover_partial(tracked)
+        found = tracked.actors
+        try:
+            states = ray.get([actor.state.remote() for actor in found], timeout=30)
+        except (RayActorError, GetTimeoutError):
+            states = ["not-started"] * len(found)
+        if all(state == "not-started" for state in states):
+            # The manager died between creating the actors and starting them: nothing ran.
+            for actor in found:
+                ray.kill(actor, no_restart=True)
+            return "never-started"
+        if "not-started" in states:  # half a gang started: it can never run as one
+            for rank, state in enumerate(states):
+                if state == "not-started":
+                    ray.kill(found[rank], no_restart=True)
+                    tracked.actors[rank] = None
+            return self._recover_partial(tracked)
+        for rank, actor in enumerate(tracked.actors):
+            tracked.waiting[actor.wait.remote()] = rank
+        with self._lock:
+            self._tracked[(job_id, attempt)] = tracked
+        return "running"
+
+    def _recover_partial(self, tracked: _Attempt) -> AttemptEnded:
+        """Some actors are gone: the attempt ended (results on disk) or was lost."""
+        for rank, actor in enumerate(tracked.actors):
+            result_file = tracked.attempt_dir / f"rank-{rank}.result.json"
+            try:
+                with open(result_file, encoding="utf-8") as result_json:
+                    tracked.results[rank] = json.load(result_json)
+            except (OSError, ValueError):
+                if actor is None:
+                    tracked.results[rank] = _lost_result(tracked, rank, "its actor is gone")
+                else:  # alive but part of a broken gang: it must not run on alone
+                    actor.stop.remote(signal.SIGKILL, 0.0)
+                    try:
+                        tracked.results[rank] = dict(ray.get(actor.wait.remote(), timeout=10))
+                    except (RayActorError, GetTimeoutError) as error:
+                        tracked.results[rank] = _lost_result(tracked, rank, error)
+            self._note_failure(tracked, rank)
+            if actor is not None:
+                ray.kill(actor, no_restart=True)
+        return _attempt_ended(tracked)
+
+    def active(self) -> set[tuple[str, int]]:
+        with self._lock:
+            return set(self._tracked)
+
+    def close(self) -> None:
+        """Stop tracking. Never kills: the detached actors outlive the manager."""
+        with self._lock:
+            self._tracked.clear()
+        if self._owns_connection:
+            ray.shutdown()
+
+
+def _lost_result(tracked: _Attempt, rank: int, error: object) -> dict[str, Any]:
+    first_line = str(error).strip().splitlines()[0] if str(error).strip() else "actor died"
+    return {
+        "rank": rank,
+        "exit_code": None,
+        "signal": None,
+        "stopped": tracked.stop_requested,
+        "lost": True,
+        "reason": f"lost: rank {rank}'s Ray actor died ({first_line[:200]})",
+        "error_tail": "",
+    }
+
+
+def _attempt_ended(tracked: _Attempt) -> AttemptEnded:
+    """The attempt's end from its workers' results, by the shim's rules."""
+    results = tracked.results
+
+    def make(
+        code: int | None, sig: int | None, stopped: bool, reason: str, tail: str = ""
+    ) -> AttemptEnded:
+        return AttemptEnded(
+            tracked.job_id, tracked.attempt, code, sig, stopped, reason, tail, time.time()
+        )
+
+    lost = [r for r in sorted(results) if results[r].get("lost")]
+    if lost:
+        return make(None, None, False, str(results[lost[0]]["reason"]))
+    if tracked.failed_rank is not None:
+        failed = results[tracked.failed_rank]
+        rank = tracked.failed_rank
+        if failed.get("exit_code") is not None:
+            reason = f"exit code {failed['exit_code']} (rank {rank})"
+        elif failed.get("signal") is not None:
+            reason = f"killed by {signal_name(int(failed['signal']))} (rank {rank})"
+        else:
+            reason = f"{failed.get('reason') or 'failed'} (rank {rank})"
+        return make(
+            failed.get("exit_code"), failed.get("signal"), False, reason, failed["error_tail"]
+        )
+    first = results[0]
+    if tracked.stop_requested:
+        if any(
+            r.get("killed_after_grace") and r.get("signal") == signal.SIGKILL
+            for r in results.values()
+        ):
+            reason = f"stopped: killed by SIGKILL after {tracked.grace_s:g} s grace"
+            return make(None, int(signal.SIGKILL), True, reason)
+        if first.get("exit_code") is not None:
+            reason = (
+                f"stopped: exit code {first['exit_code']} after {signal_name(tracked.stop_signal)}"
+            )
+        elif first.get("signal") is not None:
+            reason = f"stopped: ended by {signal_name(int(first['signal']))}"
+        else:
+            reason = f"stopped: {first.get('reason') or 'before it started'}"
+        return make(first.get("exit_code"), first.get("signal"), True, reason)
+    return make(first.get("exit_code"), None, False, f"exit code {first.get('exit_code')}")

@@ -1,0 +1,205 @@
+"""The Ray executor against a real two-node Ray cluster (2 declared GPUs per node) on this
+machine. Skipped where Ray is not installed."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ray = pytest.importorskip("ray")
+
+from corral.exec.local import AttemptEnded, AttemptLaunch, WorkerLaunch  # noqa: E402
+from corral.exec.ray import RayExecutor, actor_name, multi_node_worker_envs  # noqa: E402
+from tests.exec.ray_cluster import RayCluster  # noqa: E402
+
+PYTHON = sys.executable
+ENV_DUMP = "import json, os, sys; json.dump(dict(os.environ), open(sys.argv[1], 'w'))"
+# Writes a "ready" file once its SIGTERM handler is in place, then runs until stopped.
+TRAP = (
+    "import signal, sys, time, pathlib\n"
+    "signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))\n"
+    "pathlib.Path(sys.argv[1]).touch()\n"
+    "time.sleep(60)\n"
+)
+IGNORE = TRAP.replace("lambda *a: sys.exit(0)", "signal.SIG_IGN")
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[RayCluster]:
+    ray_cluster = RayCluster()
+    ray_cluster.start()
+    print(f"ray cluster started in {ray_cluster.started_in_s:.1f} s")
+    try:
+        yield ray_cluster
+    finally:
+        ray_cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def executor(cluster: RayCluster) -> Iterator[RayExecutor]:
+    ray_executor = RayExecutor(cluster.address)
+    yield ray_executor
+    # A failed test may leave actors behind; they would hold the nodes' shutdown up.
+    for actor in ray.util.list_named_actors(all_namespaces=True):
+        if actor["namespace"] == "corral":
+            ray.kill(ray.get_actor(actor["name"], namespace="corral"), no_restart=True)
+    ray_executor.close()
+
+
+def make_launch(
+    tmp_path: Path,
+    argvs: list[list[str]],
+    placement: list[tuple[str, list[int]]],
+    job_id: str,
+    grace_s: float = 0.5,
+) -> AttemptLaunch:
+    checkpoint = tmp_path / "jobs" / job_id / "checkpoint"
+    envs = multi_node_worker_envs(job_id, 1, placement, checkpoint, {"MY_VAR": "x"})
+    return AttemptLaunch(
+        job_id=job_id,
+        attempt=1,
+        workers=[WorkerLaunch(rank, argv, envs[rank]) for rank, argv in enumerate(argvs)],
+        workdir=str(tmp_path),
+        stop_signal=signal.SIGTERM,
+        grace_s=grace_s,
+        attempt_dir=tmp_path / "jobs" / job_id / "attempt-1",
+        checkpoint_dir=checkpoint,
+    )
+
+
+def wait_ended(executor: RayExecutor, count: int = 1, timeout: float = 30.0) -> list[AttemptEnded]:
+    ended: list[AttemptEnded] = []
+    deadline = time.monotonic() + timeout
+    while len(ended) < count and time.monotonic() < deadline:
+        ended += executor.poll()
+        time.sleep(0.1)
+    assert len(ended) == count, f"only {len(ended)} of {count} attempts ended"
+    return sorted(ended, key=lambda end: end.job_id)
+
+
+def wait_for(path: Path, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.05)
+
+
+def test_multi_node_envs_follow_torchrun() -> None:
+    envs = multi_node_worker_envs("7", 2, [("a", [1, 3]), ("a", [0, 2]), ("b", [5, 6])], "/ck")
+    assert [env["CUDA_VISIBLE_DEVICES"] for env in envs] == ["1,3,0,2", "1,3,0,2", "5,6"]
+    assert [env["CORRAL_LOCAL_GPUS"] for env in envs] == ["0,1", "2,3", "0,1"]
+    assert [env["LOCAL_RANK"] for env in envs] == ["0", "1", "0"]
+    assert [env["LOCAL_WORLD_SIZE"] for env in envs] == ["2", "2", "1"]
+    assert {env["WORLD_SIZE"] for env in envs} == {"3"}
+    assert [env["CORRAL_NODE"] for env in envs] == ["a", "a", "b"]
+
+
+def test_nodes_are_read_from_ray(executor: RayExecutor) -> None:
+    nodes = executor.nodes()
+    assert [(node.name, node.gpus) for node in nodes] == [("a", 2), ("b", 2)]
+    assert nodes[0].node_id != nodes[1].node_id
+
+
+def test_two_workers_on_two_nodes_get_the_cores_gpus(executor: RayExecutor, tmp_path: Path) -> None:
+    # Ray would hand each 1-GPU actor its device 0; the core chose device 1 on node a.
+    argvs = [[PYTHON, "-c", ENV_DUMP, str(tmp_path / f"env-{rank}.json")] for rank in (0, 1)]
+    argvs[1] = ["/bin/sh", "-c", f'{PYTHON} -c "{ENV_DUMP}" {tmp_path}/env-1.json; exit 3']
+    launch = make_launch(tmp_path, argvs, [("a", [1]), ("b", [0])], job_id="10")
+    executor.launch(launch)
+    (end,) = wait_ended(executor)
+    assert (end.job_id, end.exit_code, end.stopped) == ("10", 3, False)
+    assert end.reason == "exit code 3 (rank 1)"
+    envs = [json.loads((tmp_path / f"env-{rank}.json").read_text()) for rank in (0, 1)]
+    assert [env["CUDA_VISIBLE_DEVICES"] for env in envs] == ["1", "0"]
+    assert [env["RANK"] for env in envs] == ["0", "1"]
+    assert {env["WORLD_SIZE"] for env in envs} == {"2"}
+    assert [env["LOCAL_RANK"] for env in envs] == ["0", "0"]
+    nodes = {node.name: node for node in executor.nodes()}
+    assert {env["MASTER_ADDR"] for env in envs} == {nodes["a"].address}
+    ports = {env["MASTER_PORT"] for env in envs}
+    assert len(ports) == 1 and int(ports.pop()) > 0
+    assert [env["MY_VAR"] for env in envs] == ["x", "x"]
+    # Each worker ran on the node the core chose, as Ray itself recorded it.
+    attempt_dir = launch.attempt_dir
+    ran_on = [json.loads((attempt_dir / f"rank-{r}.ray.json").read_text()) for r in (0, 1)]
+    assert [info["node_id"] for info in ran_on] == [nodes["a"].node_id, nodes["b"].node_id]
+    # The actors are gone once the end was reported: their GPUs are Ray's again.
+    with pytest.raises(ValueError):
+        ray.get_actor(actor_name("10", 1, 0), namespace="corral")
+
+
+def test_stop_signals_then_kills_after_grace(executor: RayExecutor, tmp_path: Path) -> None:
+    trap = make_launch(
+        tmp_path, [[PYTHON, "-c", TRAP, str(tmp_path / "ready-20")]], [("a", [0])], job_id="20"
+    )
+    stubborn = make_launch(
+        tmp_path,
+        [[PYTHON, "-c", IGNORE, str(tmp_path / "ready-21")]],
+        [("b", [1])],
+        job_id="21",
+        grace_s=0.5,
+    )
+    executor.launch(trap)
+    executor.launch(stubborn)
+    wait_for(tmp_path / "ready-20")
+    wait_for(tmp_path / "ready-21")
+    began = time.monotonic()
+    executor.stop("20", 1)
+    executor.stop("21", 1)
+    executor.stop("21", 1)  # idempotent
+    clean, killed = wait_ended(executor, count=2)
+    assert (clean.exit_code, clean.signal, clean.stopped) == (0, None, True)
+    assert clean.reason == "stopped: exit code 0 after SIGTERM"
+    assert (killed.exit_code, killed.signal, killed.stopped) == (None, signal.SIGKILL, True)
+    assert killed.reason == "stopped: killed by SIGKILL after 0.5 s grace"
+    assert time.monotonic() - began >= 0.5
+
+
+RESTARTED_MANAGER = textwrap.dedent(
+    """
+    import sys
+    import time
+    from pathlib import Path
+    from corral.exec.local import AttemptLaunch, WorkerLaunch
+    from corral.exec.ray import RayExecutor, multi_node_worker_envs
+
+    address, tmp = sys.argv[1], Path(sys.argv[2])
+    executor = RayExecutor(address)
+    envs = multi_node_worker_envs("30", 1, [("a", [0]), ("b", [1])], tmp / "ck")
+    argv = [sys.executable, "-c", sys.argv[3], str(tmp / "ready-30")]
+    executor.launch(AttemptLaunch("30", 1, [WorkerLaunch(r, argv, envs[r]) for r in (0, 1)],
+                                  str(tmp), 15, 0.5, tmp / "attempt-1"))
+    # Dies with its workers running (calls still in flight when a driver exits are dropped).
+    while not (tmp / "ready-30").exists():
+        time.sleep(0.05)
+    executor.close()
+    """
+)
+
+
+def test_a_new_executor_finds_a_running_attempt_by_name(
+    executor: RayExecutor, cluster: RayCluster, tmp_path: Path
+) -> None:
+    # Another process launches and exits, as a manager that dies would.
+    subprocess.run(
+        [PYTHON, "-c", RESTARTED_MANAGER, cluster.address, str(tmp_path), TRAP],
+        check=True,
+        timeout=60,
+        capture_output=True,
+    )
+    wait_for(tmp_path / "ready-30")
+    assert executor.recover("30", 1, tmp_path / "nowhere") == "never-started"
+    assert executor.recover("30", 1, tmp_path / "attempt-1") == "running"
+    assert ("30", 1) in executor.active()
+    assert executor.poll() == []
+    executor.stop("30", 1)
+    (end,) = wait_ended(executor)
+    assert (end.job_id, end.exit_code, end.stopped) == ("30", 0, True)
