@@ -37,6 +37,7 @@ class WorkerLaunch:
     rank: int
     argv: list[str]
     env: dict[str, str]  # the full extra environment for this worker (added to os.environ)
+    node: str = ""  # the node it runs on, as corral names it ("" for this machine)
 
 
 @dataclass(slots=True)
@@ -100,35 +101,62 @@ def worker_envs(
     checkpoint_dir: str | Path,
     port: int,
     extra_env: dict[str, str] | None = None,
+    node: str = "localhost",
 ) -> list[dict[str, str]]:
-    """The extra environment of each worker (rank order) of a single-node attempt.
-
-    Every worker sees all the attempt's GPUs in CUDA_VISIBLE_DEVICES, in rank order, as torchrun
-    does; CORRAL_LOCAL_GPUS names the worker's own share as indexes within that list. corral's
-    variables win over the spec's env: a job must not escape its GPUs by setting them.
-    """
+    """The extra environment of each worker (rank order) of a single-node attempt."""
     if workers < 1:
         raise ValueError(f"workers: must be at least 1 (got {workers})")
     if len(gpus_local) % workers != 0:
         raise ValueError(f"workers: must divide gpus ({workers} does not divide {len(gpus_local)})")
     per_worker = len(gpus_local) // workers
-    visible = ",".join(str(gpu) for gpu in gpus_local)
-    envs: list[dict[str, str]] = []
-    for rank in range(workers):
+    placement = [
+        (node, gpus_local[rank * per_worker : (rank + 1) * per_worker]) for rank in range(workers)
+    ]
+    return placement_worker_envs(
+        job_id, attempt, placement, checkpoint_dir, extra_env, "127.0.0.1", port
+    )
+
+
+def placement_worker_envs(
+    job_id: str,
+    attempt: int,
+    placement: list[tuple[str, list[int]]],
+    checkpoint_dir: str | Path,
+    extra_env: dict[str, str] | None = None,
+    master_addr: str = "",
+    master_port: int | None = None,
+) -> list[dict[str, str]]:
+    """The extra environment of each worker (rank order) of an attempt whose worker r runs on
+    node placement[r][0] with that node's device indexes placement[r][1].
+
+    As torchrun does per node: CUDA_VISIBLE_DEVICES lists all the attempt's devices on that node,
+    in rank order; CORRAL_LOCAL_GPUS names the worker's own share as indexes within that list;
+    LOCAL_RANK / LOCAL_WORLD_SIZE count the workers on that node. MASTER_ADDR and MASTER_PORT
+    left empty are the executor's to fill in (it knows where rank 0 runs). corral's variables win
+    over the spec's env: a job must not escape its GPUs by setting them.
+    """
+    by_node: dict[str, list[int]] = {}
+    for rank, (node, _) in enumerate(placement):
+        by_node.setdefault(node, []).append(rank)
+    envs = []
+    for rank, (node, devices) in enumerate(placement):
+        ranks_here = by_node[node]
+        visible = [device for other in ranks_here for device in placement[other][1]]
+        before = sum(len(placement[other][1]) for other in ranks_here if other < rank)
         env = dict(extra_env or {})
-        own = range(rank * per_worker, (rank + 1) * per_worker)
         env.update(
             {
                 # NVML's numbering (PCI bus order); CUDA's default is fastest-first
                 "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
-                "CUDA_VISIBLE_DEVICES": visible,
-                "CORRAL_LOCAL_GPUS": ",".join(str(index) for index in own),
+                "CUDA_VISIBLE_DEVICES": ",".join(str(device) for device in visible),
+                "CORRAL_LOCAL_GPUS": ",".join(str(before + i) for i in range(len(devices))),
+                "CORRAL_NODE": node,
                 "RANK": str(rank),
-                "LOCAL_RANK": str(rank),
-                "WORLD_SIZE": str(workers),
-                "LOCAL_WORLD_SIZE": str(workers),
-                "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": str(port),
+                "LOCAL_RANK": str(ranks_here.index(rank)),
+                "WORLD_SIZE": str(len(placement)),
+                "LOCAL_WORLD_SIZE": str(len(ranks_here)),
+                "MASTER_ADDR": master_addr,
+                "MASTER_PORT": "" if master_port is None else str(master_port),
                 "CORRAL_JOB_ID": str(job_id),
                 "CORRAL_ATTEMPT": str(attempt),
                 "CORRAL_CHECKPOINT_DIR": str(checkpoint_dir),
@@ -209,6 +237,17 @@ def kill_attempt(attempt_dir: Path) -> int:
     return killed + len(alive)
 
 
+def _fill_master(workers: list[WorkerLaunch], address: str) -> None:
+    """MASTER_ADDR / MASTER_PORT the manager left empty: rank 0's address, a port free there."""
+    port = ""
+    for worker in workers:
+        if not worker.env.get("MASTER_ADDR"):
+            worker.env["MASTER_ADDR"] = address
+        if not worker.env.get("MASTER_PORT"):
+            port = port or str(free_port())
+            worker.env["MASTER_PORT"] = port
+
+
 class LocalExecutor:
     """Launches, stops, polls and recovers attempts on this machine. Thread-safe."""
 
@@ -229,6 +268,7 @@ class LocalExecutor:
             attempt_dir.mkdir(parents=True, exist_ok=True)
             if launch.checkpoint_dir is not None:
                 Path(launch.checkpoint_dir).mkdir(parents=True, exist_ok=True)
+            _fill_master(launch.workers, "127.0.0.1")
             write_json_atomic(
                 attempt_dir / "launch.json",
                 {

@@ -1,18 +1,17 @@
 """Run attempts on a Ray cluster: one detached Ray actor per worker, pinned to the core's node.
 
 Each actor runs its worker's command as a subprocess in its own process group, with the
-environment the manager chose (CUDA_VISIBLE_DEVICES is the core's choice of devices, not Ray's),
-and writes the worker's stdout/stderr to the attempt dir, which must be on storage that the
-manager and every node share (on one machine, the same disk).
+environment the manager chose (CUDA_VISIBLE_DEVICES is the core's choice of devices, not Ray's).
+The worker writes its stdout/stderr to files on its own node; the executor copies what is new to
+the manager's attempt dir about once a second (and once more when the worker ends), so logs need
+no storage shared between the machines.
 
 Actors are named `corral-<job>-<attempt>-<rank>` in the `corral` namespace and are detached, so
 they outlive the manager; a new executor finds them again by name (`recover`). An actor reports
-its worker's end through a blocking `wait()` call that `poll()` checks without waiting, and
-writes it to `rank-R.result.json` too, so that an end is not lost if the manager dies between
-collecting it and recording it. An actor that dies (its node died) ends its attempt as "lost".
-
-Which node a worker runs on comes from its env's CORRAL_NODE (see `multi_node_worker_envs`);
-MASTER_ADDR and MASTER_PORT, when left empty, are filled in here from rank 0's node.
+its worker's end through a blocking `wait()` call that `poll()` checks without waiting; the
+executor writes each end to `rank-R.result.json` in the attempt dir before it lets the actor go,
+so an end is not lost if the manager dies in between. An actor that dies (its node died) ends its
+attempt as "lost", after the rest of the gang has been stopped.
 """
 
 from __future__ import annotations
@@ -22,24 +21,32 @@ import os
 import signal
 import socket
 import subprocess
+import tempfile
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import ray
-from ray.exceptions import GetTimeoutError, RayActorError
+from ray.exceptions import GetTimeoutError, RayError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from corral.exec.local import PRIVATE_VARIABLES, AttemptEnded, AttemptLaunch
-from corral.exec.shim import last_line, process_start_time, signal_name, write_json_atomic
+from corral.exec.local import PRIVATE_VARIABLES, AttemptEnded, AttemptLaunch, WorkerLaunch
+from corral.exec.shim import last_line, signal_name, write_json_atomic
 
 NAMESPACE = "corral"
 #: A node declares `--resources='{"corral-node-NAME": 1}'` to be called NAME by corral.
 NODE_RESOURCE_PREFIX = "corral-node-"
+#: A node declares `--labels corral-rack=NAME` to be in rack NAME.
+RACK_LABEL = "corral-rack"
 #: The attempt dir's record of what was launched, read by `recover`.
 LAUNCH_FILE = "ray-launch.json"
+STREAMS = ("stdout", "stderr")
+#: The most a worker's stream sends the manager per copy.
+LOG_CHUNK = 1 << 20
+LOG_COPY_EVERY_S = 1.0
 
 
 def actor_name(job_id: str, attempt: int, rank: int) -> str:
@@ -52,82 +59,44 @@ class RayNode:
     node_id: str  # Ray's
     address: str  # the IP the node's processes are reached at (MASTER_ADDR)
     gpus: int
-    gpu_type: str | None  # from Ray's `accelerator_type:X` resource, lower-cased
-
-
-def _node_name(node: dict[str, Any]) -> str:
-    for resource in node.get("Resources", {}):
-        if resource.startswith(NODE_RESOURCE_PREFIX):
-            return resource[len(NODE_RESOURCE_PREFIX) :]
-    # Nodes of one machine share an address: the id keeps the names apart.
-    return f"{node['NodeManagerAddress']}-{node['NodeID'][:8]}"
+    gpu_type: str  # from Ray's `accelerator_type:X` resource, lower-cased; "gpu" if none
+    rack: str  # from the node's `corral-rack` label; "rack-0" if none
 
 
 def ray_nodes() -> list[RayNode]:
     """The live nodes of the connected Ray cluster that declare GPUs, by name."""
+    live = [
+        node
+        for node in ray.nodes()
+        if node.get("Alive") and int(node.get("Resources", {}).get("GPU", 0)) >= 1
+    ]
+    hostnames = Counter(str(node.get("NodeManagerHostname", "")) for node in live)
     found = []
-    for node in ray.nodes():
-        resources = node.get("Resources", {})
-        gpus = int(resources.get("GPU", 0))
-        if not node.get("Alive") or gpus < 1:
-            continue
+    for node in live:
+        resources = node["Resources"]
+        declared = [
+            r[len(NODE_RESOURCE_PREFIX) :] for r in resources if r.startswith(NODE_RESOURCE_PREFIX)
+        ]
+        hostname = str(node.get("NodeManagerHostname", "")) or str(node["NodeManagerAddress"])
+        if declared:
+            name = declared[0]
+        elif hostnames[hostname] == 1:
+            name = hostname.split(".")[0]
+        else:  # several nodes on one machine: the id keeps them apart
+            name = f"{hostname.split('.')[0]}-{str(node['NodeID'])[:8]}"
         types = [r.split(":", 1)[1].lower() for r in resources if r.startswith("accelerator_type:")]
+        labels = node.get("Labels") or {}
         found.append(
             RayNode(
-                name=_node_name(node),
+                name=name,
                 node_id=str(node["NodeID"]),
                 address=str(node["NodeManagerAddress"]),
-                gpus=gpus,
-                gpu_type=types[0] if types else None,
+                gpus=int(resources["GPU"]),
+                gpu_type=types[0] if types else "gpu",
+                rack=str(labels.get(RACK_LABEL) or "rack-0"),
             )
         )
     return sorted(found, key=lambda node: node.name)
-
-
-def multi_node_worker_envs(
-    job_id: str,
-    attempt: int,
-    placement: list[tuple[str, list[int]]],
-    checkpoint_dir: str | Path,
-    extra_env: dict[str, str] | None = None,
-    master_addr: str = "",
-    master_port: int | None = None,
-) -> list[dict[str, str]]:
-    """The environment of each worker (rank order) of an attempt whose worker r runs on node
-    placement[r][0] with the device indexes placement[r][1].
-
-    As torchrun does per node: CUDA_VISIBLE_DEVICES lists all the attempt's devices on that node
-    in rank order, LOCAL_RANK / LOCAL_WORLD_SIZE count the workers on that node. MASTER_ADDR and
-    MASTER_PORT left empty are filled in by the executor from rank 0's node.
-    """
-    by_node: dict[str, list[int]] = {}
-    for rank, (node, _) in enumerate(placement):
-        by_node.setdefault(node, []).append(rank)
-    envs = []
-    for rank, (node, devices) in enumerate(placement):
-        ranks_here = by_node[node]
-        visible = [device for other in ranks_here for device in placement[other][1]]
-        before = sum(len(placement[other][1]) for other in ranks_here if other < rank)
-        env = dict(extra_env or {})
-        env.update(
-            {
-                "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
-                "CUDA_VISIBLE_DEVICES": ",".join(str(device) for device in visible),
-                "CORRAL_LOCAL_GPUS": ",".join(str(before + i) for i in range(len(devices))),
-                "CORRAL_NODE": node,
-                "RANK": str(rank),
-                "LOCAL_RANK": str(ranks_here.index(rank)),
-                "WORLD_SIZE": str(len(placement)),
-                "LOCAL_WORLD_SIZE": str(len(ranks_here)),
-                "MASTER_ADDR": master_addr,
-                "MASTER_PORT": "" if master_port is None else str(master_port),
-                "CORRAL_JOB_ID": str(job_id),
-                "CORRAL_ATTEMPT": str(attempt),
-                "CORRAL_CHECKPOINT_DIR": str(checkpoint_dir),
-            }
-        )
-        envs.append(env)
-    return envs
 
 
 # ---------------------------------------------------------------------------------------------
@@ -143,10 +112,12 @@ class WorkerActor:
         self.stop_requested = False
         self.killed_after_grace = False
         self.started = threading.Event()
-        self.exited = threading.Event()  # the worker exited; not reaped yet (see wait)
+        self.exited = threading.Event()  # the worker exited; maybe not reaped yet (see wait)
+        self.done = threading.Event()  # self.result is final
         self.lock = threading.Lock()
-        self.spec: dict[str, Any] = {}
-        self.result_written = False
+        self.reaper = threading.Lock()  # one wait() reaps; a second (recovery's) waits for it
+        self.rank = 0
+        self.log_dir = Path(tempfile.gettempdir())
 
     def pick_port(self) -> int:
         """A TCP port free on this node a moment ago, for rank 0's MASTER_PORT."""
@@ -155,9 +126,9 @@ class WorkerActor:
             return int(sock.getsockname()[1])
 
     def start(self, spec: dict[str, Any], master_port: int | None) -> dict[str, Any]:
-        self.spec = spec
-        attempt_dir = Path(spec["attempt_dir"])
-        rank = int(spec["rank"])
+        self.rank = rank = int(spec["rank"])
+        # On this node, not the manager's disk: the executor copies the output across.
+        self.log_dir = Path(tempfile.gettempdir()) / "corral-workers" / str(spec["name"])
         env = {k: v for k, v in os.environ.items() if k not in PRIVATE_VARIABLES}
         env.update({str(k): str(v) for k, v in spec["env"].items()})
         if not env.get("MASTER_PORT") and master_port is not None:
@@ -166,12 +137,19 @@ class WorkerActor:
         try:
             with self.lock:
                 if self.stop_requested:
-                    self.result = self._result(rank, None, "stopped before the worker started")
+                    self.result = self._result(None, "stopped before the worker started")
                     return info
-                stdout_path = attempt_dir / f"rank-{rank}.stdout"
-                stderr_path = attempt_dir / f"rank-{rank}.stderr"
-                with open(stdout_path, "ab") as stdout, open(stderr_path, "ab") as stderr:
+                self.log_dir.mkdir(parents=True, exist_ok=True)
+                stderr_path = self.log_dir / f"rank-{rank}.stderr"
+                with (
+                    open(self.log_dir / f"rank-{rank}.stdout", "ab") as stdout,
+                    open(stderr_path, "ab") as stderr,
+                ):
                     try:
+                        # The job's own dirs may not exist on this machine yet.
+                        Path(spec["workdir"]).mkdir(parents=True, exist_ok=True)
+                        if env.get("CORRAL_CHECKPOINT_DIR"):
+                            Path(env["CORRAL_CHECKPOINT_DIR"]).mkdir(parents=True, exist_ok=True)
                         self.popen = subprocess.Popen(
                             [str(arg) for arg in spec["argv"]],
                             stdin=subprocess.DEVNULL,
@@ -183,47 +161,63 @@ class WorkerActor:
                         )
                     except OSError as exc:
                         stderr.write(f"corral: cannot start rank {rank}: {exc}\n".encode())
-                        self.result = self._result(rank, 127, f"cannot start: {exc}")
+                        stderr.flush()
+                        self.result = self._result(127, f"cannot start: {exc}")
                         return info
-                info.update(pid=self.popen.pid, start_time=process_start_time(self.popen.pid))
-                write_json_atomic(attempt_dir / f"rank-{rank}.ray.json", info)
+                info["pid"] = self.popen.pid
                 return info
         finally:
             self.started.set()
 
-    def _result(self, rank: int, returncode: int | None, reason: str = "") -> dict[str, Any]:
-        tail = last_line(Path(self.spec["attempt_dir"]) / f"rank-{rank}.stderr")
+    def _result(self, returncode: int | None, reason: str = "") -> dict[str, Any]:
         return {
-            "rank": rank,
+            "rank": self.rank,
             "exit_code": returncode if returncode is not None and returncode >= 0 else None,
             "signal": -returncode if returncode is not None and returncode < 0 else None,
             "stopped": self.stop_requested,
             "killed_after_grace": self.killed_after_grace,
             "reason": reason,
-            "error_tail": tail,
+            "error_tail": last_line(self.log_dir / f"rank-{self.rank}.stderr"),
+            "ended_at": time.time(),
         }
 
     def wait(self) -> dict[str, Any]:
-        """Blocks until the worker ends; its result (also written to rank-R.result.json)."""
+        """Blocks until the worker ends; its result."""
         self.started.wait()
-        if self.result is None:
-            assert self.popen is not None
-            # Wait without reaping: while the worker is an unreaped zombie its pid, the group
-            # id, cannot be reused, so the killpg below reaches only what it left behind.
-            os.waitid(os.P_PID, self.popen.pid, os.WEXITED | os.WNOWAIT)
-            self.exited.set()
-            self._signal_group(signal.SIGKILL)
-            returncode = self.popen.wait()
-            self.result = self._result(int(self.spec["rank"]), returncode)
-        self.exited.set()
-        with self.lock:  # a recovering executor calls wait() again while the first one waits
-            if not self.result_written:
-                attempt_dir = Path(self.spec["attempt_dir"])
-                write_json_atomic(
-                    attempt_dir / f"rank-{self.result['rank']}.result.json", self.result
-                )
-                self.result_written = True
+        with self.reaper:
+            if not self.done.is_set():
+                if self.result is None:
+                    assert self.popen is not None
+                    # Wait without reaping: while the worker is an unreaped zombie its pid, the
+                    # group id, cannot be reused, so the killpg below reaches only what it left.
+                    os.waitid(os.P_PID, self.popen.pid, os.WEXITED | os.WNOWAIT)
+                    self.exited.set()
+                    self._signal_group(signal.SIGKILL)
+                    self.result = self._result(self.popen.wait())
+                self.exited.set()
+                self.done.set()
+        assert self.result is not None
         return self.result
+
+    def read_output(self, offsets: dict[str, int], last: bool = False) -> dict[str, bytes]:
+        """What each stream holds past its offset (at most LOG_CHUNK); `last` after the worker
+        ended and everything was read: remove the node's copy."""
+        chunks = {}
+        for stream in STREAMS:
+            try:
+                with open(self.log_dir / f"rank-{self.rank}.{stream}", "rb") as handle:
+                    handle.seek(int(offsets.get(stream, 0)))
+                    chunks[stream] = handle.read(LOG_CHUNK)
+            except OSError:
+                chunks[stream] = b""
+        if last and not any(chunks.values()):
+            for stream in STREAMS:
+                (self.log_dir / f"rank-{self.rank}.{stream}").unlink(missing_ok=True)
+            try:
+                self.log_dir.rmdir()
+            except OSError:
+                pass
+        return chunks
 
     def state(self) -> str:
         """not-started, running or ended (a start() whose caller died never arrives)."""
@@ -268,9 +262,12 @@ class _Attempt:
     attempt_dir: Path
     stop_signal: int
     grace_s: float
-    actors: list[Any]  # ActorHandle per rank
+    actors: list[Any]  # ActorHandle per rank (None where it is gone)
     waiting: dict[Any, int] = field(default_factory=dict)  # wait() ObjectRef -> rank
     results: dict[int, dict[str, Any]] = field(default_factory=dict)
+    #: Bytes of each (rank, stream) copied to the manager's attempt dir so far.
+    copied: dict[tuple[int, str], int] = field(default_factory=dict)
+    copy_lock: threading.Lock = field(default_factory=threading.Lock)
     stop_requested: bool = False
     gang_stopping: bool = False
     failed_rank: int | None = None
@@ -285,6 +282,9 @@ class RayExecutor:
             ray.init(address=address, namespace=NAMESPACE, log_to_driver=False)
         self._tracked: dict[tuple[str, int], _Attempt] = {}
         self._lock = threading.Lock()
+        self._closing = threading.Event()
+        self._copier = threading.Thread(target=self._copy_logs, name="corral-ray-logs", daemon=True)
+        self._copier.start()
 
     def nodes(self) -> list[RayNode]:
         return ray_nodes()
@@ -292,15 +292,14 @@ class RayExecutor:
     # -- launching and stopping ----------------------------------------------------------------
 
     def launch(self, launch: AttemptLaunch) -> None:
-        """Start one detached actor per worker on its CORRAL_NODE; returns without waiting."""
+        """Start one detached actor per worker on its node; returns without waiting."""
         key = (launch.job_id, launch.attempt)
         nodes = {node.name: node for node in self.nodes()}
-        placed = []
+        placed: list[tuple[WorkerLaunch, RayNode]] = []
         for worker in sorted(launch.workers, key=lambda w: w.rank):
-            name = worker.env.get("CORRAL_NODE", "")
-            if name not in nodes:
-                raise ValueError(f"rank {worker.rank}: CORRAL_NODE {name!r} is not a live node")
-            placed.append((worker, nodes[name]))
+            if worker.node not in nodes:
+                raise ValueError(f"rank {worker.rank}: node {worker.node!r} is not a live node")
+            placed.append((worker, nodes[worker.node]))
         attempt_dir = Path(launch.attempt_dir).resolve()
         with self._lock:
             if key in self._tracked:
@@ -353,11 +352,11 @@ class RayExecutor:
                 if not env.get("MASTER_ADDR"):
                     env["MASTER_ADDR"] = placed[0][1].address
                 spec = {
+                    "name": actor_name(launch.job_id, launch.attempt, worker.rank),
                     "rank": worker.rank,
                     "argv": list(worker.argv),
                     "env": env,
                     "workdir": launch.workdir,
-                    "attempt_dir": str(attempt_dir),
                 }
                 actor.start.remote(spec, port_ref)
                 tracked.waiting[actor.wait.remote()] = worker.rank
@@ -375,7 +374,7 @@ class RayExecutor:
     @staticmethod
     def _stop_workers(tracked: _Attempt) -> None:
         for rank, actor in enumerate(tracked.actors):
-            if rank not in tracked.results:
+            if rank not in tracked.results and actor is not None:
                 actor.stop.remote(tracked.stop_signal, tracked.grace_s)
 
     # -- observing -----------------------------------------------------------------------------
@@ -385,13 +384,11 @@ class RayExecutor:
         ended = []
         with self._lock:
             pending = [ref for tracked in self._tracked.values() for ref in tracked.waiting]
+            ready: set[Any] = set()
             if pending:
-                ready, _ = ray.wait(pending, num_returns=len(pending), timeout=0)
-                ready_set = set(ready)
-            else:
-                ready_set = set()
+                ready = set(ray.wait(pending, num_returns=len(pending), timeout=0)[0])
             for key, tracked in list(self._tracked.items()):
-                for ref in [ref for ref in tracked.waiting if ref in ready_set]:
+                for ref in [ref for ref in tracked.waiting if ref in ready]:
                     rank = tracked.waiting.pop(ref)
                     tracked.results[rank] = self._collect(tracked, rank, ref)
                     self._note_failure(tracked, rank)
@@ -399,9 +396,13 @@ class RayExecutor:
                     tracked.gang_stopping = True  # a failing worker ends its whole gang
                     self._stop_workers(tracked)
                 if not tracked.waiting:
+                    self._copy_attempt_logs(tracked, last=True)
+                    for rank, result in tracked.results.items():
+                        write_json_atomic(tracked.attempt_dir / f"rank-{rank}.result.json", result)
                     ended.append(_attempt_ended(tracked))
                     for actor in tracked.actors:
-                        ray.kill(actor, no_restart=True)
+                        if actor is not None:
+                            ray.kill(actor, no_restart=True)
                     del self._tracked[key]
         return ended
 
@@ -409,7 +410,7 @@ class RayExecutor:
     def _collect(tracked: _Attempt, rank: int, ref: Any) -> dict[str, Any]:
         try:
             return dict(ray.get(ref))
-        except RayActorError as error:
+        except RayError as error:
             return _lost_result(tracked, rank, error)
 
     @staticmethod
@@ -422,6 +423,52 @@ class RayExecutor:
         )
         if failed and not tracked.stop_requested and tracked.failed_rank is None:
             tracked.failed_rank = rank
+
+    # -- logs ----------------------------------------------------------------------------------
+
+    def _copy_logs(self) -> None:
+        """The log copier's loop: new output of every running worker, about once a second."""
+        while not self._closing.wait(LOG_COPY_EVERY_S):
+            with self._lock:
+                attempts = list(self._tracked.values())
+            for tracked in attempts:
+                try:
+                    self._copy_attempt_logs(tracked)
+                except Exception:  # a node going away mid-copy: the next round, or its end
+                    continue
+
+    @staticmethod
+    def _copy_attempt_logs(tracked: _Attempt, last: bool = False) -> None:
+        """Append each worker's new output to the manager's rank-R.stdout/.stderr."""
+        with tracked.copy_lock:
+            for _ in range(64 if last else 1):  # the end: until everything is across
+                ranks = [r for r, actor in enumerate(tracked.actors) if actor is not None]
+                refs = {
+                    rank: tracked.actors[rank].read_output.remote(
+                        {s: tracked.copied.get((rank, s), 0) for s in STREAMS}, last
+                    )
+                    for rank in ranks
+                }
+                more = False
+                for rank, ref in refs.items():
+                    try:
+                        chunks = ray.get(ref, timeout=10)
+                    except (RayError, GetTimeoutError):
+                        continue  # its node is gone: what was copied is what there is
+                    for stream, data in chunks.items():
+                        if not data:
+                            continue
+                        more = True
+                        path = tracked.attempt_dir / f"rank-{rank}.{stream}"
+                        with open(path, "ab") as handle:
+                            handle.write(data)
+                        tracked.copied[(rank, stream)] = tracked.copied.get(
+                            (rank, stream), 0
+                        ) + len(data)
+                if not more:
+                    return
+
+    # -- recovery ------------------------------------------------------------------------------
 
     def recover(
         self, job_id: str, attempt: int, attempt_dir: Path
@@ -444,30 +491,31 @@ class RayExecutor:
             float(launched["grace_s"]),
             [],
         )
-        missing = []
         for rank in range(int(launched["workers"])):
+            for stream in STREAMS:
+                copy = attempt_dir / f"rank-{rank}.{stream}"
+                tracked.copied[(rank, stream)] = copy.stat().st_size if copy.exists() else 0
             try:
-                actor = ray.get_actor(actor_name(job_id, attempt, rank), namespace=NAMESPACE)
+                tracked.actors.append(
+                    ray.get_actor(actor_name(job_id, attempt, rank), namespace=NAMESPACE)
+                )
             except ValueError:
-                missing.append(rank)
-                actor = None
-            tracked.actors.append(actor)
-        if missing:
+                tracked.actors.append(None)
+        if None in tracked.actors:
             return self._recover_partial(tracked)
-        found = tracked.actors
         try:
-            states = ray.get([actor.state.remote() for actor in found], timeout=30)
-        except (RayActorError, GetTimeoutError):
-            states = ["not-started"] * len(found)
+            states = ray.get([actor.state.remote() for actor in tracked.actors], timeout=30)
+        except (RayError, GetTimeoutError):
+            states = ["not-started"] * len(tracked.actors)
         if all(state == "not-started" for state in states):
             # The manager died between creating the actors and starting them: nothing ran.
-            for actor in found:
+            for actor in tracked.actors:
                 ray.kill(actor, no_restart=True)
             return "never-started"
         if "not-started" in states:  # half a gang started: it can never run as one
             for rank, state in enumerate(states):
                 if state == "not-started":
-                    ray.kill(found[rank], no_restart=True)
+                    ray.kill(tracked.actors[rank], no_restart=True)
                     tracked.actors[rank] = None
             return self._recover_partial(tracked)
         for rank, actor in enumerate(tracked.actors):
@@ -490,9 +538,11 @@ class RayExecutor:
                     actor.stop.remote(signal.SIGKILL, 0.0)
                     try:
                         tracked.results[rank] = dict(ray.get(actor.wait.remote(), timeout=10))
-                    except (RayActorError, GetTimeoutError) as error:
+                    except (RayError, GetTimeoutError) as error:
                         tracked.results[rank] = _lost_result(tracked, rank, error)
             self._note_failure(tracked, rank)
+        self._copy_attempt_logs(tracked, last=True)
+        for actor in tracked.actors:
             if actor is not None:
                 ray.kill(actor, no_restart=True)
         return _attempt_ended(tracked)
@@ -503,6 +553,8 @@ class RayExecutor:
 
     def close(self) -> None:
         """Stop tracking. Never kills: the detached actors outlive the manager."""
+        self._closing.set()
+        self._copier.join(timeout=15)
         with self._lock:
             self._tracked.clear()
         if self._owns_connection:
@@ -510,7 +562,8 @@ class RayExecutor:
 
 
 def _lost_result(tracked: _Attempt, rank: int, error: object) -> dict[str, Any]:
-    first_line = str(error).strip().splitlines()[0] if str(error).strip() else "actor died"
+    text = str(error).strip()
+    first_line = text.splitlines()[0] if text else "actor died"
     return {
         "rank": rank,
         "exit_code": None,
@@ -519,18 +572,20 @@ def _lost_result(tracked: _Attempt, rank: int, error: object) -> dict[str, Any]:
         "lost": True,
         "reason": f"lost: rank {rank}'s Ray actor died ({first_line[:200]})",
         "error_tail": "",
+        "ended_at": time.time(),
     }
 
 
 def _attempt_ended(tracked: _Attempt) -> AttemptEnded:
     """The attempt's end from its workers' results, by the shim's rules."""
     results = tracked.results
+    ended_at = max(float(r.get("ended_at", 0.0)) for r in results.values()) or time.time()
 
     def make(
         code: int | None, sig: int | None, stopped: bool, reason: str, tail: str = ""
     ) -> AttemptEnded:
         return AttemptEnded(
-            tracked.job_id, tracked.attempt, code, sig, stopped, reason, tail, time.time()
+            tracked.job_id, tracked.attempt, code, sig, stopped, reason, tail, ended_at
         )
 
     lost = [r for r in sorted(results) if results[r].get("lost")]

@@ -1,8 +1,12 @@
-"""A real two-node Ray cluster on this machine, for the Ray executor's tests.
+"""A real multi-node Ray cluster on this machine (127.0.0.1), for the Ray executor's tests.
 
 Each node is a `ray start --block` process that this module started: stopping it (SIGTERM) makes
 Ray stop that node's own daemons, so no broad `ray stop` is needed and nothing else is touched.
 Each node declares GPUs and a `corral-node-NAME` resource that names it for corral.
+
+Every process of a node (its Ray daemons, its workers, the jobs they start) inherits
+CORRAL_TEST_NODE=NAME: a test sees where a job ran, and `kill_node` kills all of a node's
+processes at once, as a machine that dies would lose them.
 """
 
 from __future__ import annotations
@@ -29,22 +33,50 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _environment() -> dict[str, str]:
+def _environment(node: str) -> dict[str, str]:
     env = dict(os.environ)
     env.update(
         {
+            "CORRAL_TEST_NODE": node,
             "RAY_USAGE_STATS_ENABLED": "0",
             # The memory monitor polls /proc often: wasted CPU on a 2-core machine.
             "RAY_memory_monitor_refresh_ms": "0",
+            # A dead node is found within about 2 s, not Ray's default of tens of seconds.
+            "RAY_health_check_initial_delay_ms": "0",
+            "RAY_health_check_period_ms": "500",
+            "RAY_health_check_timeout_ms": "500",
+            "RAY_health_check_failure_threshold": "3",
         }
     )
     return env
+
+
+def only_loopback() -> bool:
+    return [name for _, name in socket.if_nameindex()] == ["lo"]
+
+
+def processes_of(node: str) -> list[int]:
+    """The pids of every process that carries CORRAL_TEST_NODE=node in its environment."""
+    marker = f"CORRAL_TEST_NODE={node}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if marker in environ.split(b"\0"):
+            found.append(int(entry.name))
+    return found
 
 
 @dataclass(slots=True)
 class RayCluster:
     gpus_per_node: int = 2
     node_names: tuple[str, ...] = ("a", "b")
+    #: The head node: it declares no GPUs when set, as a CPU-only head would.
+    head: str | None = None
     port: int = field(default_factory=_free_port)
     temp_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="corral-ray-")))
     nodes: list[subprocess.Popen[str]] = field(default_factory=list)
@@ -55,40 +87,73 @@ class RayCluster:
         return f"127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 60.0) -> None:
-        began = time.monotonic()
-        for index, name in enumerate(self.node_names):
-            argv = [
-                RAY,
-                "start",
-                "--block",
-                "--node-ip-address=127.0.0.1",
-                "--num-cpus=1",
-                f"--num-gpus={self.gpus_per_node}",
-                f'--resources={{"corral-node-{name}": 1}}',
-                "--object-store-memory=100000000",
-                "--disable-usage-stats",
-            ]
-            if index == 0:
-                argv += [
-                    "--head",
-                    f"--port={self.port}",
-                    "--include-dashboard=false",
-                    f"--temp-dir={self.temp_dir}",
-                ]
-            else:
-                argv.append(f"--address={self.address}")
-            node = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-                env=_environment(),
-                start_new_session=True,
+        if not only_loopback():
+            raise RuntimeError(
+                "the Ray tests need a network namespace with only loopback (tests/conftest.py "
+                "makes one as root); run pytest as root or under `unshare -rn`"
             )
-            self.nodes.append(node)
-            self._wait_ready(node, began + timeout)
+        began = time.monotonic()
+        if self.head is not None:
+            self._start_node(self.head, gpus=0, rack=None, head=True, deadline=began + timeout)
+        for name in self.node_names:
+            head = not self.nodes
+            self._start_node(name, self.gpus_per_node, None, head, began + timeout)
         self.started_in_s = time.monotonic() - began
+
+    def add_node(
+        self, name: str, gpus: int | None = None, rack: str | None = None, timeout: float = 60.0
+    ) -> None:
+        gpus = self.gpus_per_node if gpus is None else gpus
+        self._start_node(name, gpus, rack, False, time.monotonic() + timeout)
+
+    def _start_node(
+        self, name: str, gpus: int, rack: str | None, head: bool, deadline: float
+    ) -> None:
+        argv = [
+            RAY,
+            "start",
+            "--block",
+            "--node-ip-address=127.0.0.1",
+            "--num-cpus=1",
+            f"--num-gpus={gpus}",
+            "--object-store-memory=100000000",
+            "--disable-usage-stats",
+        ]
+        if gpus:
+            argv.append(f'--resources={{"corral-node-{name}": 1}}')
+        if rack is not None:
+            argv.append(f"--labels=corral-rack={rack}")
+        if head:
+            argv += [
+                "--head",
+                f"--port={self.port}",
+                "--include-dashboard=false",
+                f"--temp-dir={self.temp_dir}",
+            ]
+        else:
+            argv.append(f"--address={self.address}")
+        node = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=_environment(name),
+            start_new_session=True,
+        )
+        self.nodes.append(node)
+        self._wait_ready(node, deadline)
+
+    def kill_node(self, name: str) -> int:
+        """SIGKILL every process of the node (not the head): as if its machine died."""
+        killed = 0
+        for pid in processes_of(name):
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed += 1
+            except ProcessLookupError:
+                pass
+        return killed
 
     @staticmethod
     def _wait_ready(node: subprocess.Popen[str], deadline: float) -> None:
