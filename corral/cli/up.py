@@ -54,6 +54,23 @@ def up(
     relax_after: Annotated[
         float, typer.Option(help="seconds a job waits for a consolidated placement")
     ] = 60.0,
+    executor: Annotated[
+        str,
+        typer.Option(help="local (processes on this machine) or ray (a Ray cluster's GPU nodes)"),
+    ] = "local",
+    ray_address: Annotated[
+        str | None,
+        typer.Option(
+            help="--executor ray: the Ray head's HOST:PORT (as for `ray start --address`)"
+        ),
+    ] = None,
+    checkpoint_root: Annotated[
+        Path | None,
+        typer.Option(
+            help="jobs' checkpoint dirs go under this path, the same on every node (shared "
+            "storage) [default: DATA_DIR/jobs/JOB/checkpoint]"
+        ),
+    ] = None,
     demo: Annotated[
         bool,
         typer.Option(
@@ -73,6 +90,12 @@ def up(
         fail("--admission hived: needs --config FILE whose virtual_clusters give the VCs' cells")
     if gpus is not None and gpus <= 0:
         fail("--gpus: must be a positive integer")
+    if executor not in ("local", "ray"):
+        fail(f"--executor: unknown {executor!r}; choose local or ray")
+    if executor == "ray" and not ray_address:
+        fail("--executor ray: needs --ray-address HOST:PORT (the Ray head's address)")
+    if executor == "ray" and (demo or gpus is not None):
+        fail("--executor ray: the GPUs are the Ray nodes' (no --gpus, no --demo)")
     if port is None:
         port = 0 if demo else 8470
     if data_dir is None:
@@ -93,6 +116,7 @@ def up(
         las_thresholds_gpu_s=thresholds,
         quantum_s=quantum_s,
         relax_after_s=relax_after,
+        checkpoint_root=checkpoint_root.expanduser().resolve() if checkpoint_root else None,
     )
     options = ServerOptions(
         data_dir=data_dir.expanduser(),
@@ -103,6 +127,8 @@ def up(
         host=host,
         port=port,
         settings=settings,
+        executor=executor,
+        ray_address=ray_address,
     )
     if demo:
         from corral.server.demo import run_demo
@@ -142,9 +168,12 @@ def serve(manager: object, options: object) -> None:
     token_file = options.data_dir / "admin.token"
     token = token_file.read_text().strip()
     quota = ", ".join(f"{vc} ({gpus} GPUs)" for vc, gpus in sorted(manager.vc_quota.items()))
-    node = manager.cluster.nodes[0]
+    nodes = manager.cluster.nodes
+    where = nodes[0].name if len(nodes) == 1 else f"{len(nodes)} nodes"
+    if options.executor == "ray":
+        where += f" of the Ray cluster at {options.ray_address}"
     console.print(
-        f"corral up: {manager.cluster.total_gpus} GPUs on {node.name}, policy "
+        f"corral up: {manager.cluster.total_gpus} GPUs on {where}, policy "
         f"{manager.settings.policy}, admission {manager.settings.admission}, VCs {quota}",
         highlight=False,
     )

@@ -50,7 +50,9 @@ class JobSpec:
     `duration_s` is the run time on a consolidated placement of the job's best GPU type, when it is
     known (simulation, or an oracle policy); the live manager leaves it None. `spread_slowdown` is how
     much slower the job runs when its GPUs span several nodes (1.0 = insensitive); the `profile`
-    placement uses it to decide which jobs must be consolidated.
+    placement uses it to decide which jobs must be consolidated. `gpus_per_worker` is the
+    placement's unit: each node a job spans must receive a multiple of it (one worker process
+    cannot span machines).
     """
 
     id: str
@@ -68,6 +70,9 @@ class JobSpec:
     #: The instant (seconds, the trace's clock) by which the job should have finished, if any.
     deadline: float | None = None
     elastic: Elastic | None = None
+    #: GPUs of one worker process, which cannot span machines: each node a job spans must
+    #: receive a multiple of it (`gpus` is one too). 1: any split of the gang is fine.
+    gpus_per_worker: int = 1
 
     def accepts(self, gpu_type: str) -> bool:
         return self.gpu_types is None or gpu_type in self.gpu_types

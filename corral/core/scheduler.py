@@ -24,7 +24,7 @@ from corral.core.cluster import Cluster
 from corral.core.job import Job, JobSpec, JobStatus
 from corral.core.migration import Migration
 from corral.core.packing import Packing
-from corral.core.placement.base import Placed, Placement
+from corral.core.placement.base import Placed, Placement, whole_worker_gpus
 from corral.core.policy.base import Key, Policy
 from corral.core.tenancy.quota import QuotaAdmission
 
@@ -42,6 +42,34 @@ MAX_PREEMPTION_ATTEMPTS = 32
 
 class JobRefused(ValueError):
     """A job that can never run on this cluster."""
+
+
+def worker_refusal(cluster: Cluster, spec: JobSpec, where: str = "") -> str | None:
+    """Why the job's workers could never be placed on `cluster` (`where` names it in the message,
+    e.g. " in VC a"), or None: each worker needs `gpus_per_worker` GPUs on one node."""
+    unit = spec.gpus_per_worker
+    if unit == 1:
+        return None
+    if unit < 1 or spec.gpus % unit:
+        return f"{spec.gpus} GPUs cannot be split into workers of {unit} GPUs"
+    types = [t for t in cluster.gpu_types if spec.accepts(t)]
+    kind = "" if spec.gpu_types is None else f" of type {'|'.join(sorted(spec.gpu_types))}"
+    largest = max((cluster.max_node_gpus_by_type[t] for t in types), default=0)
+    if unit > largest:
+        return (
+            f"each worker needs {unit} GPUs on one node, but the largest node{kind}{where} has "
+            f"{largest} (use more workers)"
+        )
+    room = max(
+        whole_worker_gpus(cluster, [n.index for n in cluster.nodes if n.gpu_type == t], unit)
+        for t in types
+    )
+    if spec.gpus > room:
+        return (
+            f"asks for {spec.gpus} GPUs, {unit} per worker on one node, but the nodes{kind}"
+            f"{where} can give only {room} GPUs in whole workers"
+        )
+    return None
 
 
 class Scheduler:
@@ -99,7 +127,7 @@ class Scheduler:
         if spec.gpus > capacity:
             kind = "" if spec.gpu_types is None else f" of type {'|'.join(sorted(spec.gpu_types))}"
             return f"asks for {spec.gpus} GPUs but the cluster has only {capacity} GPUs{kind}"
-        return None
+        return worker_refusal(self.cluster, spec)
 
     def submit(self, spec: JobSpec, now: float) -> Job:
         if spec.id in self.jobs:
@@ -296,8 +324,9 @@ class Scheduler:
         cluster = self.cluster
         # Within a round, a job of the same kind needing at least as many GPUs as one that did not
         # fit cannot fit either (and, being of lower priority, has no more victims to preempt).
-        no_fit: dict[tuple[frozenset[str] | None, str], int] = {}
-        no_room: dict[tuple[frozenset[str] | None, str], int] = {}
+        # The kind includes the GPUs per worker: a job of smaller workers fits where larger did not.
+        no_fit: dict[tuple[frozenset[str] | None, str, int], int] = {}
+        no_room: dict[tuple[frozenset[str] | None, str, int], int] = {}
         # Too few GPUs held by lower-priority jobs is a bound for every later job of those types
         # (and of that VC, when a quota decides who may be preempted).
         too_few_victims: dict[tuple[frozenset[str] | None, str], int] = {}
@@ -331,7 +360,7 @@ class Scheduler:
                     job.pending_reason = refusal
                     position += 1
                     continue
-            kind = (job.spec.gpu_types, self.placement.mode(job, now))
+            kind = (job.spec.gpu_types, self.placement.mode(job, now), job.spec.gpus_per_worker)
             if job.spec.gpus < no_fit.get(kind, math.inf):
                 result = self.placement.place(cluster, job, now)
                 if isinstance(result, Placed):

@@ -155,7 +155,7 @@ def create_app(manager: Manager) -> FastAPI:
         detail = summary(row)
         detail["spec"] = row.spec
         detail["attempt_history"] = [
-            asdict(a) | {"gpus": [manager.gpu_name(g) for g in a.gpus]}
+            asdict(a) | {"gpus": [g if isinstance(g, str) else manager.gpu_name(g) for g in a.gpus]}
             for a in store.attempts(job_id)
         ]
         detail["events"] = [asdict(e) for e in store.events(job_id)]

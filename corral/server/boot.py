@@ -8,7 +8,9 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import uvicorn
 
@@ -20,6 +22,9 @@ from corral.server import auth
 from corral.server.api import create_app
 from corral.server.manager import Executor, Manager, ManagerSettings
 from corral.server.store import Store, StoreError
+
+if TYPE_CHECKING:
+    from corral.exec.ray import RayExecutor
 
 
 class BootError(ValueError):
@@ -36,6 +41,11 @@ class ServerOptions:
     host: str = "127.0.0.1"
     port: int = 8470
     settings: ManagerSettings = field(default_factory=ManagerSettings)
+    executor: str = "local"  # or "ray"
+    ray_address: str | None = None  # HOST:PORT of the Ray cluster's head (GCS)
+
+
+EXECUTORS = ("local", "ray")
 
 
 def node_name() -> str:
@@ -126,8 +136,77 @@ def build_manager(options: ServerOptions, executor: Executor | None = None) -> M
     return manager
 
 
+def ray_node_defs(executor: RayExecutor) -> list[NodeDef]:
+    return [
+        NodeDef(name=node.name, gpus=node.gpus, gpu_type=node.gpu_type, rack=node.rack)
+        for node in executor.nodes()
+    ]
+
+
+def connect_ray(options: ServerOptions) -> RayExecutor:
+    if not options.ray_address:
+        raise BootError("--executor ray: needs --ray-address HOST:PORT (the head node's GCS)")
+    try:
+        from corral.exec.ray import RayExecutor
+    except ImportError:
+        raise BootError(
+            "--executor ray: Ray is not installed (pip install 'corral[ray]')"
+        ) from None
+    try:
+        return RayExecutor(options.ray_address)
+    except (ConnectionError, RuntimeError, ValueError) as error:
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise BootError(f"--ray-address {options.ray_address}: cannot connect ({first})") from None
+
+
+def build_ray_cluster(
+    options: ServerOptions, executor: RayExecutor
+) -> tuple[Cluster, dict[str, int] | None]:
+    """The Ray cluster's GPU nodes as the core's cluster; the config, if any, gives the VCs."""
+    if options.settings.admission == "hived":
+        raise BootError(
+            "--admission hived: not with --executor ray yet (HiveD's cells need a fixed cluster)"
+        )
+    nodes = ray_node_defs(executor)
+    if not nodes:
+        raise BootError(
+            f"--ray-address {options.ray_address}: no node declares GPUs "
+            "(start them with `ray start --num-gpus=N`)"
+        )
+    quota = None
+    if options.config is not None:
+        from corral.config_file import load_cluster_config
+
+        try:
+            quota = vc_gpu_quota(load_cluster_config(options.config))
+        except ConfigError as error:
+            raise BootError(str(error)) from None
+    return Cluster.from_nodes(nodes), quota
+
+
 def _build_manager(options: ServerOptions, executor: Executor | None) -> Manager:
+    if options.executor not in EXECUTORS:
+        raise BootError(f"--executor: unknown {options.executor!r}; choose local or ray")
+    if options.executor == "ray":
+        # Given one (tests), it is a RayExecutor already connected.
+        ray_executor = cast("RayExecutor", executor) if executor else connect_ray(options)
+        try:
+            return _build_with(options, ray_executor, *build_ray_cluster(options, ray_executor))
+        except BaseException:
+            ray_executor.close()
+            raise
     cluster, quota, cells = build_cluster(options)
+    return _build_with(options, executor or LocalExecutor(), cluster, quota, cells)
+
+
+def _build_with(
+    options: ServerOptions,
+    executor: Executor,
+    cluster: Cluster,
+    quota: dict[str, int] | None,
+    cells: dict[str, dict[str, int]] | None = None,
+) -> Manager:
+    nodes = partial(ray_node_defs, executor) if options.executor == "ray" else None
     try:
         store = Store(options.db_url or Store.sqlite_url(options.data_dir))
     except StoreError as error:
@@ -137,12 +216,13 @@ def _build_manager(options: ServerOptions, executor: Executor | None) -> Manager
         auth.ensure_admin_token(store, options.data_dir)
         manager = Manager(
             store,
-            executor or LocalExecutor(),
+            executor,
             cluster,
             options.data_dir,
             vc_quota=quota,
             vc_cells=cells,
             settings=options.settings,
+            nodes=nodes,
         )
     except (StoreError, ValueError) as error:
         store.close()

@@ -25,14 +25,14 @@ from pathlib import Path
 from typing import Protocol
 
 from corral.core.actions import Preempt, Start
-from corral.core.cluster import Cluster
+from corral.core.cluster import Cluster, NodeDef
 from corral.core.job import Job, JobSpec, JobStatus
 from corral.core.placement import make_placement
 from corral.core.policy import make_policy
 from corral.core.scheduler import Scheduler
 from corral.core.tenancy.hived import HivedScheduler
 from corral.core.tenancy.quota import QuotaAdmission
-from corral.exec.local import AttemptEnded, AttemptLaunch, WorkerLaunch, free_port, worker_envs
+from corral.exec.local import AttemptEnded, AttemptLaunch, WorkerLaunch, placement_worker_envs
 from corral.server.spec import JobSpecModel, argv, parse_job_spec, signal_number, to_core_spec
 from corral.server.store import AttemptRow, JobRow, Store
 
@@ -82,6 +82,11 @@ class ManagerSettings:
     max_grace_s: float = 300.0
     #: The shortest time between two scheduling rounds.
     round_gap_s: float = 0.02
+    #: How often a cluster whose nodes come and go (Ray) is read again.
+    node_check_s: float = 1.0
+    #: Where jobs' checkpoint dirs go (one per job); storage every node sees. Default: the
+    #: data dir's jobs/JOB/checkpoint.
+    checkpoint_root: Path | None = None
 
 
 @dataclass(slots=True)
@@ -118,14 +123,22 @@ class Manager:
         vc_cells: dict[str, dict[str, int]] | None = None,
         settings: ManagerSettings | None = None,
         clock: Callable[[], float] = time.time,
+        nodes: Callable[[], list[NodeDef]] | None = None,
     ) -> None:
+        """`nodes`, for a cluster whose machines come and go (Ray): the live nodes, read again
+        every `node_check_s`; the cluster is rebuilt when they change."""
         self.store = store
         self.executor = executor
         self.cluster = cluster
         self.data_dir = Path(data_dir).resolve()  # job processes run elsewhere: no relative paths
         self.settings = settings or ManagerSettings()
         self.clock = clock
+        self._quota_follows_cluster = not vc_quota
         self.vc_quota = dict(vc_quota) if vc_quota else {"default": cluster.total_gpus}
+        self._nodes = nodes
+        self._rebuilding = False
+        self._next_node_check = 0.0
+        self._gpu_ids = _gpu_ids_by_name(cluster)
         #: Each VC's guaranteed cells ({cell type: count}, as the config gives them), for hived.
         self.vc_cells = {vc: dict(cells) for vc, cells in (vc_cells or {}).items()}
         self.scheduler = self._make_scheduler()
@@ -205,12 +218,36 @@ class Manager:
         node = self.cluster.gpu_node[gpu]
         return f"{self.cluster.nodes[node].name}/{self._device_index(gpu)}"
 
+    def gpu_ids(self, names: Iterable[str | int]) -> tuple[int, ...]:
+        """The GPU ids of stored GPU names ("node/device"); KeyError for a node that is gone.
+        (Attempts stored before names were kept hold ids: those stay as they are.)"""
+        return tuple(name if isinstance(name, int) else self._gpu_ids[name] for name in names)
+
     def _device_index(self, gpu: int) -> int:
         node = self.cluster.gpu_node[gpu]
         return list(self.cluster.node_gpus[node]).index(gpu)
 
     def job_dir(self, job_id: str) -> Path:
         return self.data_dir / "jobs" / job_id
+
+    def checkpoint_dir(self, job_id: str) -> Path:
+        root = self.settings.checkpoint_root
+        return self.job_dir(job_id) / "checkpoint" if root is None else Path(root) / job_id
+
+    def _worker_placement(self, gpus: tuple[int, ...], workers: int) -> list[tuple[str, list[int]]]:
+        """Each worker's node and device indexes: the core's GPUs node by node, split into
+        equal shares in that order (the core gives each node a multiple of a share)."""
+        ordered = sorted(gpus, key=lambda g: (self.cluster.gpu_node[g], g))
+        share = len(ordered) // workers
+        placement = []
+        for rank in range(workers):
+            own = ordered[rank * share : (rank + 1) * share]
+            nodes = {self.cluster.gpu_node[g] for g in own}
+            if len(nodes) != 1:  # the core's placement keeps a worker's GPUs on one node
+                raise ValueError(f"worker {rank}'s GPUs span {len(nodes)} nodes")
+            node = self.cluster.nodes[nodes.pop()].name
+            placement.append((node, [self._device_index(g) for g in own]))
+        return placement
 
     def attempt_dir(self, job_id: str, attempt: int) -> Path:
         return self.job_dir(job_id) / f"attempt-{attempt}"
@@ -271,6 +308,11 @@ class Manager:
             with self.store.batch():
                 for end in ended:
                     self._attempt_ended(end, now)
+            if self._nodes is not None and now >= self._next_node_check:
+                self._next_node_check = now + self.settings.node_check_s
+                if self._refresh_nodes():
+                    deciding = True
+            with self.store.batch():
                 if deciding:
                     self._dirty = False
                     decision = self.scheduler.decide(now)
@@ -306,11 +348,61 @@ class Manager:
             with self.store.batch():
                 self._attempt_ended(ended, now)
 
+    def _refresh_nodes(self) -> bool:
+        """Read the live nodes again; rebuild the cluster when they changed. A node that left
+        stays (its free GPUs offline) until the executor has reported the end of every attempt
+        that ran there, so that no job is requeued while a worker of it may still run."""
+        assert self._nodes is not None
+        live = self._nodes()
+        known = [self._pristine_cluster.nodes[i] for i in range(len(self._pristine_cluster.nodes))]
+        known_defs = {cell.name: cell for cell in known}
+        live_names = {node.name for node in live}
+        if {n.name: (n.gpus, n.gpu_type) for n in live} == {
+            c.name: (c.total_gpus, c.gpu_type) for c in known
+        }:
+            return False
+        gone = [name for name in known_defs if name not in live_names]
+        busy = {self.cluster.nodes[self.cluster.gpu_node[g]].name for g in self._busy_gpus()}
+        waiting_for = [name for name in gone if name in busy]
+        if waiting_for:
+            if isinstance(self.scheduler, Scheduler):  # nothing new lands there meanwhile
+                for node in self.cluster.nodes:
+                    if node.name in waiting_for:
+                        self.scheduler.take_offline(self.cluster.node_gpus[node.index])
+            return False
+        if not live:
+            log.warning("the cluster has no node with GPUs; nothing starts until one joins")
+            if isinstance(self.scheduler, Scheduler):
+                self.scheduler.take_offline(range(self.cluster.total_gpus))
+            return False
+        log.info("nodes changed: %s", ", ".join(sorted(live_names)))
+        self.rebuild(Cluster.from_nodes(live))
+        return True
+
+    def _busy_gpus(self) -> set[int]:
+        """GPUs whose processes may still run: live attempts and stopping ones."""
+        busy = {g for attempt in self._attempts.values() for g in attempt.gpus}
+        busy.update(g for gpus in self._draining.values() for g in gpus)
+        return busy
+
+    def rebuild(self, cluster: Cluster) -> None:
+        """Take a new cluster (nodes joined or left) and rebuild the core's state on it."""
+        with self.lock:
+            self._pristine_cluster = copy.deepcopy(cluster)
+            if self._quota_follows_cluster:
+                self.vc_quota = {"default": cluster.total_gpus}
+            self._rebuilding = True
+            try:
+                self.resync()
+            finally:
+                self._rebuilding = False
+
     def resync(self) -> None:
         """Rebuild the core's state from the store (as after a restart), when a round failed
         half-way and memory may disagree with what was committed."""
         with self.lock:
             self.cluster = copy.deepcopy(self._pristine_cluster)
+            self._gpu_ids = _gpu_ids_by_name(self.cluster)
             self.scheduler = self._make_scheduler()
             self._attempts.clear()
             self._draining.clear()
@@ -343,7 +435,7 @@ class Manager:
         gpus = tuple(action.gpus)
         self._attempts[job.id] = _Attempt(number, gpus, now)
         names = [self.gpu_name(g) for g in gpus]
-        self.store.add_attempt(job.id, number, list(gpus), now, "running")
+        self.store.add_attempt(job.id, number, names, now, "running")
         self.store.update_job(
             job.id,
             status="RUNNING",
@@ -358,23 +450,19 @@ class Manager:
         self.store.add_event(
             job.id, now, "started", f"attempt {number} {verb} on {', '.join(names)}"
         )
-        checkpoint = self.job_dir(job.id) / "checkpoint"
+        checkpoint = self.checkpoint_dir(job.id)
         attempt_dir = self.attempt_dir(job.id, number)
-        envs = worker_envs(
-            job.id,
-            number,
-            [self._device_index(g) for g in gpus],
-            spec_model.workers,
-            checkpoint,
-            free_port(),
-            spec_model.env,
-        )
+        placement = self._worker_placement(gpus, spec_model.workers)
+        envs = placement_worker_envs(job.id, number, placement, checkpoint, spec_model.env)
         command = argv(spec_model)
         workdir = spec_model.workdir or str(self.job_dir(job.id))
         return AttemptLaunch(
             job_id=job.id,
             attempt=number,
-            workers=[WorkerLaunch(rank, command, env) for rank, env in enumerate(envs)],
+            workers=[
+                WorkerLaunch(rank, command, env, placement[rank][0])
+                for rank, env in enumerate(envs)
+            ],
             workdir=workdir,
             stop_signal=signal_number(spec_model),
             # A user's grace period must not hold GPUs against preemption and cancel forever.
@@ -736,10 +824,55 @@ class Manager:
         self.store.update_job(row.id, status="FAILED", finished_at=now, reason=reason)
         self.store.add_event(row.id, now, "failed", reason)
 
+    def _known_gpus(self, names: Iterable[str | int]) -> tuple[int, ...]:
+        return tuple(
+            name if isinstance(name, int) else self._gpu_ids[name]
+            for name in names
+            if isinstance(name, int) or name in self._gpu_ids
+        )
+
+    def _recover_off_cluster(
+        self, job: Job, row: AttemptRow, found: str | AttemptEnded, now: float
+    ) -> None:
+        """An attempt that ran on a node which has left: what may still run of it is stopped
+        (its GPUs elsewhere stay held until it is gone), and the job waits for a new start."""
+        number = row.number
+        if found == "running":
+            self._draining[(job.id, number)] = self._known_gpus(row.gpus)
+            self.executor.stop(job.id, number)
+            if row.state != "stopping":
+                reason = "lost: a node it ran on left the cluster"
+                self.store.update_attempt(
+                    job.id, number, state="stopping", outcome="lost", reason=reason
+                )
+        else:
+            fields: dict[str, object] = {"state": "ended", "ended_at": now}
+            if row.state != "stopping":
+                fields.update(outcome="lost", reason="lost: a node it ran on left the cluster")
+            if isinstance(found, AttemptEnded):
+                fields.update(ended_at=found.ended_at, exit_code=found.exit_code)
+                if row.state != "stopping" and found.exit_code == 0 and not found.stopped:
+                    self.scheduler.cancel(job.id, now)  # out of the queue: it is done
+                    self.store.update_attempt(
+                        job.id, number, **(fields | {"outcome": "succeeded", "reason": ""})
+                    )
+                    self._save_progress(
+                        job, status="SUCCEEDED", finished_at=now, exit_code=0, reason="succeeded"
+                    )
+                    self.store.add_event(job.id, now, "succeeded", f"attempt {number} exited 0")
+                    self._forget(job.id)
+                    return
+            self.store.update_attempt(job.id, number, **fields)
+        if row.state != "stopping":
+            self.store.update_job(job.id, status="PENDING", reason="requeued: its node left")
+            self.store.add_event(
+                job.id, now, "requeued", f"attempt {number} ran on a node that left; requeued"
+            )
+
     def _drain_leftover(self, job_id: str, row: AttemptRow, now: float) -> None:
         found = self.executor.recover(job_id, row.number, self.attempt_dir(job_id, row.number))
         if found == "running":
-            self._draining[(job_id, row.number)] = tuple(row.gpus)
+            self._draining[(job_id, row.number)] = self._known_gpus(row.gpus)
             self.executor.stop(job_id, row.number)
             return
         fields: dict[str, object] = {"state": "ended", "ended_at": now}
@@ -788,10 +921,14 @@ class Manager:
 
     def _recover_attempt(self, job: Job, row: AttemptRow, now: float) -> None:
         number = row.number
-        gpus = tuple(row.gpus)
         started_at = row.started_at
         found = self.executor.recover(job.id, number, self.attempt_dir(job.id, number))
         stopping = row.state == "stopping"
+        try:
+            gpus = self.gpu_ids(row.gpus)
+        except KeyError:  # a node it ran on has left the cluster
+            self._recover_off_cluster(job, row, found, now)
+            return
         if found == "never-started":
             self.store.update_attempt(
                 job.id, number, state="ended", outcome="lost", ended_at=now, reason="never started"
@@ -809,7 +946,8 @@ class Manager:
                 return
             self.scheduler.restore_running(job.id, gpus, started_at, now)
             self._attempts[job.id] = _Attempt(number, gpus, started_at)
-            self.store.add_event(job.id, now, "recovered", f"attempt {number} found running")
+            if not self._rebuilding:  # a node joined or left: nothing to tell the job's owner
+                self.store.add_event(job.id, now, "recovered", f"attempt {number} found running")
             return
         assert isinstance(found, AttemptEnded)
         if stopping:
@@ -829,6 +967,14 @@ class Manager:
             job.id, now, "recovered", f"attempt {number} ended while the manager was down"
         )
         self._attempt_ended(found, now)
+
+
+def _gpu_ids_by_name(cluster: Cluster) -> dict[str, int]:
+    return {
+        f"{node.name}/{device}": gpu
+        for node in cluster.nodes
+        for device, gpu in enumerate(cluster.node_gpus[node.index])
+    }
 
 
 def _field_message(refusal: str) -> str:

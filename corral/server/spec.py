@@ -331,6 +331,7 @@ def to_core_spec(model: JobSpecModel, job_id: str, submit_time: float, user: str
         gpu_types=gpu_types,
         priority=Priority(model.priority),
         max_retries=model.max_retries,
+        gpus_per_worker=model.gpus // model.workers,
     )
 
 

@@ -172,7 +172,7 @@ class JobRow:
 class AttemptRow:
     job_id: str
     number: int
-    gpus: list[int]
+    gpus: list[str | int]  # names ("node/device"); ids in attempts stored before names
     started_at: float
     ended_at: float | None
     state: str  # starting | running | stopping | ended
@@ -607,12 +607,13 @@ class Store:
     # -- attempts ---------------------------------------------------------------------------------
 
     def add_attempt(
-        self, job_id: JobId, number: int, gpus: Iterable[int], started_at: float, state: str
+        self, job_id: JobId, number: int, gpus: Iterable[str], started_at: float, state: str
     ) -> None:
+        """`gpus` by name ("node/device"): ids change when the cluster's nodes do."""
         row = dict(
             job_id=int(job_id),
             number=number,
-            gpus=json.dumps([int(gpu) for gpu in gpus]),
+            gpus=json.dumps([str(gpu) for gpu in gpus]),
             started_at=started_at,
             state=state,
         )

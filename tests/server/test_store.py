@@ -168,13 +168,13 @@ def test_update_job_sets_columns_and_refuses_bad_ones(store: Store) -> None:
 
 def test_attempts_round_trip_in_order(store: Store) -> None:
     add_job(store, 1)
-    store.add_attempt(1, 1, [0, 3], 1010.0, "starting")
-    store.add_attempt("1", 2, (5, 6), 1020.0, "starting")
+    store.add_attempt(1, 1, ["n/0", "n/3"], 1010.0, "starting")
+    store.add_attempt("1", 2, ("n/5", "n/6"), 1020.0, "starting")
     store.update_attempt(1, 1, state="ended", outcome="preempted", ended_at=1015.0, reason="x")
-    store.update_attempt(1, 2, state="running", gpus=[6, 7])
+    store.update_attempt(1, 2, state="running", gpus=["n/6", "n/7"])
     assert store.attempts("1") == [
-        AttemptRow("1", 1, [0, 3], 1010.0, 1015.0, "ended", "preempted", None, "x"),
-        AttemptRow("1", 2, [6, 7], 1020.0, None, "running", None, None, ""),
+        AttemptRow("1", 1, ["n/0", "n/3"], 1010.0, 1015.0, "ended", "preempted", None, "x"),
+        AttemptRow("1", 2, ["n/6", "n/7"], 1020.0, None, "running", None, None, ""),
     ]
     assert store.attempts(2) == [] and store.attempts("nope") == []
     with pytest.raises(KeyError, match="job 1 has no attempt 3"):
@@ -185,7 +185,7 @@ def test_attempts_round_trip_in_order(store: Store) -> None:
 
 def test_foreign_keys_are_enforced(store: Store) -> None:
     with pytest.raises(sa.exc.IntegrityError):
-        store.add_attempt(42, 1, [0], 1.0, "starting")
+        store.add_attempt(42, 1, ["n/0"], 1.0, "starting")
     with pytest.raises(sa.exc.IntegrityError):
         store.add_event(42, 1.0, "submitted", "no such job")
 
@@ -195,17 +195,17 @@ def test_unfinished_jobs_come_oldest_first_with_their_latest_attempt(store: Stor
     add_job(store, 2)  # pending, never started
     add_job(store, 3, status="SUCCEEDED")
     add_job(store, 4, status="PENDING")  # preempted: has an ended attempt
-    store.add_attempt(1, 1, [0], 10.0, "ended")
-    store.add_attempt(1, 2, [1], 20.0, "running")
-    store.add_attempt(3, 1, [2], 30.0, "ended")
-    store.add_attempt(4, 1, [3], 40.0, "ended")
+    store.add_attempt(1, 1, ["n/0"], 10.0, "ended")
+    store.add_attempt(1, 2, ["n/1"], 20.0, "running")
+    store.add_attempt(3, 1, ["n/2"], 30.0, "ended")
+    store.add_attempt(4, 1, ["n/3"], 40.0, "ended")
     found = store.unfinished_jobs()
     assert [(job.id, None if attempt is None else attempt.number) for job, attempt in found] == [
         ("1", 2),
         ("2", None),
         ("4", 1),
     ]
-    assert found[0][1] is not None and found[0][1].gpus == [1]
+    assert found[0][1] is not None and found[0][1].gpus == ["n/1"]
 
 
 def test_finished_jobs_and_counts(store: Store) -> None:
@@ -275,7 +275,7 @@ def test_a_batch_commits_once_and_reads_its_own_writes(store: Store) -> None:
     with store.batch():
         add_job(store, 1)
         store.update_job(1, status="RUNNING")
-        store.add_attempt(1, 1, [0, 1], 5.0, "starting")
+        store.add_attempt(1, 1, ["n/0", "n/1"], 5.0, "starting")
         with store.batch():  # a nested batch joins the outer one
             store.add_event(1, 5.0, "started", "on gpu 0, 1")
         row = store.get_job(1)
@@ -293,7 +293,7 @@ def test_a_failing_batch_rolls_back_everything(store: Store) -> None:
         with store.batch():
             add_job(store, 2)
             store.update_job(1, status="RUNNING")
-            store.add_attempt(1, 1, [0], 5.0, "starting")
+            store.add_attempt(1, 1, ["n/0"], 5.0, "starting")
             store.add_event(1, 5.0, "started", "x")
             store.set_meta("round", "7")
             raise RuntimeError("boom")
@@ -330,7 +330,7 @@ def test_a_writer_on_another_thread_waits_for_the_batch(store: Store) -> None:
 def test_reopening_the_database_keeps_everything(database_url: str) -> None:
     first = Store(database_url)
     add_job(first, 1, status="RUNNING")
-    first.add_attempt(1, 1, [2, 3], 5.0, "running")
+    first.add_attempt(1, 1, ["n/2", "n/3"], 5.0, "running")
     first.add_event(1, 5.0, "started", "on gpu 2, 3")
     first.insert_token("d" * 64, "alice", None, False, 1.0)
     first.set_meta("k", "v")
@@ -338,7 +338,7 @@ def test_reopening_the_database_keeps_everything(database_url: str) -> None:
     second = Store(database_url)
     job, attempt = second.unfinished_jobs()[0]
     assert (job.id, job.status, job.spec) == ("1", "RUNNING", SPEC)
-    assert attempt is not None and attempt.gpus == [2, 3]
+    assert attempt is not None and attempt.gpus == ["n/2", "n/3"]
     assert [e.message for e in second.events(1)] == ["on gpu 2, 3"]
     assert second.token_by_hash("d" * 64) is not None
     assert (second.get_meta("k"), second.max_job_id()) == ("v", 1)

@@ -38,6 +38,7 @@ def _needs_chromium() -> None:
     if CHROMIUM is None:  # a failure, not a skip: the dashboard must be tested in a real browser
         pytest.fail("the dashboard tests need Debian's chromium: apt-get install -y chromium")
 
+
 CLUSTER_YAML = """\
 cell_types:
   PAIR: {child: gpu, count: 2}

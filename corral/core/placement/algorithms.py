@@ -3,6 +3,11 @@
 All of them keep a gang on one GPU type and use the cluster's incremental free counts: a
 node-local job finds its tightest-fitting node through the per-type buckets; a multi-node job
 looks only at racks that have enough free GPUs.
+
+A multi-node search takes from each node a multiple of the job's `gpus_per_worker` (one worker
+process runs on one machine): a node with `free` free GPUs offers `free - free % unit` of them,
+and a node offering none is skipped. The gang size is a multiple of the unit too, so every
+node's share, the last one's included, holds whole workers.
 """
 
 from __future__ import annotations
@@ -20,37 +25,47 @@ def _node_gpus(cluster: Cluster, picks: list[tuple[int, int]]) -> tuple[int, ...
 
 
 def _fewest_nodes(
-    cluster: Cluster, nodes: list[int], gpu_type: str, need: int
+    cluster: Cluster, nodes: list[int], gpu_type: str, need: int, unit: int
 ) -> list[tuple[int, int]] | None:
-    """Greedy by most free GPUs: the fewest nodes of `nodes` that together hold `need` GPUs."""
-    ranked = sorted(
-        (n for n in nodes if cluster.nodes[n].gpu_type == gpu_type and cluster.node_free(n) > 0),
-        key=lambda n: (-cluster.node_free(n), n),
-    )
+    """Greedy by most usable free GPUs: the fewest nodes of `nodes` that together hold `need`."""
+    ranked: list[tuple[int, int]] = []  # (-usable free GPUs, node)
+    cells = cluster.nodes
+    for n in nodes:
+        cell = cells[n]
+        if cell.gpu_type == gpu_type:
+            free = cell.free_gpus
+            usable = free - free % unit
+            if usable > 0:
+                ranked.append((-usable, n))
+    ranked.sort()
     picks: list[tuple[int, int]] = []
-    for node in ranked:
-        take = min(cluster.node_free(node), need)
+    for negative_usable, node in ranked:
+        take = min(-negative_usable, need)
         picks.append((node, take))
         need -= take
         if need == 0:
-            return _tighten_last(cluster, picks, nodes, gpu_type)
+            return _tighten_last(cluster, picks, nodes, gpu_type, unit)
     return None
 
 
 def _tighten_last(
-    cluster: Cluster, picks: list[tuple[int, int]], nodes: list[int], gpu_type: str
+    cluster: Cluster, picks: list[tuple[int, int]], nodes: list[int], gpu_type: str, unit: int
 ) -> list[tuple[int, int]]:
-    """The last node only supplies the remainder: use the tightest node that still fits it."""
+    """The last node only supplies the remainder (whole workers): use the tightest node (fewest
+    free GPUs, then lowest index) that still offers it."""
     last_node, remainder = picks[-1]
     used = {n for n, _ in picks}
-    candidates = [
-        n
-        for n in nodes
-        if (n == last_node or n not in used)
-        and cluster.nodes[n].gpu_type == gpu_type
-        and cluster.node_free(n) >= remainder
-    ]
-    best = min(candidates, key=lambda n: (cluster.node_free(n), n))
+    best, best_free = last_node, cluster.node_free(last_node)  # it offers the remainder
+    cells = cluster.nodes
+    for n in nodes:
+        cell = cells[n]
+        if n in used or cell.gpu_type != gpu_type:
+            continue
+        free = cell.free_gpus
+        if free - free % unit >= remainder and (
+            free < best_free or (free == best_free and n < best)
+        ):
+            best, best_free = n, free
     picks[-1] = (best, remainder)
     return picks
 
@@ -70,12 +85,13 @@ def best_fit_node(cluster: Cluster, job: Job) -> tuple[int, ...] | None:
 def fewest_nodes_in_rack(cluster: Cluster, job: Job) -> tuple[int, ...] | None:
     """Fewest nodes inside a single rack; among equals, the rack left with the least free."""
     need = job.spec.gpus
+    unit = job.spec.gpus_per_worker
     best: tuple[tuple[int, int, int], list[tuple[int, int]]] | None = None
     for gpu_type in types_for(cluster, job):
         for rack, rack_nodes in enumerate(cluster.rack_nodes):
             if cluster.rack_free(rack) < need:
                 continue
-            picks = _fewest_nodes(cluster, rack_nodes, gpu_type, need)
+            picks = _fewest_nodes(cluster, rack_nodes, gpu_type, need, unit)
             if picks is None:
                 continue
             score = (len(picks), cluster.rack_free(rack), rack)
@@ -86,13 +102,18 @@ def fewest_nodes_in_rack(cluster: Cluster, job: Job) -> tuple[int, ...] | None:
 
 def fewest_nodes_anywhere(cluster: Cluster, job: Job) -> tuple[int, ...] | None:
     """Fewest nodes in the whole cluster, racks ignored (Philly's relaxed placement)."""
+    unit = job.spec.gpus_per_worker
     for gpu_type in types_for(cluster, job):
         if cluster.free_by_type.get(gpu_type, 0) < job.spec.gpus:
             continue
         need = job.spec.gpus
         picks: list[tuple[int, int]] = []
+        # Most free first is also most usable first: free - free % unit never falls as free grows.
         for node in cluster.nodes_most_free_first(gpu_type):
-            take = min(cluster.node_free(node), need)
+            free = cluster.node_free(node)
+            if free < unit:
+                break  # this node and all after it offer no whole worker
+            take = min(free - free % unit, need)
             picks.append((node, take))
             need -= take
             if need == 0:
@@ -102,6 +123,7 @@ def fewest_nodes_anywhere(cluster: Cluster, job: Job) -> tuple[int, ...] | None:
 
 def first_free(cluster: Cluster, job: Job) -> tuple[int, ...] | None:
     """The first free GPUs in cluster order (rack by rack, node by node), one GPU type."""
+    unit = job.spec.gpus_per_worker
     for gpu_type in types_for(cluster, job):
         if cluster.free_by_type.get(gpu_type, 0) < job.spec.gpus:
             continue
@@ -110,9 +132,12 @@ def first_free(cluster: Cluster, job: Job) -> tuple[int, ...] | None:
             if cluster.rack_free(rack) == 0:
                 continue
             for node in rack_nodes:
-                if cluster.nodes[node].gpu_type != gpu_type or cluster.node_free(node) == 0:
+                free = cluster.node_free(node)
+                usable = free - free % unit
+                if cluster.nodes[node].gpu_type != gpu_type or usable == 0:
                     continue
-                chosen.extend(cluster.free_gpus_of_node(node)[: job.spec.gpus - len(chosen)])
+                take = min(usable, job.spec.gpus - len(chosen))
+                chosen.extend(cluster.free_gpus_of_node(node)[:take])
                 if len(chosen) == job.spec.gpus:
                     return tuple(chosen)
     return None

@@ -53,6 +53,18 @@ def types_for(cluster: Cluster, job: Job) -> list[str]:
     return sorted(types, key=lambda t: -cluster.free_by_type.get(t, 0))
 
 
+def whole_worker_gpus(cluster: Cluster, nodes: list[int], unit: int) -> int:
+    """GPUs these nodes could give to workers of `unit` GPUs each, every worker on one node."""
+    return sum(total - total % unit for total in (cluster.nodes[n].total_gpus for n in nodes))
+
+
+def largest_rack(cluster: Cluster, unit: int = 1) -> int:
+    """The most GPUs one rack could give a gang whose workers need `unit` GPUs on one node."""
+    if unit == 1:
+        return max(r.total_gpus for r in cluster.racks)
+    return max(whole_worker_gpus(cluster, nodes, unit) for nodes in cluster.rack_nodes)
+
+
 def not_enough(cluster: Cluster, job: Job) -> NotPlaced | None:
     free = max((cluster.free_by_type.get(t, 0) for t in types_for(cluster, job)), default=0)
     if free < job.spec.gpus:

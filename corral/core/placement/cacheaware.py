@@ -23,7 +23,14 @@ from collections.abc import Callable, Iterable
 from corral.core.cache import DataCache
 from corral.core.cluster import Cluster
 from corral.core.job import Job
-from corral.core.placement.base import NotPlaced, Placed, Placement, not_enough, types_for
+from corral.core.placement.base import (
+    NotPlaced,
+    Placed,
+    Placement,
+    largest_rack,
+    not_enough,
+    types_for,
+)
 from corral.core.placement.named import consolidated, consolidated_scope
 
 
@@ -54,7 +61,7 @@ class CacheAware(Placement):
             node = _cached_node(cluster, job, cache.holders(read.dataset), cached_gb)
             if node is not None:
                 return Placed(tuple(cluster.pick_in_node(node, need)))
-        elif need <= max(r.total_gpus for r in cluster.racks):
+        elif need <= largest_rack(cluster, job.spec.gpus_per_worker):
             picks = _cached_rack(cluster, job, cached_gb)
             if picks is not None:
                 return Placed(tuple(g for n, k in picks for g in cluster.pick_in_node(n, k)))
@@ -86,7 +93,9 @@ def _cached_rack(
         for rack, rack_nodes in enumerate(cluster.rack_nodes):
             if cluster.rack_free(rack) < job.spec.gpus:
                 continue
-            picks = _fewest_nodes(cluster, rack_nodes, gpu_type, job.spec.gpus, cached_gb)
+            picks = _fewest_nodes(
+                cluster, rack_nodes, gpu_type, job.spec.gpus, job.spec.gpus_per_worker, cached_gb
+            )
             if picks is None:
                 continue
             cached = sum(cached_gb(n) for n, _ in picks)
@@ -101,23 +110,29 @@ def _fewest_nodes(
     nodes: list[int],
     gpu_type: str,
     need: int,
+    unit: int,
     cached_gb: Callable[[int], float],
 ) -> list[tuple[int, int]] | None:
-    """Most free first, caching more first among equals; the remainder from the node that caches
-    most among those that fit it (then the tightest)."""
-    usable = [
-        n for n in nodes if cluster.nodes[n].gpu_type == gpu_type and cluster.node_free(n) > 0
-    ]
-    ranked = sorted(usable, key=lambda n: (-cluster.node_free(n), -cached_gb(n), n))
+    """Most usable free GPUs first (whole workers of `unit` GPUs, as in `algorithms`), caching
+    more first among equals; the remainder from the node that caches most among those that
+    offer it (then the tightest)."""
+    offered = {
+        n: free - free % unit
+        for n in nodes
+        if cluster.nodes[n].gpu_type == gpu_type
+        for free in (cluster.node_free(n),)
+        if free >= unit
+    }
+    ranked = sorted(offered, key=lambda n: (-offered[n], -cached_gb(n), n))
     picks: list[tuple[int, int]] = []
     for node in ranked:
-        take = min(cluster.node_free(node), need)
+        take = min(offered[node], need)
         picks.append((node, take))
         need -= take
         if need == 0:
             remainder = picks[-1][1]
             used = {n for n, _ in picks[:-1]}
-            fits = [n for n in usable if n not in used and cluster.node_free(n) >= remainder]
+            fits = [n for n in offered if n not in used and offered[n] >= remainder]
             last = min(fits, key=lambda n: (-cached_gb(n), cluster.node_free(n), n))
             picks[-1] = (last, remainder)
             return picks

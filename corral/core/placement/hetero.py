@@ -25,7 +25,8 @@ Recommendation job faster on the K80). A type-agnostic placement takes whichever
   that equal-share speed: the capacity-weighted mean of its speeds over the types it may use.
   The fastest type always qualifies, so every job keeps a type.
 * **Constraints.** A job's `gpu_types` are always honoured: a type it does not accept, a type
-  with fewer GPUs than it needs and a type where its speed is not positive have infinite cost.
+  with fewer GPUs than it needs (counting only whole workers per node, for a job whose workers
+  need several GPUs each) and a type where its speed is not positive have infinite cost.
 
 The matching runs once per scheduling round, lazily (only if the round tries to place a job), over
 the first `max_jobs` waiting jobs in the ordering policy's order; a job further back is matched
@@ -47,7 +48,7 @@ import numpy as np
 
 from corral.core.cluster import Cluster
 from corral.core.job import Job
-from corral.core.placement.base import NotPlaced, Placed, Placement
+from corral.core.placement.base import NotPlaced, Placed, Placement, whole_worker_gpus
 from corral.core.placement.named import Relax
 
 #: Given a job and GPUs, its speed there (corral.core.scheduler.SpeedModel; repeated to avoid an
@@ -180,16 +181,24 @@ def type_speeds(
     speed_model: SpeedModel | None,
     representatives: Mapping[str, tuple[int, ...]] | None = None,
 ) -> dict[str, float]:
-    """The job's speed on each GPU type it accepts that can hold it, read from the speed model on
-    a consolidated set of that type's GPUs (see `representative_gpus`)."""
+    """The job's speed on each GPU type it accepts that can hold it (its workers too: each on one
+    node), read from the speed model on a consolidated set of that type's GPUs (see
+    `representative_gpus`)."""
     if representatives is None:
         representatives = representative_gpus(cluster)
     need = job.spec.gpus
+    unit = job.spec.gpus_per_worker
     return {
         t: 1.0 if speed_model is None else speed_model(job, gpus[:need])
         for t, gpus in representatives.items()
-        if job.spec.accepts(t) and len(gpus) >= need
+        if job.spec.accepts(t)
+        and len(gpus) >= need
+        and (unit == 1 or whole_worker_gpus(cluster, _nodes_of_type(cluster, t), unit) >= need)
     }
+
+
+def _nodes_of_type(cluster: Cluster, gpu_type: str) -> list[int]:
+    return [node.index for node in cluster.nodes if node.gpu_type == gpu_type]
 
 
 def restricted(job: Job, gpu_type: str) -> Job:

@@ -12,11 +12,12 @@ from corral.core.placement.algorithms import (
     fewest_nodes_in_rack,
     first_free,
 )
-from corral.core.placement.base import NotPlaced, Placed, Placement, not_enough
+from corral.core.placement.base import NotPlaced, Placed, Placement, largest_rack, not_enough
 
 
 def consolidated(cluster: Cluster, job: Job) -> Placed | NotPlaced:
-    """Philly's locality rule: one node if the job fits in one, else fewest nodes in one rack."""
+    """Philly's locality rule: one node if the job fits in one, else fewest nodes in one rack
+    (each node's share whole workers, see `algorithms`)."""
     short = not_enough(cluster, job)
     if short is not None:
         return short
@@ -35,13 +36,16 @@ def consolidated(cluster: Cluster, job: Job) -> Placed | NotPlaced:
     gpus = fewest_nodes_in_rack(cluster, job)
     if gpus is not None:
         return Placed(gpus)
-    largest_rack = max(r.total_gpus for r in cluster.racks)
-    if job.spec.gpus > largest_rack:
+    if job.spec.gpus > largest_rack(cluster, job.spec.gpus_per_worker):
         # No rack can ever hold it: fewest nodes across racks is the best locality there is.
         gpus = fewest_nodes_anywhere(cluster, job)
         if gpus is not None:
             return Placed(gpus)
-    return NotPlaced(f"locality: needs {job.spec.gpus} GPUs within one rack; no rack has them free")
+    unit = job.spec.gpus_per_worker
+    workers = "" if unit == 1 else f" ({unit} per worker, each worker on one node)"
+    return NotPlaced(
+        f"locality: needs {job.spec.gpus} GPUs{workers} within one rack; no rack has them free"
+    )
 
 
 def consolidated_scope(cluster: Cluster, job: Job) -> str:
@@ -50,7 +54,7 @@ def consolidated_scope(cluster: Cluster, job: Job) -> str:
         for t, size in cluster.max_node_gpus_by_type.items()
     ):
         return "node"
-    if job.spec.gpus <= max(r.total_gpus for r in cluster.racks):
+    if job.spec.gpus <= largest_rack(cluster, job.spec.gpus_per_worker):
         return "rack"
     return "cluster"
 

@@ -29,7 +29,7 @@ from corral.core.cluster import Cell, Cluster
 from corral.core.job import Job, JobSpec, JobStatus, Priority
 from corral.core.placement.base import Placement
 from corral.core.policy.base import Policy
-from corral.core.scheduler import JobRefused, Scheduler, SpeedModel
+from corral.core.scheduler import JobRefused, Scheduler, SpeedModel, worker_refusal
 from corral.core.tenancy.virtual import VirtualCluster, build_virtual_cluster
 
 #: The name under which opportunistic jobs are reported (they belong to no VC's guarantee).
@@ -102,8 +102,9 @@ class HivedScheduler:
         )
 
     def refusal(self, spec: JobSpec) -> str | None:
-        """Why `submit` would refuse this job, or None: an unknown VC, or more GPUs than the VC's
-        cells (than the cluster, for an opportunistic job) could hold. Depends on the shapes only."""
+        """Why `submit` would refuse this job, or None: an unknown VC, or more GPUs (or larger
+        workers) than the VC's cells (than the cluster, for an opportunistic job) could hold.
+        Depends on the shapes only."""
         if spec.priority is Priority.OPPORTUNISTIC:
             return self.opportunistic.refusal(spec)
         scheduler = self.schedulers.get(spec.vc)
@@ -117,7 +118,7 @@ class HivedScheduler:
                 f"asks for {spec.gpus} GPUs but VC {spec.vc} is guaranteed only {capacity} GPUs "
                 "that could hold it"
             )
-        return None
+        return worker_refusal(scheduler.cluster, spec, f" in VC {spec.vc}")
 
     def submit(self, spec: JobSpec, now: float) -> Job:
         if spec.id in self.jobs:
