@@ -257,7 +257,8 @@ def create_app(manager: Manager) -> FastAPI:
                         "busy": owner is not None,
                     }
                 )
-            nodes.append({"name": node.name, "gpus": gpus})
+            rack = cluster.racks[cluster.node_rack[node_index]].name
+            nodes.append({"name": node.name, "rack": rack, "gpus": gpus})
         return {"nodes": nodes, "vcs": list_vcs(who), "policy": manager.settings.policy}
 
     @app.post("/api/v1/tokens", status_code=201, tags=["auth"])

@@ -885,7 +885,8 @@ class Manager:
         self._spec_models[row.id] = model
         spec = to_core_spec(model, row.id, row.submitted_at, row.user)
         refusal = self.scheduler.refusal(spec)  # e.g. its VC left the config
-        if refusal is not None:
+        # Too big for the nodes there are now: on a cluster whose nodes come and go, it waits.
+        if refusal is not None and (self._nodes is None or spec.vc not in self.vc_quota):
             raise ValueError(refusal)
         job = Job(
             spec=spec,

@@ -1,0 +1,177 @@
+"""The manager on a real Ray cluster on 127.0.0.1: a CPU-only head and two nodes of 4 declared
+GPUs (n1, n2), each a `ray start` of its own. Every process of a node carries CORRAL_TEST_NODE,
+so a job's own environment tells which node it ran under (see tests/exec/ray_cluster.py)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from corral.exec.ray import RayExecutor
+from corral.server.boot import RunningServer, ServerOptions, build_manager
+from tests.exec.ray_cluster import RayCluster
+from tests.server.helpers import admin_token, api, fast_settings, job, submit, train_job, wait_for
+
+ENV_DUMP = (
+    "import json, os; rank = os.environ['RANK']; "
+    "json.dump(dict(os.environ), open(f'env-{rank}.json', 'w')); "
+    "print(f'hello from rank {rank}', flush=True)"
+)
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[RayCluster]:
+    ray_cluster = RayCluster(gpus_per_node=4, node_names=("n1", "n2"), head="head")
+    ray_cluster.start()
+    try:
+        yield ray_cluster
+    finally:
+        ray_cluster.stop()
+
+
+def start(cluster: RayCluster, data_dir: Path, **settings: Any) -> RunningServer:
+    options = ServerOptions(
+        data_dir=data_dir,
+        executor="ray",
+        ray_address=cluster.address,
+        settings=fast_settings(**settings),
+    )
+    return RunningServer(build_manager(options, RayExecutor(cluster.address))).start()
+
+
+@pytest.fixture
+def server(cluster: RayCluster, tmp_path: Path) -> Iterator[tuple[RunningServer, httpx.Client]]:
+    running = start(cluster, tmp_path / "state")
+    try:
+        yield running, api(running.url, admin_token(tmp_path / "state"))
+    finally:
+        running.stop()
+
+
+def node_names(client: httpx.Client) -> list[tuple[str, int]]:
+    nodes = client.get("/api/v1/cluster").json()["nodes"]
+    return [(node["name"], len(node["gpus"])) for node in nodes]
+
+
+def test_an_8_gpu_job_runs_as_two_workers_on_two_4_gpu_nodes(
+    server: tuple[RunningServer, httpx.Client], tmp_path: Path
+) -> None:
+    _, client = server
+    # The head declares no GPUs: it is no node of corral's.
+    assert node_names(client) == [("n1", 4), ("n2", 4)]
+    workdir = tmp_path / "work"
+    spec = {
+        "name": "wide",
+        "gpus": 8,
+        "workers": 2,
+        "command": [sys.executable, "-c", ENV_DUMP],
+        "workdir": str(workdir),
+    }
+    done = wait_for(client, submit(client, **spec), timeout=60)
+    assert done["status"] == "SUCCEEDED", done
+    envs = [json.loads((workdir / f"env-{rank}.json").read_text()) for rank in (0, 1)]
+    assert [env["RANK"] for env in envs] == ["0", "1"]
+    assert {env["WORLD_SIZE"] for env in envs} == {"2"}
+    assert [env["LOCAL_RANK"] for env in envs] == ["0", "0"]
+    # Two different nodes, as the node's own processes (not just corral's variable) say.
+    ran_under = [env["CORRAL_TEST_NODE"] for env in envs]
+    assert sorted(ran_under) == ["n1", "n2"]
+    assert [env["CORRAL_NODE"] for env in envs] == ran_under
+    # One rendezvous: rank 0's node address and one port.
+    assert {env["MASTER_ADDR"] for env in envs} == {"127.0.0.1"}
+    assert len({env["MASTER_PORT"] for env in envs}) == 1
+    # Four distinct GPUs each: all four of its node.
+    for env in envs:
+        devices = env["CUDA_VISIBLE_DEVICES"].split(",")
+        assert sorted(devices) == ["0", "1", "2", "3"]
+    (attempt,) = job(client, done["id"])["attempt_history"]
+    assert sorted(attempt["gpus"]) == [f"{n}/{d}" for n in ("n1", "n2") for d in range(4)]
+    # Each worker's output came back to the manager.
+    for rank in (0, 1):
+        text = client.get(f"/api/v1/jobs/{done['id']}/logs", params={"rank": rank}).text
+        assert text == f"hello from rank {rank}\n"
+
+
+def test_a_worker_that_cannot_span_machines_is_refused(
+    server: tuple[RunningServer, httpx.Client],
+) -> None:
+    _, client = server
+    response = client.post(
+        "/api/v1/jobs", json={"name": "one", "gpus": 8, "workers": 1, "command": "true"}
+    )
+    assert response.status_code == 422
+    assert "4" in response.text and "8" in response.text
+
+
+def test_preemption_and_cancel_behave_as_on_one_machine(
+    cluster: RayCluster, tmp_path: Path
+) -> None:
+    running = start(cluster, tmp_path / "state", policy="las", las_thresholds_gpu_s=[8.0])
+    try:
+        client = api(running.url, admin_token(tmp_path / "state"))
+        long = submit(client, **train_job("long", steps=150, gpus=8, workers=2))
+        wait_for(client, long, ["RUNNING"], timeout=60)
+        time.sleep(2.0)  # 8 GPUs x 1 s = 8 GPU-seconds: past LAS's first queue
+        short = submit(client, **train_job("short", steps=5, gpus=4))
+        done_short = wait_for(client, short, timeout=60)
+        done_long = wait_for(client, long, timeout=90)
+        assert done_short["status"] == done_long["status"] == "SUCCEEDED"
+        assert (done_long["preemptions"], done_long["attempts"]) == (1, 2)
+        logs = client.get(f"/api/v1/jobs/{long}/logs", params={"attempt": 2}).text
+        assert int(logs.split("resumed from step ")[1].split()[0]) > 0
+        # Cancel: the job's signal reaches every worker, which exits after its checkpoint.
+        third = submit(client, **train_job("third", steps=400, gpus=8, workers=2))
+        wait_for(client, third, ["RUNNING"], timeout=60)
+        time.sleep(1.0)
+        assert client.post(f"/api/v1/jobs/{third}/cancel").status_code == 200
+        assert wait_for(client, third, timeout=30)["status"] == "CANCELLED"
+        for rank in (0, 1):
+            deadline = time.monotonic() + 15
+            while "stopped at step" not in (
+                text := client.get(f"/api/v1/jobs/{third}/logs", params={"rank": rank}).text
+            ):
+                assert time.monotonic() < deadline, text
+                time.sleep(0.2)
+    finally:
+        running.stop()
+
+
+def test_a_node_that_dies_mid_run_requeues_the_job_which_completes_on_a_new_node(
+    cluster: RayCluster, tmp_path: Path
+) -> None:
+    # Last in the module: n2 does not come back.
+    running = start(cluster, tmp_path / "state")
+    try:
+        client = api(running.url, admin_token(tmp_path / "state"))
+        wide = submit(client, **train_job("wide", steps=120, gpus=8, workers=2))
+        wait_for(client, wide, ["RUNNING"], timeout=60)
+        time.sleep(2.0)  # some steps checkpointed
+        assert cluster.kill_node("n2") > 0
+        # Ray finds the node dead; its attempt ends as lost; the job waits for 8 GPUs.
+        requeued = wait_for(client, wide, ["PENDING"], timeout=30)
+        deadline = time.monotonic() + 30
+        while node_names(client) != [("n1", 4)]:
+            assert time.monotonic() < deadline, node_names(client)
+            time.sleep(0.2)
+        assert requeued["failures"] == 0  # a node's death is not the job's failure
+        cluster.add_node("n3", gpus=4)
+        done = wait_for(client, wide, timeout=90)
+        assert done["status"] == "SUCCEEDED", done
+        first, second = job(client, wide)["attempt_history"]
+        assert first["outcome"] == "lost" and "died" in first["reason"]
+        assert second["outcome"] == "succeeded"
+        assert {gpu.split("/")[0] for gpu in second["gpus"]} == {"n1", "n3"}
+        # Never twice at once: the second attempt began after every worker of the first ended.
+        assert second["started_at"] >= first["ended_at"]
+        logs = client.get(f"/api/v1/jobs/{wide}/logs", params={"attempt": 2}).text
+        assert int(logs.split("resumed from step ")[1].split()[0]) > 0
+        assert node_names(client) == [("n1", 4), ("n3", 4)]
+    finally:
+        running.stop()
