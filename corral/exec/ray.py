@@ -6,7 +6,9 @@ The worker writes its stdout/stderr to files on its own node; the executor copie
 the manager's attempt dir about once a second (and once more when the worker ends), so logs need
 no storage shared between the machines.
 
-Actors are named `corral-<job>-<attempt>-<rank>` in the `corral` namespace and are detached, so
+Actors are named `corral-<job>-<attempt>-<rank>` in the manager's Ray namespace (one per
+manager's state, so two managers or a fresh start never mistake each other's actors for their
+own: see `corral.server.boot.ray_namespace`) and are detached, so
 they outlive the manager; a new executor finds them again by name (`recover`). An actor reports
 its worker's end through a blocking `wait()` call that `poll()` checks without waiting; the
 executor writes each end to `rank-R.result.json` in the attempt dir before it lets the actor go,
@@ -21,6 +23,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -127,8 +130,10 @@ class WorkerActor:
 
     def start(self, spec: dict[str, Any], master_port: int | None) -> dict[str, Any]:
         self.rank = rank = int(spec["rank"])
-        # On this node, not the manager's disk: the executor copies the output across.
-        self.log_dir = Path(tempfile.gettempdir()) / "corral-workers" / str(spec["name"])
+        # On this node, not the manager's disk: the executor copies the output across. The
+        # actor's id keeps apart the same job's attempts of different managers and runs.
+        actor_id = ray.get_runtime_context().get_actor_id()
+        self.log_dir = Path(tempfile.gettempdir()) / "corral-workers" / f"{spec['name']}-{actor_id}"
         env = {k: v for k, v in os.environ.items() if k not in PRIVATE_VARIABLES}
         env.update({str(k): str(v) for k, v in spec["env"].items()})
         if not env.get("MASTER_PORT") and master_port is not None:
@@ -150,8 +155,11 @@ class WorkerActor:
                         Path(spec["workdir"]).mkdir(parents=True, exist_ok=True)
                         if env.get("CORRAL_CHECKPOINT_DIR"):
                             Path(env["CORRAL_CHECKPOINT_DIR"]).mkdir(parents=True, exist_ok=True)
+                        # The guard leads the worker's group and kills it if this actor
+                        # dies (its node's Ray died, the machine lives on).
+                        guard = [sys.executable, "-m", "corral.exec.guard", str(os.getpid()), "--"]
                         self.popen = subprocess.Popen(
-                            [str(arg) for arg in spec["argv"]],
+                            guard + [str(arg) for arg in spec["argv"]],
                             stdin=subprocess.DEVNULL,
                             stdout=stdout,
                             stderr=stderr,
@@ -276,10 +284,11 @@ class _Attempt:
 class RayExecutor:
     """Launches, stops, polls and recovers attempts on a Ray cluster. Thread-safe."""
 
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, namespace: str = NAMESPACE) -> None:
+        self.namespace = namespace
         self._owns_connection = not ray.is_initialized()
         if self._owns_connection:
-            ray.init(address=address, namespace=NAMESPACE, log_to_driver=False)
+            ray.init(address=address, namespace=namespace, log_to_driver=False)
         self._tracked: dict[tuple[str, int], _Attempt] = {}
         self._lock = threading.Lock()
         self._closing = threading.Event()
@@ -325,7 +334,7 @@ class RayExecutor:
                 actors.append(
                     _RemoteWorker.options(
                         name=actor_name(launch.job_id, launch.attempt, worker.rank),
-                        namespace=NAMESPACE,
+                        namespace=self.namespace,
                         lifetime="detached",
                         max_concurrency=4,
                         max_restarts=0,
@@ -497,7 +506,7 @@ class RayExecutor:
                 tracked.copied[(rank, stream)] = copy.stat().st_size if copy.exists() else 0
             try:
                 tracked.actors.append(
-                    ray.get_actor(actor_name(job_id, attempt, rank), namespace=NAMESPACE)
+                    ray.get_actor(actor_name(job_id, attempt, rank), namespace=self.namespace)
                 )
             except ValueError:
                 tracked.actors.append(None)

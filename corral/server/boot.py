@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import socket
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -18,6 +20,7 @@ from corral.core.cluster import Cluster, ClusterError, NodeDef
 from corral.core.config import ConfigError, vc_gpu_quota
 from corral.exec.gpus import NoGpusError, discover_gpus, nvml_topology, uniform_group_size
 from corral.exec.local import LocalExecutor
+from corral.exec.shim import write_json_atomic
 from corral.server import auth
 from corral.server.api import create_app
 from corral.server.manager import Executor, Manager, ManagerSettings
@@ -143,6 +146,15 @@ def ray_node_defs(executor: RayExecutor) -> list[NodeDef]:
     ]
 
 
+def ray_namespace(data_dir: Path) -> str:
+    """This manager's Ray namespace, made once per data dir: the actors it finds again after a
+    restart are its own, never those of another manager of the same Ray cluster."""
+    path = data_dir / "ray-namespace"
+    if not path.exists():
+        write_json_atomic(path, {"namespace": f"corral-{uuid.uuid4().hex[:12]}"}, durable=True)
+    return str(json.loads(path.read_text())["namespace"])
+
+
 def connect_ray(options: ServerOptions) -> RayExecutor:
     if not options.ray_address:
         raise BootError("--executor ray: needs --ray-address HOST:PORT (the head node's GCS)")
@@ -152,8 +164,18 @@ def connect_ray(options: ServerOptions) -> RayExecutor:
         raise BootError(
             "--executor ray: Ray is not installed (pip install 'corral[ray]')"
         ) from None
+    host, _, port = options.ray_address.rpartition(":")
+    if not host or not port.isdigit():
+        raise BootError(f"--ray-address {options.ray_address}: expected HOST:PORT")
+    try:  # Ray itself would retry for minutes before it says so
+        socket.create_connection((host, int(port)), timeout=5).close()
+    except OSError as error:
+        raise BootError(
+            f"--ray-address {options.ray_address}: no Ray head answers there "
+            f"({error.strerror or error})"
+        ) from None
     try:
-        return RayExecutor(options.ray_address)
+        return RayExecutor(options.ray_address, ray_namespace(options.data_dir))
     except (ConnectionError, RuntimeError, ValueError) as error:
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise BootError(f"--ray-address {options.ray_address}: cannot connect ({first})") from None

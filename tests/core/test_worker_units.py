@@ -134,7 +134,9 @@ def test_first_free_takes_whole_workers_in_cluster_order():
     # 8 GPUs in workers of 4: node 0 offers none, nodes 1 and 2 one each.
     assert placed(anyfree.place(cluster, job(8, unit=4), 0)) == tuple(range(4, 12))
     cluster.allocate([8])  # node 2: 3 free
-    assert isinstance(anyfree.place(cluster, job(8, unit=4), 0), NotPlaced)
+    result = anyfree.place(cluster, job(8, unit=4), 0)
+    assert isinstance(result, NotPlaced)
+    assert result.reason.endswith("each worker needs 4 GPUs on one node")
 
 
 # -- unit equal to the node size ------------------------------------------------------------------
@@ -168,6 +170,19 @@ def test_remainder_goes_to_the_tightest_node_then_the_lowest_index():
     # Node 2 now has 2 free, still offering 2 (as node 1 does): the tighter node 2 gets them.
     cluster.allocate([9])
     assert placed(consolidate.place(cluster, job(6, unit=2), 0)) == (0, 1, 2, 3, 10, 11)
+
+
+def test_equal_offers_are_taken_in_node_order_whatever_their_free_count():
+    cluster = Cluster.shorthand(4, 4)
+    cluster.allocate([4])  # node 1: 3 free, offers 2
+    cluster.allocate([8, 9])  # node 2: 2 free, offers 2
+    cluster.allocate([12])  # node 3: 3 free, offers 2
+    consolidate = make_placement("consolidate")
+    # unit 1: node 0 (4), node 1 (3), node 3 (3), and the last 1 on the tightest: node 2.
+    assert placed(consolidate.place(cluster, job(8), 0)) == (0, 1, 2, 3, 5, 6, 7, 10)
+    # unit 2: node 0 gives 4, then nodes 1 and 2 (lowest indexes) 2 each; for the remainder
+    # node 2 (2 free) is tighter than node 3 (3 free), so it stays.
+    assert placed(consolidate.place(cluster, job(8, unit=2), 0)) == (0, 1, 2, 3, 5, 6, 10, 11)
 
 
 # -- cache-aware: its own rack search ------------------------------------------------------------

@@ -55,18 +55,20 @@ def only_loopback() -> bool:
     return [name for _, name in socket.if_nameindex()] == ["lo"]
 
 
-def processes_of(node: str) -> list[int]:
-    """The pids of every process that carries CORRAL_TEST_NODE=node in its environment."""
+def processes_of(node: str, jobs: bool) -> list[int]:
+    """The pids of the processes that carry CORRAL_TEST_NODE=node in their environment: the
+    jobs' (their environment has CORRAL_JOB_ID) or else Ray's own."""
     marker = f"CORRAL_TEST_NODE={node}".encode()
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
-            environ = (entry / "environ").read_bytes()
+            environ = (entry / "environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        if marker in environ.split(b"\0"):
+        is_job = any(item.startswith(b"CORRAL_JOB_ID=") for item in environ)
+        if marker in environ and is_job == jobs:
             found.append(int(entry.name))
     return found
 
@@ -145,9 +147,10 @@ class RayCluster:
         self._wait_ready(node, deadline)
 
     def kill_node(self, name: str) -> int:
-        """SIGKILL every process of the node (not the head): as if its machine died."""
+        """SIGKILL every Ray process of the node (not the head), but not the jobs' processes:
+        these must die by themselves (their guard sees its actor die)."""
         killed = 0
-        for pid in processes_of(name):
+        for pid in processes_of(name, jobs=False):
             try:
                 os.kill(pid, signal.SIGKILL)
                 killed += 1

@@ -224,8 +224,11 @@ def test_to_core_spec_converts_types_and_priority() -> None:
         gpu_types=frozenset({"a100", "v100"}),
         priority=Priority.OPPORTUNISTIC,
         max_retries=2,
+        gpus_per_worker=4,  # one worker (the default) holds all 4 GPUs
     )
     assert core.accepts("a100") and not core.accepts("t4")
+    assert to_core_spec(parse_job_spec(spec_with(workers=2)), "3", 0.0, "bob").gpus_per_worker == 2
+    assert to_core_spec(parse_job_spec(spec_with(workers=4)), "4", 0.0, "bob").gpus_per_worker == 1
     single = to_core_spec(parse_job_spec(spec_with(gpu_type="T4")), "1", 0.0, "bob")
     assert single.gpu_types == frozenset({"t4"})
     plain = to_core_spec(parse_job_spec(BASE), "2", 0.0, "bob")

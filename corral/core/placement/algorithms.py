@@ -103,6 +103,7 @@ def fewest_nodes_in_rack(cluster: Cluster, job: Job) -> tuple[int, ...] | None:
 def fewest_nodes_anywhere(cluster: Cluster, job: Job) -> tuple[int, ...] | None:
     """Fewest nodes in the whole cluster, racks ignored (Philly's relaxed placement)."""
     unit = job.spec.gpus_per_worker
+    cells = cluster.nodes
     for gpu_type in types_for(cluster, job):
         if cluster.free_by_type.get(gpu_type, 0) < job.spec.gpus:
             continue
@@ -110,10 +111,12 @@ def fewest_nodes_anywhere(cluster: Cluster, job: Job) -> tuple[int, ...] | None:
         picks: list[tuple[int, int]] = []
         # Most free first is also most usable first: free - free % unit never falls as free grows.
         for node in cluster.nodes_most_free_first(gpu_type):
-            free = cluster.node_free(node)
+            free = cells[node].free_gpus
             if free < unit:
                 break  # this node and all after it offer no whole worker
-            take = min(free - free % unit, need)
+            take = free - free % unit
+            if take > need:
+                take = need
             picks.append((node, take))
             need -= take
             if need == 0:
@@ -123,21 +126,23 @@ def fewest_nodes_anywhere(cluster: Cluster, job: Job) -> tuple[int, ...] | None:
 
 def first_free(cluster: Cluster, job: Job) -> tuple[int, ...] | None:
     """The first free GPUs in cluster order (rack by rack, node by node), one GPU type."""
+    need = job.spec.gpus
     unit = job.spec.gpus_per_worker
+    cells = cluster.nodes
     for gpu_type in types_for(cluster, job):
-        if cluster.free_by_type.get(gpu_type, 0) < job.spec.gpus:
+        if cluster.free_by_type.get(gpu_type, 0) < need:
             continue
         chosen: list[int] = []
         for rack, rack_nodes in enumerate(cluster.rack_nodes):
             if cluster.rack_free(rack) == 0:
                 continue
             for node in rack_nodes:
-                free = cluster.node_free(node)
-                usable = free - free % unit
-                if cluster.nodes[node].gpu_type != gpu_type or usable == 0:
+                cell = cells[node]
+                free = cell.free_gpus
+                if cell.gpu_type != gpu_type or free < unit:
                     continue
-                take = min(usable, job.spec.gpus - len(chosen))
-                chosen.extend(cluster.free_gpus_of_node(node)[:take])
-                if len(chosen) == job.spec.gpus:
+                usable, left = free - free % unit, need - len(chosen)
+                chosen.extend(cluster.free_gpus_of_node(node)[: usable if usable < left else left])
+                if len(chosen) == need:
                     return tuple(chosen)
     return None

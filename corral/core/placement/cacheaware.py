@@ -116,13 +116,12 @@ def _fewest_nodes(
     """Most usable free GPUs first (whole workers of `unit` GPUs, as in `algorithms`), caching
     more first among equals; the remainder from the node that caches most among those that
     offer it (then the tightest)."""
-    offered = {
-        n: free - free % unit
-        for n in nodes
-        if cluster.nodes[n].gpu_type == gpu_type
-        for free in (cluster.node_free(n),)
-        if free >= unit
-    }
+    offered: dict[int, int] = {}  # node -> the GPUs it offers: whole workers only
+    for n in nodes:
+        cell = cluster.nodes[n]
+        free = cell.free_gpus
+        if cell.gpu_type == gpu_type and free >= unit:
+            offered[n] = free - free % unit
     ranked = sorted(offered, key=lambda n: (-offered[n], -cached_gb(n), n))
     picks: list[tuple[int, int]] = []
     for node in ranked:

@@ -48,6 +48,13 @@ def consolidated(cluster: Cluster, job: Job) -> Placed | NotPlaced:
     )
 
 
+def _no_gpus_of_one_type(job: Job) -> NotPlaced:
+    unit = job.spec.gpus_per_worker
+    if unit == 1:
+        return NotPlaced("no GPUs of one type free for it")
+    return NotPlaced(f"no GPUs of one type free for it: each worker needs {unit} GPUs on one node")
+
+
 def consolidated_scope(cluster: Cluster, job: Job) -> str:
     if any(
         job.spec.accepts(t) and size >= job.spec.gpus
@@ -128,7 +135,7 @@ class Profile(Placement):
         if short is not None:
             return short
         gpus = fewest_nodes_anywhere(cluster, job)
-        return Placed(gpus) if gpus is not None else NotPlaced("no GPUs of one type free for it")
+        return Placed(gpus) if gpus is not None else _no_gpus_of_one_type(job)
 
 
 class AnyFree(Placement):
@@ -139,4 +146,4 @@ class AnyFree(Placement):
         if short is not None:
             return short
         gpus = first_free(cluster, job)
-        return Placed(gpus) if gpus is not None else NotPlaced("no GPUs of one type free for it")
+        return Placed(gpus) if gpus is not None else _no_gpus_of_one_type(job)
