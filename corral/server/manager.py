@@ -353,7 +353,11 @@ class Manager:
         stays (its free GPUs offline) until the executor has reported the end of every attempt
         that ran there, so that no job is requeued while a worker of it may still run."""
         assert self._nodes is not None
-        live = self._nodes()
+        try:
+            live = self._nodes()
+        except Exception as error:  # e.g. Ray's head is unreachable: keep what we know
+            log.warning("cannot read the cluster's nodes: %s", error)
+            return False
         known = [self._pristine_cluster.nodes[i] for i in range(len(self._pristine_cluster.nodes))]
         known_defs = {cell.name: cell for cell in known}
         live_names = {node.name for node in live}

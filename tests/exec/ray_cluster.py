@@ -23,6 +23,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.netns import only_loopback
+
 RAY = str(Path(sys.executable).with_name("ray"))
 READY_LINE = "Ray runtime started"
 
@@ -49,10 +51,6 @@ def _environment(node: str) -> dict[str, str]:
         }
     )
     return env
-
-
-def only_loopback() -> bool:
-    return [name for _, name in socket.if_nameindex()] == ["lo"]
 
 
 def processes_of(node: str, jobs: bool) -> list[int]:
@@ -82,6 +80,7 @@ class RayCluster:
     port: int = field(default_factory=_free_port)
     temp_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="corral-ray-")))
     nodes: list[subprocess.Popen[str]] = field(default_factory=list)
+    names: list[str] = field(default_factory=list)  # of the nodes, in the same order
     started_in_s: float = 0.0
 
     @property
@@ -103,13 +102,30 @@ class RayCluster:
         self.started_in_s = time.monotonic() - began
 
     def add_node(
-        self, name: str, gpus: int | None = None, rack: str | None = None, timeout: float = 60.0
+        self,
+        name: str,
+        gpus: int | None = None,
+        rack: str | None = None,
+        named: bool = True,
+        timeout: float = 60.0,
     ) -> None:
+        """A node that joins; `named=False` declares no corral-node resource."""
         gpus = self.gpus_per_node if gpus is None else gpus
-        self._start_node(name, gpus, rack, False, time.monotonic() + timeout)
+        self._start_node(name, gpus, rack, False, time.monotonic() + timeout, named)
+
+    def stop_node(self, name: str) -> None:
+        """Stop a node as an operator would (`ray start --block` ended by SIGTERM)."""
+        self._stop(self.nodes.pop(self.names.index(name)))
+        self.names.remove(name)
 
     def _start_node(
-        self, name: str, gpus: int, rack: str | None, head: bool, deadline: float
+        self,
+        name: str,
+        gpus: int,
+        rack: str | None,
+        head: bool,
+        deadline: float,
+        named: bool = True,
     ) -> None:
         argv = [
             RAY,
@@ -121,7 +137,7 @@ class RayCluster:
             "--object-store-memory=100000000",
             "--disable-usage-stats",
         ]
-        if gpus:
+        if gpus and named:
             argv.append(f'--resources={{"corral-node-{name}": 1}}')
         if rack is not None:
             argv.append(f"--labels=corral-rack={rack}")
@@ -144,6 +160,7 @@ class RayCluster:
             start_new_session=True,
         )
         self.nodes.append(node)
+        self.names.append(name)
         self._wait_ready(node, deadline)
 
     def kill_node(self, name: str) -> int:
@@ -176,14 +193,19 @@ class RayCluster:
     def stop(self) -> None:
         # Workers before the head, so that no node waits for a vanished head.
         for node in reversed(self.nodes):
-            if node.poll() is None:
-                node.send_signal(signal.SIGTERM)
-            try:
-                node.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(node.pid, signal.SIGKILL)
-                node.wait()
-            if node.stdout is not None:
-                node.stdout.close()
+            self._stop(node)
         self.nodes.clear()
+        self.names.clear()
         shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+    @staticmethod
+    def _stop(node: subprocess.Popen[str]) -> None:
+        if node.poll() is None:
+            node.send_signal(signal.SIGTERM)
+        try:
+            node.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(node.pid, signal.SIGKILL)
+            node.wait()
+        if node.stdout is not None:
+            node.stdout.close()

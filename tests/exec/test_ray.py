@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -210,3 +211,26 @@ def test_a_new_executor_finds_a_running_attempt_by_name(
     executor.stop("30", 1)
     (end,) = wait_ended(executor)
     assert (end.job_id, end.exit_code, end.stopped) == ("30", 0, True)
+
+
+def test_a_joining_node_is_named_by_its_host_and_racked_by_its_label(
+    executor: RayExecutor, cluster: RayCluster
+) -> None:
+    # Last in the module: it changes the cluster (and puts it back).
+    cluster.add_node("c", gpus=1, rack="r9", named=False)
+    try:
+        nodes = executor.nodes()
+        named = [(node.name, node.gpus, node.rack) for node in nodes if node.name in ("a", "b")]
+        assert named == [("a", 2, "rack-0"), ("b", 2, "rack-0")]
+        (joined,) = [node for node in nodes if node.name not in ("a", "b")]
+        # No corral-node resource: its host name, and, since a and b share that host, the start
+        # of Ray's node id after it.
+        host = socket.gethostname().split(".")[0]
+        assert joined.name == f"{host}-{joined.node_id[:8]}"
+        assert (joined.gpus, joined.gpu_type, joined.rack) == (1, "gpu", "r9")
+    finally:
+        cluster.stop_node("c")
+    deadline = time.monotonic() + 30
+    while len(executor.nodes()) != 2:  # a node that stopped is gone from the list
+        assert time.monotonic() < deadline
+        time.sleep(0.2)

@@ -17,7 +17,16 @@ import pytest
 from corral.exec.ray import RayExecutor
 from corral.server.boot import RunningServer, ServerOptions, build_manager, ray_namespace
 from tests.exec.ray_cluster import RayCluster, processes_of
-from tests.server.helpers import admin_token, api, fast_settings, job, submit, train_job, wait_for
+from tests.server.helpers import (
+    Corral,
+    admin_token,
+    api,
+    fast_settings,
+    job,
+    submit,
+    train_job,
+    wait_for,
+)
 
 ENV_DUMP = (
     "import json, os; rank = os.environ['RANK']; "
@@ -60,6 +69,16 @@ def server(cluster: RayCluster, tmp_path: Path) -> Iterator[tuple[RunningServer,
 def node_names(client: httpx.Client) -> list[tuple[str, int]]:
     nodes = client.get("/api/v1/cluster").json()["nodes"]
     return [(node["name"], len(node["gpus"])) for node in nodes]
+
+
+def wait_for_log(client: httpx.Client, job_id: str, rank: int, text: str) -> None:
+    """Until the job's latest attempt's rank-R stdout, as the API serves it, holds `text`."""
+    deadline = time.monotonic() + 30
+    while text not in (
+        seen := client.get(f"/api/v1/jobs/{job_id}/logs", params={"rank": rank}).text
+    ):
+        assert time.monotonic() < deadline, f"rank {rank} never printed {text!r}: {seen!r}"
+        time.sleep(0.2)
 
 
 def test_an_8_gpu_job_runs_as_two_workers_on_two_4_gpu_nodes(
@@ -130,19 +149,41 @@ def test_preemption_and_cancel_behave_as_on_one_machine(
         assert int(logs.split("resumed from step ")[1].split()[0]) > 0
         # Cancel: the job's signal reaches every worker, which exits after its checkpoint.
         third = submit(client, **train_job("third", steps=400, gpus=8, workers=2))
-        wait_for(client, third, ["RUNNING"], timeout=60)
-        time.sleep(1.0)
+        for rank in (0, 1):
+            wait_for_log(client, third, rank, "starting from step 0")
         assert client.post(f"/api/v1/jobs/{third}/cancel").status_code == 200
         assert wait_for(client, third, timeout=30)["status"] == "CANCELLED"
         for rank in (0, 1):
-            deadline = time.monotonic() + 15
-            while "stopped at step" not in (
-                text := client.get(f"/api/v1/jobs/{third}/logs", params={"rank": rank}).text
-            ):
-                assert time.monotonic() < deadline, text
-                time.sleep(0.2)
+            wait_for_log(client, third, rank, "stopped at step")
     finally:
         running.stop()
+
+
+def test_corral_up_on_ray_survives_kill_9_and_finds_its_workers_again(
+    cluster: RayCluster, tmp_path: Path
+) -> None:
+    corral = Corral(tmp_path / "state", "--executor", "ray", "--ray-address", cluster.address)
+    try:
+        client = corral.start()
+        assert (
+            f"8 GPUs on 2 nodes of the Ray cluster at {cluster.address}" in corral.log().read_text()
+        )
+        wide = submit(client, **train_job("wide", steps=100, gpus=8, workers=2))
+        wait_for(client, wide, ["RUNNING"], timeout=60)
+        wait_for_log(client, wide, 0, "step 2/100")
+        corral.kill()  # the manager dies; the detached actors and their workers do not
+        client = corral.start()
+        done = wait_for(client, wide, timeout=90)
+        assert done["status"] == "SUCCEEDED" and done["attempts"] == 1  # never started twice
+        events = [event["message"] for event in job(client, wide)["events"]]
+        assert "attempt 1 found running" in events
+        # Rank 0's output from both sides of the restart came across, each line once: it
+        # started from step 0 and printed steps 1 to 100.
+        text = client.get(f"/api/v1/jobs/{wide}/logs", params={"rank": 0}).text
+        steps = [line.split()[3] for line in text.splitlines() if "/100 loss=" in line]
+        assert steps == [f"{step}/100" for step in range(1, 101)]
+    finally:
+        corral.stop()
 
 
 def test_a_node_that_dies_mid_run_requeues_the_job_which_completes_on_a_new_node(

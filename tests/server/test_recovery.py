@@ -3,59 +3,21 @@
 from __future__ import annotations
 
 import os
-import signal
-import socket
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
 from corral.exec.local import kill_attempt
-from tests.server.helpers import admin_token, api, job, kill_jobs_of, python_job, submit, wait_for
-
-
-class Corral:
-    """`corral up` as a separate process, so that it can be killed with SIGKILL."""
-
-    def __init__(self, data_dir: Path) -> None:
-        self.data_dir = data_dir
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            self.port = probe.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.process: subprocess.Popen[bytes] | None = None
-        self.starts = 0
-
-    def start(self) -> httpx.Client:
-        self.starts += 1
-        log = (self.data_dir.parent / f"server-{self.starts}.log").open("wb")
-        command = [sys.executable, "-m", "corral.cli", "up", "--gpus", "2"]
-        command += ["--data-dir", str(self.data_dir), "--port", str(self.port)]
-        self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            assert self.process.poll() is None, self.data_dir.parent / "server.log"
-            try:
-                client = api(self.url, admin_token(self.data_dir))
-                if client.get("/api/v1/whoami").status_code == 200:
-                    return client
-            except (OSError, httpx.TransportError):
-                pass
-            time.sleep(0.1)
-        raise AssertionError("corral up did not start")
-
-    def kill(self) -> None:
-        assert self.process is not None
-        self.process.send_signal(signal.SIGKILL)
-        self.process.wait()
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.kill()
+from tests.server.helpers import (
+    Corral,
+    job,
+    kill_jobs_of,
+    python_job,
+    submit,
+    wait_for,
+)
 
 
 @pytest.fixture

@@ -81,3 +81,28 @@ def test_a_port_in_use_is_refused(tmp_path: Path) -> None:
         )
     assert result.exit_code == 2
     assert f"--port {port}: cannot listen on 127.0.0.1:{port}" in " ".join(result.output.split())
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--executor", "slurm"], "--executor: unknown 'slurm'; choose local or ray"),
+        (["--executor", "ray"], "--executor ray: needs --ray-address HOST:PORT"),
+        (["--executor", "ray", "--ray-address", "head"], "--ray-address head: expected HOST:PORT"),
+        (
+            ["--executor", "ray", "--ray-address", "127.0.0.1:1"],
+            "--ray-address 127.0.0.1:1: no Ray head answers there (Connection refused)",
+        ),
+        (
+            ["--executor", "ray", "--ray-address", "127.0.0.1:1", "--gpus", "2"],
+            "--executor ray: the GPUs are the Ray nodes' (no --gpus, no --demo)",
+        ),
+    ],
+)
+def test_bad_ray_settings_are_refused_in_one_line(
+    tmp_path: Path, args: list[str], message: str
+) -> None:
+    result = CliRunner().invoke(app, ["up", "--data-dir", str(tmp_path / "d"), *args])
+    assert result.exit_code == 2
+    assert message in result.output
+    assert "Traceback" not in result.output
