@@ -53,8 +53,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="corral-bench-ray-"))
 
     def serve(executor: str) -> RunningServer:
-        data_dir = work / executor
-        data_dir.mkdir()
+        data_dir = Path(tempfile.mkdtemp(prefix=f"{executor}-", dir=work))
         options = ServerOptions(data_dir=data_dir, settings=fast_settings(), executor=executor)
         if executor == "ray":
             options.ray_address = cluster.address
