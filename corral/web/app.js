@@ -227,9 +227,11 @@
       $("legend").replaceChildren(...entries);
     }
     if (!changed("nodes", [cluster.nodes, legendData])) return;
+    const racks = new Set(cluster.nodes.map((node) => node.rack));
     const boxes = cluster.nodes.map((node) => {
       const used = node.gpus.filter((g) => g.job).length;
-      const types = [...new Set(node.gpus.map((g) => g.type))].join(", ");
+      let types = [...new Set(node.gpus.map((g) => g.type))].join(", ");
+      if (racks.size > 1) types = `${node.rack} · ${types}`; // where it sits, once there is a choice
       const cells = node.gpus.map((gpu) => gpuCell(node, gpu, colours));
       return el(
         "div",
