@@ -137,6 +137,7 @@ class Manager:
         self.vc_quota = dict(vc_quota) if vc_quota else {"default": cluster.total_gpus}
         self._nodes = nodes
         self._rebuilding = False
+        self._unusable: set[str] = set()  # nodes that left, held out until they can be dropped
         self._next_node_check = 0.0
         self._gpu_ids = _gpu_ids_by_name(cluster)
         #: Each VC's guaranteed cells ({cell type: count}, as the config gives them), for hived.
@@ -310,8 +311,9 @@ class Manager:
                     self._attempt_ended(end, now)
             if self._nodes is not None and now >= self._next_node_check:
                 self._next_node_check = now + self.settings.node_check_s
-                if self._refresh_nodes():
-                    deciding = True
+                self._refresh_nodes()
+                deciding = deciding or self._dirty  # rebuilt, or nodes came back
+            self._hold_unusable()
             with self.store.batch():
                 if deciding:
                     self._dirty = False
@@ -348,7 +350,7 @@ class Manager:
             with self.store.batch():
                 self._attempt_ended(ended, now)
 
-    def _refresh_nodes(self) -> bool:
+    def _refresh_nodes(self) -> None:
         """Read the live nodes again; rebuild the cluster when they changed. A node that left
         stays (its free GPUs offline) until the executor has reported the end of every attempt
         that ran there, so that no job is requeued while a worker of it may still run."""
@@ -357,31 +359,43 @@ class Manager:
             live = self._nodes()
         except Exception as error:  # e.g. Ray's head is unreachable: keep what we know
             log.warning("cannot read the cluster's nodes: %s", error)
-            return False
-        known = [self._pristine_cluster.nodes[i] for i in range(len(self._pristine_cluster.nodes))]
-        known_defs = {cell.name: cell for cell in known}
-        live_names = {node.name for node in live}
-        if {n.name: (n.gpus, n.gpu_type) for n in live} == {
-            c.name: (c.total_gpus, c.gpu_type) for c in known
-        }:
-            return False
-        gone = [name for name in known_defs if name not in live_names]
+            return
+        known = {c.name: (c.total_gpus, c.gpu_type) for c in self._pristine_cluster.nodes}
+        shape = {node.name: (node.gpus, node.gpu_type) for node in live}
+        if shape == known:
+            self._bring_back()  # nodes held out came back before they were dropped
+            return
+        gone = {name for name in known if name not in shape}
         busy = {self.cluster.nodes[self.cluster.gpu_node[g]].name for g in self._busy_gpus()}
-        waiting_for = [name for name in gone if name in busy]
-        if waiting_for:
-            if isinstance(self.scheduler, Scheduler):  # nothing new lands there meanwhile
-                for node in self.cluster.nodes:
-                    if node.name in waiting_for:
-                        self.scheduler.take_offline(self.cluster.node_gpus[node.index])
-            return False
-        if not live:
-            log.warning("the cluster has no node with GPUs; nothing starts until one joins")
-            if isinstance(self.scheduler, Scheduler):
-                self.scheduler.take_offline(range(self.cluster.total_gpus))
-            return False
-        log.info("nodes changed: %s", ", ".join(sorted(live_names)))
+        if not live or gone & busy:
+            # Keep the cluster until the executor has reported the end of every attempt that
+            # ran on a node that left; nothing new starts on those nodes meanwhile.
+            unusable = gone if live else set(known)
+            if not live and unusable != self._unusable:
+                log.warning("the cluster has no node with GPUs; nothing starts until one joins")
+            self._bring_back()
+            self._unusable = unusable
+            self._hold_unusable()
+            return
+        log.info("nodes changed: %s", ", ".join(sorted(shape)))
+        self._unusable = set()
         self.rebuild(Cluster.from_nodes(live))
-        return True
+
+    def _hold_unusable(self) -> None:
+        """Keep the free GPUs of nodes that left out of allocation (again after each round's
+        ends, which free GPUs there)."""
+        if self._unusable and isinstance(self.scheduler, Scheduler):
+            for node in self.cluster.nodes:
+                if node.name in self._unusable:
+                    self.scheduler.take_offline(self.cluster.node_gpus[node.index])
+
+    def _bring_back(self) -> None:
+        if self._unusable and isinstance(self.scheduler, Scheduler):
+            for node in self.cluster.nodes:
+                if node.name in self._unusable:
+                    self.scheduler.bring_online(self.cluster.node_gpus[node.index])
+            self._dirty = True
+        self._unusable = set()
 
     def _busy_gpus(self) -> set[int]:
         """GPUs whose processes may still run: live attempts and stopping ones."""

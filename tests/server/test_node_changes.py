@@ -1,0 +1,136 @@
+"""A cluster whose nodes come and go (as on Ray), with an executor the test drives: attempts run
+until the test ends them. Checks when the manager drops a node that left, that nothing new lands
+on it meanwhile, and that a job waits for nodes to join rather than fail."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from corral.core.cluster import Cluster, NodeDef
+from corral.exec.local import AttemptEnded, AttemptLaunch
+from corral.server.manager import Manager, ManagerSettings
+from corral.server.spec import parse_job_spec
+from corral.server.store import Store
+from tests.server.helpers import python_job
+
+
+class HeldExecutor:
+    """Attempts run until `end` is called; `recover` finds the running ones again."""
+
+    def __init__(self) -> None:
+        self.running: dict[tuple[str, int], AttemptLaunch] = {}
+        self.stopped: list[tuple[str, int]] = []
+        self.ended: list[AttemptEnded] = []
+
+    def launch(self, launch: AttemptLaunch) -> None:
+        self.running[(launch.job_id, launch.attempt)] = launch
+
+    def stop(self, job_id: str, attempt: int) -> None:
+        self.stopped.append((job_id, attempt))
+
+    def end(self, job_id: str, attempt: int, reason: str, code: int | None = None) -> None:
+        del self.running[(job_id, attempt)]
+        self.ended.append(AttemptEnded(job_id, attempt, code, None, False, reason, "", 1000.0))
+
+    def poll(self) -> list[AttemptEnded]:
+        ended, self.ended = self.ended, []
+        return ended
+
+    def recover(self, job_id: str, attempt: int, attempt_dir: Path) -> str:
+        return "running" if (job_id, attempt) in self.running else "never-started"
+
+    def close(self) -> None:
+        pass
+
+
+class Nodes:
+    def __init__(self, *names: str) -> None:
+        self.live = [NodeDef(name, 4, "gpu") for name in names]
+
+    def __call__(self) -> list[NodeDef]:
+        return list(self.live)
+
+
+def manager_on(tmp_path: Path, nodes: Nodes) -> tuple[Manager, HeldExecutor]:
+    executor = HeldExecutor()
+    settings = ManagerSettings(node_check_s=0.0, retry_backoff_s=0.0, relax_after_s=0.0)
+    manager = Manager(
+        Store(Store.sqlite_url(tmp_path)),
+        executor,
+        Cluster.from_nodes(nodes()),
+        tmp_path,
+        settings=settings,
+        nodes=nodes,
+    )
+    return manager, executor
+
+
+def where(launch: AttemptLaunch) -> list[str]:
+    return [worker.node for worker in launch.workers]
+
+
+def test_a_node_that_left_is_dropped_once_its_attempts_ended_and_a_new_one_is_used(
+    tmp_path: Path,
+) -> None:
+    nodes = Nodes("n1", "n2")
+    manager, executor = manager_on(tmp_path, nodes)
+    manager.submit(parse_job_spec(python_job("wide", "pass", gpus=8, workers=2)), "u")
+    manager.step()
+    (launch,) = executor.running.values()
+    assert where(launch) == ["n1", "n2"]
+    nodes.live = nodes.live[:1]  # n2 leaves; its attempt has not ended yet
+    manager.step()
+    assert [node.name for node in manager.cluster.nodes] == ["n1", "n2"]  # kept meanwhile
+    manager.submit(parse_job_spec(python_job("small", "pass", gpus=4)), "u")
+    manager.step()
+    assert len(executor.running) == 1  # n1 is busy, n2 is held out: nothing starts on n2
+    executor.end("1", 1, "lost: rank 1's Ray actor died (its node died)")
+    manager.step()
+    # The end is in: n2 is dropped; the 8-GPU job waits (it fits no longer), the 4-GPU one
+    # starts on n1, freed by the lost attempt.
+    assert [node.name for node in manager.cluster.nodes] == ["n1"]
+    assert [where(a) for a in executor.running.values()] == [["n1"]]
+    wide = manager.store.get_job("1")
+    assert wide is not None and wide.status == "PENDING" and wide.failures == 0
+    (first,) = manager.store.attempts("1")
+    assert (first.outcome, first.gpus) == ("lost", [f"n{n}/{d}" for n in (1, 2) for d in range(4)])
+    executor.end("2", 1, "exit code 0", code=0)
+    nodes.live.append(NodeDef("n3", 4, "gpu"))  # a node joins
+    manager.step()
+    manager.step()
+    (retry,) = executor.running.values()
+    assert (retry.job_id, retry.attempt, where(retry)) == ("1", 2, ["n1", "n3"])
+    assert [node.name for node in manager.cluster.nodes] == ["n1", "n3"]
+
+
+def test_when_every_node_left_nothing_starts_until_one_joins(tmp_path: Path) -> None:
+    nodes = Nodes("n1")
+    manager, executor = manager_on(tmp_path, nodes)
+    nodes.live = []
+    manager.step()
+    manager.submit(parse_job_spec(python_job("j", "pass", gpus=2)), "u")
+    manager.step()
+    assert executor.running == {}
+    row = manager.store.get_job("1")
+    assert row is not None and row.status == "PENDING"
+    nodes.live = [NodeDef("n1", 4, "gpu")]  # the same node comes back
+    manager.step()
+    (launch,) = executor.running.values()
+    assert where(launch) == ["n1"]
+
+
+def test_a_running_attempt_survives_another_node_joining(tmp_path: Path) -> None:
+    nodes = Nodes("n1")
+    manager, executor = manager_on(tmp_path, nodes)
+    manager.submit(parse_job_spec(python_job("j", "pass", gpus=4)), "u")
+    manager.step()
+    nodes.live.append(NodeDef("n0", 4, "gpu"))  # sorts first: GPU ids are renumbered
+    manager.step()
+    assert [node.name for node in manager.cluster.nodes] == ["n1", "n0"]
+    assert manager.placement_of("1") == ["n1/0", "n1/1", "n1/2", "n1/3"]
+    assert manager.gpu_owners() == {manager.gpu_ids([f"n1/{d}"])[0]: "1" for d in range(4)}
+    events = [event.message for event in manager.store.events("1")]
+    assert not any("found running" in message for message in events)  # no noise for users
+    manager.submit(parse_job_spec(python_job("k", "pass", gpus=4)), "u")
+    manager.step()
+    assert [where(a) for a in executor.running.values()] == [["n1"], ["n0"]]
