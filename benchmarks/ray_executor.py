@@ -43,14 +43,15 @@ def main() -> None:
 
     from corral.exec.ray import RayExecutor
     from corral.server.boot import RunningServer, ServerOptions, build_manager, ray_namespace
-    from tests.exec.ray_cluster import RayCluster, processes_of
+    from tests.exec.ray_cluster import RayCluster, processes_of, use_token_auth
     from tests.server.helpers import admin_token, api, fast_settings, submit, wait_for
 
+    work = Path(tempfile.mkdtemp(prefix="corral-bench-ray-"))
+    use_token_auth(work)
     names = tuple(f"n{i + 1}" for i in range(args.nodes))
     cluster = RayCluster(gpus_per_node=4, node_names=names, head="head")
     cluster.start()
     print(f"ray cluster: head + {args.nodes} x 4 GPUs, started in {cluster.started_in_s:.1f} s")
-    work = Path(tempfile.mkdtemp(prefix="corral-bench-ray-"))
 
     def serve(executor: str) -> RunningServer:
         data_dir = Path(tempfile.mkdtemp(prefix=f"{executor}-", dir=work))

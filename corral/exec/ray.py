@@ -19,6 +19,7 @@ attempt as "lost", after the rest of the gang has been stopped.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import socket
@@ -28,6 +29,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -50,6 +52,9 @@ STREAMS = ("stdout", "stderr")
 #: The most a worker's stream sends the manager per copy.
 LOG_CHUNK = 1 << 20
 LOG_COPY_EVERY_S = 1.0
+#: The variables Ray sets in its worker processes that a job must not inherit.
+RAY_PREFIXES = ("RAY_", "RAYLET_", "__RAY")
+RAY_SETS = ("OMP_NUM_THREADS", "SPT_NOENV")
 
 
 def actor_name(job_id: str, attempt: int, rank: int) -> str:
@@ -102,6 +107,63 @@ def ray_nodes() -> list[RayNode]:
     return sorted(found, key=lambda node: node.name)
 
 
+def node_environment(actor_env: Mapping[str, str]) -> dict[str, str]:
+    """What a worker starts from: its node's environment as the actor sees it, less what Ray
+    set for its own worker processes (RAY_* holds the cluster's auth token, OMP_NUM_THREADS=1
+    would slow the job's math) and what is private to corral. A job sets any of them in its
+    spec's env if it wants them."""
+    return {
+        key: value
+        for key, value in actor_env.items()
+        if not key.startswith(RAY_PREFIXES) and key not in PRIVATE_VARIABLES + RAY_SETS
+    }
+
+
+def access_problem(address: str, timeout_s: float = 5.0) -> str | None:
+    """Ask the head's GCS once, as `ray.init` would ask it, whether this process may connect; a
+    one-line reason if not (`ray.init` would retry for some 20 s and then not say why).
+
+    Uses the cluster's token as a `ray.init()` without an address would: when RAY_AUTH_MODE is
+    not set and a token is at hand (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH, ~/.ray/auth_token)."""
+    try:
+        import grpc
+        from ray._private.authentication.authentication_token_setup import (
+            maybe_enable_token_auth_if_token_available,
+        )
+        from ray._private.authentication.grpc_authentication_client_interceptor import (
+            _get_authentication_metadata_tuple,
+        )
+        from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
+    except ImportError:  # a Ray without token authentication: ray.init says what is wrong
+        return None
+    # Quietly: Ray would log a warning that it did.
+    setup_log = logging.getLogger(maybe_enable_token_auth_if_token_available.__module__)
+    level = setup_log.level
+    setup_log.setLevel(logging.ERROR)
+    try:
+        maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
+    finally:
+        setup_log.setLevel(level)
+    metadata = _get_authentication_metadata_tuple()
+    with grpc.insecure_channel(address) as channel:
+        stub = gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel)
+        try:
+            stub.GetClusterId(
+                gcs_service_pb2.GetClusterIdRequest(), timeout=timeout_s, metadata=metadata
+            )
+        except grpc.RpcError as error:
+            code = error.code()
+            if code != grpc.StatusCode.UNAUTHENTICATED:
+                return f"its GCS does not answer ({code.name.lower()})"
+            if not metadata:
+                return (
+                    "the cluster requires its token: set RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH, "
+                    "or put it in ~/.ray/auth_token)"
+                )
+            return "the cluster refused the token (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token)"
+    return None
+
+
 # ---------------------------------------------------------------------------------------------
 # The actor that runs one worker on its node
 
@@ -134,7 +196,7 @@ class WorkerActor:
         # actor's id keeps apart the same job's attempts of different managers and runs.
         actor_id = ray.get_runtime_context().get_actor_id()
         self.log_dir = Path(tempfile.gettempdir()) / "corral-workers" / f"{spec['name']}-{actor_id}"
-        env = {k: v for k, v in os.environ.items() if k not in PRIVATE_VARIABLES}
+        env = node_environment(os.environ)
         env.update({str(k): str(v) for k, v in spec["env"].items()})
         if not env.get("MASTER_PORT") and master_port is not None:
             env["MASTER_PORT"] = str(master_port)

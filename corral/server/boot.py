@@ -159,7 +159,7 @@ def connect_ray(options: ServerOptions) -> RayExecutor:
     if not options.ray_address:
         raise BootError("--executor ray: needs --ray-address HOST:PORT (the head node's GCS)")
     try:
-        from corral.exec.ray import RayExecutor
+        from corral.exec.ray import RayExecutor, access_problem
     except ImportError:
         raise BootError(
             "--executor ray: Ray is not installed (pip install 'corral[ray]')"
@@ -174,6 +174,9 @@ def connect_ray(options: ServerOptions) -> RayExecutor:
             f"--ray-address {options.ray_address}: no Ray head answers there "
             f"({error.strerror or error})"
         ) from None
+    problem = access_problem(options.ray_address)
+    if problem is not None:
+        raise BootError(f"--ray-address {options.ray_address}: {problem}")
     try:
         return RayExecutor(options.ray_address, ray_namespace(options.data_dir))
     except (ConnectionError, RuntimeError, ValueError) as error:

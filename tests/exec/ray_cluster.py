@@ -12,6 +12,7 @@ processes at once, as a machine that dies would lose them.
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -27,6 +28,19 @@ from tests.netns import only_loopback
 
 RAY = str(Path(sys.executable).with_name("ray"))
 READY_LINE = "Ray runtime started"
+
+
+def use_token_auth(directory: Path) -> Path:
+    """Every Ray process this process starts afterwards, and its own `ray.init`, use token
+    authentication with a fresh token kept in `directory`: as a secured cluster would, and
+    independent of any ~/.ray/auth_token on the machine (whose presence alone makes a head
+    node, but not a joining one, require a token). Returns the token file."""
+    token_file = directory / "ray-auth-token"
+    token_file.write_text(secrets.token_hex(32))
+    token_file.chmod(0o600)
+    os.environ["RAY_AUTH_MODE"] = "token"
+    os.environ["RAY_AUTH_TOKEN_PATH"] = str(token_file)
+    return token_file
 
 
 def _free_port() -> int:

@@ -4,6 +4,7 @@ machine's loopback."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -138,6 +139,11 @@ def test_two_workers_on_two_nodes_get_the_cores_gpus(executor: RayExecutor, tmp_
     # Each worker ran under the node the core chose: it inherited that node's processes' marker.
     assert [env["CORRAL_TEST_NODE"] for env in envs] == ["a", "b"]
     assert [env["CORRAL_NODE"] for env in envs] == ["a", "b"]
+    # What Ray sets for its own workers is not the job's: not the cluster's token least of all.
+    for env in envs:
+        assert os.environ["RAY_AUTH_TOKEN_PATH"] and "RAY_AUTH_TOKEN_PATH" not in env
+        assert not [key for key in env if key.startswith("RAY_")]
+        assert "OMP_NUM_THREADS" not in env
     # The actors are gone once the end was reported: their GPUs are Ray's again.
     with pytest.raises(ValueError):
         ray.get_actor(actor_name("10", 1, 0), namespace="corral")

@@ -126,8 +126,9 @@ def kill_jobs_of(data_dir: Path) -> int:
 class Corral:
     """`corral up` as a separate process, so that it can be killed with SIGKILL."""
 
-    def __init__(self, data_dir: Path, *up_args: str) -> None:
+    def __init__(self, data_dir: Path, *up_args: str, env: dict[str, str] | None = None) -> None:
         self.data_dir = data_dir
+        self.env = env
         self.up_args = list(up_args or ("--gpus", "2"))
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
@@ -141,7 +142,7 @@ class Corral:
         log = (self.data_dir.parent / f"server-{self.starts}.log").open("wb")
         command = [sys.executable, "-m", "corral.cli", "up", *self.up_args]
         command += ["--data-dir", str(self.data_dir), "--port", str(self.port)]
-        self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=self.env)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             assert self.process.poll() is None, self.log().read_text()

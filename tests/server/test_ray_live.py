@@ -5,6 +5,8 @@ so a job's own environment tells which node it ran under (see tests/exec/ray_clu
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -163,7 +165,14 @@ def test_preemption_and_cancel_behave_as_on_one_machine(
 def test_corral_up_on_ray_survives_kill_9_and_finds_its_workers_again(
     cluster: RayCluster, tmp_path: Path
 ) -> None:
-    corral = Corral(tmp_path / "state", "--executor", "ray", "--ray-address", cluster.address)
+    # The cluster's token only in ~/.ray/auth_token: corral uses it as a bare ray.init() would.
+    home = tmp_path / "home"
+    (home / ".ray").mkdir(parents=True)
+    (home / ".ray" / "auth_token").write_text(Path(os.environ["RAY_AUTH_TOKEN_PATH"]).read_text())
+    env = {key: value for key, value in os.environ.items() if not key.startswith("RAY_AUTH")}
+    env["HOME"] = str(home)
+    up_args = ("--executor", "ray", "--ray-address", cluster.address)
+    corral = Corral(tmp_path / "state", *up_args, env=env)
     try:
         client = corral.start()
         assert (
@@ -230,3 +239,25 @@ def test_a_node_that_dies_mid_run_requeues_the_job_which_completes_on_a_new_node
         assert node_names(client) == [("n1", 4), ("n3", 4)]
     finally:
         running.stop()
+
+
+@pytest.mark.parametrize(
+    ("token", "message"),
+    [
+        (None, "the cluster requires its token: set RAY_AUTH_TOKEN"),
+        ("0" * 64, "the cluster refused the token"),
+    ],
+)
+def test_a_manager_without_the_clusters_token_is_refused_in_one_line(
+    cluster: RayCluster, tmp_path: Path, token: str | None, message: str
+) -> None:
+    env = {key: value for key, value in os.environ.items() if not key.startswith("RAY_AUTH")}
+    env["HOME"] = str(tmp_path)  # no ~/.ray/auth_token either
+    if token is not None:
+        env["RAY_AUTH_TOKEN"] = token
+    command = [sys.executable, "-m", "corral.cli", "up", "--data-dir", str(tmp_path / "state")]
+    command += ["--executor", "ray", "--ray-address", cluster.address]
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith(f"error: --ray-address {cluster.address}: {message}")
