@@ -4,8 +4,8 @@ group if PARENT_PID (the Ray actor that started this guard) dies first.
 A Ray node whose daemons die (OOM killer, `ray stop`, a crash) while the machine lives on would
 otherwise leave the job's processes running, holding GPUs and writing the checkpoint, while the
 manager restarts the job elsewhere. The guard leads the worker's process group: signals sent to
-the group reach the command directly (the guard ignores them), and the guard ends as its command
-did: the same exit code, or the same signal.
+the group reach the command directly (the guard outlives every signal a process can catch), and
+the guard ends as its command did: the same exit code, or the same signal.
 """
 
 from __future__ import annotations
@@ -17,14 +17,19 @@ import sys
 
 #: How often the guard checks on its parent (seconds): a dead node's workers die this late.
 CHECK_EVERY_S = 0.5
-FORWARDED = (
-    signal.SIGTERM,
-    signal.SIGINT,
-    signal.SIGHUP,
-    signal.SIGQUIT,
-    signal.SIGUSR1,
-    signal.SIGUSR2,
-)
+#: Signals the guard cannot outlive (KILL, STOP), that tell it of its child (CHLD), and those a
+#: fault raises, which a handler that returns would raise again.
+UNHANDLED = {
+    signal.SIGKILL,
+    signal.SIGSTOP,
+    signal.SIGCHLD,
+    signal.SIGSEGV,
+    signal.SIGBUS,
+    signal.SIGFPE,
+    signal.SIGILL,
+    signal.SIGTRAP,
+    signal.SIGSYS,
+}
 
 
 def _ignore(number: int, frame: object) -> None:
@@ -38,8 +43,11 @@ def main(argv: list[str]) -> int:
     parent = int(argv[0])
     # The group's signals reach the command itself; the guard outlives them. A handler, not
     # SIG_IGN: exec resets handled signals to their default, but keeps ignored ones ignored.
-    for number in FORWARDED:
-        signal.signal(number, _ignore)
+    for number in signal.valid_signals() - UNHANDLED:
+        try:
+            signal.signal(number, _ignore)
+        except (OSError, ValueError):  # kept by the C library for itself
+            pass
     try:
         child = subprocess.Popen(argv[2:])
     except OSError as error:

@@ -52,6 +52,10 @@ STREAMS = ("stdout", "stderr")
 #: The most a worker's stream sends the manager per copy.
 LOG_CHUNK = 1 << 20
 LOG_COPY_EVERY_S = 1.0
+#: How long one wait() call holds one of the actor's threads before the executor asks again.
+WAIT_S = 10.0
+#: How long a worker may take to start (Ray placing its actor included) before it counts as lost.
+START_TIMEOUT_S = 120.0
 #: The variables Ray sets in its worker processes that a job must not inherit.
 RAY_PREFIXES = ("RAY_", "RAYLET_", "__RAY")
 RAY_SETS = ("OMP_NUM_THREADS", "SPT_NOENV")
@@ -126,15 +130,10 @@ def access_problem(address: str, timeout_s: float = 5.0) -> str | None:
     Uses the cluster's token as a `ray.init()` without an address would: when RAY_AUTH_MODE is
     not set and a token is at hand (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH, ~/.ray/auth_token)."""
     try:
-        import grpc
         from ray._private.authentication.authentication_token_setup import (
             maybe_enable_token_auth_if_token_available,
         )
-        from ray._private.authentication.grpc_authentication_client_interceptor import (
-            _get_authentication_metadata_tuple,
-        )
-        from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
-    except ImportError:  # a Ray without token authentication: ray.init says what is wrong
+    except ImportError:  # a Ray without token authentication
         return None
     # Quietly: Ray would log a warning that it did.
     setup_log = logging.getLogger(maybe_enable_token_auth_if_token_available.__module__)
@@ -144,6 +143,12 @@ def access_problem(address: str, timeout_s: float = 5.0) -> str | None:
         maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
     finally:
         setup_log.setLevel(level)
+    import grpc
+    from ray._private.authentication.grpc_authentication_client_interceptor import (
+        _get_authentication_metadata_tuple,
+    )
+    from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
+
     metadata = _get_authentication_metadata_tuple()
     with grpc.insecure_channel(address) as channel:
         stub = gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel)
@@ -177,10 +182,9 @@ class WorkerActor:
         self.stop_requested = False
         self.killed_after_grace = False
         self.started = threading.Event()
-        self.exited = threading.Event()  # the worker exited; maybe not reaped yet (see wait)
+        self.exited = threading.Event()  # the worker exited; maybe not reaped yet (see _reap)
         self.done = threading.Event()  # self.result is final
         self.lock = threading.Lock()
-        self.reaper = threading.Lock()  # one wait() reaps; a second (recovery's) waits for it
         self.rank = 0
         self.log_dir = Path(tempfile.gettempdir())
 
@@ -204,7 +208,7 @@ class WorkerActor:
         try:
             with self.lock:
                 if self.stop_requested:
-                    self.result = self._result(None, "stopped before the worker started")
+                    self._end(self._result(None, "stopped before the worker started"))
                     return info
                 self.log_dir.mkdir(parents=True, exist_ok=True)
                 stderr_path = self.log_dir / f"rank-{rank}.stderr"
@@ -232,8 +236,9 @@ class WorkerActor:
                     except OSError as exc:
                         stderr.write(f"corral: cannot start rank {rank}: {exc}\n".encode())
                         stderr.flush()
-                        self.result = self._result(127, f"cannot start: {exc}")
+                        self._end(self._result(127, f"cannot start: {exc}"))
                         return info
+                threading.Thread(target=self._reap, name="corral-reaper", daemon=True).start()
                 info["pid"] = self.popen.pid
                 return info
         finally:
@@ -251,22 +256,26 @@ class WorkerActor:
             "ended_at": time.time(),
         }
 
-    def wait(self) -> dict[str, Any]:
-        """Blocks until the worker ends; its result."""
-        self.started.wait()
-        with self.reaper:
-            if not self.done.is_set():
-                if self.result is None:
-                    assert self.popen is not None
-                    # Wait without reaping: while the worker is an unreaped zombie its pid, the
-                    # group id, cannot be reused, so the killpg below reaches only what it left.
-                    os.waitid(os.P_PID, self.popen.pid, os.WEXITED | os.WNOWAIT)
-                    self.exited.set()
-                    self._signal_group(signal.SIGKILL)
-                    self.result = self._result(self.popen.wait())
-                self.exited.set()
-                self.done.set()
-        assert self.result is not None
+    def _reap(self) -> None:
+        """The worker's end, on a thread of its own (not one of the actor's call threads)."""
+        assert self.popen is not None
+        # Wait without reaping: while the worker is an unreaped zombie its pid, the group id,
+        # cannot be reused, so the killpg below reaches only what it left behind.
+        os.waitid(os.P_PID, self.popen.pid, os.WEXITED | os.WNOWAIT)
+        self.exited.set()
+        self._signal_group(signal.SIGKILL)
+        self._end(self._result(self.popen.wait()))
+
+    def _end(self, result: dict[str, Any]) -> None:
+        self.result = result
+        self.exited.set()
+        self.done.set()
+
+    def wait(self, timeout_s: float) -> dict[str, Any] | None:
+        """The worker's result once it ended; None if it has not within `timeout_s`. Bounded, so
+        that the calls of a manager that died do not hold the actor's threads for long."""
+        if not self.done.wait(timeout_s):
+            return None
         return self.result
 
     def read_output(self, offsets: dict[str, int], last: bool = False) -> dict[str, bytes]:
@@ -293,7 +302,7 @@ class WorkerActor:
         """not-started, running or ended (a start() whose caller died never arrives)."""
         if not self.started.is_set():
             return "not-started"
-        return "ended" if self.exited.is_set() or self.result is not None else "running"
+        return "ended" if self.exited.is_set() else "running"
 
     def stop(self, stop_signal: int, grace_s: float) -> None:
         """stop_signal to the worker's group, `grace_s`, then SIGKILL. Idempotent."""
@@ -304,7 +313,7 @@ class WorkerActor:
         if not self.started.wait(timeout=30) or self.popen is None:
             return
         self._signal_group(stop_signal)
-        # wait() is the one that reaps the worker; here only watch for its exit.
+        # _reap is the one that reaps the worker; here only watch for its exit.
         if not self.exited.wait(timeout=grace_s):
             self.killed_after_grace = True
             self._signal_group(signal.SIGKILL)
@@ -333,7 +342,12 @@ class _Attempt:
     stop_signal: int
     grace_s: float
     actors: list[Any]  # ActorHandle per rank (None where it is gone)
+    nodes: list[str]  # corral's name of each rank's node
     waiting: dict[Any, int] = field(default_factory=dict)  # wait() ObjectRef -> rank
+    starting: dict[Any, int] = field(default_factory=dict)  # start() ObjectRef -> rank
+    #: Why a rank could not start, for the lost result its killed actor then gets.
+    start_errors: dict[int, str] = field(default_factory=dict)
+    launched_at: float = field(default_factory=time.monotonic)
     results: dict[int, dict[str, Any]] = field(default_factory=dict)
     #: Bytes of each (rank, stream) copied to the manager's attempt dir so far.
     copied: dict[tuple[int, str], int] = field(default_factory=dict)
@@ -398,7 +412,7 @@ class RayExecutor:
                         name=actor_name(launch.job_id, launch.attempt, worker.rank),
                         namespace=self.namespace,
                         lifetime="detached",
-                        max_concurrency=4,
+                        max_concurrency=8,
                         max_restarts=0,
                         num_cpus=0,
                         # Ray's accounting agrees with the core's count; the devices themselves
@@ -417,6 +431,7 @@ class RayExecutor:
                 int(launch.stop_signal),
                 float(launch.grace_s),
                 actors,
+                [node.name for _, node in placed],
             )
             for (worker, _), actor in zip(placed, actors, strict=True):
                 env = dict(worker.env)
@@ -429,8 +444,8 @@ class RayExecutor:
                     "env": env,
                     "workdir": launch.workdir,
                 }
-                actor.start.remote(spec, port_ref)
-                tracked.waiting[actor.wait.remote()] = worker.rank
+                tracked.starting[actor.start.remote(spec, port_ref)] = worker.rank
+                tracked.waiting[actor.wait.remote(WAIT_S)] = worker.rank
             self._tracked[key] = tracked
 
     def stop(self, job_id: str, attempt: int) -> None:
@@ -452,37 +467,71 @@ class RayExecutor:
 
     def poll(self) -> list[AttemptEnded]:
         """The attempts that ended since the last call; each is reported once."""
-        ended = []
+        finished = []
         with self._lock:
-            pending = [ref for tracked in self._tracked.values() for ref in tracked.waiting]
+            pending = [
+                ref
+                for tracked in self._tracked.values()
+                for ref in (*tracked.waiting, *tracked.starting)
+            ]
             ready: set[Any] = set()
             if pending:
                 ready = set(ray.wait(pending, num_returns=len(pending), timeout=0)[0])
             for key, tracked in list(self._tracked.items()):
+                self._check_starts(tracked, ready)
                 for ref in [ref for ref in tracked.waiting if ref in ready]:
                     rank = tracked.waiting.pop(ref)
-                    tracked.results[rank] = self._collect(tracked, rank, ref)
+                    result = self._collect(tracked, rank, ref)
+                    if result is None:  # still running: ask again
+                        tracked.waiting[tracked.actors[rank].wait.remote(WAIT_S)] = rank
+                        continue
+                    tracked.results[rank] = result
                     self._note_failure(tracked, rank)
                 if tracked.failed_rank is not None and not tracked.gang_stopping:
                     tracked.gang_stopping = True  # a failing worker ends its whole gang
                     self._stop_workers(tracked)
                 if not tracked.waiting:
-                    self._copy_attempt_logs(tracked, last=True)
-                    for rank, result in tracked.results.items():
-                        write_json_atomic(tracked.attempt_dir / f"rank-{rank}.result.json", result)
-                    ended.append(_attempt_ended(tracked))
-                    for actor in tracked.actors:
-                        if actor is not None:
-                            ray.kill(actor, no_restart=True)
-                    del self._tracked[key]
+                    finished.append(self._tracked.pop(key))
+        ended = []
+        for tracked in finished:  # without the lock: the last copy of big logs takes a while
+            self._copy_attempt_logs(tracked, last=True)
+            for rank, result in tracked.results.items():
+                write_json_atomic(tracked.attempt_dir / f"rank-{rank}.result.json", result)
+            ended.append(_attempt_ended(tracked))
+            for actor in tracked.actors:
+                if actor is not None:
+                    ray.kill(actor, no_restart=True)
         return ended
 
     @staticmethod
-    def _collect(tracked: _Attempt, rank: int, ref: Any) -> dict[str, Any]:
+    def _check_starts(tracked: _Attempt, ready: set[Any]) -> None:
+        """A worker that cannot start (its actor died first, or rank 0's did before it gave
+        the port, or Ray cannot place it) would never end: its actor is killed, which ends its
+        wait() as lost, with the reason kept here."""
+        failed = []
+        for ref in [ref for ref in tracked.starting if ref in ready]:
+            rank = tracked.starting.pop(ref)
+            try:
+                ray.get(ref)
+            except RayError as error:
+                failed.append((rank, f"its start failed ({_first_line(error)})"))
+        if tracked.starting and time.monotonic() - tracked.launched_at > START_TIMEOUT_S:
+            for rank in tracked.starting.values():
+                why = f"Ray did not place it on node {tracked.nodes[rank]} in {START_TIMEOUT_S:g} s"
+                failed.append((rank, why))
+            tracked.starting.clear()
+        for rank, why in failed:
+            tracked.start_errors[rank] = f"lost: rank {rank} could not start: {why}"
+            ray.kill(tracked.actors[rank], no_restart=True)
+
+    @staticmethod
+    def _collect(tracked: _Attempt, rank: int, ref: Any) -> dict[str, Any] | None:
+        """A wait() call's answer: the rank's result, or None while it runs."""
         try:
-            return dict(ray.get(ref))
+            result = ray.get(ref)
         except RayError as error:
             return _lost_result(tracked, rank, error)
+        return None if result is None else dict(result)
 
     @staticmethod
     def _note_failure(tracked: _Attempt, rank: int) -> None:
@@ -510,34 +559,33 @@ class RayExecutor:
 
     @staticmethod
     def _copy_attempt_logs(tracked: _Attempt, last: bool = False) -> None:
-        """Append each worker's new output to the manager's rank-R.stdout/.stderr."""
+        """Append each worker's new output to the manager's rank-R.stdout/.stderr, until the
+        copy has caught up with the worker (`last`: until the worker has nothing more, which
+        also removes the node's copy)."""
         with tracked.copy_lock:
-            for _ in range(64 if last else 1):  # the end: until everything is across
-                ranks = [r for r, actor in enumerate(tracked.actors) if actor is not None]
+            ranks = [rank for rank, actor in enumerate(tracked.actors) if actor is not None]
+            while ranks:
                 refs = {
                     rank: tracked.actors[rank].read_output.remote(
-                        {s: tracked.copied.get((rank, s), 0) for s in STREAMS}, last
+                        {stream: tracked.copied.get((rank, stream), 0) for stream in STREAMS}, last
                     )
                     for rank in ranks
                 }
-                more = False
+                ranks = []
                 for rank, ref in refs.items():
                     try:
                         chunks = ray.get(ref, timeout=10)
                     except (RayError, GetTimeoutError):
                         continue  # its node is gone: what was copied is what there is
                     for stream, data in chunks.items():
-                        if not data:
-                            continue
-                        more = True
-                        path = tracked.attempt_dir / f"rank-{rank}.{stream}"
-                        with open(path, "ab") as handle:
-                            handle.write(data)
-                        tracked.copied[(rank, stream)] = tracked.copied.get(
-                            (rank, stream), 0
-                        ) + len(data)
-                if not more:
-                    return
+                        if data:
+                            with open(tracked.attempt_dir / f"rank-{rank}.{stream}", "ab") as out:
+                                out.write(data)
+                            copied = tracked.copied.get((rank, stream), 0)
+                            tracked.copied[(rank, stream)] = copied + len(data)
+                    sizes = [len(data) for data in chunks.values()]
+                    if any(sizes) if last else max(sizes) >= LOG_CHUNK:
+                        ranks.append(rank)
 
     # -- recovery ------------------------------------------------------------------------------
 
@@ -561,6 +609,7 @@ class RayExecutor:
             int(launched["stop_signal"]),
             float(launched["grace_s"]),
             [],
+            list(launched["nodes"]),
         )
         for rank in range(int(launched["workers"])):
             for stream in STREAMS:
@@ -574,10 +623,12 @@ class RayExecutor:
                 tracked.actors.append(None)
         if None in tracked.actors:
             return self._recover_partial(tracked)
-        try:
-            states = ray.get([actor.state.remote() for actor in tracked.actors], timeout=30)
-        except (RayError, GetTimeoutError):
-            states = ["not-started"] * len(tracked.actors)
+        states = self._states(tracked.actors)
+        if "gone" in states:  # died since get_actor found it
+            for rank, state in enumerate(states):
+                if state == "gone":
+                    tracked.actors[rank] = None
+            return self._recover_partial(tracked)
         if all(state == "not-started" for state in states):
             # The manager died between creating the actors and starting them: nothing ran.
             for actor in tracked.actors:
@@ -590,10 +641,27 @@ class RayExecutor:
                     tracked.actors[rank] = None
             return self._recover_partial(tracked)
         for rank, actor in enumerate(tracked.actors):
-            tracked.waiting[actor.wait.remote()] = rank
+            tracked.waiting[actor.wait.remote(WAIT_S)] = rank
         with self._lock:
             self._tracked[(job_id, attempt)] = tracked
         return "running"
+
+    @staticmethod
+    def _states(actors: list[Any]) -> list[str]:
+        """Each actor's state(); "gone" if it died, "running" if it is too busy to answer
+        (a worker that has not started answers at once: it is never mistaken for one)."""
+        refs = [actor.state.remote() for actor in actors]
+        ready = set(ray.wait(refs, num_returns=len(refs), timeout=30)[0])
+        states = []
+        for ref in refs:
+            if ref not in ready:
+                states.append("running")
+                continue
+            try:
+                states.append(str(ray.get(ref)))
+            except RayError:
+                states.append("gone")
+        return states
 
     def _recover_partial(self, tracked: _Attempt) -> AttemptEnded:
         """Some actors are gone: the attempt ended (results on disk) or was lost."""
@@ -607,10 +675,8 @@ class RayExecutor:
                     tracked.results[rank] = _lost_result(tracked, rank, "its actor is gone")
                 else:  # alive but part of a broken gang: it must not run on alone
                     actor.stop.remote(signal.SIGKILL, 0.0)
-                    try:
-                        tracked.results[rank] = dict(ray.get(actor.wait.remote(), timeout=10))
-                    except (RayError, GetTimeoutError) as error:
-                        tracked.results[rank] = _lost_result(tracked, rank, error)
+                    result = self._collect(tracked, rank, actor.wait.remote(WAIT_S))
+                    tracked.results[rank] = result or _lost_result(tracked, rank, "no end")
             self._note_failure(tracked, rank)
         self._copy_attempt_logs(tracked, last=True)
         for actor in tracked.actors:
@@ -632,16 +698,20 @@ class RayExecutor:
             ray.shutdown()
 
 
-def _lost_result(tracked: _Attempt, rank: int, error: object) -> dict[str, Any]:
+def _first_line(error: object) -> str:
     text = str(error).strip()
-    first_line = text.splitlines()[0] if text else "actor died"
+    return (text.splitlines()[0] if text else type(error).__name__)[:200]
+
+
+def _lost_result(tracked: _Attempt, rank: int, error: object) -> dict[str, Any]:
+    died = f"lost: rank {rank}'s Ray actor died ({_first_line(error)})"
     return {
         "rank": rank,
         "exit_code": None,
         "signal": None,
         "stopped": tracked.stop_requested,
         "lost": True,
-        "reason": f"lost: rank {rank}'s Ray actor died ({first_line[:200]})",
+        "reason": tracked.start_errors.get(rank, died),
         "error_tail": "",
         "ended_at": time.time(),
     }

@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from collections.abc import Iterator
@@ -184,32 +185,37 @@ RESTARTED_MANAGER = textwrap.dedent(
     from corral.exec.local import AttemptLaunch, WorkerLaunch, placement_worker_envs
     from corral.exec.ray import RayExecutor
 
-    address, tmp = sys.argv[1], Path(sys.argv[2])
+    address, tmp, job = sys.argv[1], Path(sys.argv[2]), sys.argv[4]
     executor = RayExecutor(address)
-    envs = placement_worker_envs("30", 1, [("a", [0]), ("b", [1])], tmp / "ck")
-    argv = [sys.executable, "-c", sys.argv[3], str(tmp / "ready-30")]
-    workers = [WorkerLaunch(r, argv, envs[r], "ab"[r]) for r in (0, 1)]
-    executor.launch(AttemptLaunch("30", 1, workers,
-                                  str(tmp), 15, 0.5, tmp / "attempt-1"))
+    envs = placement_worker_envs(job, 1, [("a", [0]), ("b", [1])], tmp / "ck")
+    ready = [tmp / f"ready-{job}-{r}" for r in (0, 1)]
+    workers = [
+        WorkerLaunch(r, [sys.executable, "-c", sys.argv[3], str(ready[r])], envs[r], "ab"[r])
+        for r in (0, 1)
+    ]
+    executor.launch(AttemptLaunch(job, 1, workers, str(tmp), 15, 0.5, tmp / "attempt-1"))
     # Dies with its workers running (calls still in flight when a driver exits are dropped).
-    while not (tmp / "ready-30").exists():
+    while not all(path.exists() for path in ready):
         time.sleep(0.05)
     executor.close()
     """
 )
 
 
-def test_a_new_executor_finds_a_running_attempt_by_name(
-    executor: RayExecutor, cluster: RayCluster, tmp_path: Path
-) -> None:
-    # Another process launches and exits, as a manager that dies would.
+def launch_and_die(cluster: RayCluster, tmp_path: Path, job_id: str) -> None:
+    """Another process launches a 2-worker attempt and exits, as a manager that dies would."""
     subprocess.run(
-        [PYTHON, "-c", RESTARTED_MANAGER, cluster.address, str(tmp_path), TRAP],
+        [PYTHON, "-c", RESTARTED_MANAGER, cluster.address, str(tmp_path), TRAP, job_id],
         check=True,
         timeout=60,
         capture_output=True,
     )
-    wait_for(tmp_path / "ready-30")
+
+
+def test_a_new_executor_finds_a_running_attempt_by_name(
+    executor: RayExecutor, cluster: RayCluster, tmp_path: Path
+) -> None:
+    launch_and_die(cluster, tmp_path, "30")
     assert executor.recover("30", 1, tmp_path / "nowhere") == "never-started"
     assert executor.recover("30", 1, tmp_path / "attempt-1") == "running"
     assert ("30", 1) in executor.active()
@@ -217,6 +223,93 @@ def test_a_new_executor_finds_a_running_attempt_by_name(
     executor.stop("30", 1)
     (end,) = wait_ended(executor)
     assert (end.job_id, end.exit_code, end.stopped) == ("30", 0, True)
+
+
+def test_many_recoveries_leave_a_workers_actor_able_to_answer(
+    executor: RayExecutor, cluster: RayCluster, tmp_path: Path
+) -> None:
+    # Every executor that recovers an attempt asks each of its actors to wait for the worker's
+    # end, and that call holds one of the actor's threads. Were it unbounded, a few restarts
+    # would leave no thread to answer state() (recovery then took a busy actor for one that
+    # never started, and killed a running gang) or stop().
+    launch_and_die(cluster, tmp_path, "31")
+    for _ in range(10):
+        other = RayExecutor(cluster.address)  # shares this process's connection to Ray
+        try:
+            assert other.recover("31", 1, tmp_path / "attempt-1") == "running"
+        finally:
+            other.close()
+    assert executor.recover("31", 1, tmp_path / "attempt-1") == "running"
+    executor.stop("31", 1)
+    (end,) = wait_ended(executor, timeout=60)
+    assert (end.job_id, end.exit_code, end.stopped) == ("31", 0, True)
+
+
+def job_processes(job_id: str) -> list[int]:
+    marker = f"CORRAL_JOB_ID={job_id}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and marker in (entry / "environ").read_bytes().split(b"\0"):
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def test_a_gang_whose_rank_0_dies_before_starting_ends_as_lost(
+    executor: RayExecutor, tmp_path: Path
+) -> None:
+    # Rank 0's actor dies before it can pick the gang's port: rank 1's start then fails, and
+    # must not leave the attempt waiting for a worker that never runs.
+    argvs = [[PYTHON, "-c", TRAP, str(tmp_path / f"ready-{rank}")] for rank in (0, 1)]
+    executor.launch(make_launch(tmp_path, argvs, [("a", [0]), ("b", [0])], job_id="40"))
+    ray.kill(ray.get_actor(actor_name("40", 1, 0), namespace="corral"), no_restart=True)
+    (end,) = wait_ended(executor, timeout=60)
+    assert (end.exit_code, end.signal, end.stopped) == (None, None, False)
+    assert end.reason.startswith("lost: rank 0")
+    assert job_processes("40") == []
+
+
+def test_a_worker_ray_cannot_place_ends_as_lost(
+    executor: RayExecutor, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("corral.exec.ray.START_TIMEOUT_S", 2.0)
+    # Three GPUs on a node that declares two: Ray says at once that it never can.
+    launch = make_launch(tmp_path, [[PYTHON, "-c", "pass"]], [("a", [0, 1, 2])], job_id="41")
+    executor.launch(launch)
+    (end,) = wait_ended(executor, timeout=30)
+    assert end.reason.startswith("lost: rank 0 could not start: its start failed (The actor is")
+    # One GPU on a node whose two Ray counts as taken (by a worker of another manager, say):
+    # Ray would hold the actor back for as long as they are.
+    hog = [[PYTHON, "-c", TRAP, str(tmp_path / "ready-43")]]
+    executor.launch(make_launch(tmp_path, hog, [("a", [0, 1])], job_id="43"))
+    wait_for(tmp_path / "ready-43")
+    executor.launch(make_launch(tmp_path, [[PYTHON, "-c", "pass"]], [("a", [0])], job_id="44"))
+    (end,) = wait_ended(executor, timeout=30)
+    assert end.job_id == "44"
+    assert end.reason == "lost: rank 0 could not start: Ray did not place it on node a in 2 s"
+    for job_id in ("41", "44"):
+        with pytest.raises(ValueError):
+            ray.get_actor(actor_name(job_id, 1, 0), namespace="corral")
+    executor.stop("43", 1)
+    (end,) = wait_ended(executor, timeout=30)
+    assert (end.job_id, end.stopped) == ("43", True)
+
+
+def test_a_big_log_comes_across_whole_and_leaves_the_node(
+    executor: RayExecutor, tmp_path: Path
+) -> None:
+    size = 66 << 20  # more than 64 reads of 1 MiB, the copy's old limit
+    write = f"import sys; sys.stdout.buffer.write(b'x' * {size}); print('done', file=sys.stderr)"
+    executor.launch(make_launch(tmp_path, [[PYTHON, "-c", write]], [("b", [0])], job_id="42"))
+    (end,) = wait_ended(executor, timeout=120)
+    assert end.exit_code == 0
+    attempt_dir = tmp_path / "jobs" / "42" / "attempt-1"
+    assert (attempt_dir / "rank-0.stdout").stat().st_size == size
+    assert (attempt_dir / "rank-0.stderr").read_text() == "done\n"
+    node_copies = Path(tempfile.gettempdir()) / "corral-workers"
+    assert list(node_copies.glob(f"{actor_name('42', 1, 0)}-*")) == []
 
 
 def test_a_joining_node_is_named_by_its_host_and_racked_by_its_label(
