@@ -430,10 +430,19 @@ class Manager:
             self.recover()
 
     def _record_ready_starts(self, now: float) -> list[AttemptLaunch]:
-        """The core's starts whose GPUs no stopping attempt holds any more, recorded."""
+        """The core's starts whose GPUs no stopping attempt holds any more (and that are on no
+        node that left), recorded."""
         if not self._deferred:
             return []
         held = {gpu for gpus in self._draining.values() for gpu in gpus}
+        # A preemption can free GPUs of a node that left (held out): what the core started there
+        # waits until the node is dropped (the rebuild requeues it) or comes back.
+        held.update(
+            gpu
+            for node in self.cluster.nodes
+            if node.name in self._unusable
+            for gpu in self.cluster.node_gpus[node.index]
+        )
         stopping_jobs = {job_id for job_id, _ in self._draining}
         ready = [  # nor while the same job's previous attempt still writes its checkpoint
             start
@@ -693,15 +702,18 @@ class Manager:
         with self.lock:
             for submission in batch:
                 job_id = submission.row.id
-                try:
-                    self._spec_models[job_id] = submission.model
-                    self.scheduler.submit(submission.spec, submission.row.submitted_at)
-                    outcomes.append(None)
-                except Exception as error:  # checked before storing; a bug, but never a hang
-                    log.exception("job %s was stored but could not be queued", job_id)
-                    self.store.update_job(job_id, status="FAILED", reason=f"not queued: {error}")
-                    outcomes.append(error)
-                    continue
+                self._spec_models[job_id] = submission.model
+                # A rebuild (nodes came or went) since the insert queued it from the store.
+                if job_id not in self.scheduler.jobs:
+                    try:
+                        self.scheduler.submit(submission.spec, submission.row.submitted_at)
+                    except Exception as error:  # checked before storing; a bug, but no hang
+                        log.exception("job %s was stored but could not be queued", job_id)
+                        reason = f"not queued: {error}"
+                        self.store.update_job(job_id, status="FAILED", reason=reason)
+                        outcomes.append(error)
+                        continue
+                outcomes.append(None)
                 if job_id in self._cancel_on_arrival:  # cancelled between store and queue
                     self._cancel_on_arrival.discard(job_id)
                     self._cancel_locked(job_id)

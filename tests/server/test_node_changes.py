@@ -4,13 +4,16 @@ on it meanwhile, and that a job waits for nodes to join rather than fail."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from corral.core.cluster import Cluster, NodeDef
 from corral.exec.local import AttemptEnded, AttemptLaunch
 from corral.server.manager import Manager, ManagerSettings
 from corral.server.spec import parse_job_spec
-from corral.server.store import Store
+from corral.server.store import JobRow, Store
 from tests.server.helpers import python_job
 
 
@@ -51,15 +54,18 @@ class Nodes:
         return list(self.live)
 
 
-def manager_on(tmp_path: Path, nodes: Nodes) -> tuple[Manager, HeldExecutor]:
+def manager_on(
+    tmp_path: Path, nodes: Nodes, clock: Callable[[], float] = time.time, **settings: Any
+) -> tuple[Manager, HeldExecutor]:
     executor = HeldExecutor()
-    settings = ManagerSettings(node_check_s=0.0, retry_backoff_s=0.0, relax_after_s=0.0)
+    options = dict(node_check_s=0.0, retry_backoff_s=0.0, relax_after_s=0.0) | settings
     manager = Manager(
         Store(Store.sqlite_url(tmp_path)),
         executor,
         Cluster.from_nodes(nodes()),
         tmp_path,
-        settings=settings,
+        settings=ManagerSettings(**options),
+        clock=clock,
         nodes=nodes,
     )
     return manager, executor
@@ -134,3 +140,65 @@ def test_a_running_attempt_survives_another_node_joining(tmp_path: Path) -> None
     manager.submit(parse_job_spec(python_job("k", "pass", gpus=4)), "u")
     manager.step()
     assert [where(a) for a in executor.running.values()] == [["n1"], ["n0"]]
+
+
+def test_a_start_on_a_node_that_left_waits_for_it_to_be_dropped(tmp_path: Path) -> None:
+    nodes = Nodes("n1", "n2")
+    nodes.live[0] = NodeDef("n1", 4, "v100")
+    nodes.live[1] = NodeDef("n2", 4, "a100")
+    now = [0.0]
+    manager, executor = manager_on(
+        tmp_path, nodes, clock=lambda: now[0], las_thresholds_gpu_s=[10.0]
+    )
+    for name, gpu_type in [("b", "v100"), ("a", "a100"), ("e", "a100")]:
+        gpus = 4 if name == "b" else 2
+        manager.submit(parse_job_spec(python_job(name, "pass", gpus=gpus, gpu_type=gpu_type)), "u")
+    manager.step()
+    assert sorted(where(launch)[0] for launch in executor.running.values()) == ["n1", "n2", "n2"]
+    nodes.live = nodes.live[:1]  # n2 leaves; a and e still run there
+    now[0] = 100.0
+    manager.step()
+    # c has attained nothing, a and e 200 GPU-seconds: LAS preempts one of them for c, whose
+    # place is on n2, the only A100s.
+    manager.submit(parse_job_spec(python_job("c", "pass", gpus=2, gpu_type="a100")), "u")
+    manager.step()
+    (victim,) = executor.stopped
+    assert victim in [("2", 1), ("3", 1)]
+    executor.end(*victim, "lost: rank 0's Ray actor died (its node died)")
+    manager.step()
+    # The victim's GPUs are free, but on a node that left (the other job holds it yet): c does
+    # not start there.
+    (other,) = {("2", 1), ("3", 1)} - {victim}
+    assert sorted(executor.running) == [("1", 1), other]
+    assert manager.store.attempts("4") == []
+    executor.end(*other, "lost: rank 0's Ray actor died (its node died)")
+    manager.step()
+    # n2 is dropped; c waits for A100s, and starts on those of a node that joins.
+    assert [node.name for node in manager.cluster.nodes] == ["n1"]
+    row = manager.store.get_job("4")
+    assert row is not None and row.status == "PENDING" and manager.store.attempts("4") == []
+    nodes.live.append(NodeDef("n3", 4, "a100"))
+    manager.step()
+    manager.step()
+    started = {launch.job_id: where(launch) for launch in executor.running.values()}
+    assert started["4"] == ["n3"]
+
+
+def test_a_submission_that_races_a_rebuild_is_queued_once(tmp_path: Path) -> None:
+    nodes = Nodes("n1")
+    manager, executor = manager_on(tmp_path, nodes)
+    insert = manager.store.insert_jobs
+
+    def insert_then_rebuild(rows: list[JobRow]) -> None:
+        insert(rows)  # stored, not yet queued: a node joins now and the core is rebuilt
+        nodes.live.append(NodeDef("n2", 4, "gpu"))
+        manager.rebuild(Cluster.from_nodes(nodes()))
+
+    manager.store.insert_jobs = insert_then_rebuild  # type: ignore[method-assign]
+    row = manager.submit(parse_job_spec(python_job("j", "pass", gpus=2)), "u")
+    stored = manager.store.get_job(row.id)
+    assert stored is not None and stored.status == "PENDING"
+    assert list(manager.scheduler.jobs) == [row.id]
+    manager.step()
+    (launch,) = executor.running.values()
+    assert launch.job_id == row.id
