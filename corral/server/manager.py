@@ -929,7 +929,13 @@ class Manager:
         )
         attempts = self.store.attempts(row.id)
         self._recover_failures(job, attempts)
-        self.scheduler.adopt(job, now)
+        # A waiting job keeps the time it has waited (placement relaxes after a while), over a
+        # restart and over a rebuild when nodes come or go.
+        since = now
+        if row.status == "PENDING":
+            ends = [a.ended_at for a in attempts if a.ended_at is not None]
+            since = min(now, max([row.submitted_at, *ends]))
+        self.scheduler.adopt(job, since)
         for attempt in attempts:
             if attempt.state != "ended":
                 self._recover_attempt(job, attempt, now)

@@ -202,3 +202,25 @@ def test_a_submission_that_races_a_rebuild_is_queued_once(tmp_path: Path) -> Non
     manager.step()
     (launch,) = executor.running.values()
     assert launch.job_id == row.id
+
+
+def test_a_waiting_job_keeps_its_wait_over_a_rebuild(tmp_path: Path) -> None:
+    # Placement consolidates a job on one node, and takes GPUs on several after 60 s of waiting.
+    nodes = Nodes("n1", "n2")
+    now = [0.0]
+    manager, executor = manager_on(tmp_path, nodes, clock=lambda: now[0], relax_after_s=60.0)
+    for name in ("x", "y"):  # 3 GPUs of each node
+        manager.submit(parse_job_spec(python_job(name, "pass", gpus=3)), "u")
+    manager.step()
+    manager.submit(parse_job_spec(python_job("w", "pass", gpus=2, workers=2)), "u")
+    manager.step()
+    assert sorted(executor.running) == [("1", 1), ("2", 1)]  # w waits to consolidate
+    now[0] = 50.0
+    nodes.live.append(NodeDef("n3", 1, "gpu"))  # a node joins: the core is rebuilt
+    manager.step()
+    assert [node.name for node in manager.cluster.nodes] == ["n1", "n2", "n3"]
+    assert ("3", 1) not in executor.running
+    now[0] = 61.0  # 61 s since w was submitted, 11 s since the rebuild
+    manager.step()
+    assert ("3", 1) in executor.running
+    assert len(set(where(executor.running[("3", 1)]))) == 2
