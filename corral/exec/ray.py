@@ -41,6 +41,8 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from corral.exec.local import PRIVATE_VARIABLES, AttemptEnded, AttemptLaunch, WorkerLaunch
 from corral.exec.shim import last_line, signal_name, write_json_atomic
 
+log = logging.getLogger(__name__)
+
 NAMESPACE = "corral"
 #: A node declares `--resources='{"corral-node-NAME": 1}'` to be called NAME by corral.
 NODE_RESOURCE_PREFIX = "corral-node-"
@@ -75,40 +77,78 @@ class RayNode:
     rack: str  # from the node's `corral-rack` label; "rack-0" if none
 
 
-def ray_nodes() -> list[RayNode]:
-    """The live nodes of the connected Ray cluster that declare GPUs, by name."""
-    live = [
-        node
-        for node in ray.nodes()
-        if node.get("Alive") and int(node.get("Resources", {}).get("GPU", 0)) >= 1
-    ]
-    hostnames = Counter(str(node.get("NodeManagerHostname", "")) for node in live)
+def ray_nodes(known: dict[str, str] | None = None) -> list[RayNode]:
+    """The live nodes of the connected Ray cluster that declare GPUs, by name.
+
+    A node's name is the one it declares (`corral-node-NAME`), else its host's short name, else,
+    when several undeclared nodes share a host, that name and the start of Ray's node id.
+    `known` (Ray's node id -> name, updated here) keeps each node's name for as long as it
+    lives, whatever joins later. A name that two nodes claim stays the first one's: the other is
+    left out, with a warning, until it is renamed."""
+    known = {} if known is None else known
+    live = sorted(
+        (
+            node
+            for node in ray.nodes()
+            if node.get("Alive") and int(node.get("Resources", {}).get("GPU", 0)) >= 1
+        ),
+        key=lambda node: (not known.get(str(node["NodeID"])), str(node["NodeID"])),
+    )
+    hosts = Counter(
+        _host(node) for node in live if not _declared(node) and str(node["NodeID"]) not in known
+    )
+    taken: dict[str, str] = {}
     found = []
     for node in live:
+        node_id = str(node["NodeID"])
+        name = known.get(node_id) or _declared(node)
+        if not name:
+            host = _host(node)
+            name = host if hosts[host] == 1 and host not in taken else f"{host}-{node_id[:8]}"
+        if name in taken:
+            if known.get(node_id) == "":
+                continue  # said so already
+            known[node_id] = ""
+            log.warning(
+                "Ray node %s (%s) is left out: node %s is already called %s",
+                node_id[:8],
+                node["NodeManagerAddress"],
+                taken[name][:8],
+                name,
+            )
+            continue
+        known[node_id] = name
+        taken[name] = node_id
         resources = node["Resources"]
-        declared = [
-            r[len(NODE_RESOURCE_PREFIX) :] for r in resources if r.startswith(NODE_RESOURCE_PREFIX)
-        ]
-        hostname = str(node.get("NodeManagerHostname", "")) or str(node["NodeManagerAddress"])
-        if declared:
-            name = declared[0]
-        elif hostnames[hostname] == 1:
-            name = hostname.split(".")[0]
-        else:  # several nodes on one machine: the id keeps them apart
-            name = f"{hostname.split('.')[0]}-{str(node['NodeID'])[:8]}"
         types = [r.split(":", 1)[1].lower() for r in resources if r.startswith("accelerator_type:")]
         labels = node.get("Labels") or {}
         found.append(
             RayNode(
                 name=name,
-                node_id=str(node["NodeID"]),
+                node_id=node_id,
                 address=str(node["NodeManagerAddress"]),
                 gpus=int(resources["GPU"]),
                 gpu_type=types[0] if types else "gpu",
                 rack=str(labels.get(RACK_LABEL) or "rack-0"),
             )
         )
+    for node_id in set(known) - {str(node["NodeID"]) for node in live}:
+        del known[node_id]  # gone: a node that comes back is named afresh
     return sorted(found, key=lambda node: node.name)
+
+
+def _declared(node: dict[str, Any]) -> str:
+    names = [
+        r[len(NODE_RESOURCE_PREFIX) :]
+        for r in node["Resources"]
+        if r.startswith(NODE_RESOURCE_PREFIX)
+    ]
+    return min(names) if names else ""
+
+
+def _host(node: dict[str, Any]) -> str:
+    host = str(node.get("NodeManagerHostname", "")) or str(node["NodeManagerAddress"])
+    return host.split(".")[0]
 
 
 def node_environment(actor_env: Mapping[str, str]) -> dict[str, str]:
@@ -121,6 +161,29 @@ def node_environment(actor_env: Mapping[str, str]) -> dict[str, str]:
         for key, value in actor_env.items()
         if not key.startswith(RAY_PREFIXES) and key not in PRIVATE_VARIABLES + RAY_SETS
     }
+
+
+def node_devices(chosen: str, node_visible: str | None) -> str:
+    """The core's devices (0 to N-1 on the node) as this machine names them: a Ray node started
+    with CUDA_VISIBLE_DEVICES=4,5,6,7 owns those four, and the core's device 1 is the machine's
+    5. `node_visible` is None (or empty) when the node owns all of the machine's GPUs."""
+    if not node_visible or not chosen:
+        return chosen
+    devices = [device.strip() for device in node_visible.split(",")]
+    return ",".join(devices[int(index)] for index in chosen.split(","))
+
+
+def _raylet_devices() -> str | None:
+    """The CUDA_VISIBLE_DEVICES this node's Ray was started with (its raylet's), not the one
+    Ray set for this actor."""
+    try:
+        raw = Path(f"/proc/{os.environ['RAY_RAYLET_PID']}/environ").read_bytes()
+    except (KeyError, OSError):
+        return None
+    for item in raw.split(b"\0"):
+        if item.startswith(b"CUDA_VISIBLE_DEVICES="):
+            return item.split(b"=", 1)[1].decode()
+    return None
 
 
 def access_problem(address: str, timeout_s: float = 5.0) -> str | None:
@@ -202,6 +265,10 @@ class WorkerActor:
         self.log_dir = Path(tempfile.gettempdir()) / "corral-workers" / f"{spec['name']}-{actor_id}"
         env = node_environment(os.environ)
         env.update({str(k): str(v) for k, v in spec["env"].items()})
+        if "CUDA_VISIBLE_DEVICES" in env:
+            env["CUDA_VISIBLE_DEVICES"] = node_devices(
+                env["CUDA_VISIBLE_DEVICES"], _raylet_devices()
+            )
         if not env.get("MASTER_PORT") and master_port is not None:
             env["MASTER_PORT"] = str(master_port)
         info: dict[str, Any] = {"rank": rank, "node_id": ray.get_runtime_context().get_node_id()}
@@ -367,12 +434,15 @@ class RayExecutor:
             ray.init(address=address, namespace=namespace, log_to_driver=False)
         self._tracked: dict[tuple[str, int], _Attempt] = {}
         self._lock = threading.Lock()
+        self._names: dict[str, str] = {}  # Ray's node id -> corral's name, while it lives
+        self._names_lock = threading.Lock()
         self._closing = threading.Event()
         self._copier = threading.Thread(target=self._copy_logs, name="corral-ray-logs", daemon=True)
         self._copier.start()
 
     def nodes(self) -> list[RayNode]:
-        return ray_nodes()
+        with self._names_lock:
+            return ray_nodes(self._names)
 
     # -- launching and stopping ----------------------------------------------------------------
 

@@ -122,10 +122,12 @@ class RayCluster:
         rack: str | None = None,
         named: bool = True,
         timeout: float = 60.0,
+        devices: str | None = None,
     ) -> None:
-        """A node that joins; `named=False` declares no corral-node resource."""
+        """A node that joins; `named=False` declares no corral-node resource; `devices` is the
+        CUDA_VISIBLE_DEVICES its `ray start` runs with (the machine's GPUs it owns)."""
         gpus = self.gpus_per_node if gpus is None else gpus
-        self._start_node(name, gpus, rack, False, time.monotonic() + timeout, named)
+        self._start_node(name, gpus, rack, False, time.monotonic() + timeout, named, devices)
 
     def stop_node(self, name: str) -> None:
         """Stop a node as an operator would (`ray start --block` ended by SIGTERM)."""
@@ -140,6 +142,7 @@ class RayCluster:
         head: bool,
         deadline: float,
         named: bool = True,
+        devices: str | None = None,
     ) -> None:
         argv = [
             RAY,
@@ -170,7 +173,7 @@ class RayCluster:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
-            env=_environment(name),
+            env=_environment(name) | ({"CUDA_VISIBLE_DEVICES": devices} if devices else {}),
             start_new_session=True,
         )
         self.nodes.append(node)

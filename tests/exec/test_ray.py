@@ -313,20 +313,26 @@ def test_a_big_log_comes_across_whole_and_leaves_the_node(
 
 
 def test_a_joining_node_is_named_by_its_host_and_racked_by_its_label(
-    executor: RayExecutor, cluster: RayCluster
+    executor: RayExecutor, cluster: RayCluster, tmp_path: Path
 ) -> None:
-    # Last in the module: it changes the cluster (and puts it back).
-    cluster.add_node("c", gpus=1, rack="r9", named=False)
+    # Last in the module: it changes the cluster (and puts it back). The node owns two of the
+    # machine's GPUs, 6 and 7, as a Ray node started with CUDA_VISIBLE_DEVICES=6,7 does.
+    cluster.add_node("c", gpus=2, rack="r9", named=False, devices="6,7")
     try:
         nodes = executor.nodes()
         named = [(node.name, node.gpus, node.rack) for node in nodes if node.name in ("a", "b")]
         assert named == [("a", 2, "rack-0"), ("b", 2, "rack-0")]
         (joined,) = [node for node in nodes if node.name not in ("a", "b")]
-        # No corral-node resource: its host name, and, since a and b share that host, the start
-        # of Ray's node id after it.
-        host = socket.gethostname().split(".")[0]
-        assert joined.name == f"{host}-{joined.node_id[:8]}"
-        assert (joined.gpus, joined.gpu_type, joined.rack) == (1, "gpu", "r9")
+        # No corral-node resource: its host's name (a and b, on the same host, declare theirs).
+        assert joined.name == socket.gethostname().split(".")[0]
+        assert (joined.gpus, joined.gpu_type, joined.rack) == (2, "gpu", "r9")
+        # The core's device 1 on that node is the machine's GPU 7.
+        argv = [PYTHON, "-c", ENV_DUMP, str(tmp_path / "env.json")]
+        executor.launch(make_launch(tmp_path, [argv], [(joined.name, [1])], job_id="50"))
+        (end,) = wait_ended(executor)
+        assert end.exit_code == 0
+        env = json.loads((tmp_path / "env.json").read_text())
+        assert (env["CUDA_VISIBLE_DEVICES"], env["CORRAL_TEST_NODE"]) == ("7", "c")
     finally:
         cluster.stop_node("c")
     deadline = time.monotonic() + 30
