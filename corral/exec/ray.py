@@ -474,49 +474,64 @@ class RayExecutor:
                 },
                 durable=True,
             )
-            actors = []
-            for worker, node in placed:
-                gpus = len([g for g in worker.env.get("CORRAL_LOCAL_GPUS", "").split(",") if g])
-                actors.append(
-                    _RemoteWorker.options(
-                        name=actor_name(launch.job_id, launch.attempt, worker.rank),
-                        namespace=self.namespace,
-                        lifetime="detached",
-                        max_concurrency=8,
-                        max_restarts=0,
-                        num_cpus=0,
-                        # Ray's accounting agrees with the core's count; the devices themselves
-                        # are the core's choice, set in the worker's CUDA_VISIBLE_DEVICES.
-                        num_gpus=gpus,
-                        scheduling_strategy=NodeAffinitySchedulingStrategy(node.node_id, False),
-                    ).remote()
+            actors: list[Any] = []
+            try:
+                for worker, node in placed:
+                    actors.append(self._worker_actor(launch, worker, node))
+                tracked = _Attempt(
+                    launch.job_id,
+                    launch.attempt,
+                    attempt_dir,
+                    int(launch.stop_signal),
+                    float(launch.grace_s),
+                    actors,
+                    [node.name for _, node in placed],
                 )
-            rank0_env = placed[0][0].env
-            # Rank 0's node picks the port; Ray hands the result to every start() call.
-            port_ref = actors[0].pick_port.remote() if not rank0_env.get("MASTER_PORT") else None
-            tracked = _Attempt(
-                launch.job_id,
-                launch.attempt,
-                attempt_dir,
-                int(launch.stop_signal),
-                float(launch.grace_s),
-                actors,
-                [node.name for _, node in placed],
-            )
-            for (worker, _), actor in zip(placed, actors, strict=True):
-                env = dict(worker.env)
-                if not env.get("MASTER_ADDR"):
-                    env["MASTER_ADDR"] = placed[0][1].address
-                spec = {
-                    "name": actor_name(launch.job_id, launch.attempt, worker.rank),
-                    "rank": worker.rank,
-                    "argv": list(worker.argv),
-                    "env": env,
-                    "workdir": launch.workdir,
-                }
-                tracked.starting[actor.start.remote(spec, port_ref)] = worker.rank
-                tracked.waiting[actor.wait.remote(WAIT_S)] = worker.rank
+                self._start_workers(tracked, placed, launch.workdir)
+            except BaseException:  # nothing of it may linger: no actor holds its GPUs
+                for actor in actors:
+                    ray.kill(actor, no_restart=True)
+                (attempt_dir / LAUNCH_FILE).unlink(missing_ok=True)
+                raise
             self._tracked[key] = tracked
+
+    def _worker_actor(self, launch: AttemptLaunch, worker: WorkerLaunch, node: RayNode) -> Any:
+        gpus = len([g for g in worker.env.get("CORRAL_LOCAL_GPUS", "").split(",") if g])
+        return _RemoteWorker.options(
+            name=actor_name(launch.job_id, launch.attempt, worker.rank),
+            namespace=self.namespace,
+            lifetime="detached",
+            max_concurrency=8,
+            max_restarts=0,
+            num_cpus=0,
+            # Ray's accounting agrees with the core's count; the devices themselves are the
+            # core's choice, set in the worker's CUDA_VISIBLE_DEVICES.
+            num_gpus=gpus,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node.node_id, False),
+        ).remote()
+
+    @staticmethod
+    def _start_workers(
+        tracked: _Attempt, placed: list[tuple[WorkerLaunch, RayNode]], workdir: str
+    ) -> None:
+        rank0_env = placed[0][0].env
+        # Rank 0's node picks the port; Ray hands the result to every start() call.
+        port_ref = (
+            tracked.actors[0].pick_port.remote() if not rank0_env.get("MASTER_PORT") else None
+        )
+        for (worker, _), actor in zip(placed, tracked.actors, strict=True):
+            env = dict(worker.env)
+            if not env.get("MASTER_ADDR"):
+                env["MASTER_ADDR"] = placed[0][1].address
+            spec = {
+                "name": actor_name(tracked.job_id, tracked.attempt, worker.rank),
+                "rank": worker.rank,
+                "argv": list(worker.argv),
+                "env": env,
+                "workdir": workdir,
+            }
+            tracked.starting[actor.start.remote(spec, port_ref)] = worker.rank
+            tracked.waiting[actor.wait.remote(WAIT_S)] = worker.rank
 
     def stop(self, job_id: str, attempt: int) -> None:
         """Ask every worker of an attempt to stop (signal, grace, kill). Idempotent."""

@@ -312,6 +312,30 @@ def test_a_big_log_comes_across_whole_and_leaves_the_node(
     assert list(node_copies.glob(f"{actor_name('42', 1, 0)}-*")) == []
 
 
+def test_a_launch_that_fails_half_way_leaves_no_actor(
+    executor: RayExecutor, tmp_path: Path
+) -> None:
+    # An actor of another run holds rank 1's name: the launch fails there, after rank 0's.
+    holder = (
+        ray.remote(num_cpus=0)(dict)
+        .options(name=actor_name("60", 1, 1), namespace="corral", lifetime="detached")
+        .remote()
+    )
+    argvs = [[PYTHON, "-c", "pass"]] * 2
+    with pytest.raises(ValueError):
+        executor.launch(make_launch(tmp_path, argvs, [("a", [0]), ("b", [0])], job_id="60"))
+    ray.kill(holder, no_restart=True)
+    assert ("60", 1) not in executor.active()
+    deadline = time.monotonic() + 10
+    while True:  # rank 0's actor is killed (Ray forgets its name soon after)
+        try:
+            ray.get_actor(actor_name("60", 1, 0), namespace="corral")
+        except ValueError:
+            break
+        assert time.monotonic() < deadline, "rank 0's actor outlived the failed launch"
+        time.sleep(0.1)
+
+
 def test_a_joining_node_is_named_by_its_host_and_racked_by_its_label(
     executor: RayExecutor, cluster: RayCluster, tmp_path: Path
 ) -> None:
