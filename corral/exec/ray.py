@@ -348,7 +348,9 @@ class WorkerActor:
     def read_output(self, offsets: dict[str, int], last: bool = False) -> dict[str, bytes]:
         """What each stream holds past its offset (at most LOG_CHUNK); `last` after the worker
         ended and everything was read: remove the node's copy."""
-        chunks = {}
+        chunks = {stream: b"" for stream in STREAMS}
+        if not self.started.is_set():  # no log dir of its own yet
+            return chunks
         for stream in STREAMS:
             try:
                 with open(self.log_dir / f"rank-{self.rank}.{stream}", "rb") as handle:

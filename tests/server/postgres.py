@@ -6,7 +6,9 @@ cut). initdb refuses to run as root, so under root both run as the `postgres` us
 package creates. `postgres_url` (per test) hands each test an empty database `corral` on it.
 
 With CORRAL_TEST_POSTGRES_URL set, that server is used instead and each test starts by dropping
-every table of its database. Without either, the tests that need PostgreSQL fail (they are never
+every table of its database. The tests run in a network namespace of their own (tests/netns.py),
+where the machine's 127.0.0.1 is not this run's: reach a server on this machine through its Unix
+socket (`postgresql+psycopg://USER@/DB?host=/var/run/postgresql`). Without either, the tests that need PostgreSQL fail (they are never
 skipped: CI must not pass without having run them) with a line saying how to install it.
 """
 
