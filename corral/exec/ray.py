@@ -228,7 +228,10 @@ def access_problem(address: str, timeout_s: float = 5.0) -> str | None:
                     "the cluster requires its token: set RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH, "
                     "or put it in ~/.ray/auth_token)"
                 )
-            return "the cluster refused the token (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token)"
+            return (
+                "the cluster refused the token (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or "
+                "~/.ray/auth_token)"
+            )
     return None
 
 
