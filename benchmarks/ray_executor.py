@@ -41,13 +41,15 @@ def main() -> None:
     if not isolate_network():
         sys.exit("benchmarks/ray_executor.py: needs root (or `unshare -rn`) for its own network")
 
-    from corral.exec.ray import RayExecutor
-    from corral.server.boot import RunningServer, ServerOptions, build_manager, ray_namespace
     from tests.exec.ray_cluster import RayCluster, processes_of, use_token_auth
-    from tests.server.helpers import admin_token, api, fast_settings, submit, wait_for
 
     work = Path(tempfile.mkdtemp(prefix="corral-bench-ray-"))
-    use_token_auth(work)
+    use_token_auth(work)  # before Ray is imported: it reads RAY_AUTH_MODE once
+
+    from corral.exec.ray import RayExecutor
+    from corral.server.boot import RunningServer, ServerOptions, build_manager, ray_namespace
+    from tests.server.helpers import admin_token, api, fast_settings, submit, wait_for
+
     names = tuple(f"n{i + 1}" for i in range(args.nodes))
     cluster = RayCluster(gpus_per_node=4, node_names=names, head="head")
     cluster.start()
