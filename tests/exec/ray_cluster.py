@@ -70,18 +70,29 @@ def _environment(node: str) -> dict[str, str]:
 def processes_of(node: str, jobs: bool) -> list[int]:
     """The pids of the processes that carry CORRAL_TEST_NODE=node in their environment: the
     jobs' (their environment has CORRAL_JOB_ID) or else Ray's own."""
-    marker = f"CORRAL_TEST_NODE={node}".encode()
+    return [
+        pid
+        for pid, environ in _environments()
+        if f"CORRAL_TEST_NODE={node}".encode() in environ
+        and any(item.startswith(b"CORRAL_JOB_ID=") for item in environ) == jobs
+    ]
+
+
+def processes_of_job(job_id: str) -> list[int]:
+    """The pids of the processes of a job (CORRAL_JOB_ID=job_id), on any node."""
+    return [
+        pid for pid, environ in _environments() if f"CORRAL_JOB_ID={job_id}".encode() in environ
+    ]
+
+
+def _environments() -> list[tuple[int, list[bytes]]]:
     found = []
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            environ = (entry / "environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        is_job = any(item.startswith(b"CORRAL_JOB_ID=") for item in environ)
-        if marker in environ and is_job == jobs:
-            found.append(int(entry.name))
+        if entry.name.isdigit():
+            try:
+                found.append((int(entry.name), (entry / "environ").read_bytes().split(b"\0")))
+            except OSError:
+                continue
     return found
 
 

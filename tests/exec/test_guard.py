@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.server.helpers import alive
+
 PYTHON = sys.executable
 
 
@@ -24,14 +26,6 @@ def wait_for(path: Path, timeout: float = 10.0) -> None:
     while not path.exists() or not path.read_text().strip():
         assert time.monotonic() < deadline, f"{path} never appeared"
         time.sleep(0.02)
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 def test_the_guard_ends_as_its_command_did() -> None:

@@ -25,7 +25,7 @@ from corral.exec.local import (
     placement_worker_envs,
 )
 from corral.exec.ray import RayExecutor, actor_name
-from tests.exec.ray_cluster import RayCluster
+from tests.exec.ray_cluster import RayCluster, processes_of_job
 
 PYTHON = sys.executable
 ENV_DUMP = "import json, os, sys; json.dump(dict(os.environ), open(sys.argv[1], 'w'))"
@@ -245,18 +245,6 @@ def test_many_recoveries_leave_a_workers_actor_able_to_answer(
     assert (end.job_id, end.exit_code, end.stopped) == ("31", 0, True)
 
 
-def job_processes(job_id: str) -> list[int]:
-    marker = f"CORRAL_JOB_ID={job_id}".encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit() and marker in (entry / "environ").read_bytes().split(b"\0"):
-                found.append(int(entry.name))
-        except OSError:
-            continue
-    return found
-
-
 def test_a_gang_whose_rank_0_dies_before_starting_ends_as_lost(
     executor: RayExecutor, tmp_path: Path
 ) -> None:
@@ -268,7 +256,7 @@ def test_a_gang_whose_rank_0_dies_before_starting_ends_as_lost(
     (end,) = wait_ended(executor, timeout=60)
     assert (end.exit_code, end.signal, end.stopped) == (None, None, False)
     assert end.reason.startswith("lost: rank 0")
-    assert job_processes("40") == []
+    assert processes_of_job("40") == []
 
 
 def test_a_worker_ray_cannot_place_ends_as_lost(
