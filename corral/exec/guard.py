@@ -43,9 +43,9 @@ def main(argv: list[str]) -> int:
     parent = int(argv[0])
     # The group's signals reach the command itself; the guard outlives them. A handler, not
     # SIG_IGN: exec resets handled signals to their default, but keeps ignored ones ignored.
-    for number in signal.valid_signals() - UNHANDLED:
+    for caught in signal.valid_signals() - UNHANDLED:
         try:
-            signal.signal(number, _ignore)
+            signal.signal(caught, _ignore)
         except (OSError, ValueError):  # kept by the C library for itself
             pass
     try:

@@ -89,7 +89,7 @@ def ray_nodes(known: dict[str, str] | None = None) -> list[RayNode]:
     live = sorted(
         (
             node
-            for node in ray.nodes()
+            for node in ray.nodes()  # type: ignore[no-untyped-call]
             if node.get("Alive") and int(node.get("Resources", {}).get("GPU", 0)) >= 1
         ),
         key=lambda node: (not known.get(str(node["NodeID"])), str(node["NodeID"])),
@@ -206,7 +206,7 @@ def access_problem(address: str, timeout_s: float = 5.0) -> str | None:
         maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
     finally:
         setup_log.setLevel(level)
-    import grpc
+    import grpc  # type: ignore[import-untyped]
     from ray._private.authentication.grpc_authentication_client_interceptor import (
         _get_authentication_metadata_tuple,
     )
@@ -214,10 +214,12 @@ def access_problem(address: str, timeout_s: float = 5.0) -> str | None:
 
     metadata = _get_authentication_metadata_tuple()
     with grpc.insecure_channel(address) as channel:
-        stub = gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel)
+        stub = gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel)  # type: ignore[no-untyped-call]
         try:
             stub.GetClusterId(
-                gcs_service_pb2.GetClusterIdRequest(), timeout=timeout_s, metadata=metadata
+                gcs_service_pb2.GetClusterIdRequest(),  # type: ignore[attr-defined]
+                timeout=timeout_s,
+                metadata=metadata,
             )
         except grpc.RpcError as error:
             code = error.code()
