@@ -3,6 +3,11 @@
 The executor never waits on a worker itself: it writes `launch.json`, spawns the shim in a new
 session and returns. The shim outlives the server, so a server restart loses nothing: `recover`
 finds each attempt again from the files in its directory (see corral/exec/shim.py for them).
+
+Every attempt runs in a container of its own (corral.exec.contain: a cgroup as root, the shim as
+subreaper always) that the shim ends before it writes the result; when the shim itself died,
+`kill_attempt` ends the container it recorded. As root, an attempt may run as a user's account
+(`RunAs`) and be kept from the device files of GPUs that are not its own (`gpu_devices`).
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ import json
 import os
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import threading
@@ -19,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from corral.exec import contain, logcap
 from corral.exec.shim import (
     is_alive,
     last_line,
@@ -40,6 +47,16 @@ class WorkerLaunch:
     node: str = ""  # the node it runs on, as corral names it ("" for this machine)
 
 
+@dataclass(slots=True, frozen=True)
+class RunAs:
+    """The Unix account an attempt's workers run as (the supervisor stays root)."""
+
+    user: str
+    uid: int
+    gid: int
+    home: str
+
+
 @dataclass(slots=True)
 class AttemptLaunch:
     job_id: str
@@ -51,6 +68,13 @@ class AttemptLaunch:
     attempt_dir: Path
     #: Created before the workers start (it is theirs to write; the same for every attempt).
     checkpoint_dir: Path | None = None
+    #: The account the workers run as; None: the manager's own (single-user mode).
+    run_as: RunAs | None = None
+    #: The GPU device indexes on this node the attempt may open (its device files); the others'
+    #: are denied where the machine allows it. None: no device restriction.
+    gpu_devices: list[int] | None = None
+    #: Each worker's stdout and stderr keep at most about this many bytes (0: no cap).
+    log_cap_bytes: int = logcap.DEFAULT_CAP_BYTES
 
 
 @dataclass(slots=True)
@@ -63,6 +87,8 @@ class AttemptEnded:
     reason: str  # one line
     error_tail: str  # last non-empty stderr line of the failing worker ("" if none)
     ended_at: float
+    #: Processes of the attempt that could not be ended (stuck in the kernel): the reason says so.
+    leftover: int = 0
 
 
 @dataclass(slots=True)
@@ -198,28 +224,40 @@ def _ended_from_result(job_id: str, attempt: int, result: dict[str, Any]) -> Att
         reason=str(result.get("reason", "")),
         error_tail=str(result.get("error_tail", "")),
         ended_at=float(result.get("ended_at", time.time())),
+        leftover=len(result.get("leftover") or []),
     )
 
 
 def kill_attempt(attempt_dir: Path) -> int:
-    """SIGKILL an attempt's shim and workers if they still run; returns how many were killed.
+    """SIGKILL an attempt's shim and every process of its attempt if they still run; returns
+    how many were killed. For a lost attempt (shim gone, workers orphaned) and for cleaning up."""
+    return _kill_attempt(attempt_dir)[0]
 
-    Every pid is checked against the start time recorded for it, so a pid reused by an unrelated
-    process is left alone. For a lost attempt (shim gone, workers orphaned) and for cleaning up.
-    """
-    killed = 0
+
+def _kill_attempt(attempt_dir: Path) -> tuple[int, list[int]]:
+    """`kill_attempt`, and the pids that could not be ended within contain.END_TIMEOUT_S.
+
+    The container the shim recorded goes first and whole (its cgroup; or, without one, the
+    processes that carry its key in their environment); then the recorded workers and their
+    group. Every recorded pid is checked against its start time, so a pid reused by an unrelated
+    process is left alone."""
+    killed: set[int] = set()
+    left: list[int] = []
     shim = _read_json(attempt_dir / "shim.json")
     if shim is not None and shim.get("start_time") is not None:
         if is_alive(int(shim["pid"]), int(shim["start_time"])):
             os.kill(int(shim["pid"]), signal.SIGKILL)
-            killed += 1
+            killed.add(int(shim["pid"]))
+    if shim is not None and isinstance(shim.get("container"), dict):
+        ended, left = contain.end_recorded(shim["container"])
+        killed |= ended
     info = _read_json(attempt_dir / "workers.json")
     if info is None:
-        return killed
+        return len(killed), left
     recorded = [w for w in info.get("workers", []) if w.get("start_time") is not None]
     alive = [w for w in recorded if is_alive(int(w["pid"]), int(w["start_time"]))]
-    if not alive:
-        return killed
+    if not alive or info.get("pgid") is None:
+        return len(killed), left
     pgid = int(info["pgid"])
     leader = next((w for w in recorded if int(w["pid"]) == pgid), None)
     leader_start = process_start_time(pgid)
@@ -232,9 +270,26 @@ def kill_attempt(attempt_dir: Path) -> int:
     for worker in alive:
         try:
             os.kill(int(worker["pid"]), signal.SIGKILL)
+            killed.add(int(worker["pid"]))
         except ProcessLookupError:
             pass
-    return killed + len(alive)
+    return len(killed), left
+
+
+def _own_directory(path: Path, run_as: RunAs | None) -> None:
+    """Create `path` (and its parents) and, with run_as, give it to that account, mode 0700;
+    then a link is refused: the account must not be handed something else through it."""
+    path.mkdir(parents=True, exist_ok=True)
+    if run_as is None:
+        return
+    if stat.S_ISLNK(os.lstat(path).st_mode):
+        raise ValueError(f"checkpoint_dir: {path} is a symbolic link")
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        os.fchown(fd, run_as.uid, run_as.gid)
+        os.fchmod(fd, 0o700)
+    finally:
+        os.close(fd)
 
 
 def _fill_master(workers: list[WorkerLaunch], address: str) -> None:
@@ -249,10 +304,24 @@ def _fill_master(workers: list[WorkerLaunch], address: str) -> None:
 
 
 class LocalExecutor:
-    """Launches, stops, polls and recovers attempts on this machine. Thread-safe."""
+    """Launches, stops, polls and recovers attempts on this machine. Thread-safe.
 
-    def __init__(self, shim_python: str = sys.executable) -> None:
+    `device_dir` holds the GPUs' device files (`nvidia<N>`); `containment` picks the
+    mechanism (corral.exec.contain.MECHANISMS; None: $CORRAL_CONTAIN in the shim's environment,
+    else the best available); `end_timeout_s` bounds how long a shim tries to end its attempt's
+    processes."""
+
+    def __init__(
+        self,
+        shim_python: str = sys.executable,
+        device_dir: Path = Path("/dev"),
+        containment: str | None = None,
+        end_timeout_s: float = contain.END_TIMEOUT_S,
+    ) -> None:
         self.shim_python = shim_python
+        self.device_dir = Path(device_dir)
+        self.containment = containment
+        self.end_timeout_s = end_timeout_s
         self._tracked: dict[tuple[str, int], _Tracked] = {}
         self._lock = threading.Lock()
 
@@ -266,9 +335,13 @@ class LocalExecutor:
             if key in self._tracked:
                 raise ValueError(f"attempt {launch.attempt} of job {launch.job_id} is running")
             attempt_dir.mkdir(parents=True, exist_ok=True)
+            # The control files are the manager's. With run_as, the account may reach its own
+            # log files (made by the shim, owned by it) but not list the directory.
+            attempt_dir.chmod(0o711 if launch.run_as is not None else 0o700)
             if launch.checkpoint_dir is not None:
-                Path(launch.checkpoint_dir).mkdir(parents=True, exist_ok=True)
+                _own_directory(Path(launch.checkpoint_dir), launch.run_as)
             _fill_master(launch.workers, "127.0.0.1")
+            run_as = launch.run_as
             write_json_atomic(
                 attempt_dir / "launch.json",
                 {
@@ -281,6 +354,21 @@ class LocalExecutor:
                         {"rank": worker.rank, "argv": list(worker.argv), "env": dict(worker.env)}
                         for worker in launch.workers
                     ],
+                    "run_as": None
+                    if run_as is None
+                    else {
+                        "user": run_as.user,
+                        "uid": run_as.uid,
+                        "gid": run_as.gid,
+                        "home": run_as.home,
+                    },
+                    "gpu_devices": None
+                    if launch.gpu_devices is None
+                    else [int(gpu) for gpu in launch.gpu_devices],
+                    "device_dir": str(self.device_dir),
+                    "log_cap_bytes": int(launch.log_cap_bytes),
+                    "contain": self.containment,
+                    "end_timeout_s": float(self.end_timeout_s),
                 },
                 durable=True,
             )
@@ -289,7 +377,12 @@ class LocalExecutor:
             # inherited by the child.
             old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
             try:
-                with open(attempt_dir / "shim.log", "ab") as shim_log:
+                log_fd = os.open(
+                    attempt_dir / "shim.log",
+                    os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC,
+                    0o600,
+                )
+                with open(log_fd, "ab") as shim_log:
                     popen = subprocess.Popen(
                         [self.shim_python, "-m", "corral.exec.shim", str(attempt_dir)],
                         stdin=subprocess.DEVNULL,
@@ -304,9 +397,12 @@ class LocalExecutor:
             start_time = process_start_time(popen.pid)
             # The shim writes the same file as it starts; writing it here as well closes the
             # window in which a server crash would make a started attempt look never-started.
-            if start_time is not None and not (attempt_dir / "shim.json").exists():
+            # Never over the shim's own (which records its container).
+            if start_time is not None:
                 write_json_atomic(
-                    attempt_dir / "shim.json", {"pid": popen.pid, "start_time": start_time}
+                    attempt_dir / "shim.json",
+                    {"pid": popen.pid, "start_time": start_time},
+                    replace=False,
                 )
             self._tracked[key] = _Tracked(
                 launch.job_id, launch.attempt, attempt_dir, popen.pid, start_time, popen
@@ -405,10 +501,12 @@ class LocalExecutor:
             return _ended_from_result(tracked.job_id, tracked.attempt, result)
         # The shim died without a result (e.g. SIGKILL, OOM killer): its workers may live on,
         # holding GPUs, and must not run alongside a retry of the same job.
-        killed = kill_attempt(tracked.attempt_dir)
+        killed, left = _kill_attempt(tracked.attempt_dir)
         reason = LOST_REASON
         if killed:
             reason += f"; killed {killed} orphaned worker process(es)"
+        if left:
+            reason += f"; {len(left)} process(es) could not be ended"
         return AttemptEnded(
             job_id=tracked.job_id,
             attempt=tracked.attempt,
@@ -418,6 +516,7 @@ class LocalExecutor:
             reason=reason,
             error_tail=last_line(tracked.attempt_dir / "shim.log"),
             ended_at=time.time(),
+            leftover=len(left),
         )
 
 

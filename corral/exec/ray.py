@@ -14,6 +14,18 @@ its worker's end through a blocking `wait()` call that `poll()` checks without w
 executor writes each end to `rank-R.result.json` in the attempt dir before it lets the actor go,
 so an end is not lost if the manager dies in between. An actor that dies (its node died) ends its
 attempt as "lost", after the rest of the gang has been stopped.
+
+Each worker runs under `corral.exec.guard`, in a container of its own (a cgroup when the Ray node
+runs as root, the guard as child subreaper always: corral.exec.contain), so that everything the
+worker started ends with it: when its command ends, when its actor dies, and after a stop's
+grace (the actor asks the guard through a pipe; a SIGKILL to the group would kill the guard
+first). The guard caps the worker's log files on the node (corral.exec.logcap); the executor's
+copy follows the holes the cap leaves, writing each byte at the same offset in the manager's
+copy, which it caps the same way.
+
+Ray workers run as the Ray node's user (`AttemptLaunch.run_as` is not applied here, nor are GPU
+device files restricted): a multi-user Ray cluster would need the Ray node to start each worker
+under its user's account.
 """
 
 from __future__ import annotations
@@ -38,6 +50,8 @@ import ray
 from ray.exceptions import GetTimeoutError, RayError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from corral.exec import contain, logcap
+from corral.exec.guard import KILL_REQUEST
 from corral.exec.local import PRIVATE_VARIABLES, AttemptEnded, AttemptLaunch, WorkerLaunch
 from corral.exec.shim import last_line, signal_name, write_json_atomic
 
@@ -255,6 +269,7 @@ class WorkerActor:
         self.lock = threading.Lock()
         self.rank = 0
         self.log_dir = Path(tempfile.gettempdir())
+        self.kill_requested = threading.Event()
 
     def pick_port(self) -> int:
         """A TCP port free on this node a moment ago, for rank 0's MASTER_PORT."""
@@ -293,12 +308,31 @@ class WorkerActor:
                         Path(spec["workdir"]).mkdir(parents=True, exist_ok=True)
                         if env.get("CORRAL_CHECKPOINT_DIR"):
                             Path(env["CORRAL_CHECKPOINT_DIR"]).mkdir(parents=True, exist_ok=True)
-                        # The guard leads the worker's group and kills it if this actor
-                        # dies (its node's Ray died, the machine lives on).
-                        guard = [sys.executable, "-m", "corral.exec.guard", str(os.getpid()), "--"]
+                        # The guard leads the worker's group, contains everything it starts,
+                        # and ends it all if this actor dies (its node's Ray died, the machine
+                        # lives on): its stdin is a pipe from here, which ends with the actor.
+                        mechanism = (
+                            spec.get("contain") or os.environ.get(contain.ENV_MECHANISM) or "auto"
+                        )
+                        guard = [
+                            sys.executable,
+                            "-m",
+                            "corral.exec.guard",
+                            str(os.getpid()),
+                            "--contain",
+                            str(mechanism),
+                            "--name",
+                            str(spec["name"]),
+                            "--log-cap",
+                            str(int(spec.get("log_cap_bytes", logcap.DEFAULT_CAP_BYTES))),
+                            "--report",
+                            str(self._report_path()),
+                            "--control-stdin",
+                            "--",
+                        ]
                         self.popen = subprocess.Popen(
                             guard + [str(arg) for arg in spec["argv"]],
-                            stdin=subprocess.DEVNULL,
+                            stdin=subprocess.PIPE,
                             stdout=stdout,
                             stderr=stderr,
                             cwd=spec["workdir"],
@@ -316,7 +350,16 @@ class WorkerActor:
         finally:
             self.started.set()
 
+    def _report_path(self) -> Path:
+        return self.log_dir / f"rank-{self.rank}.guard.json"
+
     def _result(self, returncode: int | None, reason: str = "") -> dict[str, Any]:
+        leftover: list[int] = []
+        try:
+            with open(self._report_path(), encoding="utf-8") as report:
+                leftover = [int(pid) for pid in json.load(report).get("leftover", [])]
+        except (OSError, ValueError, TypeError, AttributeError):
+            pass
         return {
             "rank": self.rank,
             "exit_code": returncode if returncode is not None and returncode >= 0 else None,
@@ -326,6 +369,7 @@ class WorkerActor:
             "reason": reason,
             "error_tail": last_line(self.log_dir / f"rank-{self.rank}.stderr"),
             "ended_at": time.time(),
+            "leftover": leftover,
         }
 
     def _reap(self) -> None:
@@ -336,7 +380,13 @@ class WorkerActor:
         os.waitid(os.P_PID, self.popen.pid, os.WEXITED | os.WNOWAIT)
         self.exited.set()
         self._signal_group(signal.SIGKILL)
-        self._end(self._result(self.popen.wait()))
+        returncode = self.popen.wait()
+        if self.popen.stdin is not None:
+            try:
+                self.popen.stdin.close()
+            except OSError:
+                pass
+        self._end(self._result(returncode))
 
     def _end(self, result: dict[str, Any]) -> None:
         self.result = result
@@ -350,22 +400,31 @@ class WorkerActor:
             return None
         return self.result
 
-    def read_output(self, offsets: dict[str, int], last: bool = False) -> dict[str, bytes]:
-        """What each stream holds past its offset (at most LOG_CHUNK); `last` after the worker
-        ended and everything was read: remove the node's copy."""
-        chunks = {stream: b"" for stream in STREAMS}
+    def read_output(
+        self, offsets: dict[str, int], last: bool = False
+    ) -> dict[str, tuple[int, bytes]]:
+        """What each stream holds past its offset (at most LOG_CHUNK), and the offset where
+        that starts: past what the log cap dropped (a hole), the same offset in the file as
+        ever. `last` after the worker ended and everything was read: remove the node's copy."""
+        chunks = {stream: (int(offsets.get(stream, 0)), b"") for stream in STREAMS}
         if not self.started.is_set():  # no log dir of its own yet
             return chunks
         for stream in STREAMS:
             try:
-                with open(self.log_dir / f"rank-{self.rank}.{stream}", "rb") as handle:
-                    handle.seek(int(offsets.get(stream, 0)))
-                    chunks[stream] = handle.read(LOG_CHUNK)
+                fd = os.open(self.log_dir / f"rank-{self.rank}.{stream}", os.O_RDONLY)
             except OSError:
-                chunks[stream] = b""
-        if last and not any(chunks.values()):
+                continue
+            try:
+                chunk = logcap.read_range(fd, chunks[stream][0], LOG_CHUNK)
+                chunks[stream] = (chunk.next_offset - len(chunk.data), chunk.data)
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
+        if last and not any(data for _, data in chunks.values()):
             for stream in STREAMS:
                 (self.log_dir / f"rank-{self.rank}.{stream}").unlink(missing_ok=True)
+            self._report_path().unlink(missing_ok=True)
             try:
                 self.log_dir.rmdir()
             except OSError:
@@ -390,6 +449,20 @@ class WorkerActor:
         # _reap is the one that reaps the worker; here only watch for its exit.
         if not self.exited.wait(timeout=grace_s):
             self.killed_after_grace = True
+            self._kill_all()
+
+    def _kill_all(self) -> None:
+        """Ask the guard to kill everything of the worker; SIGKILL the group (the guard
+        included) only if it does not end in good time."""
+        popen = self.popen
+        if popen is None or popen.stdin is None:
+            return
+        try:
+            popen.stdin.write(KILL_REQUEST)
+            popen.stdin.flush()
+        except (OSError, ValueError):  # the guard is gone already
+            pass
+        if not self.exited.wait(timeout=contain.END_TIMEOUT_S + 5.0):
             self._signal_group(signal.SIGKILL)
 
     def _signal_group(self, number: int) -> None:
@@ -429,13 +502,20 @@ class _Attempt:
     stop_requested: bool = False
     gang_stopping: bool = False
     failed_rank: int | None = None
+    #: The cap of the manager's copy of each log (the node's is capped by the guard).
+    log_cap: int = logcap.DEFAULT_CAP_BYTES
 
 
 class RayExecutor:
     """Launches, stops, polls and recovers attempts on a Ray cluster. Thread-safe."""
 
-    def __init__(self, address: str, namespace: str = NAMESPACE) -> None:
+    def __init__(
+        self, address: str, namespace: str = NAMESPACE, containment: str | None = None
+    ) -> None:
+        """`containment`: the corral.exec.contain mechanism of every worker's guard (None: the
+        node's $CORRAL_CONTAIN, else the best the node has)."""
         self.namespace = namespace
+        self.containment = containment
         self._owns_connection = not ray.is_initialized()
         if self._owns_connection:
             ray.init(address=address, namespace=namespace, log_to_driver=False)
@@ -478,6 +558,7 @@ class RayExecutor:
                     "nodes": [node.name for _, node in placed],
                     "stop_signal": int(launch.stop_signal),
                     "grace_s": float(launch.grace_s),
+                    "log_cap_bytes": int(launch.log_cap_bytes),
                 },
                 durable=True,
             )
@@ -493,8 +574,9 @@ class RayExecutor:
                     float(launch.grace_s),
                     actors,
                     [node.name for _, node in placed],
+                    log_cap=int(launch.log_cap_bytes),
                 )
-                self._start_workers(tracked, placed, launch.workdir)
+                self._start_workers(tracked, placed, launch.workdir, self.containment)
             except BaseException:  # nothing of it may linger: no actor holds its GPUs
                 for actor in actors:
                     ray.kill(actor, no_restart=True)
@@ -519,7 +601,10 @@ class RayExecutor:
 
     @staticmethod
     def _start_workers(
-        tracked: _Attempt, placed: list[tuple[WorkerLaunch, RayNode]], workdir: str
+        tracked: _Attempt,
+        placed: list[tuple[WorkerLaunch, RayNode]],
+        workdir: str,
+        containment: str | None,
     ) -> None:
         rank0_env = placed[0][0].env
         # Rank 0's node picks the port; Ray hands the result to every start() call.
@@ -536,6 +621,8 @@ class RayExecutor:
                 "argv": list(worker.argv),
                 "env": env,
                 "workdir": workdir,
+                "log_cap_bytes": tracked.log_cap,
+                "contain": containment,
             }
             tracked.starting[actor.start.remote(spec, port_ref)] = worker.rank
             tracked.waiting[actor.wait.remote(WAIT_S)] = worker.rank
@@ -669,13 +756,13 @@ class RayExecutor:
                         chunks = ray.get(ref, timeout=10)
                     except (RayError, GetTimeoutError):
                         continue  # its node is gone: what was copied is what there is
-                    for stream, data in chunks.items():
+                    for stream, (start, data) in chunks.items():
                         if data:
-                            with open(tracked.attempt_dir / f"rank-{rank}.{stream}", "ab") as out:
-                                out.write(data)
+                            path = tracked.attempt_dir / f"rank-{rank}.{stream}"
                             copied = tracked.copied.get((rank, stream), 0)
-                            tracked.copied[(rank, stream)] = copied + len(data)
-                    sizes = [len(data) for data in chunks.values()]
+                            _write_at(path, start, data, start < copied, tracked.log_cap)
+                            tracked.copied[(rank, stream)] = start + len(data)
+                    sizes = [len(data) for _, data in chunks.values()]
                     if any(sizes) if last else max(sizes) >= LOG_CHUNK:
                         ranks.append(rank)
 
@@ -702,6 +789,7 @@ class RayExecutor:
             float(launched["grace_s"]),
             [],
             list(launched["nodes"]),
+            log_cap=int(launched.get("log_cap_bytes", logcap.DEFAULT_CAP_BYTES)),
         )
         for rank in range(int(launched["workers"])):
             for stream in STREAMS:
@@ -790,6 +878,24 @@ class RayExecutor:
             ray.shutdown()
 
 
+def _write_at(path: Path, offset: int, data: bytes, restart: bool, cap: int) -> None:
+    """Write `data` at `offset` of the manager's copy of a log: past a hole in the node's file
+    (what its cap dropped), a hole here too, so offsets agree and the copy stays small.
+    `restart`: the node's file started over (a filesystem without holes truncates instead)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        if restart:
+            os.ftruncate(fd, 0)
+        view = memoryview(data)
+        while view:
+            written = os.pwrite(fd, view, offset)
+            view = view[written:]
+            offset += written
+        logcap.cap_file(fd, cap)
+    finally:
+        os.close(fd)
+
+
 def _first_line(error: object) -> str:
     text = str(error).strip()
     return (text.splitlines()[0] if text else type(error).__name__)[:200]
@@ -814,11 +920,15 @@ def _attempt_ended(tracked: _Attempt) -> AttemptEnded:
     results = tracked.results
     ended_at = max(float(r.get("ended_at", 0.0)) for r in results.values()) or time.time()
 
+    leftover = sum(len(r.get("leftover") or []) for r in results.values())
+
     def make(
         code: int | None, sig: int | None, stopped: bool, reason: str, tail: str = ""
     ) -> AttemptEnded:
+        if leftover:
+            reason += f"; {leftover} process(es) could not be ended"
         return AttemptEnded(
-            tracked.job_id, tracked.attempt, code, sig, stopped, reason, tail, ended_at
+            tracked.job_id, tracked.attempt, code, sig, stopped, reason, tail, ended_at, leftover
         )
 
     lost = [r for r in sorted(results) if results[r].get("lost")]

@@ -4,19 +4,34 @@ The shim is the only parent of an attempt's workers. It runs in its own session,
 the server that spawned it (even a `kill -9`); a restarted server finds it again through
 `shim.json` and learns how the attempt ended from `result.json`.
 
-Files in ATTEMPT_DIR:
-  launch.json        read: job_id, attempt, workdir, stop_signal, grace_s, workers [{rank, argv, env}]
+Files in ATTEMPT_DIR (the control files are the shim's, mode 0600):
+  launch.json        read: job_id, attempt, workdir, stop_signal, grace_s, workers [{rank, argv, env}],
+                     and optionally run_as {user, uid, gid, home}, gpu_devices [int], device_dir,
+                     log_cap_bytes, contain (a corral.exec.contain mechanism), end_timeout_s
   shim.json          written at start: {"pid", "start_time"} (start_time = field 22 of
-                     /proc/PID/stat, so that a reused pid is not mistaken for this shim)
-  workers.json       written once the workers run: {"pgid", "workers": [{rank, pid, start_time}]},
-                     so that the executor can kill orphaned workers if the shim itself is killed
-  rank-R.stdout/.stderr  each worker's output
-  result.json        written atomically as the shim ends (see `AttemptResult` fields below)
+                     /proc/PID/stat, so that a reused pid is not mistaken for this shim), and again
+                     with "container" (`Container.record`) once the container exists, before any
+                     worker starts, so that the executor can end it if the shim itself is killed
+  workers.json       written once the workers run: {"pgid", "workers": [{rank, pid, start_time}]}
+  rank-R.stdout/.stderr  each worker's output: created here (O_NOFOLLOW, mode 0600, owned by the
+                     run_as account), capped at log_cap_bytes (corral.exec.logcap) while it runs
+  result.json        written atomically as the shim ends (see `AttemptResult` fields below), with
+                     "leftover": [pids] that could not be ended
+
+Every worker starts inside the attempt's container (corral.exec.contain: a cgroup where the
+machine allows it, and this shim as their child subreaper in any case), so processes that leave
+the process group (`setsid`, double forks, torchrun's workers) are still the attempt's. With
+run_as, the workers run as that account (its uid, gid, no supplementary groups, and its HOME,
+USER and LOGNAME); the shim stays root, to kill them and manage the cgroups.
 
 Signals: SIGTERM asks for a stop (stop_signal to the workers' process group, `grace_s`, then
 SIGKILL). SIGHUP and SIGINT are ignored. A worker exiting non-zero ends the whole gang the same
-way, and the attempt reports that worker's exit code. When the attempt ends, whatever is left in
-the workers' process group is killed, so nothing it started keeps holding GPUs.
+way, and the attempt reports that worker's exit code. However the attempt ends (every worker
+exited, one failed, a stop, an error of the shim's own), every process left in its container is
+killed and gone BEFORE result.json is written: the manager hands the GPUs on only once that file
+exists, so they are never handed on while a process of the old attempt lives. What cannot be
+ended within `end_timeout_s` (a process stuck in the kernel) is named in result.json's
+"leftover" and in its reason.
 
 Only the standard library is imported here: the shim starts once per attempt and must start fast.
 """
@@ -30,15 +45,26 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from corral.exec import contain, logcap
+
 MAX_TAIL_CHARS = 300
 TAIL_BYTES = 64 * 1024
 # The longest the wait loop sleeps without a wake-up (SIGCHLD and SIGTERM wake it at once).
 MAX_WAIT_S = 1.0
+#: How often the workers' log files are capped while they run: at least this often, and more
+#: often when a file could pass half its cap sooner, growing at the rate it did or at least at
+#: FLOOD_BYTES_PER_S (never more than every MIN_CAP_EVERY_S): a flood overshoots a small cap by
+#: little, and a large cap costs no more wake-ups than CAP_EVERY_S.
+CAP_EVERY_S = 0.25
+MIN_CAP_EVERY_S = 0.005
+FLOOD_BYTES_PER_S = 256 << 20
+LOG_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 # ---------------------------------------------------------------------------------------------
@@ -69,14 +95,28 @@ def is_alive(pid: int, start_time: int) -> bool:
     return stat is not None and stat[1] == start_time and stat[0] not in ("Z", "X")
 
 
-def write_json_atomic(path: Path, data: dict[str, Any], durable: bool = False) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as out:
+def write_json_atomic(
+    path: Path, data: dict[str, Any], durable: bool = False, replace: bool = True
+) -> bool:
+    """Write `data` to `path` all at once (mode 0600: a job's environment is no one else's).
+    `replace=False` leaves an existing file as it is; returns whether `path` was written."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with open(fd, "w", encoding="utf-8") as out:
         json.dump(data, out)
         if durable:
             out.flush()
             os.fsync(out.fileno())
-    os.replace(tmp, path)
+    if replace:
+        os.replace(tmp, path)
+        return True
+    try:
+        os.link(tmp, path)  # fails if it exists: never clobbers what the shim wrote
+        return True
+    except FileExistsError:
+        return False
+    finally:
+        os.unlink(tmp)
 
 
 def last_line(path: Path, max_chars: int = MAX_TAIL_CHARS) -> str:
@@ -101,6 +141,43 @@ def signal_name(number: int) -> str:
         return signal.Signals(number).name
     except ValueError:
         return f"signal {number}"
+
+
+class LogCapper:
+    """Caps a supervisor's log files (corral.exec.logcap) on the schedule CAP_EVERY_S says."""
+
+    def __init__(self, fds: list[int], cap_bytes: int) -> None:
+        self.fds = fds
+        self.cap_bytes = cap_bytes
+        self.sizes: dict[int, int] = {}
+        self.last = self.due = time.monotonic()
+
+    def due_in(self) -> float:
+        """Seconds until the next cap is due (MAX_WAIT_S when there is nothing to cap)."""
+        if self.cap_bytes <= 0 or not self.fds:
+            return MAX_WAIT_S
+        return max(0.0, self.due - time.monotonic())
+
+    def cap_if_due(self) -> None:
+        if self.cap_bytes > 0 and self.fds and time.monotonic() >= self.due:
+            self.cap()
+
+    def cap(self) -> None:
+        if self.cap_bytes <= 0:
+            return
+        now = time.monotonic()
+        growth = 0
+        for fd in self.fds:
+            try:
+                size = os.fstat(fd).st_size
+                growth = max(growth, size - self.sizes.get(fd, 0))
+                self.sizes[fd] = size
+                logcap.cap_file(fd, self.cap_bytes)
+            except OSError:
+                continue
+        elapsed, self.last = now - self.last, now
+        rate = max(FLOOD_BYTES_PER_S, growth / elapsed if elapsed > 0 else 0.0)
+        self.due = now + min(CAP_EVERY_S, max(MIN_CAP_EVERY_S, self.cap_bytes / 2 / rate))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -141,6 +218,12 @@ class Shim:
         self.failed_rank: int | None = None
         self.kill_deadline: float | None = None
         self.killed_after_grace = False
+        self.container: contain.Container | None = None
+        #: The workers' stdout/stderr files, kept open to cap them.
+        self.log_fds: list[int] = []
+        self.log_cap = logcap.DEFAULT_CAP_BYTES
+        self.capper = LogCapper(self.log_fds, self.log_cap)
+        self.leftover: list[int] = []
         self.wake_read, self.wake_write = os.pipe()
         os.set_blocking(self.wake_read, False)
         os.set_blocking(self.wake_write, False)
@@ -164,10 +247,13 @@ class Shim:
 
     def run(self) -> AttemptResult:
         self.install_signal_handlers()
-        write_json_atomic(
-            self.attempt_dir / "shim.json",
-            {"pid": os.getpid(), "start_time": process_start_time(os.getpid())},
-        )
+        shim_info: dict[str, Any] = {
+            "pid": os.getpid(),
+            "start_time": process_start_time(os.getpid()),
+        }
+        write_json_atomic(self.attempt_dir / "shim.json", shim_info)
+        # Before any worker exists: every orphan of the attempt is re-parented here.
+        contain.become_subreaper()
         try:
             with open(self.attempt_dir / "launch.json", encoding="utf-8") as launch_file:
                 self.launch = json.load(launch_file)
@@ -175,13 +261,30 @@ class Shim:
             stop_signal = int(self.launch["stop_signal"])
             grace_s = float(self.launch["grace_s"])
             workdir = str(self.launch["workdir"])
+            run_as = _run_as(self.launch.get("run_as"))
+            gpu_devices = self.launch.get("gpu_devices")
+            gpu_devices = None if gpu_devices is None else [int(gpu) for gpu in gpu_devices]
+            device_dir = Path(str(self.launch.get("device_dir") or "/dev"))
+            self.log_cap = int(self.launch.get("log_cap_bytes", logcap.DEFAULT_CAP_BYTES))
+            self.capper.cap_bytes = self.log_cap
         except (OSError, ValueError, KeyError, TypeError) as exc:
             return AttemptResult(None, None, False, f"bad launch.json: {exc}")
         if not specs or not all(spec.get("argv") for spec in specs):
             return AttemptResult(None, None, False, "bad launch.json: a worker without argv")
         if self.stop_requested:
             return AttemptResult(None, None, True, "stopped before the workers started")
-        start_error = self.start_workers(specs, workdir)
+        try:
+            self.container = contain.Container.create(
+                f"{self.launch.get('job_id')}-{self.launch.get('attempt')}",
+                self.launch.get("contain"),
+                gpu_devices,
+                device_dir,
+            )
+        except (contain.ContainError, OSError) as exc:
+            return AttemptResult(None, None, False, f"cannot contain the attempt: {exc}")
+        shim_info["container"] = self.container.record()
+        write_json_atomic(self.attempt_dir / "shim.json", shim_info, durable=True)
+        start_error = self.start_workers(specs, workdir, run_as)
         if start_error is not None:
             self.begin_gang_stop(stop_signal, grace_s)
             self.wait(stop_signal, grace_s)
@@ -189,35 +292,59 @@ class Shim:
         self.wait(stop_signal, grace_s)
         return self.outcome(stop_signal, grace_s)
 
-    def start_workers(self, specs: list[dict[str, Any]], workdir: str) -> AttemptResult | None:
+    def open_log(self, path: Path, run_as: dict[str, Any] | None) -> int:
+        """A worker's output file: never through a link, readable by its owner only."""
+        fd = os.open(path, LOG_FLAGS, 0o600)
+        self.log_fds.append(fd)
+        if run_as is not None:
+            os.fchown(fd, run_as["uid"], run_as["gid"])
+        os.fchmod(fd, 0o600)
+        return fd
+
+    def start_workers(
+        self, specs: list[dict[str, Any]], workdir: str, run_as: dict[str, Any] | None
+    ) -> AttemptResult | None:
+        assert self.container is not None
+        account: dict[str, Any] = {}
+        if run_as is not None:
+            account = {"user": run_as["uid"], "group": run_as["gid"], "extra_groups": []}
+            # The account's own umask, not the manager's 077; the kernel checks that the
+            # account may enter the workdir: the shell changes to it after the switch of uid
+            # (Popen's cwd would be entered as root, before it).
+            account["umask"] = 0o022
         for spec in specs:
             rank = int(spec["rank"])
-            env = dict(os.environ)
+            env = dict(os.environ) if run_as is None else account_environment(run_as)
             env.update({str(key): str(value) for key, value in spec.get("env", {}).items()})
-            stdout_path = self.attempt_dir / f"rank-{rank}.stdout"
+            env[contain.KEY_VARIABLE] = self.container.name
+            argv = [str(arg) for arg in spec["argv"]]
+            if run_as is not None:
+                argv = ["/bin/sh", "-c", 'cd -- "$0" && exec "$@"', workdir, *argv]
+            stdout = self.open_log(self.attempt_dir / f"rank-{rank}.stdout", run_as)
             stderr_path = self.attempt_dir / f"rank-{rank}.stderr"
-            with open(stdout_path, "ab") as stdout, open(stderr_path, "ab") as stderr:
-                try:
+            stderr = self.open_log(stderr_path, run_as)
+            try:
+                with self.container.entered():
                     popen = subprocess.Popen(
-                        [str(arg) for arg in spec["argv"]],
+                        argv,
                         stdin=subprocess.DEVNULL,
                         stdout=stdout,
                         stderr=stderr,
-                        cwd=workdir,
+                        cwd=workdir if run_as is None else "/",
                         env=env,
                         # Worker 0 leads a new group; the others join it so that one killpg
-                        # reaches the whole gang (and anything the workers start).
+                        # reaches the whole gang (the stop signal goes to the group).
                         process_group=0 if self.pgid is None else self.pgid,
+                        **account,
                     )
-                except OSError as exc:
-                    message = f"cannot start rank {rank}: {exc}"
-                    stderr.write(f"corral: {message}\n".encode())
-                    stderr.flush()
-                    # The shell's conventions: 126 found but not runnable, 127 not found.
-                    code = 126 if exc.errno in (errno.EACCES, errno.ENOEXEC) else 127
-                    self.failed_rank = rank
-                    self.record_workers()
-                    return AttemptResult(code, None, False, message, last_line(stderr_path))
+            except OSError as exc:
+                message = f"cannot start rank {rank}: {exc}"
+                os.write(stderr, f"corral: {message}\n".encode())
+                # The shell's conventions: 126 found but not runnable, 127 not found.
+                code = 126 if exc.errno in (errno.EACCES, errno.ENOEXEC, errno.EPERM) else 127
+                self.failed_rank = rank
+                self.record_workers()
+                return AttemptResult(code, None, False, message, last_line(stderr_path))
             if self.pgid is None:
                 self.pgid = popen.pid
             self.workers.append(Worker(rank, popen))
@@ -273,30 +400,57 @@ class Shim:
             pass
 
     def wait(self, stop_signal: int, grace_s: float) -> None:
+        """Until every worker has exited (what they started may live on: see `end_all`)."""
+        keep = {worker.popen.pid for worker in self.workers}
         while True:
             self.reap()
             if self.stop_requested or self.failed_rank is not None:
                 self.begin_gang_stop(stop_signal, grace_s)
             if all(worker.returncode is not None for worker in self.workers):
                 break
-            timeout = MAX_WAIT_S
+            self.capper.cap_if_due()
+            now = time.monotonic()
+            timeout = min(MAX_WAIT_S, self.capper.due_in())
             if self.kill_deadline is not None and not self.killed_after_grace:
-                remaining = self.kill_deadline - time.monotonic()
+                remaining = self.kill_deadline - now
                 if remaining <= 0:
                     self.signal_group(signal.SIGKILL)
                     self.killed_after_grace = True
                     continue
                 timeout = min(timeout, remaining)
             select.select([self.wake_read], [], [], timeout)
+            woken_by = b""
             try:
-                while os.read(self.wake_read, 4096):
-                    pass
+                while chunk := os.read(self.wake_read, 4096):
+                    woken_by += chunk
             except BlockingIOError:
                 pass
-        # Anything the workers left behind in their group goes too; then worker 0 is reaped.
+            if signal.SIGCHLD in woken_by:
+                contain.reap_orphans(keep)  # orphans of the attempt, re-parented here
+
+    def end_all(self) -> None:
+        """End every process of the attempt and reap the workers: at every end, before
+        result.json. What is still alive after `end_timeout_s` goes to `self.leftover`."""
         self.signal_group(signal.SIGKILL)
         for worker in self.workers:
-            worker.popen.wait()
+            if worker.popen.returncode is None and worker.returncode is None:
+                try:
+                    worker.popen.kill()
+                except ProcessLookupError:
+                    pass
+        timeout_s = float(self.launch.get("end_timeout_s", contain.END_TIMEOUT_S))
+        keep = {worker.popen.pid for worker in self.workers}
+        if self.container is not None:
+            self.leftover = self.container.end(keep, timeout_s)
+        else:  # no container (a bad launch.json): this shim's descendants all the same
+            self.leftover = contain.sweep(keep, time.monotonic() + timeout_s)[1]
+        self.capper.cap()
+        for worker in self.workers:
+            if worker.popen.pid not in self.leftover:
+                worker.popen.wait()
+        for fd in self.log_fds:
+            os.close(fd)
+        self.log_fds.clear()
 
     def outcome(self, stop_signal: int, grace_s: float) -> AttemptResult:
         workers = [
@@ -333,13 +487,40 @@ class Shim:
             return AttemptResult(_exit_code(first), _signal_of(first), True, reason, "", workers)
         return AttemptResult(first, None, False, f"exit code {first}", "", workers)
 
-    def kill_everything(self) -> None:
-        """Last resort after an unexpected error: no worker may outlive its supervisor."""
-        self.signal_group(signal.SIGKILL)
-        for worker in self.workers:
-            if worker.popen.returncode is None:
-                worker.popen.kill()
-                worker.popen.wait()
+
+#: What a job running as another account takes from the supervisor's environment (never the
+#: manager's own variables: its credentials, its PATH into root's directories).
+PASSED_TO_ACCOUNTS = ("LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "TZ", "TERM")
+#: PATH of a job that runs as another account.
+ACCOUNT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def account_environment(run_as: dict[str, Any]) -> dict[str, str]:
+    """A fresh environment for a worker that runs as `run_as` (corral's and the spec's
+    variables are added to it)."""
+    env = {key: os.environ[key] for key in PASSED_TO_ACCOUNTS if key in os.environ}
+    env.update(
+        PATH=ACCOUNT_PATH,
+        HOME=str(run_as["home"]),
+        USER=str(run_as["user"]),
+        LOGNAME=str(run_as["user"]),
+        SHELL="/bin/sh",
+    )
+    return env
+
+
+def _run_as(value: Any) -> dict[str, Any] | None:
+    """launch.json's run_as, checked: {"user", "uid", "gid", "home"} or None."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise TypeError("run_as: not an object")
+    return {
+        "user": str(value["user"]),
+        "uid": int(value["uid"]),
+        "gid": int(value["gid"]),
+        "home": str(value["home"]),
+    }
 
 
 def _exit_code(returncode: int | None) -> int | None:
@@ -360,8 +541,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result = shim.run()
     except Exception as exc:  # the result file must be written whatever went wrong
-        shim.kill_everything()
         result = AttemptResult(None, None, shim.stop_requested, f"shim error: {exc!r}")
+    try:
+        shim.end_all()  # nothing of the attempt outlives this point: then the result
+    except Exception as exc:
+        result.reason += f"; cannot end its processes: {exc!r}"
+        shim.leftover = sorted(contain.descendants(os.getpid()))
+    reason = result.reason
+    if shim.leftover:
+        reason += f"; {len(shim.leftover)} process(es) could not be ended"
     launch = shim.launch
     write_json_atomic(
         attempt_dir / "result.json",
@@ -371,10 +559,11 @@ def main(argv: list[str] | None = None) -> int:
             "exit_code": result.exit_code,
             "signal": result.signal,
             "stopped": result.stopped,
-            "reason": " ".join(result.reason.split()),
+            "reason": " ".join(reason.split()),
             "error_tail": result.error_tail,
             "ended_at": time.time(),
             "workers": result.workers,
+            "leftover": shim.leftover,
         },
         durable=True,
     )
