@@ -28,6 +28,9 @@ import httpx
 DEFAULT_URL = "http://127.0.0.1:8470"
 FINAL_STATUSES = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
 POLL_SECONDS = 0.5
+#: Jobs per request when listing (the server's most), and its header naming the next page.
+PAGE_SIZE = 10_000
+NEXT_PAGE_HEADER = "X-Corral-Next-Before-Id"
 
 
 class ClientError(Exception):
@@ -110,11 +113,21 @@ class Client:
         user: str | None = None,
         limit: int | None = None,
     ) -> list[dict]:
-        """Jobs newest first (a user sees their own and their VC's)."""
-        params = {"status": status, "vc": vc, "user": user, "limit": limit}
-        return self._request(
-            "GET", "/jobs", params={k: v for k, v in params.items() if v is not None}
-        )
+        """Jobs newest first (a user sees their own and their VC's): the first `limit`, or
+        (None) all of them, read a page at a time."""
+        found: list[dict] = []
+        before: str | None = None
+        while limit is None or len(found) < limit:
+            page = PAGE_SIZE if limit is None else min(PAGE_SIZE, limit - len(found))
+            params = {"status": status, "vc": vc, "user": user, "limit": page, "before_id": before}
+            response = self._send(
+                "GET", "/jobs", params={k: v for k, v in params.items() if v is not None}
+            )
+            found += response.json()
+            before = response.headers.get(NEXT_PAGE_HEADER)
+            if before is None:
+                break
+        return found
 
     def job(self, job_id: str | int) -> dict:
         """One job's detail: the summary plus spec, attempts, events."""
@@ -144,10 +157,13 @@ class Client:
         rank: int = 0,
         stream: str = "stdout",
         offset: int = 0,
+        tail: int | None = None,
     ) -> tuple[str, int, bool]:
         """(text from `offset`, the next offset, whether the log is complete) of one worker's
-        stdout or stderr; the latest attempt unless `attempt` is given."""
-        chunk = self.log_chunk(job_id, attempt, rank, stream, offset)
+        stdout or stderr; the latest attempt unless `attempt` is given. With `tail`, the text
+        starts at the last `tail` lines instead. At most 1 MiB: read on from the next offset.
+        When the log cap dropped what was asked for, the text starts with a line saying so."""
+        chunk = self.log_chunk(job_id, attempt, rank, stream, offset, tail)
         return chunk.text, chunk.next_offset, chunk.finished
 
     def log_chunk(
@@ -157,8 +173,13 @@ class Client:
         rank: int = 0,
         stream: str = "stdout",
         offset: int = 0,
+        tail: int | None = None,
     ) -> LogChunk:
-        params: dict[str, Any] = {"rank": rank, "stream": stream, "offset": offset}
+        params: dict[str, Any] = {"rank": rank, "stream": stream}
+        if tail is None:
+            params["offset"] = offset
+        else:
+            params["tail"] = tail
         if attempt is not None:
             params["attempt"] = attempt
         response = self._send("GET", f"/jobs/{_segment(job_id)}/logs", params=params)
@@ -177,15 +198,18 @@ class Client:
         rank: int = 0,
         stream: str = "stdout",
         poll_s: float = POLL_SECONDS,
+        tail: int | None = None,
     ) -> Iterator[str]:
         """The log's text as it grows, until the job ends. Without `attempt`, it follows the
         latest attempt and moves on to each new one (after a failure or a preemption),
-        yielding a separator line between them."""
+        yielding a separator line between them. With `tail`, it starts with the last `tail`
+        lines of the attempt rather than its beginning."""
         current = attempt
         offset = 0
         ends_line = True
         while True:
-            chunk = self.log_chunk(job_id, current, rank, stream, offset)
+            chunk = self.log_chunk(job_id, current, rank, stream, offset, tail)
+            tail = None  # only the first read: from there on, the offset
             if chunk.text:
                 yield chunk.text
                 ends_line = chunk.text.endswith("\n")
@@ -217,12 +241,39 @@ class Client:
         """Nodes and their GPUs (with the job holding each), and the VCs."""
         return self._request("GET", "/cluster")
 
-    def create_token(self, user: str, vc: str | None = None, admin: bool = False) -> dict:
-        """A new token (admins only): {token, user, vc, admin}; the secret is shown only now."""
+    def create_token(
+        self,
+        user: str,
+        vc: str | None = None,
+        admin: bool = False,
+        *,
+        unix_user: str | None = None,
+        expires_in: float | None = None,
+    ) -> dict:
+        """A new token (admins only): {token, id, user, vc, admin, unix_user, expires_at}; the
+        secret is shown only now. `unix_user`: the account the user's jobs run as (default:
+        the one named like the user); `expires_in`: seconds from now (default: never)."""
         body: dict[str, Any] = {"user": user, "admin": admin}
         if vc is not None:
             body["vc"] = vc
+        if unix_user is not None:
+            body["unix_user"] = unix_user
+        if expires_in is not None:
+            body["expires_in_seconds"] = expires_in
         return self._request("POST", "/tokens", json=body)
+
+    def tokens(self) -> list[dict]:
+        """Every token (admins only), oldest first: {id, user, vc, admin, unix_user, name,
+        created_at, expires_at, revoked_at, state}; never a secret."""
+        return self._request("GET", "/tokens")
+
+    def revoke_token(self, token_id: str) -> dict:
+        """Revoke one token by its id (admins only); returns it as listed."""
+        return self._request("DELETE", f"/tokens/{_segment(token_id)}")
+
+    def revoke_user_tokens(self, user: str) -> list[dict]:
+        """Revoke every token of `user` (admins only); returns those revoked now."""
+        return self._request("POST", "/tokens/revoke", json={"user": user})["revoked"]
 
     def whoami(self) -> dict:
         return self._request("GET", "/whoami")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 from collections.abc import Iterator
@@ -21,7 +22,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 import typer
 from rich.table import Table
 
-from corral.cli.main import console, err_console
+from corral.cli.main import console, err_console, fail
 
 if TYPE_CHECKING:
     from corral.client import Client
@@ -240,6 +241,16 @@ def logs(
     ] = None,
     rank: Annotated[int, typer.Option(min=0, help="this worker's output")] = 0,
     stderr: Annotated[bool, typer.Option("--stderr", help="stderr instead of stdout")] = False,
+    tail: Annotated[
+        int | None,
+        typer.Option(
+            "--tail",
+            "-n",
+            min=0,
+            max=1_000_000,
+            help="only the last N lines (with -f: then follow)",
+        ),
+    ] = None,
 ) -> None:
     """Print a job's output (one worker's stdout or stderr)."""
     stream = "stderr" if stderr else "stdout"
@@ -251,7 +262,7 @@ def logs(
                 refuse(f"job {job_id} has no attempt {attempt} (it had {had})")
         if follow:
             try:
-                for text in client.follow_logs(job_id, attempt, rank, stream):
+                for text in client.follow_logs(job_id, attempt, rank, stream, tail=tail):
                     sys.stdout.write(text)
                     sys.stdout.flush()
             except KeyboardInterrupt:
@@ -260,7 +271,8 @@ def logs(
         offset = 0
         number = attempt
         while True:  # the server sends at most 1 MiB per call
-            chunk = client.log_chunk(job_id, number, rank, stream, offset)
+            chunk = client.log_chunk(job_id, number, rank, stream, offset, tail)
+            tail = None  # the first call only: then on from its offset
             number = number or chunk.attempt or None
             if not chunk.text:
                 break
@@ -326,15 +338,108 @@ def token_create(
         str | None, typer.Option(help="the user's VC: they submit there and read its jobs")
     ] = None,
     admin: Annotated[bool, typer.Option("--admin", help="an admin token")] = False,
+    expires: Annotated[
+        str | None,
+        typer.Option(
+            metavar="DURATION", help="it stops working after this long: 90s, 30m, 12h, 7d, 1w"
+        ),
+    ] = None,
+    unix_user: Annotated[
+        str | None,
+        typer.Option(
+            metavar="ACCOUNT",
+            help="the Unix account the user's jobs run as (default: the one named like USER)",
+        ),
+    ] = None,
     output: OutputOption = Output.table,
 ) -> None:
     """Create a token and print it (the only time it is shown)."""
+    expires_in = None if expires is None else parse_duration("--expires", expires)
     with connected() as client:
-        created = client.create_token(user, vc=vc, admin=admin)
+        created = client.create_token(
+            user, vc=vc, admin=admin, unix_user=unix_user, expires_in=expires_in
+        )
     if output is Output.json:
         print_json(created)
     else:
         typer.echo(created["token"])
+
+
+@token_app.command("ls")
+def token_ls(output: OutputOption = Output.table) -> None:
+    """Every token: id, user, VC, admin, Unix account, created, expires, revoked (never the
+    secret)."""
+    with connected() as client:
+        tokens = client.tokens()
+    if output is Output.json:
+        print_json(tokens)
+        return
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    for column in ("ID", "USER", "VC", "ADMIN", "UNIX USER", "CREATED", "EXPIRES", "REVOKED"):
+        table.add_column(column, overflow="fold")
+    for token in tokens:
+        expires = token["expires_at"]
+        table.add_row(
+            token["id"],
+            _escape(token["user"]),
+            _escape(token["vc"] or "-"),
+            "yes" if token["admin"] else "",
+            _escape(token["unix_user"] or "-"),
+            _date(token["created_at"]),
+            ""
+            if expires is None
+            else _date(expires) + (" (expired)" if token["state"] == "expired" else ""),
+            _date(token["revoked_at"]),
+        )
+    console.print(table, highlight=False)
+
+
+@token_app.command("revoke")
+def token_revoke(
+    who: Annotated[
+        str,
+        typer.Argument(
+            metavar="USER|ID", help="a user (all their tokens) or one token's id (corral token ls)"
+        ),
+    ],
+    as_user: Annotated[bool, typer.Option("--user", help="USER|ID is a user")] = False,
+    as_id: Annotated[bool, typer.Option("--id", help="USER|ID is a token's id")] = False,
+    output: OutputOption = Output.table,
+) -> None:
+    """Revoke a user's every token, or one token: refused from now on."""
+    if as_user and as_id:
+        fail("--user and --id: give one of them, or neither")
+    with connected() as client:
+        tokens = [] if as_user or as_id else client.tokens()
+        is_id = as_id or any(token["id"] == who for token in tokens)
+        is_user = as_user or any(token["user"] == who for token in tokens)
+        if is_id and is_user:
+            refuse(f"{who} is both a token id and a user: say which with --id or --user")
+        if is_id:
+            revoked = [client.revoke_token(who)]
+        elif is_user:
+            revoked = client.revoke_user_tokens(who)
+        else:
+            refuse(f"no token has the id {who} and no user {who} has tokens (see corral token ls)")
+    if output is Output.json:
+        print_json(revoked)
+        return
+    if not revoked:
+        typer.echo(f"no token of {who} left to revoke")
+    for token in revoked:
+        typer.echo(f"revoked token {token['id']} of {token['user']}")
+
+
+DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def parse_duration(option: str, text: str) -> float:
+    """30m, 12h, 7d, 1w (or 90s) in seconds; a usage error (one line, exit 2) otherwise."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*", text.lower())
+    seconds = float(match.group(1)) * DURATION_UNITS[match.group(2)] if match else 0.0
+    if seconds <= 0:
+        fail(_escape(f"{option}: expected a duration such as 30m, 12h, 7d or 1w, got {text!r}"))
+    return seconds
 
 
 def register(app: typer.Typer) -> None:
@@ -395,6 +500,10 @@ def _age(seconds: float) -> str:
 
 def _clock(at: float | None) -> str:
     return "" if at is None else datetime.fromtimestamp(at).strftime("%H:%M:%S")
+
+
+def _date(at: float | None) -> str:
+    return "" if at is None else datetime.fromtimestamp(at).strftime("%Y-%m-%d %H:%M")
 
 
 def _when(at: float) -> str:

@@ -7,25 +7,36 @@ they make tokens.
 
 from __future__ import annotations
 
-import json
+import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import Body, Depends, FastAPI, HTTPException, Query, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from fastapi.staticfiles import StaticFiles
+from starlette.concurrency import run_in_threadpool
 
-from corral.server import auth
+from corral.exec.local import LocalExecutor
+from corral.server import auth, limits, schemas
 from corral.server.auth import Principal
+from corral.server.logread import LogRead, UnreadableLog, read_log
 from corral.server.manager import Manager, SubmitError
 from corral.server.metrics import metrics_text
-from corral.server.spec import JobSpecModel, SpecError, parse_job_spec
-from corral.server.store import JobRow
+from corral.server.spec import JobSpecModel, SpecError, one_line, parse_job_spec
+from corral.server.store import TOKEN_ID_CHARS, JobListRow, JobRow, TokenRow
 
 WEB_DIR = Path(__file__).resolve().parent.parent / "web"
 STATUSES = ("PENDING", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED")
+#: A listing with more jobs than it returned says where the next page starts (its `before_id`).
+NEXT_PAGE_HEADER = "X-Corral-Next-Before-Id"
 LOG_CHUNK = 1 << 20  # at most 1 MiB of a log per call
+LOG_MAX_OFFSET = 1 << 62  # beyond any file (ext4 stops at 2**44, btrfs and XFS at 2**63)
+LOG_MAX_TAIL = 1_000_000  # lines
+LOG_MAX_INDEX = 1_000_000  # attempts, ranks
+TOKEN_FIELDS = ("user", "vc", "admin", "unix_user", "expires_in_seconds")
+MAX_TOKEN_LIFE_S = 10 * 365 * 86400
 
 
 async def principal(request: Request) -> Principal:
@@ -53,14 +64,17 @@ def create_app(manager: Manager) -> FastAPI:
     )
     app.state.manager = manager
     store = manager.store
+    app.add_middleware(limits.RequestGuard, max_body_bytes=manager.settings.max_body_bytes)
 
     def visible_job(job_id: str, who: Principal) -> JobRow:
         row = store.get_job(job_id) if job_id.isdigit() else None
         if row is None or not auth.can_read_job(who, row.user, row.vc):
-            raise HTTPException(404, f"no job {job_id}")
+            raise HTTPException(404, f"no job {one_line(job_id, limits.MAX_ECHO_CHARS)}")
         return row
 
-    def summary(row: JobRow | None, why: dict[str, str] | None = None) -> dict[str, Any]:
+    def summary(
+        row: JobRow | JobListRow | None, why: dict[str, str] | None = None
+    ) -> dict[str, Any]:
         assert row is not None
         job_id = str(row.id)
         status = row.status
@@ -68,7 +82,7 @@ def create_app(manager: Manager) -> FastAPI:
         reason = why.get(job_id) if why is not None else None
         if live and reason is None:
             reason = manager.why(job_id)
-        spec = row.spec
+        workers = row.workers if isinstance(row, JobListRow) else row.spec.get("workers", 1)
         return {
             "id": job_id,
             "name": row.name,
@@ -76,7 +90,7 @@ def create_app(manager: Manager) -> FastAPI:
             "vc": row.vc,
             "status": status,
             "gpus": row.gpus,
-            "workers": spec.get("workers", 1),
+            "workers": workers,
             "priority": row.priority,
             "submitted_at": row.submitted_at,
             "started_at": row.started_at,
@@ -91,14 +105,14 @@ def create_app(manager: Manager) -> FastAPI:
 
     spec_schema = JobSpecModel.model_json_schema(ref_template="#/components/schemas/{model}")
 
-    @app.post("/api/v1/jobs", status_code=201, tags=["jobs"])
+    @app.post("/api/v1/jobs", status_code=201, tags=["jobs"], response_model=schemas.JobSummary)
     async def submit_job(who: Caller, request: Request) -> dict[str, Any]:
         """Submit a job (the body is a job spec; see the JobSpec schema). Answered once the job
         is stored: an accepted job survives a crash of the server."""
         try:
-            body = json.loads(await request.body())
-        except ValueError:
-            raise HTTPException(422, "the body must be a job spec in JSON") from None
+            body = await limits.json_body(request)  # strict: depth, duplicate keys
+        except limits.JsonError as error:
+            raise HTTPException(422, str(error)) from None
         try:
             model = parse_job_spec(body)
         except SpecError as error:
@@ -107,20 +121,53 @@ def create_app(manager: Manager) -> FastAPI:
             model = model.model_copy(update={"vc": who.vc})
         if not auth.can_submit_to(who, model.vc):
             raise HTTPException(403, f"vc: user {who.user} may submit only to VC {who.vc}")
+        if model.workdir is not None and isinstance(manager.executor, LocalExecutor):
+            # Here, not when the job starts (Ray's nodes are elsewhere: not checked there).
+            problem = await run_in_threadpool(limits.workdir_problem, model.workdir)
+            if problem is not None:
+                raise HTTPException(422, f"workdir: {problem}")
         try:
-            row = await manager.submit_async(model, who.user)
+            row = await manager.submit_async(model, who.user, who.unix_user)
         except SubmitError as error:
             raise HTTPException(422, str(error)) from None
         return summary(row, {row.id: "submitted: waiting for the next scheduling round"})
 
-    @app.get("/api/v1/jobs", tags=["jobs"])
+    @app.get(
+        "/api/v1/jobs",
+        tags=["jobs"],
+        response_model=list[schemas.JobSummary],
+        responses={
+            200: {
+                "headers": {
+                    NEXT_PAGE_HEADER: {
+                        "description": "present when more jobs match: the `before_id` of the "
+                        "next page",
+                        "schema": {"type": "string"},
+                    }
+                }
+            }
+        },
+    )
     def list_jobs(
         who: Caller,
+        response: Response,
         status: Annotated[str | None, Query(description="PENDING, RUNNING, ...")] = None,
         vc: str | None = None,
         user: str | None = None,
-        limit: Annotated[int | None, Query(ge=1)] = None,
+        limit: Annotated[
+            int, Query(ge=1, le=limits.MAX_LIST_LIMIT, description="jobs in this page")
+        ] = limits.DEFAULT_LIST_LIMIT,
+        before_id: Annotated[
+            int | None,
+            Query(
+                ge=1,
+                le=limits.MAX_JOB_ID + 1,
+                description=f"only jobs with a smaller id (the next page: {NEXT_PAGE_HEADER})",
+            ),
+        ] = None,
     ) -> list[dict[str, Any]]:
+        """The visible jobs, newest first, `limit` at most; the header X-Corral-Next-Before-Id
+        says that more match, and where the next page starts."""
         if status is not None and status.upper() not in STATUSES:
             raise HTTPException(422, f"status: must be one of {', '.join(STATUSES)}")
         rows = store.list_jobs(
@@ -128,27 +175,31 @@ def create_app(manager: Manager) -> FastAPI:
             vc=vc,
             user=user,
             visible_to=None if who.admin else (who.user, who.vc),
-            limit=limit,
+            limit=limit + 1,
+            before_id=before_id,
         )
+        if len(rows) > limit:
+            rows = rows[:limit]
+            response.headers[NEXT_PAGE_HEADER] = rows[-1].id
         live = [r.id for r in rows if r.status in ("PENDING", "RUNNING")]
         why = manager.pending_reasons(live)
         return [summary(row, why) for row in rows]
 
-    @app.get("/api/v1/queue", tags=["jobs"])
+    @app.get("/api/v1/queue", tags=["jobs"], response_model=schemas.QueueView)
     def job_queue(
-        who: Caller, limit: Annotated[int, Query(ge=1, le=10_000)] = 100
+        who: Caller, limit: Annotated[int, Query(ge=1, le=limits.MAX_LIST_LIMIT)] = 100
     ) -> dict[str, Any]:
         """The waiting jobs in the scheduler's order (the first `limit`), with why each waits,
         and how many wait in all."""
         visible = None if who.admin else lambda user, vc: auth.can_read_job(who, user, vc)
         total, reasons = manager.queue(limit, visible)
-        rows = [store.get_job(job_id) for job_id in reasons]
+        rows = {row.id: row for row in store.list_jobs(ids=reasons)}  # one query, no specs
         return {
             "total": total,
-            "jobs": [summary(row, reasons) for row in rows if row is not None],
+            "jobs": [summary(rows[job_id], reasons) for job_id in reasons if job_id in rows],
         }
 
-    @app.get("/api/v1/jobs/{job_id}", tags=["jobs"])
+    @app.get("/api/v1/jobs/{job_id}", tags=["jobs"], response_model=schemas.JobDetail)
     def describe_job(job_id: str, who: Caller) -> dict[str, Any]:
         row = visible_job(job_id, who)
         job_id = row.id
@@ -161,7 +212,7 @@ def create_app(manager: Manager) -> FastAPI:
         detail["events"] = [asdict(e) for e in store.events(job_id)]
         return detail
 
-    @app.post("/api/v1/jobs/{job_id}/cancel", tags=["jobs"])
+    @app.post("/api/v1/jobs/{job_id}/cancel", tags=["jobs"], response_model=schemas.JobSummary)
     def cancel_job(job_id: str, who: Caller) -> dict[str, Any]:
         row = visible_job(job_id, who)
         if not auth.can_act_on_job(who, row.user):
@@ -175,37 +226,47 @@ def create_app(manager: Manager) -> FastAPI:
     def job_logs(
         job_id: str,
         who: Caller,
-        attempt: Annotated[int | None, Query(ge=1)] = None,
-        rank: Annotated[int, Query(ge=0)] = 0,
+        attempt: Annotated[int | None, Query(ge=1, le=LOG_MAX_INDEX)] = None,
+        rank: Annotated[int, Query(ge=0, le=LOG_MAX_INDEX)] = 0,
         stream: Annotated[str, Query(pattern="^(stdout|stderr)$")] = "stdout",
-        offset: Annotated[int, Query(ge=0, le=2**62)] = 0,
+        offset: Annotated[int, Query(ge=0, le=LOG_MAX_OFFSET)] = 0,
+        tail: Annotated[
+            int | None,
+            Query(ge=0, le=LOG_MAX_TAIL, description="the last N lines (instead of `offset`)"),
+        ] = None,
     ) -> Response:
+        """One worker's log from byte `offset` (at most 1 MiB), or its last `tail` lines. A line
+        `[corral: N earlier bytes of this log were dropped (log cap)]` comes first when the cap
+        dropped what was asked for; X-Corral-Offset is the byte offset to read on from."""
+        if tail is not None and offset:
+            raise HTTPException(422, "tail: give either tail or offset, not both")
         row = visible_job(job_id, who)
         job_id = row.id
         number = attempt or row.attempts
         # Over once its attempt's processes have ended (a stopped attempt may still write
         # during its grace period), or, with no attempt, once the job has.
         finished = row.status not in ("PENDING", "RUNNING")
-        text = b""
+        read = LogRead(b"", offset, 0)
         if number:
-            path = manager.attempt_dir(job_id, number) / f"rank-{rank}.{stream}"
-            if path.is_file():
-                with path.open("rb") as handle:
-                    handle.seek(offset)
-                    text = handle.read(LOG_CHUNK)
+            name = f"rank-{rank}.{stream}"
+            try:
+                read = read_log(manager.attempt_dir(job_id, number) / name, offset, LOG_CHUNK, tail)
+            except UnreadableLog as error:
+                raise HTTPException(409, f"job {job_id} attempt {number}: {error}") from None
             states = {a.number: a.state for a in store.attempts(job_id)}
             if number in states:
                 finished = states[number] == "ended" and (finished or number < row.attempts)
+        over = finished and read.data_bytes < LOG_CHUNK
         return PlainTextResponse(
-            text.decode("utf-8", errors="replace"),
+            read.text.decode("utf-8", errors="replace"),
             headers={
-                "X-Corral-Offset": str(offset + len(text)),
-                "X-Corral-Finished": "true" if finished and len(text) < LOG_CHUNK else "false",
+                "X-Corral-Offset": str(read.next_offset),
+                "X-Corral-Finished": "true" if over else "false",
                 "X-Corral-Attempt": str(number),
             },
         )
 
-    @app.get("/api/v1/vcs", tags=["cluster"])
+    @app.get("/api/v1/vcs", tags=["cluster"], response_model=list[schemas.VcView])
     def list_vcs(who: Caller) -> list[dict[str, Any]]:
         counts = manager.counts_by_vc()
         return [
@@ -220,10 +281,10 @@ def create_app(manager: Manager) -> FastAPI:
             if who.admin or who.vc is None or who.vc == vc
         ]
 
-    @app.get("/api/v1/cluster", tags=["cluster"])
+    @app.get("/api/v1/cluster", tags=["cluster"], response_model=schemas.ClusterView)
     def cluster_view(who: Caller) -> dict[str, Any]:
         owners = manager.gpu_owners()
-        jobs = {job_id: store.get_job(job_id) for job_id in set(owners.values())}
+        jobs = {row.id: row for row in store.list_jobs(ids=set(owners.values()))}
         cluster = manager.cluster
         nodes = []
         for node_index, node in enumerate(cluster.nodes):
@@ -261,24 +322,130 @@ def create_app(manager: Manager) -> FastAPI:
             nodes.append({"name": node.name, "rack": rack, "gpus": gpus})
         return {"nodes": nodes, "vcs": list_vcs(who), "policy": manager.settings.policy}
 
+    def token_info(row: TokenRow) -> dict[str, Any]:
+        """A token as listed: never its secret (nor its full hash)."""
+        return {
+            "id": row.id,
+            "user": row.user,
+            "vc": row.vc,
+            "admin": row.admin,
+            "unix_user": row.unix_user,
+            "name": row.name,
+            "created_at": row.created_at,
+            "expires_at": row.expires_at,
+            "revoked_at": row.revoked_at,
+            "state": auth.token_state(row),
+        }
+
+    def unknown_token(token_id: str) -> str:
+        if auth.TOKEN_ID_PATTERN.fullmatch(token_id):
+            return f"no token {token_id}"
+        return f"no such token: an id is {TOKEN_ID_CHARS} hex digits (see corral token ls)"
+
+    def admins_only(who: Principal, what: str) -> None:
+        if not who.admin:
+            raise HTTPException(403, f"only an admin may {what}")
+
+    def only_fields(body: dict[str, Any], allowed: tuple[str, ...]) -> None:
+        for key in body:
+            if key not in allowed:
+                shown = repr(key) if len(key) <= 40 else f"{key[:40]!r}..."
+                raise HTTPException(
+                    422, f"{shown}: unknown field; the fields are {', '.join(allowed)}"
+                )
+
     @app.post("/api/v1/tokens", status_code=201, tags=["auth"])
     def create_token(who: Caller, body: Annotated[dict[str, Any], Body()]) -> dict[str, Any]:
-        if not who.admin:
-            raise HTTPException(403, "only an admin may create tokens")
+        """A new token (admins only); its secret is in this answer and never again."""
+        admins_only(who, "create tokens")
+        only_fields(body, TOKEN_FIELDS)
         user = body.get("user")
         vc = body.get("vc")
         admin = body.get("admin", False)
+        unix_user = body.get("unix_user")
+        expires_in = body.get("expires_in_seconds")
         if not isinstance(user, str) or not user.strip():
             raise HTTPException(422, "user: must be a non-empty string")
-        if vc is not None and (not isinstance(vc, str) or vc not in manager.vc_quota):
+        if vc is not None and not isinstance(vc, str):
+            raise HTTPException(422, "vc: must be a string")
+        if unix_user is not None and not isinstance(unix_user, str):
+            raise HTTPException(422, "unix_user: must be a string")
+        try:
+            auth.check_name("user", user)
+            if vc is not None:
+                auth.check_name("vc", vc)
+            if unix_user is not None:
+                auth.check_unix_user(unix_user)
+        except ValueError as error:
+            raise HTTPException(422, str(error)) from None
+        if vc is not None and vc not in manager.vc_quota:
             raise HTTPException(
                 422,
                 f"vc: unknown VC {vc!r}; this cluster has {', '.join(sorted(manager.vc_quota))}",
             )
         if not isinstance(admin, bool):
             raise HTTPException(422, "admin: must be true or false")
-        token = auth.create_token(store, user.strip(), vc=vc, admin=admin)
-        return {"token": token, "user": user.strip(), "vc": vc, "admin": admin}
+        expires_at = None
+        if expires_in is not None:
+            if (
+                isinstance(expires_in, bool)
+                or not isinstance(expires_in, int | float)
+                or not 0 < expires_in <= MAX_TOKEN_LIFE_S
+            ):
+                raise HTTPException(
+                    422,
+                    f"expires_in_seconds: must be a number of seconds, more than 0 and at most "
+                    f"{MAX_TOKEN_LIFE_S} (10 years)",
+                )
+            expires_at = time.time() + expires_in
+        user = user.strip()
+        try:
+            token = auth.create_token(
+                store, user, vc=vc, admin=admin, expires_at=expires_at, unix_user=unix_user
+            )
+        except ValueError as error:
+            raise HTTPException(422, str(error)) from None
+        return {
+            "token": token,
+            "id": auth.token_id(token),
+            "user": user,
+            "vc": vc,
+            "admin": admin,
+            "unix_user": unix_user,
+            "expires_at": expires_at,
+        }
+
+    @app.get("/api/v1/tokens", tags=["auth"])
+    def list_tokens(who: Caller) -> list[dict[str, Any]]:
+        """Every token, oldest first (admins only): id, user, vc, admin, unix_user, name,
+        created_at, expires_at, revoked_at, state (active, expired, revoked); never secrets."""
+        admins_only(who, "list tokens")
+        return [token_info(row) for row in store.list_tokens()]
+
+    @app.delete("/api/v1/tokens/{token_id}", tags=["auth"])
+    def revoke_token(token_id: str, who: Caller) -> dict[str, Any]:
+        """Revoke one token by its id (admins only): refused from now on. Revoking a revoked
+        token changes nothing."""
+        admins_only(who, "revoke tokens")
+        row = auth.revoke_token(store, token_id)
+        if row is None:
+            raise HTTPException(404, unknown_token(token_id))
+        return token_info(row)
+
+    @app.post("/api/v1/tokens/revoke", tags=["auth"])
+    def revoke_tokens(who: Caller, body: Annotated[dict[str, Any], Body()]) -> dict[str, Any]:
+        """Revoke every token of `{"user": U}` (admins only): `{revoked: [the tokens revoked
+        now]}` (empty when the user has none left to revoke)."""
+        admins_only(who, "revoke tokens")
+        only_fields(body, ("user",))
+        user = body.get("user")
+        if not isinstance(user, str) or not user.strip():
+            raise HTTPException(422, "user: must be a non-empty string")
+        try:
+            auth.check_name("user", user)
+        except ValueError as error:
+            raise HTTPException(422, str(error)) from None
+        return {"revoked": [token_info(row) for row in auth.revoke_user(store, user.strip())]}
 
     @app.get("/api/v1/whoami", tags=["auth"])
     def whoami(who: Caller) -> dict[str, Any]:
@@ -291,13 +458,18 @@ def create_app(manager: Manager) -> FastAPI:
 
     @app.exception_handler(HTTPException)
     def http_error(request: Request, error: HTTPException) -> JSONResponse:
+        detail = one_line(error.detail) if isinstance(error.detail, str) else error.detail
         return JSONResponse(
-            {"detail": error.detail}, status_code=error.status_code, headers=error.headers
+            {"detail": detail}, status_code=error.status_code, headers=error.headers
         )
 
+    @app.exception_handler(RequestValidationError)
+    def invalid_request(request: Request, error: RequestValidationError) -> JSONResponse:
+        return JSONResponse({"detail": schemas.validation_error(error)}, status_code=422)
+
     _document_spec_body(app, spec_schema)
-    if WEB_DIR.is_dir():
-        app.mount("/", StaticFiles(directory=WEB_DIR, html=True), name="dashboard")
+    static = StaticFiles(directory=WEB_DIR, html=True) if WEB_DIR.is_dir() else None
+    app.mount("/", limits.ApiFallback(app, static), name="dashboard")  # last: what no route took
     return app
 
 
@@ -318,6 +490,7 @@ def _document_spec_body(app: FastAPI, spec_schema: dict[str, Any]) -> None:
             "required": True,
             "content": {"application/json": {"schema": {"$ref": "#/components/schemas/JobSpec"}}},
         }
-        return schema
+        app.openapi_schema = schemas.document_errors(schema)
+        return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]

@@ -1,22 +1,25 @@
 """API tokens and who may do what.
 
 A token is a random secret shown once, when it is created; the store keeps only its SHA-256, so a
-copy of the database does not give access. A token names a user, optionally the user's VC, and
-whether it is an admin's. Rules: users see their own jobs and those of their VC, act (cancel) only
-on their own, and submit only to their own VC when they have one; admins may do everything.
+copy of the database does not give access. A token names a user, optionally the user's VC, the
+Unix account the user's jobs run as, and whether it is an admin's. It may expire, and it can be
+revoked. Rules: users see their own jobs and those of their VC, act (cancel) only on their own,
+and submit only to their own VC when they have one; admins may do everything.
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 import os
+import re
 import secrets
 import time
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from corral.server.store import Store
+from corral.server.store import TOKEN_ID_CHARS, Store, TokenRow
 
 ADMIN_TOKEN_FILE = "admin.token"
 ADMIN_USER = "admin"
@@ -29,42 +32,171 @@ class Principal:
     user: str
     vc: str | None
     admin: bool
+    #: The Unix account the user's jobs run as; None: the account named like the user.
+    unix_user: str | None = None
 
 
-# Verified tokens per store. Tokens are never revoked (yet), so an entry never goes stale; misses
-# are not cached, so a token created since (by another process) is found on its first use.
-_verified: weakref.WeakKeyDictionary[Store, dict[str, Principal]] = weakref.WeakKeyDictionary()
+#: A verified token is looked up again when its check is older than this (seconds): a token
+#: revoked by another process sharing the database (PostgreSQL) is refused within this time.
+#: A revocation through this process, and an expiry, take effect at once.
+RECHECK_S = 1.0
+#: User and VC names: at most this many characters.
+MAX_NAME_CHARS = 128
+#: POSIX's portable user names (useradd's default rule), at most 32 characters.
+UNIX_USER_PATTERN = re.compile(r"[a-z_][a-z0-9_-]*[$]?")
+MAX_UNIX_USER_CHARS = 32
+TOKEN_ID_PATTERN = re.compile(rf"[0-9a-f]{{{TOKEN_ID_CHARS}}}")
+
+
+@dataclass(slots=True)
+class _Verified:
+    principal: Principal
+    checked: float  # time.monotonic() of the lookup
+    expires_at: float | None
+
+
+@dataclass(slots=True)
+class _Cache:
+    entries: dict[str, _Verified] = field(default_factory=dict)
+    #: Counts revocations: a lookup that began before one does not enter its result.
+    generation: int = 0
+
+
+# Verified tokens per store. Misses are not cached, so a token created since (by another process)
+# is found on its first use.
+_verified: weakref.WeakKeyDictionary[Store, _Cache] = weakref.WeakKeyDictionary()
 
 
 def token_hash(token: str) -> str:
     return hashlib.sha256(token.encode("utf-8")).hexdigest()
 
 
+def token_id(secret: str) -> str:
+    """The public id of the token with this secret (`TokenRow.id`)."""
+    return token_hash(secret)[:TOKEN_ID_CHARS]
+
+
+def check_name(name: str, value: str) -> str:
+    """A user or VC name as stored: no control or invisible characters (PostgreSQL refuses NUL;
+    a newline would forge lines in logs), at most MAX_NAME_CHARS. ValueError names the field."""
+    if len(value) > MAX_NAME_CHARS:
+        raise ValueError(f"{name}: at most {MAX_NAME_CHARS} characters (got {len(value)})")
+    if not value.isprintable():
+        raise ValueError(f"{name}: must not contain control or invisible characters (NUL, ...)")
+    return value
+
+
+def check_unix_user(value: str) -> str:
+    """A portable Unix user name (whether the account exists is checked at submission)."""
+    if len(value) > MAX_UNIX_USER_CHARS or not UNIX_USER_PATTERN.fullmatch(value):
+        shown = repr(value) if len(value) <= MAX_UNIX_USER_CHARS else f"{len(value)} characters"
+        raise ValueError(
+            f"unix_user: {shown} is not a portable Unix user name (lower-case letters, digits, "
+            f"_ and -, not starting with a digit or -, at most {MAX_UNIX_USER_CHARS} characters)"
+        )
+    return value
+
+
+def token_state(row: TokenRow, now: float | None = None) -> str:
+    """The state of a token: active, expired or revoked."""
+    if row.revoked_at is not None:
+        return "revoked"
+    if row.expires_at is not None and (time.time() if now is None else now) >= row.expires_at:
+        return "expired"
+    return "active"
+
+
 def create_token(
-    store: Store, user: str, vc: str | None = None, admin: bool = False, name: str | None = None
+    store: Store,
+    user: str,
+    vc: str | None = None,
+    admin: bool = False,
+    name: str | None = None,
+    *,
+    expires_at: float | None = None,
+    unix_user: str | None = None,
 ) -> str:
-    """Create a token for `user` and return its secret: the only time it is ever seen."""
+    """Create a token for `user` and return its secret: the only time it is ever seen.
+    ValueError (naming the field) for a name that cannot be stored."""
     if not user.strip():
         raise ValueError("user: must not be empty")
+    check_name("user", user)
+    if vc is not None:
+        check_name("vc", vc)
+    if unix_user is not None:
+        check_unix_user(unix_user)
+    if expires_at is not None and not math.isfinite(expires_at):
+        raise ValueError("expires_at: must be a finite time")
     secret = secrets.token_urlsafe(32)
-    store.insert_token(token_hash(secret), user, vc, admin, time.time(), name)
+    store.insert_token(
+        token_hash(secret),
+        user,
+        vc,
+        admin,
+        time.time(),
+        name,
+        expires_at=expires_at,
+        unix_user=unix_user,
+    )
     return secret
 
 
 def verify(store: Store, token: str | None) -> Principal | None:
-    """The principal a token stands for, or None for a missing or unknown token."""
+    """The principal a token stands for, or None for a missing, unknown, expired or revoked
+    token. A token verified less than RECHECK_S ago is not looked up again (one indexed query,
+    by the hash's primary key, otherwise)."""
     if not token:
         return None
     digest = token_hash(token)
-    cache = _verified.setdefault(store, {})
-    principal = cache.get(digest)
-    if principal is None:
-        row = store.token_by_hash(digest)
-        if row is None:
-            return None
-        principal = Principal(user=row.user, vc=row.vc, admin=row.admin)
-        cache[digest] = principal
+    cache = _verified.get(store)
+    if cache is None:
+        cache = _verified.setdefault(store, _Cache())
+    entry = cache.entries.get(digest)
+    if (
+        entry is not None
+        and time.monotonic() - entry.checked < RECHECK_S
+        and (entry.expires_at is None or time.time() < entry.expires_at)
+    ):
+        return entry.principal
+    generation = cache.generation
+    checked = time.monotonic()
+    row = store.token_by_hash(digest)
+    if row is None or token_state(row) != "active":
+        cache.entries.pop(digest, None)
+        return None
+    principal = Principal(user=row.user, vc=row.vc, admin=row.admin, unix_user=row.unix_user)
+    if cache.generation == generation:  # no revocation here while it was looked up
+        cache.entries[digest] = _Verified(principal, checked, row.expires_at)
     return principal
+
+
+def _forget_verified(store: Store) -> None:
+    cache = _verified.get(store)
+    if cache is not None:
+        cache.generation += 1
+        cache.entries.clear()
+
+
+def revoke_user(store: Store, user: str) -> list[TokenRow]:
+    """Revoke every token of `user` (refused at once by this process, within RECHECK_S by
+    others on the same database); returns those revoked now."""
+    try:
+        return store.revoke_tokens(time.time(), user=user)
+    finally:
+        _forget_verified(store)
+
+
+def revoke_token(store: Store, token_id: str) -> TokenRow | None:
+    """Revoke the token with this public id; returns it (revoked now, or before), or None when
+    no token has that id."""
+    row = store.token_by_id(token_id) if TOKEN_ID_PATTERN.fullmatch(token_id) else None
+    if row is None:
+        return None
+    try:
+        revoked = store.revoke_tokens(time.time(), sha256=row.sha256)
+    finally:
+        _forget_verified(store)
+    return revoked[0] if revoked else row
 
 
 def ensure_admin_token(store: Store, data_dir: str | Path) -> Path:
@@ -72,7 +204,8 @@ def ensure_admin_token(store: Store, data_dir: str | Path) -> Path:
 
     The first start creates the token and the file (mode 0600). Later starts leave a file whose
     token this store knows alone. A missing file, or one whose token this store does not know
-    (a fresh database given with --db), gets a new admin token.
+    (a fresh database given with --db) or no longer accepts (revoked, expired), gets a new admin
+    token.
     """
     directory = Path(data_dir)
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)

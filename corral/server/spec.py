@@ -10,18 +10,34 @@ first problem found: an unknown field first (it often explains a "missing" one: 
     workers: 2                  # each worker gets gpus/workers GPUs
     gpu_type: [a100, h100]      # acceptable GPU types, any case
     env: {EPOCHS: 10}           # numbers and booleans become strings
+
+Sizes are capped (see the constants below and docs/job-spec.md), so that no spec can exhaust the
+manager or fail at exec time: a command string or argument, and each NAME=value of `env`, at most
+the kernel's MAX_ARG_STRLEN; the whole spec, as the JSON the store keeps, at most MAX_SPEC_BYTES.
+No string may hold a NUL character (the kernel and PostgreSQL refuse it) or a lone surrogate (it
+is not UTF-8).
 """
 
 from __future__ import annotations
 
 import difflib
+import json
 import math
+import re
 import signal as signals
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PlainValidator, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainValidator,
+    ValidationError,
+    WithJsonSchema,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from corral.config_file import YamlFileError, read_yaml_file
@@ -32,6 +48,37 @@ MAX_NAME_LENGTH = 63
 # A count this large is a typo, and it would overflow a 32-bit INTEGER column in PostgreSQL.
 MAX_COUNT = 1_000_000
 SIGNAL_EXAMPLES = "use e.g. SIGTERM, SIGINT, SIGUSR1"
+#: A command string, one argument, and one NAME=value of `env`, in UTF-8 bytes: the kernel's
+#: MAX_ARG_STRLEN (32 pages of 4 KiB) counts the terminating NUL; longer fails execve (E2BIG).
+MAX_ARGUMENT_BYTES = 128 * 1024 - 1
+#: Arguments of a list command.
+MAX_ARGUMENTS = 4096
+#: Variables of `env`, and the bytes of one name.
+MAX_ENV_VARS = 1024
+MAX_ENV_NAME_BYTES = 255
+#: `vc` and each GPU type, in characters; GPU types in the list.
+MAX_TEXT_CHARS = 128
+MAX_GPU_TYPES = 64
+#: `workdir` in bytes: PATH_MAX (4096) counts the terminating NUL.
+MAX_WORKDIR_BYTES = 4095
+#: A signal name (SIGRTMIN is the longest the system knows).
+MAX_SIGNAL_CHARS = 32
+#: The whole spec as the JSON the store keeps: a command of MAX_ARGUMENT_BYTES and a large env.
+MAX_SPEC_BYTES = 256 * 1024
+#: JSON schema patterns: no NUL; and, for text that must not be blank, a non-space character.
+NO_NUL = r"^[^\x00]*$"
+NOT_BLANK = r"^[^\x00]*[^\s\x00][^\x00]*$"
+#: Characters escaped when user text is echoed in a message (a message is one line of UTF-8).
+_UNSAFE = re.compile(r"[\x00-\x1f\x7f-\x9f\ud800-\udfff\u2028\u2029]")
+
+
+def one_line(text: str, limit: int | None = None) -> str:
+    """User text made safe to echo in a one-line message: control characters, line breaks and
+    lone surrogates escaped (a response is UTF-8, which cannot carry a lone surrogate), and cut
+    to `limit` characters."""
+    if limit is not None and len(text) > limit:
+        text = text[:limit] + "..."
+    return _UNSAFE.sub(lambda match: match.group().encode("unicode_escape").decode(), text)
 
 
 class SpecError(ValueError):
@@ -41,8 +88,8 @@ class SpecError(ValueError):
         self.field = field
         self.reason = reason
         self.source = source
-        parts = [part for part in (source, field) if part] + [reason]
-        super().__init__(": ".join(parts).replace("\r", "\\r").replace("\n", "\\n"))
+        parts = [part for part in (source, one_line(field, 100)) if part] + [reason]
+        super().__init__(one_line(": ".join(parts), 1000))
 
     @classmethod
     def from_validation_error(cls, error: ValidationError, source: str | None = None) -> SpecError:
@@ -89,6 +136,19 @@ def _refuse(reason: str, path: str = "") -> PydanticCustomError:
 # -- one validator per field ----------------------------------------------------------------------
 
 
+def _checked_text(value: str, max_bytes: int, path: str = "", what: str = "") -> str:
+    """`value` if it holds no NUL, is UTF-8 (no lone surrogate) and fits in `max_bytes`."""
+    if "\0" in value:
+        raise _refuse("must not contain a NUL character", path)
+    try:
+        size = len(value.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise _refuse("must be Unicode text (it holds a lone surrogate)", path) from None
+    if size > max_bytes:
+        raise _refuse(f"{what or 'must be'} at most {max_bytes} bytes (got {size})", path)
+    return value
+
+
 def _count(least: int, wording: str) -> Any:
     def check(value: object) -> int:
         if isinstance(value, bool) or not isinstance(value, int) or value < least:
@@ -113,7 +173,9 @@ def _name(value: object) -> str:
 def _non_empty_text(value: object) -> str:
     if not isinstance(value, str) or not value.strip():
         raise _refuse("must be a non-empty string")
-    return value
+    if len(value) > MAX_TEXT_CHARS:
+        raise _refuse(f"must be at most {MAX_TEXT_CHARS} characters (got {len(value)})")
+    return _checked_text(value, 4 * MAX_TEXT_CHARS)
 
 
 def _choice(*choices: str) -> Any:
@@ -133,18 +195,28 @@ def _gpu_types(value: object) -> str | list[str] | None:
     if isinstance(value, str):
         if not value.strip():
             raise _refuse("must not be empty")
+        _gpu_type_text(value)
         return value.strip().lower()
     if not isinstance(value, list):
         raise _refuse("must be a GPU type or a list of GPU types")
     if not value:
         raise _refuse("must not be an empty list")
+    if len(value) > MAX_GPU_TYPES:
+        raise _refuse(f"must list at most {MAX_GPU_TYPES} GPU types (got {len(value)})")
     types: list[str] = []
     for index, item in enumerate(value):
         if not isinstance(item, str) or not item.strip():
             raise _refuse("must be a non-empty string", str(index))
+        _gpu_type_text(item, str(index))
         if item.strip().lower() not in types:
             types.append(item.strip().lower())
     return types
+
+
+def _gpu_type_text(value: str, path: str = "") -> None:
+    if len(value) > MAX_TEXT_CHARS:
+        raise _refuse(f"must be at most {MAX_TEXT_CHARS} characters (got {len(value)})", path)
+    _checked_text(value, 4 * MAX_TEXT_CHARS, path)
 
 
 def _scalar_text(value: object) -> str | None:
@@ -162,19 +234,19 @@ def _command(value: object) -> str | list[str]:
     if isinstance(value, str):
         if not value.strip():
             raise _refuse("must not be empty")
-        return value
+        return _checked_text(value, MAX_ARGUMENT_BYTES)
     if not isinstance(value, list):
         raise _refuse("must be a string (run by /bin/sh -c) or a list of arguments")
     if not value:
         raise _refuse("must not be empty")
+    if len(value) > MAX_ARGUMENTS:
+        raise _refuse(f"must have at most {MAX_ARGUMENTS} arguments (got {len(value)})")
     arguments: list[str] = []
     for index, item in enumerate(value):
         text = _scalar_text(item)
         if text is None:
             raise _refuse("must be a string", str(index))
-        if "\0" in text:
-            raise _refuse("must not contain a NUL character", str(index))
-        arguments.append(text)
+        arguments.append(_checked_text(text, MAX_ARGUMENT_BYTES, str(index)))
     if not arguments[0].strip():
         raise _refuse("must not be empty (it is the program to run)", "0")
     return arguments
@@ -183,17 +255,22 @@ def _command(value: object) -> str | list[str]:
 def _env(value: object) -> dict[str, str]:
     if not isinstance(value, dict):
         raise _refuse("must be a mapping of variable names to strings")
+    if len(value) > MAX_ENV_VARS:
+        raise _refuse(f"must have at most {MAX_ENV_VARS} variables (got {len(value)})")
     env: dict[str, str] = {}
     for key, item in value.items():
         if not isinstance(key, str) or not key:
-            raise _refuse(f"variable names must be non-empty strings (got {key!r})")
+            raise _refuse(
+                f"variable names must be non-empty strings (got {one_line(repr(key), 40)})"
+            )
         if "=" in key or "\0" in key:
             raise _refuse("a variable name must not contain '=' or a NUL character", key)
+        _checked_text(key, MAX_ENV_NAME_BYTES, key, "a variable name must be")
         text = _scalar_text(item)
         if text is None:
             raise _refuse("must be a string", key)
-        if "\0" in text:
-            raise _refuse("must not contain a NUL character", key)
+        # The kernel's limit is on the whole NAME=value string.
+        _checked_text(text, MAX_ARGUMENT_BYTES - len(key.encode()) - 1, key)
         env[key] = text
     return env
 
@@ -203,11 +280,11 @@ def _workdir(value: object) -> str | None:
         return None
     if not isinstance(value, str) or not value.strip():
         raise _refuse("must be a non-empty path")
-    return value
+    return _checked_text(value, MAX_WORKDIR_BYTES)
 
 
 def _signal(value: object) -> str:
-    if not isinstance(value, str):
+    if not isinstance(value, str) or len(value) > MAX_SIGNAL_CHARS:
         raise _refuse("must be a signal name such as SIGTERM")
     name = value.strip().upper()
     if not name.startswith("SIG"):
@@ -225,10 +302,40 @@ def _grace(value: object) -> float:
     return float(value)
 
 
-Name = Annotated[str, PlainValidator(_name, json_schema_input_type=str)]
-Text = Annotated[str, PlainValidator(_non_empty_text, json_schema_input_type=str)]
-Positive = Annotated[int, PlainValidator(_count(1, "positive"), json_schema_input_type=int)]
-NonNegative = Annotated[int, PlainValidator(_count(0, "non-negative"), json_schema_input_type=int)]
+# Each type's JSON schema states its rules that JSON Schema can (byte caps as lengths: a character
+# is at least one byte); the rest is in the descriptions and docs/job-spec.md.
+
+
+def _string(max_length: int, pattern: str = NO_NUL, min_length: int = 0) -> dict[str, Any]:
+    schema: dict[str, Any] = {"type": "string", "maxLength": max_length, "pattern": pattern}
+    if min_length:
+        schema["minLength"] = min_length
+    return schema
+
+
+_SCALAR_ARGUMENT = {
+    "anyOf": [_string(MAX_ARGUMENT_BYTES), {"type": "number"}, {"type": "boolean"}],
+}
+_GPU_TYPE = _string(MAX_TEXT_CHARS, NOT_BLANK, 1)
+
+Name = Annotated[
+    str,
+    PlainValidator(_name),
+    WithJsonSchema(_string(MAX_NAME_LENGTH, r"^[A-Za-z0-9._-]+$", 1)),
+]
+Text = Annotated[
+    str, PlainValidator(_non_empty_text), WithJsonSchema(_string(MAX_TEXT_CHARS, NOT_BLANK, 1))
+]
+Positive = Annotated[
+    int,
+    PlainValidator(_count(1, "positive")),
+    WithJsonSchema({"type": "integer", "minimum": 1, "maximum": MAX_COUNT}),
+]
+NonNegative = Annotated[
+    int,
+    PlainValidator(_count(0, "non-negative")),
+    WithJsonSchema({"type": "integer", "minimum": 0, "maximum": MAX_COUNT}),
+]
 PriorityName = Annotated[
     Literal["guaranteed", "opportunistic"],
     PlainValidator(
@@ -244,24 +351,71 @@ Locality = Annotated[
 ]
 GpuTypes = Annotated[
     str | list[str] | None,
-    PlainValidator(_gpu_types, json_schema_input_type=str | list[str] | None),
+    PlainValidator(_gpu_types),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                _GPU_TYPE,
+                {"type": "array", "items": _GPU_TYPE, "minItems": 1, "maxItems": MAX_GPU_TYPES},
+                {"type": "null"},
+            ]
+        }
+    ),
 ]
 Command = Annotated[
-    str | list[str], PlainValidator(_command, json_schema_input_type=str | list[str])
+    str | list[str],
+    PlainValidator(_command),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                _string(MAX_ARGUMENT_BYTES, NOT_BLANK, 1),
+                {
+                    "type": "array",
+                    "items": _SCALAR_ARGUMENT,
+                    "minItems": 1,
+                    "maxItems": MAX_ARGUMENTS,
+                },
+            ]
+        }
+    ),
 ]
-Env = Annotated[dict[str, str], PlainValidator(_env, json_schema_input_type=dict[str, str])]
-Workdir = Annotated[str | None, PlainValidator(_workdir, json_schema_input_type=str | None)]
-SignalName = Annotated[str, PlainValidator(_signal, json_schema_input_type=str)]
-Seconds = Annotated[float, PlainValidator(_grace, json_schema_input_type=float)]
+Env = Annotated[
+    dict[str, str],
+    PlainValidator(_env),
+    WithJsonSchema(
+        {
+            "type": "object",
+            "maxProperties": MAX_ENV_VARS,
+            "propertyNames": _string(MAX_ENV_NAME_BYTES, r"^[^=\x00]+$", 1),
+            "additionalProperties": _SCALAR_ARGUMENT,
+        }
+    ),
+]
+Workdir = Annotated[
+    str | None,
+    PlainValidator(_workdir),
+    WithJsonSchema({"anyOf": [_string(MAX_WORKDIR_BYTES, NOT_BLANK, 1), {"type": "null"}]}),
+]
+SignalName = Annotated[
+    str,
+    PlainValidator(_signal),
+    WithJsonSchema(_string(MAX_SIGNAL_CHARS, r"^\s*[A-Za-z0-9]+\s*$", 1)),
+]
+Seconds = Annotated[float, PlainValidator(_grace), WithJsonSchema({"type": "number", "minimum": 0})]
 
 
 class JobSpecModel(BaseModel):
-    """A job as the user submits it: a gang of `workers` processes sharing `gpus` GPUs."""
+    """A job as the user submits it: a gang of `workers` processes sharing `gpus` GPUs.
+
+    Strings hold no NUL character; byte caps count UTF-8 bytes; the whole spec, as JSON, is at
+    most 262,144 bytes."""
 
     model_config = ConfigDict(extra="forbid")
 
     name: Name = Field(description="1-63 characters of [A-Za-z0-9._-]")
-    vc: Text = Field("default", description="the virtual cluster (team) the job runs in")
+    vc: Text = Field(
+        "default", description="the virtual cluster (team) the job runs in; 1-128 characters"
+    )
     priority: PriorityName = Field(
         "guaranteed",
         description="guaranteed jobs use their VC's GPUs; opportunistic ones borrow idle GPUs",
@@ -270,9 +424,20 @@ class JobSpecModel(BaseModel):
     workers: Positive = Field(1, description="processes; each gets gpus/workers GPUs")
     gpu_type: GpuTypes = Field(None, description="acceptable GPU types (any case)")
     locality: Locality = Field("node", description="preferred spread, relaxed after waiting")
-    command: Command = Field(description="a string runs through /bin/sh -c; a list is argv")
-    env: Env = Field(default_factory=dict, description="extra environment variables")
-    workdir: Workdir = Field(None, description="working directory of every worker")
+    command: Command = Field(
+        description="a string runs through /bin/sh -c; a list (at most 4,096 items) is argv; "
+        "the string, or each argument, at most 131,071 bytes (the kernel's MAX_ARG_STRLEN)"
+    )
+    env: Env = Field(
+        default_factory=dict,
+        description="extra environment variables: at most 1,024; names of at most 255 bytes "
+        "without '='; each NAME=value at most 131,071 bytes",
+    )
+    workdir: Workdir = Field(
+        None,
+        description="working directory of every worker: an absolute path of at most 4,095 "
+        "bytes that is a directory on the manager's machine (local executor)",
+    )
     max_retries: NonNegative = Field(0, description="failed attempts retried before FAILED")
     signal: SignalName = Field("SIGTERM", description="sent on preemption or cancel")
     grace_seconds: Seconds = Field(30.0, description="seconds between the signal and SIGKILL")
@@ -290,6 +455,17 @@ class JobSpecModel(BaseModel):
             )
         return self
 
+    @model_validator(mode="after")
+    def _fits_in_the_store(self) -> JobSpecModel:
+        size = len(json.dumps(self.model_dump(mode="json")))  # what the store keeps (ASCII)
+        if size > MAX_SPEC_BYTES:
+            raise PydanticCustomError(
+                "spec",
+                "{reason}",
+                {"reason": f"the job spec is {size} bytes as JSON; at most {MAX_SPEC_BYTES}"},
+            )
+        return self
+
 
 # -- entry points ---------------------------------------------------------------------------------
 
@@ -298,6 +474,9 @@ def parse_job_spec(data: object, source: str | None = None) -> JobSpecModel:
     """Validate an already-loaded spec; SpecError naming `source` (e.g. the file) if refused."""
     if not isinstance(data, Mapping):
         raise SpecError("", "the job spec must be a mapping of fields", source)
+    for key in data:  # (pydantic cannot even read a key that is not UTF-8)
+        if isinstance(key, str) and _UNSAFE.search(key) and key not in JobSpecModel.model_fields:
+            raise SpecError(key, "unknown field", source)
     try:
         return JobSpecModel.model_validate(dict(data))
     except ValidationError as error:

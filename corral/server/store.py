@@ -25,7 +25,9 @@ from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine, RowMapping
+from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.pool import StaticPool
+from sqlalchemy.sql.expression import FunctionElement
 
 SCHEMA_VERSION = "1"
 UNFINISHED = ("PENDING", "RUNNING")
@@ -33,6 +35,9 @@ FINISHED = ("SUCCEEDED", "FAILED", "CANCELLED", "REFUSED")
 
 #: Job ids are decimal strings everywhere else ("1", "2", ...); the store keeps them as integers.
 JobId = int | str
+#: The largest job id the jobs.id column holds (INTEGER: 32 bits on PostgreSQL): a larger number
+#: names no job, and is never sent to the database.
+MAX_JOB_ID = 2**31 - 1
 
 metadata = sa.MetaData()
 
@@ -57,6 +62,11 @@ jobs_table = sa.Table(
     sa.Column("attained_gpu_s", sa.Double, nullable=False, default=0.0),
     sa.Column("executed_s", sa.Double, nullable=False, default=0.0),
     sa.Column("exit_code", sa.Integer),
+    # The Unix account the job runs as (None: the manager's own, or not yet decided).
+    sa.Column("unix_user", sa.String),
+    # The spec's `workers`, for listings that must not decode specs (None: stored before this
+    # column existed; listings then read it from the spec's JSON in the database).
+    sa.Column("workers", sa.Integer),
 )
 
 attempts_table = sa.Table(
@@ -93,6 +103,11 @@ tokens_table = sa.Table(
     sa.Column("admin", sa.Boolean, nullable=False),
     sa.Column("created_at", sa.Double, nullable=False),
     sa.Column("name", sa.String),
+    # Epoch seconds; None: never expires / not revoked.
+    sa.Column("expires_at", sa.Double),
+    sa.Column("revoked_at", sa.Double),
+    # The Unix account the user's jobs run as; None: the account named like the user.
+    sa.Column("unix_user", sa.String),
 )
 
 meta_table = sa.Table(
@@ -102,6 +117,10 @@ meta_table = sa.Table(
     sa.Column("value", sa.Text, nullable=False),
 )
 
+
+#: Pooled connections kept open, and more opened for a burst (and closed after it).
+POOL_SIZE = 8
+POOL_OVERFLOW = 56
 
 #: The PostgreSQL advisory lock a manager holds on its database ("corral" in ASCII).
 OWNER_LOCK_KEY = 0x636F7272616C
@@ -131,6 +150,7 @@ class JobRow:
     attained_gpu_s: float
     executed_s: float
     exit_code: int | None
+    unix_user: str | None = None
 
     @classmethod
     def new(
@@ -144,6 +164,7 @@ class JobRow:
         gpus: int,
         spec: dict[str, Any],
         submitted_at: float,
+        unix_user: str | None = None,
     ) -> JobRow:
         """The row of a job just submitted (PENDING, nothing run yet)."""
         return cls(
@@ -165,7 +186,82 @@ class JobRow:
             attained_gpu_s=0.0,
             executed_s=0.0,
             exit_code=None,
+            unix_user=unix_user,
         )
+
+
+@dataclass(slots=True)
+class JobListRow:
+    """A job as listings show it: every column of JobRow but the spec, which listings never
+    read (a spec may be up to the spec's cap, a listing thousands of jobs), and its `workers`."""
+
+    id: str
+    name: str
+    user: str
+    vc: str
+    priority: str
+    gpus: int
+    workers: int
+    status: str
+    reason: str
+    submitted_at: float
+    started_at: float | None
+    finished_at: float | None
+    attempts: int
+    failures: int
+    preemptions: int
+    exit_code: int | None
+
+
+class _SpecWorkers(FunctionElement[int]):
+    """`workers` read by the database from a spec's JSON text, for rows stored before the
+    workers column (SQLite's json_extract; PostgreSQL's ->> on the text cast to json)."""
+
+    type = sa.Integer()
+    inherit_cache = True
+    name = "spec_workers"
+
+
+@compiles(_SpecWorkers)
+def _spec_workers_sqlite(element: _SpecWorkers, compiler: Any, **kw: Any) -> str:
+    return f"json_extract({compiler.process(element.clauses, **kw)}, '$.workers')"
+
+
+@compiles(_SpecWorkers, "postgresql")
+def _spec_workers_postgresql(element: _SpecWorkers, compiler: Any, **kw: Any) -> str:
+    return f"CAST(CAST({compiler.process(element.clauses, **kw)} AS json) ->> 'workers' AS INTEGER)"
+
+
+def _workers_of(spec: dict[str, Any]) -> int:
+    workers = spec.get("workers", 1)
+    return workers if isinstance(workers, int) and not isinstance(workers, bool) else 1
+
+
+_LISTED_COLUMNS = [
+    column for column in jobs_table.c if column.name not in ("spec", "workers", "unix_user")
+]
+_LISTED_WORKERS = sa.func.coalesce(jobs_table.c.workers, _SpecWorkers(jobs_table.c.spec), 1)
+
+
+def _list_row(row: RowMapping) -> JobListRow:
+    return JobListRow(
+        id=str(row["id"]),
+        name=row["name"],
+        user=row["user"],
+        vc=row["vc"],
+        priority=row["priority"],
+        gpus=row["gpus"],
+        workers=int(row["workers"]),
+        status=row["status"],
+        reason=row["reason"],
+        submitted_at=row["submitted_at"],
+        started_at=row["started_at"],
+        finished_at=row["finished_at"],
+        attempts=row["attempts"],
+        failures=row["failures"],
+        preemptions=row["preemptions"],
+        exit_code=row["exit_code"],
+    )
 
 
 @dataclass(slots=True)
@@ -190,6 +286,10 @@ class EventRow:
     message: str
 
 
+#: A token's public id: this many hex digits of its SHA-256 (the secret's hash, not the secret).
+TOKEN_ID_CHARS = 12
+
+
 @dataclass(slots=True)
 class TokenRow:
     sha256: str
@@ -198,6 +298,14 @@ class TokenRow:
     admin: bool
     created_at: float
     name: str | None
+    expires_at: float | None = None
+    revoked_at: float | None = None
+    unix_user: str | None = None
+
+    @property
+    def id(self) -> str:
+        """The public id (`corral token ls`, `corral token revoke ID`)."""
+        return self.sha256[:TOKEN_ID_CHARS]
 
 
 def _job_row(row: RowMapping) -> JobRow:
@@ -220,6 +328,7 @@ def _job_row(row: RowMapping) -> JobRow:
         attained_gpu_s=row["attained_gpu_s"],
         executed_s=row["executed_s"],
         exit_code=row["exit_code"],
+        unix_user=row["unix_user"],
     )
 
 
@@ -245,6 +354,9 @@ def _token_row(row: RowMapping) -> TokenRow:
         admin=bool(row["admin"]),
         created_at=row["created_at"],
         name=row["name"],
+        expires_at=row["expires_at"],
+        revoked_at=row["revoked_at"],
+        unix_user=row["unix_user"],
     )
 
 
@@ -294,6 +406,47 @@ def _set_sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor.close()
 
 
+def _add_missing_columns(engine: Engine, url: str) -> list[str]:
+    """The additive migration, run at every start: a column that a table of this code has and
+    the database's table lacks (a database made by an earlier version) is added, empty, with
+    ALTER TABLE ... ADD COLUMN (SQLite and PostgreSQL alike). Only nullable columns can be added
+    this way; a missing NOT NULL column is a StoreError. Returns the "table.column"s added."""
+    with engine.connect() as connection:
+        inspector = sa.inspect(connection)
+        missing = [
+            column
+            for table in metadata.sorted_tables
+            if inspector.has_table(table.name)  # (create_all makes a missing table whole)
+            for present in [{found["name"] for found in inspector.get_columns(table.name)}]
+            for column in table.columns
+            if column.name not in present
+        ]
+    added: list[str] = []
+    for column in missing:
+        table = column.table
+        where = f"{table.name}.{column.name}"
+        if not column.nullable or column.primary_key:
+            raise StoreError(f"{url}: table {table.name} lacks column {column.name} (NOT NULL)")
+        preparer = engine.dialect.identifier_preparer
+        kind = column.type.compile(dialect=engine.dialect)
+        statement = sa.text(
+            f"ALTER TABLE {preparer.format_table(table)} "
+            f"ADD COLUMN {preparer.format_column(column)} {kind}"
+        )
+        try:
+            with engine.begin() as connection:
+                connection.execute(statement)
+        except sa.exc.SQLAlchemyError:
+            # Another process (starting on the same database) may have added it just now.
+            with engine.connect() as connection:
+                names = {found["name"] for found in sa.inspect(connection).get_columns(table.name)}
+            if column.name not in names:
+                raise
+            continue
+        added.append(where)
+    return added
+
+
 class Store:
     def __init__(self, url: str) -> None:
         try:
@@ -310,6 +463,10 @@ class Store:
         self._in_memory = sqlite and parsed.database in (None, "", ":memory:")
         if self._in_memory:
             kwargs = {"poolclass": StaticPool, "connect_args": {"check_same_thread": False}}
+        else:
+            # Never wait for a connection: the API's threads (AnyIO's 40) may all read at once,
+            # besides the event loop, the control loop, the committer and PostgreSQL's claim.
+            kwargs = {"pool_size": POOL_SIZE, "max_overflow": POOL_OVERFLOW}
         try:
             self._engine: Engine = sa.create_engine(parsed, **kwargs)
         except (sa.exc.ArgumentError, ImportError) as error:
@@ -319,6 +476,7 @@ class Store:
         try:
             with self._lock:
                 metadata.create_all(self._engine)
+                _add_missing_columns(self._engine, self.url)
                 if self.get_meta("schema_version") is None:
                     self.set_meta("schema_version", SCHEMA_VERSION)
         except sa.exc.SQLAlchemyError as error:
@@ -450,6 +608,7 @@ class Store:
         submitted_at: float,
         status: str = "PENDING",
         reason: str = "",
+        unix_user: str | None = None,
     ) -> None:
         with self._writing() as connection:
             connection.execute(
@@ -462,9 +621,11 @@ class Store:
                     priority=priority,
                     gpus=gpus,
                     spec=json.dumps(spec),
+                    workers=_workers_of(spec),
                     status=status,
                     reason=reason,
                     submitted_at=submitted_at,
+                    unix_user=unix_user,
                 ),
             )
 
@@ -485,9 +646,11 @@ class Store:
                         priority=row.priority,
                         gpus=row.gpus,
                         spec=json.dumps(row.spec),
+                        workers=_workers_of(row.spec),
                         status=row.status,
                         reason=row.reason,
                         submitted_at=row.submitted_at,
+                        unix_user=row.unix_user,
                     )
                     for row in rows
                 ],
@@ -529,9 +692,21 @@ class Store:
         user: str | None = None,
         visible_to: tuple[str, str | None] | None = None,
         limit: int | None = None,
-    ) -> list[JobRow]:
-        """Jobs newest first. `visible_to=(user, vc)` keeps that user's jobs and those of the VC."""
-        query = sa.select(jobs_table).order_by(jobs_table.c.id.desc())
+        *,
+        before_id: int | None = None,
+        ids: Iterable[JobId] | None = None,
+    ) -> list[JobListRow]:
+        """Jobs newest first, as listings show them (no spec: one short query, whatever the
+        specs' size). `visible_to=(user, vc)` keeps that user's jobs and those of the VC;
+        `before_id` those with a smaller id (the next page after a listing's last job); `ids`
+        only those jobs (ids that name no job are ignored)."""
+        query = sa.select(*_LISTED_COLUMNS, _LISTED_WORKERS.label("workers"))
+        query = query.order_by(jobs_table.c.id.desc())
+        if ids is not None:
+            keys = {key for key in map(_int_or_none, ids) if key is not None}
+            query = query.where(jobs_table.c.id.in_(sorted(keys)))
+        if before_id is not None:
+            query = query.where(jobs_table.c.id < before_id)
         if status is not None:
             statuses = [status] if isinstance(status, str) else list(status)
             query = query.where(jobs_table.c.status.in_(statuses))
@@ -548,7 +723,7 @@ class Store:
         if limit is not None:
             query = query.limit(limit)
         with self._reading() as connection:
-            return [_job_row(row) for row in connection.execute(query).mappings()]
+            return [_list_row(row) for row in connection.execute(query).mappings()]
 
     def unfinished_jobs(self) -> list[tuple[JobRow, AttemptRow | None]]:
         """PENDING and RUNNING jobs, oldest first, each with its latest attempt (None if none)."""
@@ -703,12 +878,22 @@ class Store:
         admin: bool,
         created_at: float,
         name: str | None = None,
+        *,
+        expires_at: float | None = None,
+        unix_user: str | None = None,
     ) -> None:
         with self._writing() as connection:
             connection.execute(
                 tokens_table.insert(),
                 dict(
-                    sha256=sha256, user=user, vc=vc, admin=admin, created_at=created_at, name=name
+                    sha256=sha256,
+                    user=user,
+                    vc=vc,
+                    admin=admin,
+                    created_at=created_at,
+                    name=name,
+                    expires_at=expires_at,
+                    unix_user=unix_user,
                 ),
             )
 
@@ -726,13 +911,53 @@ class Store:
         with self._reading() as connection:
             return [_token_row(row) for row in connection.execute(query).mappings()]
 
+    def token_by_id(self, token_id: str) -> TokenRow | None:
+        """The token whose public id (`TokenRow.id`) this is; None if none, or (improbably)
+        several, have it."""
+        if len(token_id) != TOKEN_ID_CHARS:
+            return None
+        query = (
+            sa.select(tokens_table)
+            .where(tokens_table.c.sha256.startswith(token_id, autoescape=True))
+            .limit(2)
+        )
+        with self._reading() as connection:
+            rows = list(connection.execute(query).mappings())
+        return _token_row(rows[0]) if len(rows) == 1 else None
+
+    def revoke_tokens(
+        self, at: float, *, user: str | None = None, sha256: str | None = None
+    ) -> list[TokenRow]:
+        """Mark the not yet revoked tokens of `user`, or the one token `sha256`, revoked at `at`;
+        returns those it revoked now (a token revoked before keeps its time)."""
+        if (user is None) == (sha256 is None):
+            raise ValueError("revoke_tokens: give either user or sha256")
+        which = tokens_table.c.user == user if sha256 is None else tokens_table.c.sha256 == sha256
+        live = sa.and_(which, tokens_table.c.revoked_at.is_(None))
+        with self._writing() as connection:
+            rows = [
+                _token_row(row)
+                for row in connection.execute(sa.select(tokens_table).where(live)).mappings()
+            ]
+            if rows:
+                connection.execute(
+                    tokens_table.update()
+                    .where(live, tokens_table.c.sha256.in_([row.sha256 for row in rows]))
+                    .values(revoked_at=at)
+                )
+        for row in rows:
+            row.revoked_at = at
+        return rows
+
 
 def _int_or_none(job_id: JobId) -> int | None:
     """A job id from a URL or the CLI may be anything: a non-number names no job."""
     if isinstance(job_id, int):
-        return job_id
+        return job_id if 0 <= job_id <= MAX_JOB_ID else None
     text = job_id.strip()
-    # Longer than 18 digits cannot be a stored id, and would overflow a 64-bit INTEGER.
-    if not (text.isascii() and text.isdecimal()) or len(text) > 18:
+    # A longer number cannot be a stored id (and would overflow the column's integer).
+    digits = text.lstrip("0") or "0"
+    if not (text.isascii() and text.isdecimal()) or len(digits) > len(str(MAX_JOB_ID)):
         return None
-    return int(text)
+    key = int(digits)
+    return key if key <= MAX_JOB_ID else None

@@ -1,0 +1,215 @@
+"""What the API answers, as the OpenAPI document states it: the bodies of its routes and the
+errors every route may give, so that a schema-driven client (or fuzzer) is told the truth.
+
+Every error is `ErrorBody`, `{"detail": "one line"}`: FastAPI's own validation errors included
+(`validation_error` turns them into one line naming the parameter). `document_errors` adds to
+every /api/ operation of the document the errors the middleware and the token check can give
+(401 and 422 everywhere, 413 where a body is taken, 404 where the path names something, 403
+where the caller's rights matter), whichever module defines the route.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, ConfigDict, Field
+
+from corral.server.spec import one_line
+
+_OPEN = ConfigDict(extra="allow")  # fields added later pass through, and the schema says so
+
+
+class ErrorBody(BaseModel):
+    """Every error answer."""
+
+    detail: str = Field(description="one line: `FIELD: reason`, or the reason alone")
+
+
+class JobSummary(BaseModel):
+    """A job as listings show it."""
+
+    model_config = _OPEN
+
+    id: str
+    name: str
+    user: str
+    vc: str
+    status: str = Field(description="PENDING, RUNNING, SUCCEEDED, FAILED or CANCELLED")
+    gpus: int
+    workers: int
+    priority: str
+    submitted_at: float = Field(description="epoch seconds")
+    started_at: float | None
+    finished_at: float | None
+    attempts: int
+    preemptions: int
+    failures: int
+    placement: list[str] = Field(description="a running job's GPUs (NODE/INDEX)")
+    reason: str = Field(description="why a pending job waits, or how the job ended")
+    exit_code: int | None
+
+
+class AttemptInfo(BaseModel):
+    model_config = _OPEN
+
+    job_id: str
+    number: int
+    gpus: list[str]
+    started_at: float
+    ended_at: float | None
+    state: str
+    outcome: str | None = Field(description="succeeded, failed, preempted, cancelled or lost")
+    exit_code: int | None
+    reason: str
+
+
+class EventInfo(BaseModel):
+    model_config = _OPEN
+
+    id: int
+    job_id: str | None
+    at: float
+    kind: str
+    message: str
+
+
+class JobDetail(JobSummary):
+    """A job's summary with its spec, attempts and events."""
+
+    spec: dict[str, Any]
+    attempt_history: list[AttemptInfo]
+    events: list[EventInfo]
+
+
+class QueueView(BaseModel):
+    model_config = _OPEN
+
+    total: int = Field(description="visible waiting jobs, all of them")
+    jobs: list[JobSummary] = Field(description="the first `limit`, in the scheduler's order")
+
+
+class VcView(BaseModel):
+    model_config = _OPEN
+
+    name: str
+    guaranteed_gpus: int
+    allocated_gpus: int
+    pending: int
+    running: int
+
+
+class GpuView(BaseModel):
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+    index: int
+    global_id: int = Field(alias="global")
+    type: str
+    job: str | None
+    job_name: str | None
+    vc: str | None
+    user: str | None
+    busy: bool
+
+
+class NodeView(BaseModel):
+    model_config = _OPEN
+
+    name: str
+    rack: str
+    gpus: list[GpuView]
+
+
+class ClusterView(BaseModel):
+    model_config = _OPEN
+
+    nodes: list[NodeView]
+    vcs: list[VcView]
+    policy: str
+
+
+# -- FastAPI's validation errors, in one line --------------------------------------------------
+
+
+def validation_error(error: RequestValidationError) -> str:
+    """The first of FastAPI's validation errors as `PARAMETER: reason` (pydantic's "Input
+    should be" read as "must be")."""
+    details = error.errors()
+    if not details:
+        return "the request is not valid"
+    first = details[0]
+    loc = [str(part) for part in first.get("loc", ())]
+    if loc and loc[0] in ("query", "path", "header", "cookie", "body"):
+        loc = loc[1:]
+    message = str(first.get("msg", "not valid"))
+    if first.get("type") == "missing":
+        message = "field required"
+    else:  # "Input should be ...", "String should match ...": "must be ...", "must match ..."
+        message = re.sub(r"^[A-Z][a-z]* should ", "must ", message)
+    field = ".".join(loc)
+    text = f"{field}: {message}" if field else message
+    return one_line(text, 300)
+
+
+# -- the errors of every operation ---------------------------------------------------------------
+
+ERRORS = {
+    "401": "no valid token: `Authorization: Bearer TOKEN`",
+    "403": "not allowed for this token",
+    "404": "no such job (or one this token may not see), or no such item",
+    "413": "the request body is larger than the server's limit (1 MiB by default)",
+    "422": "a refused parameter or body: a NUL character, a number out of range, invalid "
+    "JSON, a refused job spec",
+}
+#: Operations whose answer depends on the caller's rights beyond seeing: (method, path prefix).
+FORBIDDEN = (
+    ("post", "/api/v1/jobs"),  # a VC other than the token's
+    ("post", "/api/v1/jobs/{job_id}/cancel"),  # another user's job
+    ("get", "/api/v1/tokens"),  # admins only, every token route
+    ("post", "/api/v1/tokens"),
+    ("delete", "/api/v1/tokens"),
+)
+_ERROR_REF = {"$ref": "#/components/schemas/ErrorBody"}
+_BODY_METHODS = ("post", "put", "patch")
+
+
+def _error_response(description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": _ERROR_REF}}}
+
+
+def document_errors(schema: dict[str, Any]) -> dict[str, Any]:
+    """Complete an OpenAPI document (in place): the errors of every /api/ operation, each
+    `ErrorBody`, in place of FastAPI's HTTPValidationError; bearer authentication."""
+    components = schema.setdefault("components", {})
+    schemas = components.setdefault("schemas", {})
+    schemas["ErrorBody"] = ErrorBody.model_json_schema(ref_template="#/components/schemas/{model}")
+    components["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+    for path, item in schema.get("paths", {}).items():
+        if not path.startswith("/api/"):
+            continue
+        for method, operation in item.items():
+            if not isinstance(operation, dict) or "responses" not in operation:
+                continue
+            operation.setdefault("security", [{"bearer": []}])
+            responses = operation["responses"]
+            wanted = ["401", "422"]
+            if method in _BODY_METHODS or "requestBody" in operation:
+                wanted.append("413")
+            if "{" in path:
+                wanted.append("404")
+            if any(method == m and path.startswith(p) for m, p in FORBIDDEN):
+                wanted.append("403")
+            for status in wanted:
+                responses.setdefault(status, _error_response(ERRORS[status]))
+            for status, found in responses.items():
+                if status.startswith("4"):  # every error is ErrorBody (the app's handlers)
+                    if found.get("description") in (None, "", "Validation Error"):
+                        found["description"] = ERRORS.get(status, "refused")
+                    found["content"] = {"application/json": {"schema": _ERROR_REF}}
+            operation["responses"] = dict(sorted(responses.items()))
+    text = repr(schema.get("paths", {}))
+    for unused in ("HTTPValidationError", "ValidationError"):
+        if f"/{unused}'" not in text:
+            schemas.pop(unused, None)
+    return schema
