@@ -11,7 +11,11 @@ import typer
 
 from corral.cli.main import UserError, console, fail, parse_floats
 
-DEFAULT_DATA_DIR = Path(os.environ.get("CORRAL_HOME", "~/.corral")).expanduser()
+# root's manager is a system service whose jobs run as other accounts: its state goes where they
+# can reach their own directories (root's home is closed to them).
+DEFAULT_DATA_DIR = Path(
+    os.environ.get("CORRAL_HOME", "/var/lib/corral" if os.geteuid() == 0 else "~/.corral")
+).expanduser()
 
 
 def up(
@@ -29,7 +33,8 @@ def up(
         Path | None,
         typer.Option(
             help="state, logs, checkpoints and admin.token live here "
-            "[default: $CORRAL_HOME or ~/.corral; demo: a new runs/demo-TIME]"
+            "[default: $CORRAL_HOME, or /var/lib/corral as root, ~/.corral otherwise; "
+            "demo: a new runs/demo-TIME]"
         ),
     ] = None,
     config: Annotated[
@@ -71,6 +76,21 @@ def up(
             "storage) [default: DATA_DIR/jobs/JOB/checkpoint]"
         ),
     ] = None,
+    single_user: Annotated[
+        bool,
+        typer.Option(
+            help="as root too, run every job as the manager's own user (by default root runs "
+            "each user's jobs under that user's Unix account)"
+        ),
+    ] = False,
+    log_cap: Annotated[
+        str,
+        typer.Option(help="each worker's stdout and stderr keep at most this much (e.g. 1G, 200M)"),
+    ] = "1G",
+    max_body_bytes: Annotated[
+        int,
+        typer.Option(min=1024, help="the API refuses (413) a request body longer than this"),
+    ] = 1 << 20,
     demo: Annotated[
         bool,
         typer.Option(
@@ -110,6 +130,10 @@ def up(
         fail(str(error))
     if not demo:
         check_port_free(host, port)
+    try:
+        log_cap_bytes = parse_size("--log-cap", log_cap)
+    except UserError as error:
+        fail(str(error))
     settings = ManagerSettings(
         policy=policy,
         admission=admission,
@@ -117,6 +141,8 @@ def up(
         quantum_s=quantum_s,
         relax_after_s=relax_after,
         checkpoint_root=checkpoint_root.expanduser().resolve() if checkpoint_root else None,
+        log_cap_bytes=log_cap_bytes,
+        max_body_bytes=max_body_bytes,
     )
     options = ServerOptions(
         data_dir=data_dir.expanduser(),
@@ -129,6 +155,7 @@ def up(
         settings=settings,
         executor=executor,
         ray_address=ray_address,
+        single_user=single_user,
     )
     if demo:
         from corral.server.demo import run_demo
@@ -143,6 +170,37 @@ def up(
     except BootError as error:
         fail(str(error))
     serve(manager, options)
+
+
+SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def parse_size(option: str, text: str) -> int:
+    """'1G', '200M', '4096' (bytes; K/M/G/T are powers of 1024; 0 means no cap)."""
+    value = text.strip().upper().removesuffix("B").removesuffix("I")
+    unit = value[-1:] if value[-1:] in SIZE_UNITS else ""
+    number = value[: len(value) - len(unit)]
+    try:
+        size = float(number) * SIZE_UNITS[unit]
+    except ValueError:
+        raise UserError(f"{option}: expected a size such as 1G or 200M, got {text!r}") from None
+    if size < 0 or size >= 1 << 62:
+        raise UserError(f"{option}: must be between 0 and 4E, got {text!r}")
+    return int(size)
+
+
+def identity_line(manager: object) -> str:
+    """Says once, plainly, whose account the jobs run under."""
+    from corral.server import identity
+    from corral.server.manager import Manager
+
+    assert isinstance(manager, Manager)
+    if manager.settings.multi_user:
+        return (
+            "jobs       run under their users' Unix accounts (a token's --unix-user, "
+            "else the user's name)"
+        )
+    return f"jobs       {identity.single_user_note()}"
 
 
 def check_port_free(host: str, port: int) -> None:
@@ -185,6 +243,7 @@ def serve(manager: object, options: object) -> None:
         soft_wrap=True,
     )
     console.print(f"  state      {options.data_dir}   (Ctrl-C stops; jobs keep running)")
+    console.print(f"  {identity_line(manager)}", highlight=False, soft_wrap=True)
     manager.start()
     try:
         uvicorn.run(

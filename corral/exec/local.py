@@ -234,7 +234,9 @@ def kill_attempt(attempt_dir: Path) -> int:
     return _kill_attempt(attempt_dir)[0]
 
 
-def _kill_attempt(attempt_dir: Path) -> tuple[int, list[int]]:
+def _kill_attempt(
+    attempt_dir: Path, timeout_s: float = contain.END_TIMEOUT_S
+) -> tuple[int, list[int]]:
     """`kill_attempt`, and the pids that could not be ended within contain.END_TIMEOUT_S.
 
     The container the shim recorded goes first and whole (its cgroup; or, without one, the
@@ -249,7 +251,7 @@ def _kill_attempt(attempt_dir: Path) -> tuple[int, list[int]]:
             os.kill(int(shim["pid"]), signal.SIGKILL)
             killed.add(int(shim["pid"]))
     if shim is not None and isinstance(shim.get("container"), dict):
-        ended, left = contain.end_recorded(shim["container"])
+        ended, left = contain.end_recorded(shim["container"], timeout_s)
         killed |= ended
     info = _read_json(attempt_dir / "workers.json")
     if info is None:
@@ -461,6 +463,11 @@ class LocalExecutor:
                 self._tracked[(job_id, attempt)] = tracked
             return "running"
         return self._ended(tracked)
+
+    def leftover(self, job_id: str, attempt: int, attempt_dir: Path) -> int:
+        """How many processes of an ended attempt still live, after one more quick try to end
+        them (for an attempt that ended with `leftover`: its GPUs wait until this is 0)."""
+        return len(_kill_attempt(Path(attempt_dir), timeout_s=0.2)[1])
 
     def active(self) -> set[tuple[str, int]]:
         """Attempts whose processes may still hold GPUs (including ended but not yet polled)."""

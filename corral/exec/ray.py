@@ -868,6 +868,11 @@ class RayExecutor:
         with self._lock:
             return set(self._tracked)
 
+    def leftover(self, job_id: str, attempt: int, attempt_dir: Path) -> int:
+        """Processes of an ended attempt that still live: the guards on the nodes report theirs
+        as the attempt ends, and cannot be asked again once their actors are gone: 0."""
+        return 0
+
     def close(self) -> None:
         """Stop tracking. Never kills: the detached actors outlive the manager."""
         self._closing.set()

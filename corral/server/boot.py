@@ -21,7 +21,7 @@ from corral.core.config import ConfigError, vc_gpu_quota
 from corral.exec.gpus import NoGpusError, discover_gpus, nvml_topology, uniform_group_size
 from corral.exec.local import LocalExecutor
 from corral.exec.shim import write_json_atomic
-from corral.server import auth
+from corral.server import auth, identity
 from corral.server.api import create_app
 from corral.server.manager import Executor, Manager, ManagerSettings
 from corral.server.store import Store, StoreError
@@ -46,6 +46,8 @@ class ServerOptions:
     settings: ManagerSettings = field(default_factory=ManagerSettings)
     executor: str = "local"  # or "ray"
     ray_address: str | None = None  # HOST:PORT of the Ray cluster's head (GCS)
+    #: Run every job as the manager's own user even when it runs as root.
+    single_user: bool = False
 
 
 EXECUTORS = ("local", "ray")
@@ -112,7 +114,7 @@ def build_cluster(
 def lock_data_dir(data_dir: Path) -> int:
     """Hold DIR/corral.lock for the life of the manager: a second manager on the same state would
     run every job twice. The kernel drops the lock when the process dies, kill -9 included."""
-    fd = os.open(data_dir / "corral.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    fd = os.open(data_dir / "corral.lock", os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -132,11 +134,34 @@ def build_manager(options: ServerOptions, executor: Executor | None = None) -> M
     lock = lock_data_dir(options.data_dir)
     try:
         manager = _build_manager(options, executor)
+        if identity.multi_user_possible() and not options.single_user:
+            try:
+                prepare_multi_user(options)
+            except BaseException:
+                manager.stop()
+                raise
     except BaseException:
         os.close(lock)
         raise
     manager.on_stop.append(lambda: os.close(lock))
     return manager
+
+
+def prepare_multi_user(options: ServerOptions) -> None:
+    """Root runs each user's jobs as that user: the jobs must reach their own directories under
+    the data dir (searchable, not listable: 0711), and nothing else the manager writes there may
+    be readable by them (umask 077: the database, tokens, launch files with jobs' environments)."""
+    # The settings object is the manager's own: it runs no job before `start`.
+    blocked = identity.check_reachable(options.data_dir)
+    if blocked is not None:
+        raise BootError(
+            f"--data-dir {options.data_dir}: jobs run under their users' accounts and could not "
+            f"reach their directories there ({blocked} is closed to others); choose a data "
+            "directory others may pass through, or --single-user"
+        )
+    os.umask(0o077)
+    options.data_dir.chmod(0o711)
+    options.settings.multi_user = True
 
 
 def ray_node_defs(executor: RayExecutor) -> list[NodeDef]:
@@ -238,6 +263,10 @@ def _build_with(
         raise BootError(str(error)) from None
     try:
         store.claim()
+        if options.db_url is None:  # for the manager alone (also when an older version made it)
+            for name in ("corral.db", "corral.db-wal", "corral.db-shm", "ray-namespace"):
+                if (options.data_dir / name).exists():
+                    (options.data_dir / name).chmod(0o600)
         auth.ensure_admin_token(store, options.data_dir)
         manager = Manager(
             store,

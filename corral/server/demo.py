@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from corral.client import Client
+from corral.server import identity
 from corral.server.boot import RunningServer, ServerOptions, build_manager
 
 TRAIN_SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "train.py"
@@ -64,12 +65,50 @@ def run_demo(options: ServerOptions, console: Console) -> None:
         options.gpus = 4
     options.settings.retry_backoff_s = 1.0
     options.settings.fast_fail_s = 30.0
+    account = demo_account(options, console)
     manager = build_manager(options)
     server = RunningServer(manager, options.host, options.port).start()
     try:
-        _play(server.url, options.data_dir, console)
+        _play(server.url, options.data_dir, console, account)
     finally:
         server.stop()
+
+
+#: The demo's users have no Unix accounts of their own: as root, their jobs run as this one.
+DEMO_ACCOUNT = "nobody"
+
+
+def demo_account(options: ServerOptions, console: Console) -> str | None:
+    """As root, the demo runs its jobs as `nobody` when that account can run them (this
+    Python, the training script, the data dir); otherwise, or not as root, as the manager's own
+    user, which it says."""
+    if options.single_user or not identity.multi_user_possible():
+        console.print(f"  jobs       {identity.single_user_note()}", highlight=False)
+        return None
+    try:
+        run_as = identity.account(DEMO_ACCOUNT)
+    except identity.AccountError as error:
+        problem: str | None = str(error)
+    else:
+        problem = (
+            identity.may_use(Path(sys.executable), run_as, execute=True)
+            or identity.may_use(TRAIN_SCRIPT, run_as)
+            or identity.check_reachable(options.data_dir)
+        )
+    if problem is not None:
+        options.single_user = True
+        console.print(
+            f"  jobs       run as root (single-user): account {DEMO_ACCOUNT} cannot run them "
+            f"here ({problem})",
+            highlight=False,
+            soft_wrap=True,
+        )
+        return None
+    console.print(
+        f"  jobs       run as Unix account {DEMO_ACCOUNT} (alice's and bob's tokens name it)",
+        highlight=False,
+    )
+    return DEMO_ACCOUNT
 
 
 class _Narrator:
@@ -115,7 +154,7 @@ class _Narrator:
         return details
 
 
-def _play(url: str, data_dir: Path, console: Console) -> None:
+def _play(url: str, data_dir: Path, console: Console, account: str | None = None) -> None:
     token = (data_dir / "admin.token").read_text().strip()
     admin = Client(url, token)
     console.print(f"corral demo: manager up at {url} (4 declared GPUs, VCs vision and nlp)")
@@ -125,8 +164,8 @@ def _play(url: str, data_dir: Path, console: Console) -> None:
         soft_wrap=True,
     )
     console.print(f"  state      {data_dir}", highlight=False)
-    alice = Client(url, admin.create_token("alice", vc="vision")["token"])
-    bob = Client(url, admin.create_token("bob", vc="nlp")["token"])
+    alice = Client(url, admin.create_token("alice", vc="vision", unix_user=account)["token"])
+    bob = Client(url, admin.create_token("bob", vc="nlp", unix_user=account)["token"])
     story = _Narrator(admin, console)
     ids = [
         alice.submit(training_job("resnet50", "vision", 2, steps=60))["id"],

@@ -32,7 +32,16 @@ from corral.core.policy import make_policy
 from corral.core.scheduler import Scheduler
 from corral.core.tenancy.hived import HivedScheduler
 from corral.core.tenancy.quota import QuotaAdmission
-from corral.exec.local import AttemptEnded, AttemptLaunch, WorkerLaunch, placement_worker_envs
+from corral.exec.local import (
+    AttemptEnded,
+    AttemptLaunch,
+    RunAs,
+    WorkerLaunch,
+    placement_worker_envs,
+)
+from corral.exec.logcap import DEFAULT_CAP_BYTES
+from corral.server import identity
+from corral.server.identity import AccountError
 from corral.server.spec import JobSpecModel, argv, parse_job_spec, signal_number, to_core_spec
 from corral.server.store import AttemptRow, JobRow, Store
 
@@ -52,6 +61,7 @@ class Executor(Protocol):
     def stop(self, job_id: str, attempt: int) -> None: ...
     def poll(self) -> list[AttemptEnded]: ...
     def recover(self, job_id: str, attempt: int, attempt_dir: Path) -> str | AttemptEnded: ...
+    def leftover(self, job_id: str, attempt: int, attempt_dir: Path) -> int: ...
     def close(self) -> None: ...
 
 
@@ -87,6 +97,13 @@ class ManagerSettings:
     #: Where jobs' checkpoint dirs go (one per job); storage every node sees. Default: the
     #: data dir's jobs/JOB/checkpoint.
     checkpoint_root: Path | None = None
+    #: Run each user's jobs under their own Unix account (the manager runs as root); False: every
+    #: job runs as the manager's own user (single-user mode).
+    multi_user: bool = False
+    #: Each worker's stdout and stderr keep at most this many bytes (the oldest are dropped).
+    log_cap_bytes: int = DEFAULT_CAP_BYTES
+    #: The API refuses (413) a request body longer than this (corral.server.limits).
+    max_body_bytes: int = 1 << 20
 
 
 @dataclass(slots=True)
@@ -149,9 +166,14 @@ class Manager:
         self._thread: threading.Thread | None = None
         self._attempts: dict[str, _Attempt] = {}  # job id -> its live (launched) attempt
         self._draining: dict[tuple[str, int], tuple[int, ...]] = {}  # stopping attempts' GPUs
+        #: Ended attempts some of whose processes could not be ended: their GPUs stay out of
+        #: allocation until those are gone (checked every `node_check_s`).
+        self._tainted: dict[tuple[str, int], tuple[int, ...]] = {}
+        self._next_taint_check = 0.0
         self._deferred: dict[str, Start] = {}  # started in the core, waiting for GPUs to drain
         self._failures: dict[str, list[_Failure]] = {}
         self._spec_models: dict[str, JobSpecModel] = {}
+        self._accounts: dict[str, str] = {}  # job id -> Unix account (multi-user mode)
         self._retrying: set[str] = set()  # requeued after a failed attempt
         self._cancel_on_arrival: set[str] = set()  # cancelled while stored but not yet queued
         self._pristine_cluster = copy.deepcopy(cluster)  # to rebuild the core from the store
@@ -230,6 +252,10 @@ class Manager:
 
     def job_dir(self, job_id: str) -> Path:
         return self.data_dir / "jobs" / job_id
+
+    def work_dir(self, job_id: str) -> Path:
+        """A job's working directory when its spec names none (the account's own)."""
+        return self.job_dir(job_id) / "work"
 
     def checkpoint_dir(self, job_id: str) -> Path:
         root = self.settings.checkpoint_root
@@ -314,6 +340,7 @@ class Manager:
                 self._refresh_nodes()
                 deciding = deciding or self._dirty  # rebuilt, or nodes came back
             self._hold_unusable()
+            self._hold_tainted(now)
             with self.store.batch():
                 if deciding:
                     self._dirty = False
@@ -340,7 +367,16 @@ class Manager:
             return deciding
 
     def _launch(self, launch: AttemptLaunch, now: float) -> None:
-        """Spawn a recorded attempt; one that cannot even start is lost, like a dead supervisor."""
+        """Spawn a recorded attempt; one that cannot even start is lost, like a dead supervisor.
+        In multi-user mode it runs as its user's account, which must still exist."""
+        try:
+            launch.run_as = self._prepare_job_dirs(launch.job_id)
+        except (AccountError, OSError) as error:
+            reason = f"cannot start: {error}"
+            ended = AttemptEnded(launch.job_id, launch.attempt, None, None, False, reason, "", now)
+            with self.store.batch():
+                self._attempt_ended(ended, now)
+            return
         try:
             self.executor.launch(launch)
         except Exception as error:
@@ -396,6 +432,26 @@ class Manager:
                     self.scheduler.bring_online(self.cluster.node_gpus[node.index])
             self._dirty = True
         self._unusable = set()
+
+    def _hold_tainted(self, now: float) -> None:
+        """GPUs still used by processes of ended attempts stay out of allocation; those whose
+        processes are gone now come back."""
+        if not self._tainted or not isinstance(self.scheduler, Scheduler):
+            return
+        if now >= self._next_taint_check:
+            self._next_taint_check = now + self.settings.node_check_s
+            for (job_id, number), gpus in list(self._tainted.items()):
+                left = self.executor.leftover(job_id, number, self.attempt_dir(job_id, number))
+                if left == 0:
+                    del self._tainted[(job_id, number)]
+                    self.scheduler.bring_online(gpus)
+                    self._dirty = True
+                    with self.store.batch():
+                        self.store.add_event(
+                            job_id, now, "released", f"attempt {number}'s last processes are gone"
+                        )
+        for gpus in self._tainted.values():
+            self.scheduler.take_offline(gpus)
 
     def _busy_gpus(self) -> set[int]:
         """GPUs whose processes may still run: live attempts and stopping ones."""
@@ -453,6 +509,20 @@ class Manager:
             del self._deferred[start.job_id]
         return [self._record_start(start, now) for start in ready]
 
+    def _prepare_job_dirs(self, job_id: str) -> RunAs | None:
+        """The job's directory (the manager's: its attempts' control files live there) and, when
+        the spec names no workdir, its work dir (the account's, 0700). Returns the account."""
+        run_as = None
+        if self.settings.multi_user:
+            run_as = identity.account(self._accounts.get(job_id, ""), field="unix user")
+        job_dir = self.job_dir(job_id)
+        # Passable by the jobs' accounts, never listable (the mode is set: the umask is 077).
+        passable = 0o711 if run_as is not None else 0o700
+        identity.make_private_dir(job_dir.parent, None, passable)
+        identity.make_private_dir(job_dir, None, passable)
+        identity.make_private_dir(self.work_dir(job_id), run_as)
+        return run_as
+
     # -- carrying out the core's actions ------------------------------------------------------
 
     def _record_start(self, action: Start, now: float) -> AttemptLaunch:
@@ -482,7 +552,7 @@ class Manager:
         placement = self._worker_placement(gpus, spec_model.workers)
         envs = placement_worker_envs(job.id, number, placement, checkpoint, spec_model.env)
         command = argv(spec_model)
-        workdir = spec_model.workdir or str(self.job_dir(job.id))
+        workdir = spec_model.workdir or str(self.work_dir(job.id))
         return AttemptLaunch(
             job_id=job.id,
             attempt=number,
@@ -496,6 +566,8 @@ class Manager:
             grace_s=min(spec_model.grace_seconds, self.settings.max_grace_s),
             attempt_dir=attempt_dir,
             checkpoint_dir=checkpoint,
+            gpu_devices=sorted({device for _, devices in placement for device in devices}),
+            log_cap_bytes=self.settings.log_cap_bytes,
         )
 
     def _record_preempt(self, action: Preempt, now: float) -> tuple[str, int] | None:
@@ -527,6 +599,15 @@ class Manager:
 
     def _attempt_ended(self, end: AttemptEnded, now: float) -> None:
         key = (end.job_id, end.attempt)
+        if end.leftover:
+            live = self._attempts.get(end.job_id)
+            gpus = self._draining.get(key) or (
+                live.gpus if live is not None and live.number == end.attempt else ()
+            )
+            self._tainted[key] = gpus
+            log.warning(
+                "attempt %s of job %s left %d process(es)", end.attempt, end.job_id, end.leftover
+            )
         detail = end.reason + (f": {end.error_tail}" if end.error_tail else "")
         outcome_fields = {
             "ended_at": end.ended_at,
@@ -613,7 +694,7 @@ class Manager:
 
     # -- requests from the API ----------------------------------------------------------------
 
-    def submit(self, model: JobSpecModel, user: str) -> JobRow:
+    def submit(self, model: JobSpecModel, user: str, unix_user: str | None = None) -> JobRow:
         """Accept a validated job: stored, then queued (the stored row is returned), or
         SubmitError with nothing stored. Submissions from many API threads are committed in
         groups by one thread (one transaction for all that arrived meanwhile)."""
@@ -624,7 +705,7 @@ class Manager:
             outcome.append(error)
             done.set()
 
-        row = self._enqueue_submission(model, user, finish)
+        row = self._enqueue_submission(model, user, finish, unix_user)
         if self._committer is None:  # not started (a test driving `step` by hand): commit now
             self._commit_submissions()
         done.wait()
@@ -632,7 +713,9 @@ class Manager:
             raise outcome[0]
         return row
 
-    async def submit_async(self, model: JobSpecModel, user: str) -> JobRow:
+    async def submit_async(
+        self, model: JobSpecModel, user: str, unix_user: str | None = None
+    ) -> JobRow:
         """`submit` for the API's event loop: waits for the commit without holding a thread."""
         loop = asyncio.get_running_loop()
         stored: asyncio.Future[None] = loop.create_future()
@@ -647,14 +730,20 @@ class Manager:
         def finish(error: BaseException | None) -> None:
             loop.call_soon_threadsafe(settle, error)
 
-        row = self._enqueue_submission(model, user, finish)
+        row = self._enqueue_submission(model, user, finish, unix_user)
         await stored
         return row
 
     def _enqueue_submission(
-        self, model: JobSpecModel, user: str, finish: Callable[[BaseException | None], None]
+        self,
+        model: JobSpecModel,
+        user: str,
+        finish: Callable[[BaseException | None], None],
+        unix_user: str | None = None,
     ) -> JobRow:
+        """`unix_user`: the account the user's token names (default: the user's name)."""
         now = self.clock()
+        account = self._account_for(model, user, unix_user)
         spec = to_core_spec(model, "new", now, user)
         if spec.vc not in self.vc_quota:
             raise SubmitError(
@@ -675,10 +764,26 @@ class Manager:
                 gpus=spec.gpus,
                 spec=model.model_dump(mode="json"),
                 submitted_at=now,
+                unix_user=account,
             )
             self._inbox.append(_Submission(row, model, replace(spec, id=job_id), finish))
         self._inbox_ready.set()
         return row
+
+    def _account_for(self, model: JobSpecModel, user: str, unix_user: str | None) -> str | None:
+        """The Unix account the job will run as (None in single-user mode); SubmitError if it
+        does not exist, may not run jobs, or cannot enter the job's workdir."""
+        if not self.settings.multi_user:
+            return None
+        try:
+            run_as = identity.account(unix_user or user)
+        except AccountError as error:
+            raise SubmitError(str(error)) from None
+        if model.workdir:
+            blocked = identity.may_enter(Path(model.workdir), run_as)
+            if blocked is not None:
+                raise SubmitError(f"workdir: account {run_as.user} cannot enter {blocked}")
+        return run_as.user
 
     def _commit_loop(self) -> None:
         while not self._stopping.is_set() or self._inbox:
@@ -703,6 +808,8 @@ class Manager:
             for submission in batch:
                 job_id = submission.row.id
                 self._spec_models[job_id] = submission.model
+                if submission.row.unix_user is not None:
+                    self._accounts[job_id] = submission.row.unix_user
                 # A rebuild (nodes came or went) since the insert queued it from the store.
                 if job_id not in self.scheduler.jobs:
                     try:
@@ -768,6 +875,7 @@ class Manager:
     def _forget(self, job_id: str) -> None:
         """A job that ended needs none of the manager's per-job memory."""
         self._spec_models.pop(job_id, None)
+        self._accounts.pop(job_id, None)
         self._failures.pop(job_id, None)
         self._retrying.discard(job_id)
 
@@ -913,6 +1021,8 @@ class Manager:
     def _recover_job(self, row: JobRow, now: float) -> None:
         model = parse_job_spec(row.spec)
         self._spec_models[row.id] = model
+        if row.unix_user is not None:
+            self._accounts[row.id] = row.unix_user
         spec = to_core_spec(model, row.id, row.submitted_at, row.user)
         refusal = self.scheduler.refusal(spec)  # e.g. its VC left the config
         # Too big for the nodes there are now: on a cluster whose nodes come and go, it waits.

@@ -245,3 +245,53 @@ def test_failure_history_and_backoff_survive_a_restart(tmp_path: Path) -> None:
     assert row.reason.startswith("user error: the same failure 3 times in a row")
     history = again.store.attempts("1")
     assert history[0].reason == "exit code 1 (rank 0): ModuleNotFoundError"
+
+
+class LeavesProcesses(ScriptedExecutor):
+    """Attempts end with one process the supervisor could not end, until `left` says 0."""
+
+    def __init__(self, outcome: AttemptEnded, clock: Clock) -> None:
+        super().__init__(outcome, clock)
+        self.left = 1
+        self.asked: list[tuple[str, int]] = []
+
+    def poll(self) -> list[AttemptEnded]:
+        ended = super().poll()
+        for end in ended:
+            end.leftover = 1
+        return ended
+
+    def leftover(self, job_id: str, attempt: int, attempt_dir: Path) -> int:
+        self.asked.append((job_id, attempt))
+        return self.left
+
+
+def test_gpus_with_processes_left_go_to_no_one_until_they_are_gone(tmp_path: Path) -> None:
+    clock = Clock()
+    succeeded = AttemptEnded("", 0, 0, None, False, "exit code 0", "", 0.0)
+    executor = LeavesProcesses(succeeded, clock)
+    manager = Manager(
+        Store(Store.sqlite_url(tmp_path)),
+        executor,
+        Cluster.shorthand(1, 1),  # one GPU: the second job can only have the first one's
+        tmp_path,
+        settings=ManagerSettings(node_check_s=1.0),
+        clock=clock,
+    )
+    for name in ("first", "second"):
+        manager.submit(parse_job_spec(python_job(name, "pass")), "u")
+    for _ in range(10):  # 5 s: the first ends at once, one of its processes lives on
+        manager.step()
+        clock.now += 0.5
+    assert [launch.job_id for launch in executor.launched] == ["1"]
+    first = manager.store.get_job("1")
+    assert first is not None and first.status == "SUCCEEDED"
+    assert executor.asked and set(executor.asked) == {("1", 1)}  # asked again, about it alone
+    executor.left = 0
+    for _ in range(4):  # within a check interval (1 s) the GPU is free again
+        manager.step()
+        clock.now += 0.5
+    assert [launch.job_id for launch in executor.launched] == ["1", "2"]
+    assert executor.launched[1].gpu_devices == [0]
+    events = [event.message for event in manager.store.events("1")]
+    assert "attempt 1's last processes are gone" in events

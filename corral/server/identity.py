@@ -1,0 +1,154 @@
+"""Who a job runs as: the Unix account behind a corral user.
+
+A manager started as root runs in multi-user mode: each user's jobs run under a Unix account (the
+token's `unix_user`, else the account named like the user), never root and never the manager's
+own account, and a job's directories belong to that account. A manager started as any other user
+runs every job as itself (single-user mode) and says so once at start.
+
+The kernel does the rest: another user's job is another uid, so it cannot open this job's files
+(mode 0700/0600), read `/proc/PID/environ` of its processes, or signal them.
+"""
+
+from __future__ import annotations
+
+import grp
+import os
+import pwd
+import stat
+from pathlib import Path
+
+from corral.exec.local import RunAs
+
+
+class AccountError(ValueError):
+    """A Unix account that cannot run jobs; one line, naming the field."""
+
+
+def multi_user_possible() -> bool:
+    return os.geteuid() == 0
+
+
+def single_user_note() -> str:
+    me = pwd.getpwuid(os.geteuid()).pw_name
+    if os.geteuid() == 0:
+        return (
+            "single-user mode (--single-user): every job runs as root, the manager's own "
+            "account, and can read and change anything on this machine"
+        )
+    return (
+        f"single-user mode: corral runs as {me}, not root, so every job runs as {me} and can "
+        "read what that account can (run `corral up` as root to give each user's jobs their own "
+        "Unix account)"
+    )
+
+
+def account(name: str, field: str = "unix user") -> RunAs:
+    """The account `name` as a RunAs; AccountError if it does not exist or may not run jobs."""
+    try:
+        entry = pwd.getpwnam(name)
+    except (KeyError, ValueError):
+        raise AccountError(
+            f"{field}: no Unix account {name!r} on this machine (an admin names the account with "
+            "`corral token create USER --unix-user ACCOUNT`)"
+        ) from None
+    if entry.pw_uid == 0:
+        raise AccountError(f"{field}: {name!r} is root; jobs never run as root")
+    if entry.pw_uid == os.geteuid():
+        raise AccountError(f"{field}: {name!r} is the manager's own account; jobs never run as it")
+    return RunAs(user=entry.pw_name, uid=entry.pw_uid, gid=entry.pw_gid, home=entry.pw_dir)
+
+
+def groups_of(run_as: RunAs) -> set[int]:
+    return set(os.getgrouplist(run_as.user, run_as.gid))
+
+
+def may_enter(path: Path, run_as: RunAs) -> str | None:
+    """None if the account may reach `path` and enter it (search permission on every directory
+    from the root down, by the usual owner / group / other bits); else the first place it may
+    not, as a short phrase. Symbolic links are followed as the kernel would."""
+    groups = groups_of(run_as)
+    resolved = Path(os.path.realpath(path))
+    for current in (*reversed(resolved.parents), resolved):
+        try:
+            info = os.stat(current)
+        except OSError as error:
+            return f"{current}: {error.strerror}"
+        if not stat.S_ISDIR(info.st_mode):
+            return f"{current}: not a directory"
+        if info.st_uid == run_as.uid:
+            allowed = info.st_mode & stat.S_IXUSR
+        elif info.st_gid in groups:
+            allowed = info.st_mode & stat.S_IXGRP
+        else:
+            allowed = info.st_mode & stat.S_IXOTH
+        if not allowed:
+            owner = _user_name(info.st_uid)
+            return f"{current} (owner {owner}, mode {stat.S_IMODE(info.st_mode):04o})"
+    return None
+
+
+def may_use(path: Path, run_as: RunAs, execute: bool = False) -> str | None:
+    """None if the account may read (and, with `execute`, run) the file `path`; else why not."""
+    resolved = Path(os.path.realpath(path))
+    blocked = may_enter(resolved.parent, run_as)
+    if blocked is not None:
+        return blocked
+    try:
+        info = os.stat(resolved)
+    except OSError as error:
+        return f"{resolved}: {error.strerror}"
+    if info.st_uid == run_as.uid:
+        bits = info.st_mode >> 6
+    elif info.st_gid in groups_of(run_as):
+        bits = info.st_mode >> 3
+    else:
+        bits = info.st_mode
+    needed = 0o5 if execute else 0o4
+    if bits & needed != needed:
+        return f"{resolved} (mode {stat.S_IMODE(info.st_mode):04o})"
+    return None
+
+
+def _user_name(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+def group_name(gid: int) -> str:
+    try:
+        return grp.getgrgid(gid).gr_name
+    except KeyError:
+        return str(gid)
+
+
+def make_private_dir(path: Path, run_as: RunAs | None, mode: int = 0o700) -> None:
+    """Create `path` (its parent must exist and be the manager's) owned by `run_as`, `mode`.
+
+    An existing directory is kept (a job's checkpoint or work dir across attempts) and given the
+    owner and mode again; a symbolic link or anything else in its place is refused, so a job
+    cannot make the manager chown a path of its choosing.
+    """
+    try:
+        os.mkdir(path, mode)
+    except FileExistsError:
+        pass
+    info = os.lstat(path)
+    if not stat.S_ISDIR(info.st_mode):
+        raise OSError(f"{path}: not a directory (a link or a file is in its place)")
+    if run_as is not None and (info.st_uid, info.st_gid) != (run_as.uid, run_as.gid):
+        os.chown(path, run_as.uid, run_as.gid, follow_symlinks=False)
+    if stat.S_IMODE(info.st_mode) != mode:
+        os.chmod(path, mode, follow_symlinks=False)
+
+
+def check_reachable(directory: Path) -> str | None:
+    """In multi-user mode jobs must reach their directories under the data dir: None if every
+    directory above `directory` lets others search it, else the first that does not."""
+    resolved = Path(os.path.realpath(directory))
+    for parent in reversed(resolved.parents):
+        info = os.stat(parent)
+        if not info.st_mode & stat.S_IXOTH:
+            return f"{parent} (mode {stat.S_IMODE(info.st_mode):04o})"
+    return None
