@@ -45,13 +45,18 @@ def make_executor(tmp_path: Path) -> Iterator[Callable[[], LocalExecutor]]:
         executors.append(executor)
         return executor
 
-    yield make
-    for executor in executors:
-        executor.close()
-    for attempt_dir in tmp_path.rglob("attempt-*"):
-        kill_attempt(attempt_dir)
-    # SIGKILL takes a moment to land; anything still there after a second is a leak.
-    deadline = time.monotonic() + 1.0
+    try:
+        yield make
+    finally:
+        try:
+            for executor in executors:
+                executor.close()
+        finally:
+            for attempt_dir in tmp_path.rglob("attempt-*"):
+                kill_attempt(attempt_dir)
+    # SIGKILL takes a moment to land (longer on a loaded machine); anything still there after
+    # that is a leak.
+    deadline = time.monotonic() + 10.0
     leftovers = _processes_under(tmp_path)
     while leftovers and time.monotonic() < deadline:
         time.sleep(0.05)

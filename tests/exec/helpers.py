@@ -17,6 +17,9 @@ from corral.exec.local import (
 )
 
 PYTHON = sys.executable
+#: Seconds a test waits for an attempt's progress: enough for a loaded 2-core machine (each wait
+#: polls, and ends as soon as its condition holds).
+WAIT_S = 60.0
 TRAIN_SCRIPT = str(Path(__file__).resolve().parents[2] / "examples" / "train.py")
 
 
@@ -54,7 +57,7 @@ def make_launch(
     )
 
 
-def wait_ended(executor: LocalExecutor, timeout: float = 10.0) -> AttemptEnded:
+def wait_ended(executor: LocalExecutor, timeout: float = WAIT_S) -> AttemptEnded:
     """Poll like the manager does until one attempt ends."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -66,7 +69,7 @@ def wait_ended(executor: LocalExecutor, timeout: float = 10.0) -> AttemptEnded:
     raise AssertionError(f"no attempt ended within {timeout} s")
 
 
-def wait_for_text(path: Path, text: str, timeout: float = 10.0) -> str:
+def wait_for_text(path: Path, text: str, timeout: float = WAIT_S) -> str:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if path.exists() and text in (content := path.read_text()):

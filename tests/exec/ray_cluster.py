@@ -6,12 +6,18 @@ Each node declares GPUs and a `corral-node-NAME` resource that names it for corr
 
 Every process of a node (its Ray daemons, its workers, the jobs they start) inherits
 CORRAL_TEST_NODE=NAME: a test sees where a job ran, and `kill_node` kills all of a node's
-processes at once, as a machine that dies would lose them.
+processes at once, as a machine that dies would lose them. They also inherit
+CORRAL_TEST_CLUSTER=ID, unique to the cluster: `stop` (which also runs when `start` fails half-way)
+ends whatever of this cluster is left, and nothing of another test run's clusters.
+
+A node's start is waited for on its "Ray runtime started" line, within a budget that holds on a
+loaded 2-core machine (a whole cluster took 57 s to start there).
 """
 
 from __future__ import annotations
 
 import os
+import queue
 import secrets
 import shutil
 import signal
@@ -28,6 +34,11 @@ from tests.netns import only_loopback
 
 RAY = str(Path(sys.executable).with_name("ray"))
 READY_LINE = "Ray runtime started"
+#: Seconds a cluster (or a joining node) may take to start: generous, the wait ends at the ready
+#: line. On a 2-core machine with other load a cluster of three nodes took 57 s.
+START_TIMEOUT_S = 240.0
+#: Seconds a node's `ray start --block` may take to stop its daemons after SIGTERM.
+STOP_TIMEOUT_S = 30.0
 
 
 def use_token_auth(directory: Path) -> Path:
@@ -49,11 +60,12 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _environment(node: str) -> dict[str, str]:
+def _environment(node: str, cluster: str) -> dict[str, str]:
     env = dict(os.environ)
     env.update(
         {
             "CORRAL_TEST_NODE": node,
+            "CORRAL_TEST_CLUSTER": cluster,
             "RAY_USAGE_STATS_ENABLED": "0",
             # The memory monitor polls /proc often: wasted CPU on a 2-core machine.
             "RAY_memory_monitor_refresh_ms": "0",
@@ -67,15 +79,24 @@ def _environment(node: str) -> dict[str, str]:
     return env
 
 
-def processes_of(node: str, jobs: bool) -> list[int]:
+def processes_of(node: str, jobs: bool, cluster: str | None = None) -> list[int]:
     """The pids of the processes that carry CORRAL_TEST_NODE=node in their environment: the
-    jobs' (their environment has CORRAL_JOB_ID) or else Ray's own."""
+    jobs' (their environment has CORRAL_JOB_ID) or else Ray's own; of one cluster (its `id`) if
+    given, so that another test run's node of the same name is never counted."""
     return [
         pid
         for pid, environ in _environments()
         if f"CORRAL_TEST_NODE={node}".encode() in environ
+        and (cluster is None or f"CORRAL_TEST_CLUSTER={cluster}".encode() in environ)
         and any(item.startswith(b"CORRAL_JOB_ID=") for item in environ) == jobs
     ]
+
+
+def processes_of_cluster(cluster: str) -> list[int]:
+    """The pids of every process of a cluster (its `id`): nodes, daemons, workers, jobs."""
+    marker = f"CORRAL_TEST_CLUSTER={cluster}".encode()
+    me = os.getpid()
+    return [pid for pid, environ in _environments() if marker in environ and pid != me]
 
 
 def processes_of_job(job_id: str) -> list[int]:
@@ -103,6 +124,8 @@ class RayCluster:
     #: The head node: it declares no GPUs when set, as a CPU-only head would.
     head: str | None = None
     port: int = field(default_factory=_free_port)
+    #: Marks every process of this cluster (CORRAL_TEST_CLUSTER), for `stop` to sweep.
+    id: str = field(default_factory=lambda: secrets.token_hex(8))
     temp_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="corral-ray-")))
     nodes: list[subprocess.Popen[str]] = field(default_factory=list)
     names: list[str] = field(default_factory=list)  # of the nodes, in the same order
@@ -112,18 +135,24 @@ class RayCluster:
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    def start(self, timeout: float = 60.0) -> None:
+    def start(self, timeout: float = START_TIMEOUT_S) -> None:
+        """Start every node, or none: a start that fails (or is interrupted) half-way stops the
+        nodes it began before it raises."""
         if not only_loopback():
             raise RuntimeError(
                 "the Ray tests need a network namespace with only loopback (tests/conftest.py "
                 "makes one as root); run pytest as root or under `unshare -rn`"
             )
         began = time.monotonic()
-        if self.head is not None:
-            self._start_node(self.head, gpus=0, rack=None, head=True, deadline=began + timeout)
-        for name in self.node_names:
-            head = not self.nodes
-            self._start_node(name, self.gpus_per_node, None, head, began + timeout)
+        try:
+            if self.head is not None:
+                self._start_node(self.head, gpus=0, rack=None, head=True, deadline=began + timeout)
+            for name in self.node_names:
+                head = not self.nodes
+                self._start_node(name, self.gpus_per_node, None, head, began + timeout)
+        except BaseException:
+            self.stop()
+            raise
         self.started_in_s = time.monotonic() - began
 
     def add_node(
@@ -132,18 +161,21 @@ class RayCluster:
         gpus: int | None = None,
         rack: str | None = None,
         named: bool = True,
-        timeout: float = 60.0,
+        timeout: float = START_TIMEOUT_S,
         devices: str | None = None,
     ) -> None:
         """A node that joins; `named=False` declares no corral-node resource; `devices` is the
-        CUDA_VISIBLE_DEVICES its `ray start` runs with (the machine's GPUs it owns)."""
+        CUDA_VISIBLE_DEVICES its `ray start` runs with (the machine's GPUs it owns). A node that
+        fails to start is stopped again, and is not one of the cluster's."""
         gpus = self.gpus_per_node if gpus is None else gpus
         self._start_node(name, gpus, rack, False, time.monotonic() + timeout, named, devices)
 
     def stop_node(self, name: str) -> None:
         """Stop a node as an operator would (`ray start --block` ended by SIGTERM)."""
-        self._stop(self.nodes.pop(self.names.index(name)))
-        self.names.remove(name)
+        index = self.names.index(name)
+        node = self.nodes.pop(index)
+        del self.names[index]
+        self._stop(node)
 
     def _start_node(
         self,
@@ -178,24 +210,33 @@ class RayCluster:
             ]
         else:
             argv.append(f"--address={self.address}")
+        env = _environment(name, self.id) | ({"CUDA_VISIBLE_DEVICES": devices} if devices else {})
         node = subprocess.Popen(
             argv,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
-            env=_environment(name) | ({"CUDA_VISIBLE_DEVICES": devices} if devices else {}),
+            env=env,
             start_new_session=True,
         )
         self.nodes.append(node)
         self.names.append(name)
-        self._wait_ready(node, deadline)
+        try:
+            self._wait_ready(node, deadline)
+        except BaseException:
+            # Its `ray start` may die of the SIGTERM before it can stop the daemons it began.
+            try:
+                self.stop_node(name)
+            finally:
+                self._sweep(node=name)
+            raise
 
     def kill_node(self, name: str) -> int:
         """SIGKILL every Ray process of the node (not the head), but not the jobs' processes:
         these must die by themselves (their guard sees its actor die)."""
         killed = 0
-        for pid in processes_of(name, jobs=False):
+        for pid in processes_of(name, jobs=False, cluster=self.id):
             try:
                 os.kill(pid, signal.SIGKILL)
                 killed += 1
@@ -205,35 +246,78 @@ class RayCluster:
 
     @staticmethod
     def _wait_ready(node: subprocess.Popen[str], deadline: float) -> None:
-        assert node.stdout is not None
+        """Until the node prints its ready line; raises if it ends first or the deadline passes
+        (a thread reads its output: a node that prints nothing cannot hold the wait up)."""
+        stdout = node.stdout
+        assert stdout is not None
+        lines: queue.Queue[str | None] = queue.Queue()
+
+        def read() -> None:
+            # To the end, so that a full pipe never blocks the node's process; then it closes
+            # the pipe (a close from another thread would wait for a blocked read).
+            with stdout:
+                for line in stdout:
+                    lines.put(line)
+            lines.put(None)
+
+        threading.Thread(target=read, name="ray-node-output", daemon=True).start()
         seen: list[str] = []
-        while time.monotonic() < deadline:
-            line = node.stdout.readline()
-            if not line:
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                line = lines.get(timeout=left)
+            except queue.Empty:
                 break
+            if line is None:
+                raise RuntimeError(
+                    f"ray node ended (exit code {node.wait()}) before it started:\n"
+                    + "".join(seen[-20:])
+                )
             seen.append(line)
             if READY_LINE in line:
-                # Keep reading, or a full pipe would one day block the node's process.
-                threading.Thread(target=node.stdout.read, daemon=True).start()
                 return
-        raise RuntimeError("ray node did not start:\n" + "".join(seen[-20:]))
+        raise RuntimeError("ray node did not start in time:\n" + "".join(seen[-20:]))
 
     def stop(self) -> None:
-        # Workers before the head, so that no node waits for a vanished head.
-        for node in reversed(self.nodes):
-            self._stop(node)
-        self.nodes.clear()
-        self.names.clear()
-        shutil.rmtree(self.temp_dir, ignore_errors=True)
+        """Stop every node, then kill whatever of this cluster is left (a daemon, a worker or a
+        job that outlived its node's stop); safe to call again, and after a failed start."""
+        try:
+            # Workers before the head, so that no node waits for a vanished head.
+            while self.nodes:
+                self._stop(self.nodes.pop())
+                self.names.pop()
+        finally:
+            self._sweep()
+            shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+    def _sweep(self, node: str | None = None) -> None:
+        """SIGKILL every process left of this cluster (or of one of its nodes), until none is."""
+
+        def left_over() -> list[int]:
+            if node is None:
+                return processes_of_cluster(self.id)
+            return [pid for jobs in (False, True) for pid in processes_of(node, jobs, self.id)]
+
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        while left := left_over():
+            for pid in left:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"processes of a stopped Ray cluster live on: {left}")
+            time.sleep(0.1)
 
     @staticmethod
     def _stop(node: subprocess.Popen[str]) -> None:
         if node.poll() is None:
             node.send_signal(signal.SIGTERM)
         try:
-            node.wait(timeout=15)
+            node.wait(timeout=STOP_TIMEOUT_S)
         except subprocess.TimeoutExpired:
-            os.killpg(node.pid, signal.SIGKILL)
+            try:
+                os.killpg(node.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
             node.wait()
-        if node.stdout is not None:
-            node.stdout.close()
+        # Its output's reader (see _wait_ready) closes the pipe once the node's processes are gone.

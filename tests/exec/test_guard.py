@@ -21,7 +21,7 @@ def guard(parent: int, *argv: str) -> list[str]:
     return [PYTHON, "-m", "corral.exec.guard", str(parent), "--", *argv]
 
 
-def wait_for(path: Path, timeout: float = 10.0) -> None:
+def wait_for(path: Path, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while not path.exists() or not path.read_text().strip():
         assert time.monotonic() < deadline, f"{path} never appeared"
@@ -56,9 +56,14 @@ def test_a_signal_to_the_group_reaches_the_command_and_the_guard_waits_for_it(
         "time.sleep(30)\n"
     )
     process = subprocess.Popen(guard(os.getpid(), PYTHON, "-c", command), process_group=0)
-    wait_for(ready)
-    os.killpg(process.pid, number)
-    assert process.wait(timeout=10) == 7
+    try:
+        wait_for(ready)
+        os.killpg(process.pid, number)
+        assert process.wait(timeout=60) == 7
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
 
 
 def test_the_group_dies_with_the_guards_parent(tmp_path: Path) -> None:
@@ -72,13 +77,15 @@ def test_the_group_dies_with_the_guards_parent(tmp_path: Path) -> None:
         "time.sleep(60)\n"
     )
     stand_in = subprocess.Popen([PYTHON, "-c", actor])
-    wait_for(pid_file)
-    command = int(pid_file.read_text())
-    time.sleep(1.0)
-    assert alive(command)  # its parent lives: the guard leaves it be
-    stand_in.kill()
-    stand_in.wait()
-    deadline = time.monotonic() + 10
+    try:
+        wait_for(pid_file)
+        command = int(pid_file.read_text())
+        time.sleep(1.0)  # not a wait for anything: a second in which nothing may happen
+        assert alive(command)  # its parent lives: the guard leaves it be
+    finally:
+        stand_in.kill()
+        stand_in.wait()
+    deadline = time.monotonic() + 60
     while alive(command):
         assert time.monotonic() < deadline, "the command outlived its guard's parent"
         time.sleep(0.05)

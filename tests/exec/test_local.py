@@ -280,7 +280,7 @@ def _kill_shim(attempt_dir: Path) -> dict[str, Any]:
     wait_for_text(attempt_dir / "workers.json", "pgid")
     shim = json.loads((attempt_dir / "shim.json").read_text())
     os.kill(shim["pid"], signal.SIGKILL)
-    deadline = time.monotonic() + 2.0
+    deadline = time.monotonic() + 30.0
     while is_alive(shim["pid"], shim["start_time"]):
         assert time.monotonic() < deadline, "the shim survived SIGKILL"
         time.sleep(0.01)
@@ -288,7 +288,7 @@ def _kill_shim(attempt_dir: Path) -> dict[str, Any]:
 
 
 def _wait_dead(workers: list[dict[str, Any]]) -> None:
-    deadline = time.monotonic() + 2.0
+    deadline = time.monotonic() + 30.0
     while any(is_alive(w["pid"], w["start_time"]) for w in workers):
         assert time.monotonic() < deadline, "workers still alive"
         time.sleep(0.01)
@@ -342,18 +342,18 @@ def test_an_attempt_without_shim_json_never_started(
 
 def test_the_shim_reports_a_bad_launch_file(tmp_path: Path) -> None:
     (tmp_path / "launch.json").write_text('{"workers": []')
-    subprocess.run([PYTHON, "-m", "corral.exec.shim", str(tmp_path)], check=True, timeout=30)
+    subprocess.run([PYTHON, "-m", "corral.exec.shim", str(tmp_path)], check=True, timeout=120)
     result = json.loads((tmp_path / "result.json").read_text())
     assert result["reason"].startswith("bad launch.json: ")
     assert (result["exit_code"], result["stopped"]) == (None, False)
     usage = subprocess.run(
-        [PYTHON, "-m", "corral.exec.shim"], capture_output=True, text=True, timeout=30
+        [PYTHON, "-m", "corral.exec.shim"], capture_output=True, text=True, timeout=120
     )
     (tmp_path / "result.json").unlink()
     (tmp_path / "launch.json").write_text(
         '{"workers": [{"rank": 0, "argv": []}], "stop_signal": 15, "grace_s": 1, "workdir": "/"}'
     )
-    subprocess.run([PYTHON, "-m", "corral.exec.shim", str(tmp_path)], check=True, timeout=30)
+    subprocess.run([PYTHON, "-m", "corral.exec.shim", str(tmp_path)], check=True, timeout=120)
     result = json.loads((tmp_path / "result.json").read_text())
     assert result["reason"] == "bad launch.json: a worker without argv"
     assert usage.returncode == 2
@@ -396,7 +396,7 @@ def test_many_attempts_are_each_reported_once_and_polling_is_cheap(
     assert time.perf_counter() - started < 0.5
     (tmp_path / "go").touch()
     ended: list[AttemptEnded] = []
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60
     while len(ended) < 6 and time.monotonic() < deadline:
         ended += executor.poll()
         time.sleep(0.02)

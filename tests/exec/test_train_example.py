@@ -66,7 +66,7 @@ def test_training_alone_fits_the_line(tmp_path: Path) -> None:
         env=env,
         capture_output=True,
         text=True,
-        timeout=30,
+        timeout=120,
         check=True,
     )
     assert run.stdout.startswith("rank 0: starting from step 0\n")

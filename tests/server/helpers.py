@@ -8,7 +8,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -16,11 +16,14 @@ import httpx
 
 from corral.exec.local import kill_attempt
 from corral.server.boot import RunningServer, ServerOptions, build_manager
-from corral.server.manager import ManagerSettings
+from corral.server.manager import Manager, ManagerSettings
 
 REPO = Path(__file__).resolve().parents[2]
 TRAIN = REPO / "examples" / "train.py"
 FINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
+#: Seconds a test waits for a job's progress (a status, a log line) by default: enough for a
+#: loaded 2-core machine; every wait polls its condition and ends as soon as it holds.
+WAIT_S = 120.0
 
 #: One machine of 2 GPUs; VCs `a` and `b` are guaranteed one GPU each.
 TWO_VCS = """\
@@ -51,10 +54,30 @@ def start_server(
     if config is not None:
         config_path = data_dir.parent / f"{data_dir.name}-cluster.yaml"
         config_path.write_text(config)
+    # Single-user: the tests run as root, and their jobs run as the test's user (tests of the
+    # multi-user mode start `corral up` themselves: tests/server/test_security.py).
     options = ServerOptions(
-        data_dir=data_dir, gpus=gpus, config=config_path, settings=fast_settings(**settings)
+        data_dir=data_dir,
+        gpus=gpus,
+        config=config_path,
+        settings=fast_settings(**settings),
+        single_user=True,
     )
-    return RunningServer(build_manager(options)).start()
+    return run_server(build_manager(options))
+
+
+def run_server(manager: Manager) -> RunningServer:
+    """The manager and its API server started; a start that fails stops what it began (the
+    manager's threads, its executor, its lock on the data directory) before it raises."""
+    running = RunningServer(manager)
+    try:
+        return running.start()
+    except BaseException:
+        running.server.should_exit = True
+        if running.thread.is_alive():
+            running.thread.join(timeout=30)
+        manager.stop()
+        raise
 
 
 def admin_token(data_dir: Path) -> str:
@@ -79,7 +102,7 @@ def job(client: httpx.Client, job_id: str) -> dict[str, Any]:
 
 
 def wait_for(
-    client: httpx.Client, job_id: str, statuses: Iterable[str] = FINAL, timeout: float = 30
+    client: httpx.Client, job_id: str, statuses: Iterable[str] = FINAL, timeout: float = WAIT_S
 ) -> dict[str, Any]:
     wanted = tuple(statuses)
     deadline = time.monotonic() + timeout
@@ -90,6 +113,16 @@ def wait_for(
         if time.monotonic() > deadline:
             raise AssertionError(f"job {job_id} still {found['status']}: {found}")
         time.sleep(0.05)
+
+
+def wait_until(check: Callable[[], Any], what: str, timeout: float = WAIT_S) -> Any:
+    """Poll `check` until it returns something true, and return that; fails after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while not (value := check()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.05)
+    return value
 
 
 def python_job(name: str, code: str, **fields: Any) -> dict[str, Any]:
@@ -141,19 +174,40 @@ class Corral:
         self.starts += 1
         log = (self.data_dir.parent / f"server-{self.starts}.log").open("wb")
         command = [sys.executable, "-m", "corral.cli", "up", *self.up_args]
+        if "--multi-user" in command:  # this test's own: root runs jobs as their users' accounts
+            command.remove("--multi-user")
+        else:
+            command.append("--single-user")
         command += ["--data-dir", str(self.data_dir), "--port", str(self.port)]
-        self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=self.env)
-        deadline = time.monotonic() + 60
+        with log:
+            self.process = subprocess.Popen(
+                command, stdout=log, stderr=subprocess.STDOUT, env=self.env
+            )
+        try:
+            return self._wait_up()
+        except BaseException:
+            self.stop()  # a start that failed leaves no server behind
+            raise
+
+    def _wait_up(self) -> httpx.Client:
+        assert self.process is not None
+        # A cold `corral up` (imports, the store, a connection to Ray) on a loaded machine.
+        deadline = time.monotonic() + 180
         while time.monotonic() < deadline:
             assert self.process.poll() is None, self.log().read_text()
             try:
                 client = api(self.url, admin_token(self.data_dir))
-                if client.get("/api/v1/whoami").status_code == 200:
-                    return client
-            except (OSError, httpx.TransportError):
+            except OSError:  # no admin token yet
                 pass
+            else:
+                try:
+                    if client.get("/api/v1/whoami").status_code == 200:
+                        return client
+                except httpx.TransportError:
+                    pass
+                client.close()
             time.sleep(0.1)
-        raise AssertionError("corral up did not start")
+        raise AssertionError(f"corral up did not start: {self.log().read_text()[-2000:]}")
 
     def log(self) -> Path:
         return self.data_dir.parent / f"server-{self.starts}.log"

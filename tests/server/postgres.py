@@ -36,6 +36,8 @@ INSTALL_HINT = (
     f"(or set {URL_VARIABLE} to an existing server's database URL)"
 )
 STARTS = 3  # another process may take the free port between the probe and the server's bind
+#: Seconds pg_ctl waits for the server to come up (or down): a loaded 2-core machine is slow.
+PG_CTL_WAIT_S = 120
 
 
 class PostgresUnavailable(RuntimeError):
@@ -80,7 +82,7 @@ def run(command: list[str], user: str | None, directory: Path) -> subprocess.Com
         command,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=PG_CTL_WAIT_S + 60,
         cwd=directory,
         user=user,
         group=user,
@@ -143,6 +145,17 @@ class PostgresServer:
             shutil.rmtree(self.directory, ignore_errors=True)
 
 
+def _stop_quietly(pg_ctl: Path, data: Path, user: str | None, directory: Path) -> None:
+    """Stop a server this session may have started from `data`, if any runs: a start that failed
+    half-way leaves none behind."""
+    if not (data / "postmaster.pid").exists():
+        return
+    try:
+        run([str(pg_ctl), "-D", str(data), "-m", "immediate", "-w", "stop"], user, directory)
+    except (OSError, subprocess.SubprocessError):
+        pass
+
+
 def external_server(url: str) -> PostgresServer:
     try:
         engine = sa.create_engine(url, poolclass=NullPool)
@@ -179,21 +192,25 @@ def start_server() -> PostgresServer:
                 f"-p {port} -c listen_addresses=127.0.0.1 -c unix_socket_directories={directory}"
                 " -c fsync=off -c synchronous_commit=off -c full_page_writes=off"
             )
+            wait = ["-w", "-t", str(PG_CTL_WAIT_S)]
             started = run(
-                [str(pg_ctl), "-D", str(data), "-l", str(log), "-w", "-t", "30", "-o", options]
-                + ["start"],
+                [str(pg_ctl), "-D", str(data), "-l", str(log), *wait, "-o", options, "start"],
                 user,
                 directory,
             )
             if started.returncode == 0:
                 break
+            # A server that did come up (late) would hold the data directory: stop it first.
+            _stop_quietly(pg_ctl, data, user, directory)
         else:
             reason = log.read_text() if log.is_file() else started.stderr
             raise PostgresUnavailable(f"{pg_ctl} start failed: {last_line(reason)}")
     except (OSError, subprocess.SubprocessError) as error:
+        _stop_quietly(pg_ctl, data, user, directory)
         shutil.rmtree(directory, ignore_errors=True)
         raise PostgresUnavailable(f"cannot start PostgreSQL: {error}; {INSTALL_HINT}") from None
-    except PostgresUnavailable:
+    except BaseException:  # PostgresUnavailable, or an interrupt half-way through the start
+        _stop_quietly(pg_ctl, data, user, directory)
         shutil.rmtree(directory, ignore_errors=True)
         raise
     url = f"postgresql+psycopg://postgres@127.0.0.1:{port}/{DATABASE}"

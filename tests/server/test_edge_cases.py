@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,12 +18,13 @@ from tests.server.helpers import (
     start_server,
     submit,
     wait_for,
+    wait_until,
 )
 
 # Ignores SIGTERM: only the SIGKILL after its grace period ends it.
 STUBBORN = (
     "import os, signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-    "print(os.getpid(), flush=True); time.sleep(60)"
+    "print(os.getpid(), flush=True); time.sleep(600)"
 )
 
 
@@ -37,21 +37,20 @@ def data_dir(tmp_path: Path) -> Iterator[Path]:
 
 def _pid(data_dir: Path, job_id: str, attempt: int = 1) -> int:
     out = data_dir / "jobs" / job_id / f"attempt-{attempt}" / "rank-0.stdout"
-    deadline = time.monotonic() + 10
-    while not (out.is_file() and out.read_text().strip()):
-        assert time.monotonic() < deadline, "the job never printed its pid"
-        time.sleep(0.05)
+    wait_until(lambda: out.is_file() and out.read_text().strip(), f"job {job_id}'s pid")
     return int(out.read_text().split()[0])
 
 
 def test_a_cancelled_job_still_stopping_keeps_its_gpu_across_a_restart(data_dir: Path) -> None:
     server = start_server(data_dir, gpus=1)
-    client = api(server.url, admin_token(data_dir))
-    stubborn = submit(client, **python_job("stubborn", STUBBORN, grace_seconds=3))
-    wait_for(client, stubborn, ["RUNNING"])
-    pid = _pid(data_dir, stubborn)
-    client.post(f"/api/v1/jobs/{stubborn}/cancel")
-    server.stop()  # its process is still in its grace period
+    try:
+        client = api(server.url, admin_token(data_dir))
+        stubborn = submit(client, **python_job("stubborn", STUBBORN, grace_seconds=3))
+        wait_for(client, stubborn, ["RUNNING"])
+        pid = _pid(data_dir, stubborn)
+        client.post(f"/api/v1/jobs/{stubborn}/cancel")
+    finally:
+        server.stop()  # its process is still in its grace period
     server = start_server(data_dir, gpus=1)
     try:
         client = api(server.url, admin_token(data_dir))
@@ -79,11 +78,10 @@ def test_a_preempted_job_does_not_restart_while_its_last_attempt_still_stops(
         mine = submit(admin, **python_job("a1", "import time; time.sleep(5)", vc="a"))
         wait_for(admin, mine, ["RUNNING"])  # a took its GPU back: stubborn stops, 3 s of grace
         wait_for(bob, short)  # its GPU is free while stubborn's first attempt still stops
-        history = job(bob, stubborn)["attempt_history"]
-        deadline = time.monotonic() + 15
-        while len(history) < 2 and time.monotonic() < deadline:
-            time.sleep(0.1)
-            history = job(bob, stubborn)["attempt_history"]
+        history = wait_until(
+            lambda: len(found := job(bob, stubborn)["attempt_history"]) >= 2 and found,
+            "stubborn's second attempt",
+        )
         first, second = history[0], history[1]
         assert first["outcome"] == "preempted"
         # one job, one checkpoint directory: attempt 2 waits for attempt 1's processes
@@ -98,15 +96,20 @@ def test_a_start_cancelled_while_waiting_for_gpus_is_no_attempt(data_dir: Path) 
     server = start_server(data_dir, gpus=2, config=TWO_VCS)
     try:
         admin = api(server.url, admin_token(data_dir))
-        borrower = submit(admin, **python_job("b-borrows", STUBBORN, vc="b", grace_seconds=3))
-        other = submit(admin, **python_job("b-own", STUBBORN, vc="b", grace_seconds=3))
+        # Grace long enough that the drain outlasts the checks below on a loaded machine (the
+        # jobs are killed at the end anyway).
+        borrower = submit(admin, **python_job("b-borrows", STUBBORN, vc="b", grace_seconds=30))
+        other = submit(admin, **python_job("b-own", STUBBORN, vc="b", grace_seconds=30))
         wait_for(admin, borrower, ["RUNNING"])
         wait_for(admin, other, ["RUNNING"])
-        _pid(data_dir, borrower)  # both ignore SIGTERM: whichever b gives back drains for 3 s
+        _pid(data_dir, borrower)  # both ignore SIGTERM: whichever b gives back drains for 30 s
         _pid(data_dir, other)
         waiting = submit(admin, **python_job("a1", "pass", vc="a"))  # reclaims a's GPU
-        time.sleep(0.5)  # the borrower is stopping; a1 waits for its GPU to drain
-        assert "waiting for a stopped job's processes" in job(admin, waiting)["reason"]
+        # the borrower is stopping; a1 waits for its GPU to drain
+        wait_until(
+            lambda: "waiting for a stopped job's processes" in job(admin, waiting)["reason"],
+            "a1 to wait for the borrower's processes",
+        )
         admin.post(f"/api/v1/jobs/{waiting}/cancel")
         detail = job(admin, waiting)
         assert detail["status"] == "CANCELLED"
@@ -123,7 +126,7 @@ def test_a_job_id_with_a_leading_zero_names_the_same_job(data_dir: Path) -> None
     server = start_server(data_dir, gpus=1)
     try:
         client = api(server.url, admin_token(data_dir))
-        job_id = submit(client, **python_job("sleeper", "import time; time.sleep(30)"))
+        job_id = submit(client, **python_job("sleeper", "import time; time.sleep(600)"))
         wait_for(client, job_id, ["RUNNING"])
         response = client.post(f"/api/v1/jobs/0{job_id}/cancel")
         assert response.status_code == 200 and response.json()["status"] == "CANCELLED"
@@ -136,14 +139,17 @@ def test_a_job_whose_vc_left_the_config_fails_at_restart_and_the_rest_runs(
     data_dir: Path,
 ) -> None:
     server = start_server(data_dir, gpus=2, config=TWO_VCS)
-    client = api(server.url, admin_token(data_dir))
-    blocker = submit(client, **python_job("blocker", "import time; time.sleep(30)", gpus=2, vc="a"))
-    wait_for(client, blocker, ["RUNNING"])
-    # b asks for more than its quota: it cannot take back the GPU a borrowed, so it waits
-    orphan = submit(client, **python_job("orphan", "pass", vc="b", gpus=2))
-    survivor = submit(client, **python_job("survivor", "pass", vc="a"))
-    assert job(client, orphan)["status"] == job(client, survivor)["status"] == "PENDING"
-    server.stop()  # the blocker keeps running; the other two wait in the store
+    try:
+        client = api(server.url, admin_token(data_dir))
+        hog = python_job("blocker", "import time; time.sleep(600)", gpus=2, vc="a")
+        blocker = submit(client, **hog)
+        wait_for(client, blocker, ["RUNNING"])
+        # b asks for more than its quota: it cannot take back the GPU a borrowed, so it waits
+        orphan = submit(client, **python_job("orphan", "pass", vc="b", gpus=2))
+        survivor = submit(client, **python_job("survivor", "pass", vc="a"))
+        assert job(client, orphan)["status"] == job(client, survivor)["status"] == "PENDING"
+    finally:
+        server.stop()  # the blocker keeps running; the other two wait in the store
     only_a = TWO_VCS.replace("  b: {ONE: 1}\n", "").replace("a: {ONE: 1}", "a: {ONE: 2}")
     server = start_server(data_dir, gpus=2, config=only_a)
     try:

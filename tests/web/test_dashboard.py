@@ -2,7 +2,8 @@
 
 The cluster: one node `node-a` of 4 GPUs; VCs `nlp` and `vision` are guaranteed 2 GPUs each.
 Jobs: T (vision, 2 GPUs, prints `tick N` every 0.2 s), S (nlp, 1 GPU, sleeps) run; Q (nlp,
-2 GPUs) waits, since only 1 GPU is free. Sorted VC names give nlp the palette's first colour and
+2 GPUs) waits, since only 1 GPU is free. They run until the tests cancel them (longer than the
+tests take on a loaded machine). Sorted VC names give nlp the palette's first colour and
 vision its second.
 """
 
@@ -29,6 +30,7 @@ from PIL import Image
 
 from corral.server.boot import RunningServer, ServerOptions, build_manager
 from corral.server.manager import ManagerSettings
+from tests.server.helpers import kill_jobs_of, run_server
 
 CHROMIUM = shutil.which("chromium")
 
@@ -57,8 +59,11 @@ THIRD_COLOUR = (0x59, 0xA1, 0x4F)  # no third VC: must not appear
 FREE_GREY = (0xD6, 0xDA, 0xE0)
 GPU_CELL_AREA = 96 * 72  # style.css .gpu at device scale 1
 
-TICKS = "for i in $(seq 0 150); do echo tick $i; sleep 0.2; done"
+TICKS = "for i in $(seq 0 3000); do echo tick $i; sleep 0.2; done"
 FINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
+#: Seconds to wait for what the server or the page does next: enough for a loaded 2-core machine
+#: (every wait polls, and ends as soon as its condition holds).
+WAIT_S = 60.0
 
 
 # -- a real server with three real jobs --------------------------------------------------------
@@ -105,50 +110,69 @@ def start_scenario(tmp: Path) -> Scenario:
         gpus=4,
         config=config,
         settings=ManagerSettings(tick_s=0.05, relax_after_s=0.0),
+        single_user=True,
     )
-    server = RunningServer(build_manager(options)).start()
+    server = run_server(build_manager(options))
     token = (data_dir / "admin.token").read_text().strip()
     client = httpx.Client(
-        base_url=server.url, headers={"Authorization": f"Bearer {token}"}, timeout=10
+        base_url=server.url, headers={"Authorization": f"Bearer {token}"}, timeout=30
     )
+    scenario = Scenario(server, token, client, "", "", "", data_dir)
+    try:
+        submit_jobs(scenario)
+    except BaseException:
+        stop_scenario(scenario)  # what a start that failed half-way began goes too
+        raise
+    return scenario
+
+
+def submit_jobs(scenario: Scenario) -> None:
+    client = scenario.api
 
     def submit(**spec: Any) -> str:
         response = client.post("/api/v1/jobs", json={"grace_seconds": 1, **spec})
         assert response.status_code == 201, response.text
         return str(response.json()["id"])
 
-    ticker = submit(name="ticker", vc="vision", gpus=2, command=TICKS)
-    sleeper = submit(name="sleeper", vc="nlp", gpus=1, command="sleep 30")
-    scenario = Scenario(server, token, client, ticker, sleeper, "", data_dir)
+    scenario.ticker = submit(name="ticker", vc="vision", gpus=2, command=TICKS)
+    scenario.sleeper = submit(name="sleeper", vc="nlp", gpus=1, command="sleep 3600")
     # Q only after T and S run: submitted together, the queue could put Q before S
-    for job_id in (ticker, sleeper):
-        wait_until(lambda j=job_id: scenario.job(j)["status"] == "RUNNING", 10, f"job {job_id}")
-    scenario.queued = submit(name="queued", vc="nlp", gpus=2, command="sleep 30")
-    wait_until(lambda: "position 1 of 1" in scenario.job(scenario.queued)["reason"], 5, "Q queued")
-    return scenario
+    for job_id in (scenario.ticker, scenario.sleeper):
+        wait_until(lambda j=job_id: scenario.job(j)["status"] == "RUNNING", WAIT_S, f"job {job_id}")
+    scenario.queued = submit(name="queued", vc="nlp", gpus=2, command="sleep 3600")
+    wait_until(
+        lambda: "position 1 of 1" in scenario.job(scenario.queued)["reason"], WAIT_S, "Q queued"
+    )
 
 
 def stop_scenario(scenario: Scenario) -> None:
-    """Cancel every job, wait for their processes to be gone, stop the server."""
-    jobs = scenario.api.get("/api/v1/jobs").json()
-    for job in jobs:
-        if job["status"] not in FINAL:
-            scenario.api.post(f"/api/v1/jobs/{job['id']}/cancel")
-
-    def all_ended() -> bool:
-        for job in jobs:
-            detail = scenario.job(job["id"])
-            if detail["status"] not in FINAL:
-                return False
-            if any(a["state"] != "ended" for a in detail["attempt_history"]):
-                return False
-        return True
-
+    """Cancel every job, wait for their processes to be gone, stop the server (and, should any
+    of that fail, kill what the jobs left running)."""
+    ended = False
     try:
-        wait_until(all_ended, 10, "every attempt to end")
+        jobs = scenario.api.get("/api/v1/jobs").json()
+        for job in jobs:
+            if job["status"] not in FINAL:
+                scenario.api.post(f"/api/v1/jobs/{job['id']}/cancel")
+
+        def all_ended() -> bool:
+            for job in jobs:
+                detail = scenario.job(job["id"])
+                if detail["status"] not in FINAL:
+                    return False
+                if any(a["state"] != "ended" for a in detail["attempt_history"]):
+                    return False
+            return True
+
+        wait_until(all_ended, WAIT_S, "every attempt to end")
+        ended = True
     finally:
-        scenario.api.close()
-        scenario.server.stop()
+        try:
+            scenario.api.close()
+            scenario.server.stop()
+        finally:
+            if not ended:
+                kill_jobs_of(scenario.data_dir)
     for shim in scenario.data_dir.glob("jobs/*/attempt-*/shim.json"):
         pid = json.loads(shim.read_text())["pid"]
         assert not process_alive(pid), f"{shim}: process {pid} is still running"
@@ -193,16 +217,25 @@ def chromium_args(profile: Path) -> list[str]:
 
 
 def run_chromium(profile: Path, *args: str) -> str:
-    """Chromium once (a fresh profile: no token left in localStorage); its stdout."""
-    result = subprocess.run(
+    """Chromium once (a fresh profile: no token left in localStorage); its stdout. In a process
+    group of its own: a run that fails or hangs takes its helper processes with it."""
+    browser = subprocess.Popen(
         [*chromium_args(profile), *args],
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=60,
-        check=False,
+        start_new_session=True,
     )
-    assert result.returncode == 0, result.stderr[-2000:]
-    return result.stdout
+    try:
+        stdout, stderr = browser.communicate(timeout=180)
+    finally:
+        try:
+            os.killpg(browser.pid, signal.SIGKILL)  # what is left of its group, if anything
+        except ProcessLookupError:
+            pass
+        browser.communicate()
+    assert browser.returncode == 0, stderr[-2000:]
+    return stdout
 
 
 def dump_dom(tmp: Path, url: str, budget_ms: int = 2500) -> Element:
@@ -470,14 +503,18 @@ def start_browser(profile: Path) -> tuple[subprocess.Popen[bytes], str]:
         stderr=subprocess.DEVNULL,
         start_new_session=True,  # its own group: the helpers it spawns go with it
     )
-    port_file = profile / "DevToolsActivePort"
-    port = wait_until(
-        lambda: port_file.is_file() and port_file.read_text().split("\n")[0].strip(),
-        20,
-        "Chromium's DevTools port",
-    )
-    targets = httpx.get(f"http://127.0.0.1:{port}/json/list", timeout=10).json()
-    page = next(t for t in targets if t["type"] == "page")
+    try:
+        port_file = profile / "DevToolsActivePort"
+        port = wait_until(
+            lambda: port_file.is_file() and port_file.read_text().split("\n")[0].strip(),
+            WAIT_S,
+            "Chromium's DevTools port",
+        )
+        targets = httpx.get(f"http://127.0.0.1:{port}/json/list", timeout=30).json()
+        page = next(t for t in targets if t["type"] == "page")
+    except BaseException:
+        stop_browser(browser)  # a start that failed leaves no browser behind
+        raise
     return browser, str(page["webSocketDebuggerUrl"])
 
 
@@ -485,7 +522,7 @@ def stop_browser(browser: subprocess.Popen[bytes]) -> None:
     if browser.poll() is None:
         os.killpg(browser.pid, signal.SIGTERM)
         try:
-            browser.wait(timeout=5)
+            browser.wait(timeout=30)
         except subprocess.TimeoutExpired:
             os.killpg(browser.pid, signal.SIGKILL)
             browser.wait()
@@ -493,11 +530,13 @@ def stop_browser(browser: subprocess.Popen[bytes]) -> None:
 
 def test_the_page_updates_live_and_follows_the_log(tmp_path: Path) -> None:
     scenario = start_scenario(tmp_path / "server")
-    browser, address = start_browser(tmp_path / "profile")
     try:
-        asyncio.run(live_session(scenario, address))
+        browser, address = start_browser(tmp_path / "profile")
+        try:
+            asyncio.run(live_session(scenario, address))
+        finally:
+            stop_browser(browser)
     finally:
-        stop_browser(browser)
         stop_scenario(scenario)
 
 
@@ -509,7 +548,7 @@ async def live_session(scenario: Scenario, address: str) -> None:
         await page.call("Page.navigate", url=f"{scenario.url}/#token={scenario.token}&job={ticker}")
         await page.wait_for(
             "document.body.dataset.polls >= 1 && document.querySelectorAll('[data-gpu]').length",
-            10,
+            WAIT_S,
             "the first poll",
         )
         # the token left the address bar for localStorage; the job selection stayed
@@ -519,7 +558,7 @@ async def live_session(scenario: Scenario, address: str) -> None:
         first_log = await page.wait_for(
             "document.getElementById('log').textContent.includes('tick 2\\n')"
             " && document.getElementById('log').textContent",
-            10,
+            WAIT_S,
             "the ticker's log",
         )
         polls = await page.evaluate("Number(document.body.dataset.polls)")
@@ -530,11 +569,13 @@ async def live_session(scenario: Scenario, address: str) -> None:
             f"document.querySelector('#jobs-body [data-job=\"{sleeper}\"]').dataset.status"
             " === 'CANCELLED'"
             f" && document.querySelectorAll('[data-gpu][data-job=\"{queued}\"]').length === 2",
-            10,
+            WAIT_S,
             "S cancelled and Q running on the page",
         )
         assert await page.evaluate("window.sameDocument") is True
-        await page.wait_for(f"Number(document.body.dataset.polls) > {polls}", 5, "a later poll")
+        await page.wait_for(
+            f"Number(document.body.dataset.polls) > {polls}", WAIT_S, "a later poll"
+        )
         state = await page.evaluate(
             """(() => {
                 const q = (s) => [...document.querySelectorAll(s)];
@@ -571,7 +612,7 @@ async def live_session(scenario: Scenario, address: str) -> None:
         await page.wait_for(
             "document.getElementById('detail').dataset.status === 'CANCELLED'"
             " && document.getElementById('log').dataset.finished === 'true'",
-            10,
+            WAIT_S,
             "T cancelled in the drawer",
         )
         final_log = await page.evaluate("document.getElementById('log').textContent")
