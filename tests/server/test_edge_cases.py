@@ -162,3 +162,55 @@ def test_a_job_whose_vc_left_the_config_fails_at_restart_and_the_rest_runs(
         assert wait_for(client, survivor)["status"] == "SUCCEEDED"
     finally:
         server.stop()
+
+
+def test_a_preempted_jobs_escaped_processes_are_gone_before_its_gpu_is_given_on(
+    data_dir: Path, tmp_path: Path
+) -> None:
+    """The borrower starts a process in a session of its own that ignores SIGTERM (as torchrun's
+    workers live in sessions of their own); the job that takes the GPU back counts, as its
+    first act, the processes of the borrower that still live: none."""
+    mark = f"corral-borrower-{tmp_path.name}"
+    escaped = tmp_path / "escaped"
+    borrower_code = (
+        "import os, subprocess, time\n"
+        "subprocess.Popen(['setsid', 'sh', '-c', "
+        + repr(f'trap "" TERM; echo $$ > {escaped}; exec sleep 600')
+        + "])\n"
+        "time.sleep(600)\n"
+    )
+    counter = (
+        "import os\n"
+        f"mark = b'BORROWER_MARK={mark}'\n"
+        "left = []\n"
+        "for pid in filter(str.isdigit, os.listdir('/proc')):\n"
+        "    try:\n"
+        "        env = open(f'/proc/{pid}/environ', 'rb').read().split(b'\\0')\n"
+        "        state = open(f'/proc/{pid}/stat', 'rb').read().rsplit(b')', 1)[1].split()[0]\n"
+        "    except OSError:\n"
+        "        continue\n"
+        "    if mark in env and state not in (b'Z', b'X'):\n"
+        "        left.append(pid)\n"
+        "print('borrower processes left:', len(left), flush=True)\n"
+    )
+    server = start_server(data_dir, gpus=2, config=TWO_VCS, policy="fifo")
+    try:
+        admin = api(server.url, admin_token(data_dir))
+        env = {"BORROWER_MARK": mark}
+        own = submit(admin, **python_job("b-own", "import time; time.sleep(600)", vc="b"))
+        borrower = submit(
+            admin, **python_job("b-borrows", borrower_code, vc="b", env=env, grace_seconds=2)
+        )
+        wait_for(admin, own, ["RUNNING"])
+        wait_for(admin, borrower, ["RUNNING"])  # on a's GPU
+        wait_until(lambda: escaped.exists() and escaped.read_text().strip(), "the escapee")
+        reclaim = submit(admin, **python_job("a-reclaims", counter, vc="a"))
+        assert wait_for(admin, reclaim)["status"] == "SUCCEEDED"
+        log = admin.get(f"/api/v1/jobs/{reclaim}/logs").text
+        assert "borrower processes left: 0" in log, log
+        assert job(admin, borrower)["attempt_history"][0]["outcome"] == "preempted"
+        for job_id in (own, borrower):
+            admin.post(f"/api/v1/jobs/{job_id}/cancel")
+    finally:
+        server.stop()
+        kill_jobs_of(data_dir)
