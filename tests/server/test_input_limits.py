@@ -101,10 +101,19 @@ class PeakMemory:
         self.grew = max(self.grew, rss_bytes() - self._start)
 
 
-def megabytes(count: int) -> Iterator[bytes]:
+class Sent:
+    """How many MiB a streamed body had produced when the answer came."""
+
+    def __init__(self) -> None:
+        self.mib = 0
+
+
+def megabytes(count: int, sent: Sent | None = None) -> Iterator[bytes]:
     """`count` MiB, one MiB at a time (the test never holds more)."""
     chunk = b"x" * MIB
     for _ in range(count):
+        if sent is not None:
+            sent.mib += 1
         yield chunk
 
 
@@ -115,15 +124,21 @@ def test_a_200_mb_body_is_refused_within_a_second_without_being_read(
     client: httpx.Client,
 ) -> None:
     before = job_count(client)
+    sent = Sent()
     with PeakMemory() as memory:
         started = time.monotonic()
         response = client.post(
-            "/api/v1/jobs", content=megabytes(200), headers={"Content-Length": str(200 * MIB)}
+            "/api/v1/jobs",
+            content=megabytes(200, sent),
+            headers={"Content-Length": str(200 * MIB)},
         )
         took = time.monotonic() - started
     detail = refused(response, 413)
     assert detail == f"the request body is too large ({200 * MIB} bytes); at most {MIB} bytes"
     assert response.headers["connection"] == "close"
+    # Decided from the header: the answer comes while the client is still sending (the socket
+    # buffers take a few MiB), so it takes milliseconds, whatever the body's size.
+    assert sent.mib < 200, sent.mib
     assert took < 1.0, took
     assert memory.grew < 50 * MIB, memory.grew
     assert client.get("/api/v1/whoami").status_code == 200  # the server is fine
@@ -648,7 +663,7 @@ def test_corral_up_takes_the_body_limit(tmp_path: Path, monkeypatch: Any) -> Non
     assert result.exit_code == 2 and "--max-body-bytes" in result.output
 
 
-def test_a_mib_of_brackets_is_checked_quickly(client: httpx.Client) -> None:
+def test_a_mib_of_brackets_is_refused_without_hanging_the_server(client: httpx.Client) -> None:
     # The worst case of the depth scan: a MiB of arrays 31 deep, side by side, in one array.
     wide = b"[" + b",".join([b"[" * 31 + b"]" * 31] * 15_000) + b"]"
     deep = b"[" * (MIB // 2) + b"]" * (MIB // 2)
@@ -659,4 +674,6 @@ def test_a_mib_of_brackets_is_checked_quickly(client: httpx.Client) -> None:
         assert len(body) <= MIB
         started = time.monotonic()
         refused(client.post("/api/v1/jobs", content=body), 422, detail)
-        assert time.monotonic() - started < 2.0
+        # A guard against a scan that hangs (a naive one is quadratic), not a speed claim:
+        # milliseconds on an idle machine, seconds on a loaded one.
+        assert time.monotonic() - started < 60.0

@@ -88,14 +88,24 @@ def test_a_tail_of_a_capped_log(tmp_path: Path) -> None:
     assert everything.text == dropped_marker(start) + text[start:]
 
 
-def test_a_tail_of_a_2gb_sparse_file_is_quick(tmp_path: Path) -> None:
+def test_a_tail_of_a_2gb_sparse_file_reads_a_few_blocks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     path = tmp_path / "rank-0.stdout"
     tail = sparse_log(path)
-    started = time.perf_counter()
+    read_bytes: list[int] = []
+    pread = os.pread
+
+    def counting_pread(fd: int, size: int, offset: int) -> bytes:
+        data = pread(fd, size, offset)
+        read_bytes.append(len(data))
+        return data
+
+    monkeypatch.setattr(os, "pread", counting_pread)
     read = read_log(path, 0, 1 << 20, tail=5)
-    elapsed = time.perf_counter() - started
+    monkeypatch.undo()
     assert read.text == tail[-5 * LINE :] and read.next_offset == 2 << 30
-    assert elapsed < 0.1, elapsed  # a few blocks read, not 2 GB
+    assert sum(read_bytes) < 1 << 20, sum(read_bytes)  # a few blocks read, not 2 GB
     from_zero = read_log(path, 0, 1 << 20)  # the hole is skipped, not read as 2 GB of NULs
     hole = ((2 << 30) - len(tail)) // logcap.BLOCK * logcap.BLOCK  # data starts with its block
     assert from_zero.text == dropped_marker(hole) + tail.rjust((2 << 30) - hole, b"\0")
@@ -190,7 +200,9 @@ def test_the_api_tails_a_2gb_sparse_log_quickly(
     elapsed = time.perf_counter() - started
     assert response.status_code == 200 and response.content == tail[-5 * LINE :]
     assert response.headers["X-Corral-Offset"] == str(2 << 30)
-    assert elapsed < 1.0, elapsed  # about 5 ms here
+    # About 5 ms here; the bound only catches a read of the whole 2 GB (the test above counts
+    # the bytes read), and holds on a loaded machine.
+    assert elapsed < 30.0, elapsed
 
 
 def test_the_api_does_not_follow_a_symlinked_log(

@@ -161,21 +161,19 @@ def test_a_revocation_racing_a_lookup_does_not_leave_the_token_cached(store: Sto
 
 
 def test_verification_stays_cheap(store: Store, recheck: float) -> None:
-    """Per request: a dictionary lookup, and one indexed query a second per token."""
+    """Per request: a dictionary lookup, and one indexed query per token and re-check interval
+    (the cost itself is measured in the closing note of the change, not asserted here)."""
     secret = create_token(store, "alice")
     verify(store, secret)
-    started = time.perf_counter()
+    queries = Queries(store)
     for _ in range(10_000):
         verify(store, secret)
-    cached = (time.perf_counter() - started) / 10_000
-    started = time.perf_counter()
-    for _ in range(200):
+    assert queries.count() == 0  # all from the cache
+    for _ in range(3):
         auth._forget_verified(store)
         verify(store, secret)
-    looked_up = (time.perf_counter() - started) / 200
-    # Measured on a 2-core VM: about 1.5 us cached, 200 us looked up (SQLite); generous bounds.
-    assert cached < 100e-6, cached
-    assert looked_up < 20e-3, looked_up
+    assert queries.count() == 3
+    assert all("tokens" in statement for statement in queries.statements)
 
 
 # -- the admin's token ----------------------------------------------------------------------------
