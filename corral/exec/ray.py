@@ -377,16 +377,31 @@ class WorkerActor:
         assert self.popen is not None
         # Wait without reaping: while the worker is an unreaped zombie its pid, the group id,
         # cannot be reused, so the killpg below reaches only what it left behind.
-        os.waitid(os.P_PID, self.popen.pid, os.WEXITED | os.WNOWAIT)
+        status = os.waitid(os.P_PID, self.popen.pid, os.WEXITED | os.WNOWAIT)
         self.exited.set()
-        self._signal_group(signal.SIGKILL)
+        # A guard that ended of itself did so after its keeper ended the worker's container:
+        # whatever is left in the group goes. One that was killed (Ray kills an actor's children
+        # as the actor goes) left its keeper to end the container, which the group's SIGKILL
+        # would kill half-way, leaving what escaped the group alive.
+        killed = status is not None and status.si_code in (os.CLD_KILLED, os.CLD_DUMPED)
+        # The keeper writes its report as it ends; a guard ends by a signal of its own accord
+        # only after that (as its command did: the OOM killer's SIGKILL, say).
+        killed_from_outside = killed and not self._report_path().exists()
+        if not killed:
+            self._signal_group(signal.SIGKILL)
         returncode = self.popen.wait()
         if self.popen.stdin is not None:
             try:
                 self.popen.stdin.close()
             except OSError:
                 pass
-        self._end(self._result(returncode))
+        result = self._result(returncode)
+        if killed_from_outside and not self.stop_requested:
+            # Ray kills an actor's children as the actor goes (its node is going down, or
+            # someone killed it): the machine's doing, not the job's, as a dead actor is.
+            reason = f"lost: rank {self.rank}'s guard was killed (its Ray actor is going away)"
+            result.update(lost=True, reason=reason)
+        self._end(result)
 
     def _end(self, result: dict[str, Any]) -> None:
         self.result = result
