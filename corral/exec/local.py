@@ -278,18 +278,21 @@ def _kill_attempt(
     return len(killed), left
 
 
-def _own_directory(path: Path, run_as: RunAs | None) -> None:
-    """Create `path` (and its parents) and, with run_as, give it to that account, mode 0700;
-    then a link is refused: the account must not be handed something else through it."""
+def own_directory(path: Path, run_as: RunAs | None, mode: int = 0o700) -> None:
+    """Create `path` (and its parents) and give it `mode` and, with run_as, to that account.
+    An existing directory is kept (a job's checkpoint or work dir across attempts); with run_as
+    a link in its place is refused, so a job cannot have a path of its choosing given to it.
+    The mode is set explicitly: the manager's umask may be 077."""
     path.mkdir(parents=True, exist_ok=True)
-    if run_as is None:
+    if run_as is None:  # the manager's own: a link an admin made (to another disk) is fine
+        path.chmod(mode)
         return
     if stat.S_ISLNK(os.lstat(path).st_mode):
-        raise ValueError(f"checkpoint_dir: {path} is a symbolic link")
+        raise ValueError(f"{path} is a symbolic link: not given to account {run_as.user}")
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
         os.fchown(fd, run_as.uid, run_as.gid)
-        os.fchmod(fd, 0o700)
+        os.fchmod(fd, mode)
     finally:
         os.close(fd)
 
@@ -341,7 +344,7 @@ class LocalExecutor:
             # log files (made by the shim, owned by it) but not list the directory.
             attempt_dir.chmod(0o711 if launch.run_as is not None else 0o700)
             if launch.checkpoint_dir is not None:
-                _own_directory(Path(launch.checkpoint_dir), launch.run_as)
+                own_directory(Path(launch.checkpoint_dir), launch.run_as)
             _fill_master(launch.workers, "127.0.0.1")
             run_as = launch.run_as
             write_json_atomic(

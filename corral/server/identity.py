@@ -11,7 +11,6 @@ The kernel does the rest: another user's job is another uid, so it cannot open t
 
 from __future__ import annotations
 
-import grp
 import os
 import pwd
 import stat
@@ -114,33 +113,6 @@ def _user_name(uid: int) -> str:
         return pwd.getpwuid(uid).pw_name
     except KeyError:
         return str(uid)
-
-
-def group_name(gid: int) -> str:
-    try:
-        return grp.getgrgid(gid).gr_name
-    except KeyError:
-        return str(gid)
-
-
-def make_private_dir(path: Path, run_as: RunAs | None, mode: int = 0o700) -> None:
-    """Create `path` (its parent must exist and be the manager's) owned by `run_as`, `mode`.
-
-    An existing directory is kept (a job's checkpoint or work dir across attempts) and given the
-    owner and mode again; a symbolic link or anything else in its place is refused, so a job
-    cannot make the manager chown a path of its choosing.
-    """
-    try:
-        os.mkdir(path, mode)
-    except FileExistsError:
-        pass
-    info = os.lstat(path)
-    if not stat.S_ISDIR(info.st_mode):
-        raise OSError(f"{path}: not a directory (a link or a file is in its place)")
-    if run_as is not None and (info.st_uid, info.st_gid) != (run_as.uid, run_as.gid):
-        os.chown(path, run_as.uid, run_as.gid, follow_symlinks=False)
-    if stat.S_IMODE(info.st_mode) != mode:
-        os.chmod(path, mode, follow_symlinks=False)
 
 
 def check_reachable(directory: Path) -> str | None:

@@ -37,6 +37,7 @@ from corral.exec.local import (
     AttemptLaunch,
     RunAs,
     WorkerLaunch,
+    own_directory,
     placement_worker_envs,
 )
 from corral.exec.logcap import DEFAULT_CAP_BYTES
@@ -371,7 +372,7 @@ class Manager:
         In multi-user mode it runs as its user's account, which must still exist."""
         try:
             launch.run_as = self._prepare_job_dirs(launch.job_id)
-        except (AccountError, OSError) as error:
+        except (OSError, ValueError) as error:  # AccountError is a ValueError
             reason = f"cannot start: {error}"
             ended = AttemptEnded(launch.job_id, launch.attempt, None, None, False, reason, "", now)
             with self.store.batch():
@@ -518,9 +519,9 @@ class Manager:
         job_dir = self.job_dir(job_id)
         # Passable by the jobs' accounts, never listable (the mode is set: the umask is 077).
         passable = 0o711 if run_as is not None else 0o700
-        identity.make_private_dir(job_dir.parent, None, passable)
-        identity.make_private_dir(job_dir, None, passable)
-        identity.make_private_dir(self.work_dir(job_id), run_as)
+        own_directory(job_dir.parent, None, passable)
+        own_directory(job_dir, None, passable)
+        own_directory(self.work_dir(job_id), run_as)
         return run_as
 
     # -- carrying out the core's actions ------------------------------------------------------
