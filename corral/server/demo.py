@@ -65,11 +65,11 @@ def run_demo(options: ServerOptions, console: Console) -> None:
         options.gpus = 4
     options.settings.retry_backoff_s = 1.0
     options.settings.fast_fail_s = 30.0
-    account = demo_account(options, console)
+    account, whose = demo_account(options)
     manager = build_manager(options)
     server = RunningServer(manager, options.host, options.port).start()
     try:
-        _play(server.url, options.data_dir, console, account)
+        _play(server.url, options.data_dir, console, account, whose)
     finally:
         server.stop()
 
@@ -78,13 +78,12 @@ def run_demo(options: ServerOptions, console: Console) -> None:
 DEMO_ACCOUNT = "nobody"
 
 
-def demo_account(options: ServerOptions, console: Console) -> str | None:
+def demo_account(options: ServerOptions) -> tuple[str | None, str]:
     """As root, the demo runs its jobs as `nobody` when that account can run them (this
     Python, the training script, the data dir); otherwise, or not as root, as the manager's own
-    user, which it says."""
+    user. Returns the account (None: the manager's) and a line that says which, and why."""
     if options.single_user or not identity.multi_user_possible():
-        console.print(f"  jobs       {identity.single_user_note()}", highlight=False)
-        return None
+        return None, identity.single_user_note()
     try:
         run_as = identity.account(DEMO_ACCOUNT)
     except identity.AccountError as error:
@@ -97,18 +96,10 @@ def demo_account(options: ServerOptions, console: Console) -> str | None:
         )
     if problem is not None:
         options.single_user = True
-        console.print(
-            f"  jobs       run as root (single-user): account {DEMO_ACCOUNT} cannot run them "
-            f"here ({problem})",
-            highlight=False,
-            soft_wrap=True,
+        return None, (
+            f"run as root (single-user): account {DEMO_ACCOUNT} cannot run them here ({problem})"
         )
-        return None
-    console.print(
-        f"  jobs       run as Unix account {DEMO_ACCOUNT} (alice's and bob's tokens name it)",
-        highlight=False,
-    )
-    return DEMO_ACCOUNT
+    return DEMO_ACCOUNT, f"run as Unix account {DEMO_ACCOUNT} (alice's and bob's tokens name it)"
 
 
 class _Narrator:
@@ -154,7 +145,9 @@ class _Narrator:
         return details
 
 
-def _play(url: str, data_dir: Path, console: Console, account: str | None = None) -> None:
+def _play(
+    url: str, data_dir: Path, console: Console, account: str | None = None, whose: str = ""
+) -> None:
     token = (data_dir / "admin.token").read_text().strip()
     admin = Client(url, token)
     console.print(f"corral demo: manager up at {url} (4 declared GPUs, VCs vision and nlp)")
@@ -164,6 +157,8 @@ def _play(url: str, data_dir: Path, console: Console, account: str | None = None
         soft_wrap=True,
     )
     console.print(f"  state      {data_dir}", highlight=False)
+    if whose:
+        console.print(f"  jobs       {whose}", highlight=False, soft_wrap=True)
     alice = Client(url, admin.create_token("alice", vc="vision", unix_user=account)["token"])
     bob = Client(url, admin.create_token("bob", vc="nlp", unix_user=account)["token"])
     story = _Narrator(admin, console)

@@ -27,3 +27,9 @@ def test_the_demo_preempts_resumes_and_stops_a_user_error(tmp_path: Path) -> Non
     for name in ("resnet50", "vit-base", "bert-large"):
         assert f"{name}: attempt" in text and "exited 0" in text
     assert (data_dir / "corral.db").is_file()
+    # Whose account the jobs ran as is said once: here root's, since pytest's tmp_path (root's,
+    # 0700) is closed to nobody; not as root, the manager's own.
+    assert sum(line.split()[:1] == ["jobs"] for line in result.output.splitlines()) == 1
+    assert "jobs run as root (single-user): account nobody cannot run them here" in text or (
+        "jobs single-user mode: corral runs as" in text
+    )
