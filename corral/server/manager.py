@@ -515,7 +515,9 @@ class Manager:
         the spec names no workdir, its work dir (the account's, 0700). Returns the account."""
         run_as = None
         if self.settings.multi_user:
-            run_as = identity.account(self._accounts.get(job_id, ""), field="unix user")
+            # A job stored by a single-user manager has no account: its user's name is one.
+            name = self._accounts.get(job_id) or self.scheduler.jobs[job_id].spec.user
+            run_as = identity.account(name, field="unix user")
         job_dir = self.job_dir(job_id)
         # Passable by the jobs' accounts, never listable (the mode is set: the umask is 077).
         passable = 0o711 if run_as is not None else 0o700
