@@ -106,14 +106,17 @@ def _procs(cgroup: Path) -> list[int]:
     return [int(line) for line in text.split()]
 
 
-def _stat(pid: int) -> tuple[int, str, int] | None:
-    """(ppid, state, start time) of a process, or None when it does not exist."""
+def proc_stat(pid: int) -> tuple[int, str, int] | None:
+    """(ppid, state letter, start time in clock ticks) of a process, from /proc/PID/stat, or
+    None when it does not exist."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as stat_file:
             data = stat_file.read()
     except OSError:
         return None
+    # The command name (field 2) may contain spaces and parentheses: split after the last ')'.
     fields = data[data.rindex(b")") + 2 :].split()
+    # fields[0] is field 3 (state), fields[1] field 4 (ppid); field 22 (starttime) is fields[19].
     return int(fields[1]), fields[0].decode(), int(fields[19])
 
 
@@ -133,7 +136,7 @@ def _kill(pid: int, start_time: int | None = None) -> bool:
     except OSError:  # a kernel without pidfds: the small race is accepted
         return _kill(pid)
     try:
-        found = _stat(pid)
+        found = proc_stat(pid)
         if found is None or found[2] != start_time:
             return False
         signal.pidfd_send_signal(pidfd, signal.SIGKILL)
@@ -157,7 +160,7 @@ def descendants(root: int) -> dict[int, tuple[int, str, int]]:
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
-        found = _stat(int(entry))
+        found = proc_stat(int(entry))
         if found is not None:
             stats[int(entry)] = found
             children.setdefault(found[0], []).append(int(entry))
@@ -663,7 +666,7 @@ def processes_with_key(name: str) -> dict[int, int]:
         except OSError:
             continue
         if wanted in items:
-            info = _stat(int(entry))
+            info = proc_stat(int(entry))
             if info is not None and info[1] not in ("Z", "X"):
                 found[int(entry)] = info[2]
     return found

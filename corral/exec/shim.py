@@ -73,15 +73,8 @@ LOG_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXE
 
 def read_proc_stat(pid: int) -> tuple[str, int] | None:
     """(state letter, start time in clock ticks) of a process, or None when it does not exist."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat_file:
-            data = stat_file.read()
-    except OSError:
-        return None
-    # The command name (field 2) may contain spaces and parentheses: split after the last ')'.
-    fields = data[data.rindex(b")") + 2 :].split()
-    # fields[0] is field 3 (state); field 22 (starttime) is fields[19].
-    return fields[0].decode(), int(fields[19])
+    found = contain.proc_stat(pid)
+    return None if found is None else (found[1], found[2])
 
 
 def process_start_time(pid: int) -> int | None:
