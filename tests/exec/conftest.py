@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import pytest
 
 from corral.exec.local import LocalExecutor, kill_attempt
 from corral.exec.shim import read_proc_stat
+from tests.exec.contain_helpers import kill_marked
 
 
 def _processes_under(root: Path) -> list[int]:
@@ -72,3 +74,12 @@ def make_executor(tmp_path: Path) -> Iterator[Callable[[], LocalExecutor]]:
 @pytest.fixture
 def executor(make_executor: Callable[[], LocalExecutor]) -> LocalExecutor:
     return make_executor()
+
+
+@pytest.fixture
+def mark() -> Iterator[str]:
+    """A value every process of the test's job carries (contain_helpers.MARK); whatever
+    carries it is killed at the end."""
+    value = uuid.uuid4().hex
+    yield value
+    kill_marked(value)

@@ -27,10 +27,16 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tests.netns import only_loopback
+
+if TYPE_CHECKING:
+    from corral.exec.ray import RayExecutor
 
 RAY = str(Path(sys.executable).with_name("ray"))
 READY_LINE = "Ray runtime started"
@@ -321,3 +327,23 @@ class RayCluster:
                 pass
             node.wait()
         # Its output's reader (see _wait_ready) closes the pipe once the node's processes are gone.
+
+
+@contextmanager
+def executor_on(cluster: RayCluster) -> Iterator[RayExecutor]:
+    """A RayExecutor connected to `cluster`; at the end the actors a failed test left behind
+    (they would hold the nodes' shutdown up) are killed, and it is closed."""
+    import ray
+
+    from corral.exec.ray import RayExecutor
+
+    ray_executor = RayExecutor(cluster.address)
+    try:
+        yield ray_executor
+    finally:
+        try:
+            for actor in ray.util.list_named_actors(all_namespaces=True):
+                if actor["namespace"] == "corral":
+                    ray.kill(ray.get_actor(actor["name"], namespace="corral"), no_restart=True)
+        finally:
+            ray_executor.close()

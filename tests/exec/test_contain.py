@@ -39,7 +39,6 @@ from tests.exec.contain_helpers import (
     escape,
     job_env,
     job_script,
-    kill_marked,
     marked,
     mechanism_or_skip,
     wait_files,
@@ -56,13 +55,6 @@ def mechanism(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -
     inherits from the executor's environment."""
     monkeypatch.setenv(contain.ENV_MECHANISM, mechanism_or_skip(str(request.param)))
     return str(request.param)
-
-
-@pytest.fixture
-def mark() -> Iterator[str]:
-    value = uuid.uuid4().hex
-    yield value
-    kill_marked(value)
 
 
 def _kill_shim(attempt_dir: Path) -> None:

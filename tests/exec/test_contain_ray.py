@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import signal
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,13 +20,12 @@ from tests.exec.contain_helpers import (
     escape,
     job_env,
     job_script,
-    kill_marked,
     marked,
     mechanism_or_skip,
     wait_files,
     wait_until_none,
 )
-from tests.exec.ray_cluster import RayCluster
+from tests.exec.ray_cluster import RayCluster, executor_on
 
 
 @pytest.fixture(scope="module")
@@ -42,21 +40,8 @@ def cluster() -> Iterator[RayCluster]:
 
 @pytest.fixture(scope="module")
 def executor(cluster: RayCluster) -> Iterator[RayExecutor]:
-    ray_executor = RayExecutor(cluster.address)
-    try:
+    with executor_on(cluster) as ray_executor:
         yield ray_executor
-    finally:
-        for actor in ray.util.list_named_actors(all_namespaces=True):
-            if actor["namespace"] == "corral":
-                ray.kill(ray.get_actor(actor["name"], namespace="corral"), no_restart=True)
-        ray_executor.close()
-
-
-@pytest.fixture
-def mark() -> Iterator[str]:
-    value = uuid.uuid4().hex
-    yield value
-    kill_marked(value)
 
 
 def launch_one(

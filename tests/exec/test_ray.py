@@ -25,7 +25,7 @@ from corral.exec.local import (
     placement_worker_envs,
 )
 from corral.exec.ray import RayExecutor, actor_name
-from tests.exec.ray_cluster import RayCluster, processes_of_job
+from tests.exec.ray_cluster import RayCluster, executor_on, processes_of_job
 
 PYTHON = sys.executable
 ENV_DUMP = "import json, os, sys; json.dump(dict(os.environ), open(sys.argv[1], 'w'))"
@@ -56,15 +56,8 @@ def cluster() -> Iterator[RayCluster]:
 
 @pytest.fixture(scope="module")
 def executor(cluster: RayCluster) -> Iterator[RayExecutor]:
-    ray_executor = RayExecutor(cluster.address)
-    try:
+    with executor_on(cluster) as ray_executor:
         yield ray_executor
-        # A failed test may leave actors behind; they would hold the nodes' shutdown up.
-        for actor in ray.util.list_named_actors(all_namespaces=True):
-            if actor["namespace"] == "corral":
-                ray.kill(ray.get_actor(actor["name"], namespace="corral"), no_restart=True)
-    finally:
-        ray_executor.close()
 
 
 def make_launch(
