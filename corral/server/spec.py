@@ -173,9 +173,8 @@ def _name(value: object) -> str:
 def _non_empty_text(value: object) -> str:
     if not isinstance(value, str) or not value.strip():
         raise _refuse("must be a non-empty string")
-    if len(value) > MAX_TEXT_CHARS:
-        raise _refuse(f"must be at most {MAX_TEXT_CHARS} characters (got {len(value)})")
-    return _checked_text(value, 4 * MAX_TEXT_CHARS)
+    _short_text(value)
+    return value
 
 
 def _choice(*choices: str) -> Any:
@@ -195,7 +194,7 @@ def _gpu_types(value: object) -> str | list[str] | None:
     if isinstance(value, str):
         if not value.strip():
             raise _refuse("must not be empty")
-        _gpu_type_text(value)
+        _short_text(value)
         return value.strip().lower()
     if not isinstance(value, list):
         raise _refuse("must be a GPU type or a list of GPU types")
@@ -207,13 +206,14 @@ def _gpu_types(value: object) -> str | list[str] | None:
     for index, item in enumerate(value):
         if not isinstance(item, str) or not item.strip():
             raise _refuse("must be a non-empty string", str(index))
-        _gpu_type_text(item, str(index))
+        _short_text(item, str(index))
         if item.strip().lower() not in types:
             types.append(item.strip().lower())
     return types
 
 
-def _gpu_type_text(value: str, path: str = "") -> None:
+def _short_text(value: str, path: str = "") -> None:
+    """A `vc` or a GPU type: at most MAX_TEXT_CHARS characters, and `_checked_text`."""
     if len(value) > MAX_TEXT_CHARS:
         raise _refuse(f"must be at most {MAX_TEXT_CHARS} characters (got {len(value)})", path)
     _checked_text(value, 4 * MAX_TEXT_CHARS, path)
