@@ -57,7 +57,10 @@ def main() -> None:
 
     def serve(executor: str) -> RunningServer:
         data_dir = Path(tempfile.mkdtemp(prefix=f"{executor}-", dir=work))
-        options = ServerOptions(data_dir=data_dir, settings=fast_settings(), executor=executor)
+        # Single-user: the figures are the executors' costs; the jobs run as the benchmark's user.
+        options = ServerOptions(
+            data_dir=data_dir, settings=fast_settings(), executor=executor, single_user=True
+        )
         if executor == "ray":
             options.ray_address = cluster.address
             return RunningServer(
