@@ -12,7 +12,7 @@ import resource
 import sys
 import time
 
-from corral.core import Cluster
+from corral.core import Cluster, Scheduler
 from corral.core.placement import make_placement
 from corral.core.policy import make_policy
 from corral.sim.engine import Simulation
@@ -45,11 +45,13 @@ def main() -> None:
         options["service_samples_gpu_s"] = [s.gpus * (s.duration_s or 0) for s in trace.jobs]
     simulation = Simulation(
         trace.jobs,
-        cluster,
-        make_policy(args.policy, **options),
-        make_placement(args.placement),
-        speed_model=PerfModel.default_for_durations().speed_model(cluster),
-        restore_s=30.0,
+        Scheduler(
+            cluster,
+            make_policy(args.policy, **options),
+            make_placement(args.placement),
+            speed_model=PerfModel.default_for_durations().speed_model(cluster),
+            restore_s=30.0,
+        ),
     )
     started = time.perf_counter()
     result = simulation.run()

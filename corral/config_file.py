@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from corral.core.config import ClusterConfig, ConfigError, parse_cluster_config
+from corral.core.options import OptionError
+
+if TYPE_CHECKING:
+    from corral.core.framework import SchedulerConfig
 
 
 class _StrictLoader(yaml.SafeLoader):
@@ -78,3 +82,19 @@ def _yaml_reason(error: yaml.YAMLError) -> str:
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
         return f"{where}invalid YAML: {problem}{context}"
     return f"invalid YAML: {error}"
+
+
+def load_scheduler_config(path: Path) -> SchedulerConfig:
+    """The scheduler config of a YAML file: its `scheduler:` section, or the whole file when it
+    has none (as `corral config show` prints it); OptionError("FILE: scheduler.key: reason")."""
+    from corral.core.framework import config_from_mapping
+
+    try:
+        data = read_yaml_file(path)
+    except YamlFileError as error:
+        raise OptionError(f"{path}: {error}") from None
+    if isinstance(data, dict) and "scheduler" in data:
+        data = data["scheduler"]
+    if not isinstance(data, dict):
+        raise OptionError(f"{path}: scheduler: must be a mapping")
+    return config_from_mapping(data, where=f"{path}: scheduler")

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 import typer
 from rich.table import Table
 
-from corral.cli.main import console, err_console, fail
+from corral.cli.common import console, err_console, fail
 
 if TYPE_CHECKING:
     from corral.client import Client

@@ -7,6 +7,8 @@ from typing import Annotated
 
 import typer
 
+from corral.cli.common import console, fail
+
 DEFAULT_POLICIES = "fgd,best-fit,random-fit,packing"
 
 
@@ -36,7 +38,6 @@ def fgd(
     """Place GPU-sharing tasks until the cluster is full; compare fragmentation by policy."""
     from rich.progress import TaskID
 
-    from corral.cli.main import console, fail
     from corral.core.sharing import SharingError
     from corral.sim.report import progress_bar
     from corral.sim.sharing import ExperimentSettings, run_experiment, summary_table, write_outputs

@@ -5,11 +5,11 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
-from corral.cli.main import UserError, console, fail, parse_floats
+from corral.cli.common import UserError, console, fail
 
 # root's manager is a system service whose jobs run as other accounts: its state goes where they
 # can reach their own directories (root's home is closed to them).
@@ -44,21 +44,17 @@ def up(
         str | None,
         typer.Option(help="a database URL (postgresql+psycopg://...); default SQLite in DATA_DIR"),
     ] = None,
-    policy: Annotated[str, typer.Option(help="fifo, las, gittins or timeslice")] = "las",
-    admission: Annotated[
-        str,
+    scheduler_config: Annotated[
+        Path | None,
         typer.Option(
-            help="how VCs share GPUs: quota (GPU counts) or hived (HiveD's guaranteed cells; "
-            "needs --config with virtual_clusters). Both lend idle GPUs and reclaim them"
+            help="the scheduler's settings (YAML: a `scheduler:` section, as `corral config "
+            "show` prints it); flags override it"
         ),
-    ] = "quota",
-    las_thresholds: Annotated[
-        str, typer.Option(help="LAS/Gittins queue thresholds, GPU-seconds, comma-separated")
-    ] = "3600,36000",
-    quantum_s: Annotated[float, typer.Option(help="timeslice: the round length")] = 600.0,
-    relax_after: Annotated[
-        float, typer.Option(help="seconds a job waits for a consolidated placement")
-    ] = 60.0,
+    ] = None,
+    policy: Annotated[
+        str | None,
+        typer.Option(help="the ordering policy [default: the scheduler config's, las]"),
+    ] = None,
     executor: Annotated[
         str,
         typer.Option(help="local (processes on this machine) or ray (a Ray cluster's GPU nodes)"),
@@ -97,15 +93,20 @@ def up(
             help="run the demo workload (two VCs, a preemption and resume) to the end, then exit"
         ),
     ] = False,
+    *,
+    scheduler: dict[str, Any],
 ) -> None:
     """Start the embedded cluster manager on this machine."""
+    from corral.cli.schedflags import effective_config
     from corral.server.boot import BootError, ServerOptions, build_manager
-    from corral.server.manager import ADMISSIONS, LIVE_POLICIES, ManagerSettings
+    from corral.server.manager import ManagerSettings
 
-    if policy not in LIVE_POLICIES:
-        fail(f"--policy: unknown {policy!r}; choose one of {', '.join(LIVE_POLICIES)}")
-    if admission not in ADMISSIONS:
-        fail(f"--admission: unknown {admission!r}; choose one of {', '.join(ADMISSIONS)}")
+    try:
+        given = scheduler | ({"policy": policy} if policy is not None else {})
+        scheduler_settings = effective_config(scheduler_config, given)
+    except UserError as error:
+        fail(str(error))
+    admission = scheduler_settings.core.admission
     if admission == "hived" and config is None and not demo:  # the demo writes its own config
         fail("--admission hived: needs --config FILE whose virtual_clusters give the VCs' cells")
     if gpus is not None and gpus <= 0:
@@ -122,12 +123,6 @@ def up(
         data_dir = Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S") if demo else DEFAULT_DATA_DIR
     if not 0 < port < 65536 and not (demo and port == 0):
         fail("--port: must be between 1 and 65535")
-    if quantum_s <= 0:
-        fail("--quantum-s: must be positive")
-    try:
-        thresholds = parse_floats("--las-thresholds", las_thresholds)
-    except UserError as error:
-        fail(str(error))
     if not demo:
         check_port_free(host, port)
     try:
@@ -135,11 +130,7 @@ def up(
     except UserError as error:
         fail(str(error))
     settings = ManagerSettings(
-        policy=policy,
-        admission=admission,
-        las_thresholds_gpu_s=thresholds,
-        quantum_s=quantum_s,
-        relax_after_s=relax_after,
+        scheduler=scheduler_settings,
         checkpoint_root=checkpoint_root.expanduser().resolve() if checkpoint_root else None,
         log_cap_bytes=log_cap_bytes,
         max_body_bytes=max_body_bytes,
@@ -232,7 +223,8 @@ def serve(manager: object, options: object) -> None:
         where += f" of the Ray cluster at {options.ray_address}"
     console.print(
         f"corral up: {manager.cluster.total_gpus} GPUs on {where}, policy "
-        f"{manager.settings.policy}, admission {manager.settings.admission}, VCs {quota}",
+        f"{manager.settings.scheduler.core.policy}, admission {manager.admission_name()}, "
+        f"VCs {quota}",
         highlight=False,
     )
     console.print(f"  API        {url}/api/v1   (OpenAPI: {url}/docs)", highlight=False)
@@ -265,6 +257,7 @@ def export_trace(
     ] = None,
 ) -> None:
     """Write the manager's job history as a trace: `corral simulate --trace helios:FILE`."""
+    from corral.server.export import export_config
     from corral.server.export import export_trace as write_trace
     from corral.server.store import Store, StoreError
 
@@ -274,10 +267,24 @@ def export_trace(
     try:
         store = Store(db or Store.sqlite_url(data_dir))
         written, skipped = write_trace(store, out)
+        config = export_config(store, out)
     except (StoreError, OSError) as error:
         fail(str(error))
+    where = "--cluster 1x8"
+    if config is not None and "admission: none" not in config.read_text():
+        where = "--config CLUSTER.yaml"  # its VCs: the manager's own cluster config
+    replay = where + (f" --scheduler-config {config}" if config is not None else "")
     console.print(
-        f"wrote {written} jobs to {out} ({skipped} that never ran left out); replay with:\n"
-        f"  corral simulate --trace helios:{out} --cluster 1x8 --compare fifo,las",
+        f"wrote {written} jobs to {out} ({skipped} that never ran left out)"
+        + (f" and its scheduler config to {config}" if config is not None else "")
+        + f"; replay with:\n  corral simulate --trace helios:{out} {replay}",
         highlight=False,
+        soft_wrap=True,
     )
+
+
+def command() -> Any:
+    """The click command, with the generated scheduler flags (corral.cli.lazy builds it)."""
+    from corral.cli.schedflags import click_command
+
+    return click_command("up", up)

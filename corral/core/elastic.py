@@ -44,9 +44,11 @@ from corral.core.cluster import Cluster
 from corral.core.job import Job, JobSpec, JobStatus
 from corral.core.migration import Migration
 from corral.core.placement.base import Placed, Placement
+from corral.core.plugin import SpeedModel
 from corral.core.policy.base import Policy
 from corral.core.policy.edf import ElasticFlowOrder, deadline_of
-from corral.core.scheduler import JobRefused, Scheduler, SpeedModel
+from corral.core.retry import FailureReport, RetryRule
+from corral.core.scheduler import JobRefused, Scheduler
 
 #: A job's training throughput on a number of GPUs, consolidated, in any unit (only ratios matter).
 Throughput = Callable[[Job, int], float]
@@ -296,6 +298,7 @@ class ElasticScheduler:
         restore_s: float = 0.0,
         policy: Policy | None = None,
         migrate: bool = True,
+        retry: RetryRule | None = None,
     ) -> None:
         """`speed_model` gives a job's speed on its GPUs at the count it asked for (GPU type,
         spread); the scheduler multiplies it by the job's scaling curve at the count it runs on.
@@ -321,12 +324,13 @@ class ElasticScheduler:
             speed_model=speed,
             restore_s=restore_s,
             migration=Migration() if migrate else None,
+            retry=retry,
         )
         self.policy = self.inner.policy
         self.migration = self.inner.migration
         self.jobs: dict[str, Job] = {}
         self._elastic: dict[str, _Elastic] = {}
-        self.counters = ElasticCounters()
+        self.tally = ElasticCounters()
         self.rounds = 0
 
     # -- the scheduler interface ------------------------------------------------------------
@@ -343,32 +347,37 @@ class ElasticScheduler:
     def running_count(self) -> int:
         return self.inner.running_count
 
+    def _curve(self, job: Job) -> Curve:
+        return scaling_curve(job, self.throughput, self.capacity, self._placed_speed(job))
+
+    def refusal(self, spec: JobSpec) -> str | None:
+        if not self._curve(Job(spec=spec, seq=len(self.jobs), queued_since=0.0)).sizes:
+            smallest = spec.elastic.min_gpus if spec.elastic is not None else spec.gpus
+            return f"needs at least {smallest} GPUs but the cluster has only {self.capacity} GPUs"
+        return None
+
     def submit(self, spec: JobSpec, now: float) -> Job:
         if spec.id in self.jobs:
             raise JobRefused(f"job {spec.id}: a job with this id already exists")
         probe = Job(spec=spec, seq=len(self.jobs), queued_since=now)
-        curve = scaling_curve(probe, self.throughput, self.capacity, self._placed_speed(probe))
+        curve = self._curve(probe)
         if not curve.sizes:
-            smallest = spec.elastic.min_gpus if spec.elastic is not None else spec.gpus
-            raise JobRefused(
-                f"job {spec.id}: needs at least {smallest} GPUs but the cluster has only "
-                f"{self.capacity} GPUs"
-            )
+            raise JobRefused(f"job {spec.id}: {self.refusal(spec)}")
         no_plan = spec.deadline is None or spec.duration_s is None
         if not no_plan:
             verdict = self._admission(probe, curve, now)
             if verdict is not None:
                 refusal, alone = verdict
-                self.counters.refused_alone += alone
+                self.tally.refused_alone += alone
                 probe.status = JobStatus.REFUSED
                 probe.finished_at = now
                 probe.pending_reason = ""
                 probe.last_event = f"refused: {refusal}"
                 self.jobs[spec.id] = probe
-                self.counters.refused += 1
-                self.counters.refusals[spec.id] = refusal
+                self.tally.refused += 1
+                self.tally.refusals[spec.id] = refusal
                 return probe
-        self.counters.admitted += 1
+        self.tally.admitted += 1
         job = self.inner.submit(replace(spec, gpus=curve.sizes[-1]), now)
         self.jobs[spec.id] = job
         self._elastic[spec.id] = _Elastic(curve, best_effort=no_plan)
@@ -391,10 +400,10 @@ class ElasticScheduler:
                 before = job.gpus
                 actions.append(self.inner.evict(job.id, now, by="elasticflow resize"))
                 if target == 0:
-                    self.counters.suspensions += 1
+                    self.tally.suspensions += 1
                     job.last_event = "suspended by elasticflow: earlier deadlines need its GPUs"
                 else:
-                    self.counters.shrinks += 1
+                    self.tally.shrinks += 1
                     job.last_event = f"shrunk from {before} to {target} GPUs by elasticflow"
                     shrunk.append(job)
         # Shrunk jobs first: the GPUs they just freed hold them (best fit keeps nodes packed).
@@ -419,8 +428,19 @@ class ElasticScheduler:
     def finished(self, job_id: str, now: float) -> Job:
         return self._ended(self.inner.finished(job_id, now))
 
-    def failed(self, job_id: str, now: float, reason: str) -> Job:
-        return self._ended(self.inner.failed(job_id, now, reason))
+    def failed(self, job_id: str, now: float, report: FailureReport | str) -> Job:
+        return self._ended(self.inner.failed(job_id, now, report))
+
+    def node_failed(self, node: int, now: float) -> list[Job]:
+        """As `Scheduler.node_failed`: the attempts on the node end as infrastructure failures
+        (requeued, or ended by the retry rule) and its GPUs leave allocation until it recovers."""
+        hit = self.inner.node_failed(node, now)
+        for job in hit:
+            self._ended(job)
+        return hit
+
+    def node_recovered(self, node: int) -> None:
+        self.inner.node_recovered(node)
 
     def cancel(self, job_id: str, now: float) -> Job:
         if self.jobs[job_id].status is JobStatus.REFUSED:
@@ -443,6 +463,44 @@ class ElasticScheduler:
             f"{text}; minimum satisfactory share {share.min_share} GPUs, "
             f"{share.now_gpus} planned now, planned to end in {share.finish - now:.0f}s"
         )
+
+    def adopt(self, job: Job, now: float) -> None:
+        """Queue an admitted job with its history (a shell rebuilding the core)."""
+        curve = self._curve(job)
+        self.inner.adopt(job, now)
+        self.jobs[job.id] = job
+        no_plan = job.spec.deadline is None or job.spec.duration_s is None
+        self._elastic[job.id] = _Elastic(curve, best_effort=no_plan)
+
+    def restore_running(
+        self, job_id: str, gpus: tuple[int, ...], started_at: float, now: float
+    ) -> Job:
+        return self.inner.restore_running(job_id, gpus, started_at, now)
+
+    def take_offline(self, gpus: Iterable[int]) -> None:
+        self.inner.take_offline(gpus)
+
+    def bring_online(self, gpus: Iterable[int]) -> None:
+        self.inner.bring_online(gpus)
+
+    def pending_jobs(self) -> Iterable[Job]:
+        return self.inner.pending_jobs()
+
+    def running_jobs(self) -> Iterable[Job]:
+        return self.inner.running_jobs()
+
+    def counters(self) -> dict[str, int]:
+        counters = self.tally
+        return {
+            "preemptions": self.preemptions,
+            "admitted": counters.admitted,
+            "refused": counters.refused,
+            "refused_alone": counters.refused_alone,
+            "grows": counters.grows,
+            "shrinks": counters.shrinks,
+            "suspensions": counters.suspensions,
+            **({"migrations": self.migration.migrations} if self.migration is not None else {}),
+        }
 
     def share_of(self, job_id: str) -> Share | None:
         """The job's part of the last plan (None before its first round, or once it ended)."""
@@ -625,7 +683,7 @@ class ElasticScheduler:
         stop = self.inner.evict(job.id, now, by="elasticflow resize")
         self.inner.set_gpus(job.id, len(placed.gpus), now)
         start = self.inner.start_placed(job.id, placed, now)
-        self.counters.grows += 1
+        self.tally.grows += 1
         job.last_event = f"grown from {before} to {job.gpus} GPUs by elasticflow"
         return [stop, start]
 

@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import TypeVar, cast
+
+from corral.core.retry import Failure, Verdict
+
+R = TypeVar("R")
 
 
 class JobStatus(enum.Enum):
@@ -73,6 +78,10 @@ class JobSpec:
     #: GPUs of one worker process, which cannot span machines: each node a job spans must
     #: receive a multiple of it (`gpus` is one too). 1: any split of the gang is fine.
     gpus_per_worker: int = 1
+    #: The job saves a checkpoint every this many seconds of work, so a failed attempt keeps
+    #: the work up to its last one; None: it saves only when signalled (a preemption), and a
+    #: failure loses the attempt's work.
+    checkpoint_every_s: float | None = None
 
     def accepts(self, gpu_type: str) -> bool:
         return self.gpu_types is None or gpu_type in self.gpu_types
@@ -107,6 +116,14 @@ class Job:
     speed_since: float = 0.0
     attempts: int = 0
     failures: int = 0
+    #: Attempts lost to the infrastructure (a node died): they do not use up `max_retries`.
+    infra_failures: int = 0
+    #: GPU-seconds of failed attempts not saved by a checkpoint (the GPU time failures wasted).
+    lost_gpu_s: float = 0.0
+    #: Every failed attempt, infrastructure ones too, oldest first: what the RetryRule judges.
+    failure_history: tuple[Failure, ...] = ()
+    #: The RetryRule's verdict on the latest failure (its backoff and reason), if any.
+    verdict: Verdict | None = None
     preemptions: int = 0
     relaxed: bool = False
     pending_reason: str = "not yet considered"
@@ -115,7 +132,29 @@ class Job:
     last_event: str = ""
     # Policy bookkeeping: LAS starvation promotion discounts service attained before it.
     service_offset_gpu_s: float = 0.0
-    extra: dict[str, object] = field(default_factory=dict)
+    #: Running on GPUs lent by another VC (a quota's oversubscription): reclaimable.
+    borrowed: bool = False
+    #: Times the job was moved to make room for another (Gandiva's migration).
+    migrations: int = 0
+    #: Each plugin's own state for this job, one typed record per plugin (see `record`); None
+    #: until a plugin keeps one (most jobs of a long trace never need any).
+    records: dict[type, object] | None = None
+
+    def record(self, kind: type[R]) -> R:
+        """The job's record of a plugin's state type (created empty on first use): a policy keeps
+        what it tracks per job in a dataclass of its own, typed, not under string keys."""
+        records = self.records
+        if records is None:
+            records = self.records = {}
+        found = records.get(kind)
+        if found is None:
+            found = records[kind] = kind()
+        return cast(R, found)
+
+    def peek(self, kind: type[R]) -> R | None:
+        """The job's record of a plugin's state type, or None: for reading without creating."""
+        records = self.records
+        return None if records is None else cast("R | None", records.get(kind))
 
     @property
     def id(self) -> str:

@@ -93,7 +93,7 @@ def describe(cls: type) -> list[OptionInfo]:
     return infos
 
 
-def build(cls: type[T], values: Mapping[str, object] | None, where: str) -> T:
+def build(cls: type[T], values: object, where: str) -> T:
     """An instance of `cls` from a mapping (YAML or CLI), every value checked; unknown keys and
     bad values raise OptionError naming `where.key`."""
     if values is None:
@@ -105,9 +105,7 @@ def build(cls: type[T], values: Mapping[str, object] | None, where: str) -> T:
         if key not in infos:
             expected = ", ".join(infos) or "none"
             raise OptionError(f"{where}.{key}: unknown option (expected one of: {expected})")
-    kwargs = {
-        name: coerce(infos[name], value, f"{where}.{name}") for name, value in values.items()
-    }
+    kwargs = {name: coerce(infos[name], value, f"{where}.{name}") for name, value in values.items()}
     instance = cls(**kwargs)
     check(instance, where)
     return instance
@@ -143,11 +141,12 @@ def replace(instance: T, values: Mapping[str, object], where: str) -> T:
 def coerce(info: OptionInfo, value: object, where: str) -> Any:
     """The value as the option's type (a YAML int for a float is fine; a string is parsed, as a
     CLI flag gives it), or OptionError."""
-    if value is None or (isinstance(value, str) and value.strip().lower() in ("none", "null")):
+    kind = info.base
+    spelled_none = isinstance(value, str) and value.strip().lower() in ("none", "null")
+    if value is None or (spelled_none and info.optional and kind is not str):
         if info.optional:
             return None
         raise OptionError(f"{where}: must be set (no 'none')")
-    kind = info.base
     result = _coerce_to(kind, value, where)
     _check_range(info, result, where)
     return result

@@ -25,11 +25,10 @@ from corral.core.job import Job, JobSpec, JobStatus
 from corral.core.migration import Migration
 from corral.core.packing import Packing
 from corral.core.placement.base import Placed, Placement, whole_worker_gpus
+from corral.core.plugin import SpeedModel
 from corral.core.policy.base import Key, Policy
-from corral.core.tenancy.quota import QuotaAdmission
-
-#: Given a job and the GPUs chosen for it, its speed in ideal seconds per wall second.
-SpeedModel = Callable[[Job, tuple[int, ...]], float]
+from corral.core.protocol import Admission
+from corral.core.retry import Failure, FailureReport, RetryOptions, RetryRule, Verdict
 
 #: Called once per attempt as a job starts (placement, speed and restore stall already set); it
 #: may lower `job.speed` and move `job.stall_until` later: a node's data cache (core.cache) is
@@ -82,23 +81,28 @@ class Scheduler:
         backfill: bool = False,
         speed_model: SpeedModel | None = None,
         restore_s: float = 0.0,
-        admission: QuotaAdmission | None = None,
+        admission: Admission | None = None,
         on_start: StartHook | None = None,
         packing: Packing | None = None,
         migration: Migration | None = None,
+        retry: RetryRule | None = None,
     ) -> None:
+        """`retry` judges failed attempts: the backoff before a retry and the user-error rule
+        (default: `RetryRule(RetryOptions())`)."""
         if packing is not None and admission is not None:
             raise ValueError("packing jobs onto shared GPUs is not supported with an admission")
         self.cluster = cluster
         self.admission = admission
         self.policy = policy
         self.placement = placement
+        self._placement_plans = type(placement).begin_round is not Placement.begin_round
         self.backfill = backfill
         self.speed_model = speed_model
         self.restore_s = restore_s
         self.on_start = on_start
         self.packing = packing
         self.migration = migration
+        self.retry = retry if retry is not None else RetryRule(RetryOptions())
         self._speed_changed: dict[str, None] = {}  # running jobs to report in Decision.respeeds
         self.jobs: dict[str, Job] = {}
         self._by_seq: list[Job] = []
@@ -148,33 +152,46 @@ class Scheduler:
         self._finish(job, JobStatus.SUCCEEDED, now, "succeeded")
         return job
 
-    def failed(
-        self,
-        job_id: str,
-        now: float,
-        reason: str,
-        infrastructure: bool = False,
-        *,
-        retry_after_s: float = 0.0,
-        give_up: bool = False,
-    ) -> Job:
-        """An attempt failed: the work of the attempt is lost; retry until max_retries, not before
-        `retry_after_s` (a backoff). A failure of the infrastructure (a node died) is counted
-        apart and never uses up the retries; `give_up` ends the job now (the shell judged the
-        failure a user error that retrying cannot mend)."""
+    def failed(self, job_id: str, now: float, report: FailureReport | str) -> Job:
+        """An attempt failed: its work since its last checkpoint is lost. The failure (see
+        `FailureReport`) joins the job's history and the `RetryRule` judges it: retry after its
+        backoff, or end the job (the same fast failure repeated: a user error). A failure of the
+        infrastructure (a node died) is counted apart and never uses up `max_retries`; other
+        failures end the job once they exceed it. The verdict is left in `job.verdict`."""
         job = self._running_job(job_id)
+        report = FailureReport.of(report)
+        reason, infrastructure = report.reason, report.infrastructure
+        ran_s = report.ran_s
+        if ran_s is None:  # the shell knows better when its processes really started
+            started = job.run_started_at
+            ran_s = max(0.0, now - started) if started is not None else 0.0
         kept_work = job.work_done_s
+        saved = 0.0  # work of this attempt up to its last periodic checkpoint
+        every = job.spec.checkpoint_every_s
+        if every:
+            saved = math.floor((job.work_done_at(now) - kept_work) / every) * every
+        saved_wall = saved / job.speed if job.speed > 0 else 0.0
         self._stop(job, now)
-        job.work_done_s = kept_work
+        job.work_done_s = kept_work + saved
+        job.lost_gpu_s += job.spec.gpus * max(0.0, ran_s - saved_wall)
+        job.failure_history += (Failure(report.signature or reason, ran_s, infrastructure),)
         if infrastructure:
-            job.extra["infra_failures"] = int(job.extra.get("infra_failures", 0)) + 1  # type: ignore[call-overload]
+            job.infra_failures += 1
         else:
             job.failures += 1
-        if give_up or job.failures > job.spec.max_retries:
-            self._finish(job, JobStatus.FAILED, now, f"failed: {reason}")
+        verdict = self.retry.judge(job.failure_history, reason)
+        if report.retry_after_s is not None:
+            verdict = Verdict(verdict.give_up, report.retry_after_s, verdict.reason)
+        if report.give_up:  # the shell's own judgement, in its words
+            verdict = Verdict(True, verdict.retry_after_s, reason)
+        if not verdict.give_up and job.failures > job.spec.max_retries:
+            verdict = Verdict(True, verdict.retry_after_s, reason)  # retries used up
+        job.verdict = verdict
+        if verdict.give_up:
+            self._finish(job, JobStatus.FAILED, now, f"failed: {verdict.reason}")
         else:
             job.last_event = f"attempt {job.attempts} failed ({reason}); retrying"
-            job.hold_until = now + retry_after_s
+            job.hold_until = now + verdict.retry_after_s
             self._enqueue(job, now)
         return job
 
@@ -199,7 +216,7 @@ class Scheduler:
             if any(self.cluster.gpu_node[g] == node for g in job.placement)
         ]
         for job in hit:
-            self.failed(job.id, now, f"node {name} failed", infrastructure=True)
+            self.failed(job.id, now, FailureReport(f"node {name} failed", infrastructure=True))
         self.take_offline(self.cluster.node_gpus[node])
         return hit
 
@@ -256,7 +273,7 @@ class Scheduler:
         job.pending_reason = ""
         job.last_event = "found running after a restart"
         if self.admission is not None:
-            self.admission.on_start(job)
+            self.admission.on_start(job, now)
         self._index(self._running, job, now)
         return job
 
@@ -302,13 +319,14 @@ class Scheduler:
             self.packing.new_round()
         if self.migration is not None:
             self.migration.new_round()
-        begin_round = getattr(self.placement, "begin_round", None)
-        if begin_round is not None:  # a placement that decides for the round's jobs together
-            begin_round(
+        if self._placement_plans:  # a placement that decides for the round's jobs together
+            self.placement.begin_round(
                 self.cluster, self.pending_jobs(), self.running_jobs(), self.speed_model, now
             )
         actions: list[Action] = []
         admission = self.admission
+        if admission is not None:
+            admission.begin_round(now)
         if admission is not None and admission.lend_last:
             # First only what fits within the VCs' quotas; lend what is left after that.
             admission.lending = False
@@ -514,7 +532,7 @@ class Scheduler:
             self.on_start(job, now)
         job.pending_reason = ""
         if self.admission is not None:
-            self.admission.on_start(job)
+            self.admission.on_start(job, now)
         job.last_event = f"started on {len(self.cluster.nodes_of(placed.gpus))} node(s)"
         self._index(self._running, job, now)
         actions.append(Start(job.id, placed.gpus, relaxed=placed.relaxed, resumed=resumed))
@@ -604,7 +622,7 @@ class Scheduler:
         )
         assert self.migration is not None
         self.migration.migrations += 1
-        job.extra["migrations"] = int(job.extra.get("migrations", 0)) + 1  # type: ignore[call-overload]
+        job.migrations += 1
         job.last_event = f"migrated to make room for job {by}"
 
     def _may_pack(self) -> bool:
@@ -626,7 +644,7 @@ class Scheduler:
 
     def _account_run(self, job: Job, now: float) -> None:
         if self.admission is not None:
-            self.admission.on_stop(job)
+            self.admission.on_stop(job, now)
         job.work_done_s = job.work_done_at(now)
         job.attempt_work_s = 0.0
         ran = job.running_s(now)
@@ -711,6 +729,16 @@ class Scheduler:
     @property
     def pending_count(self) -> int:
         return len(self._pending)
+
+    def counters(self) -> dict[str, int]:
+        counters = {"preemptions": self.preemptions}
+        if self.migration is not None:
+            counters["migrations"] = self.migration.migrations
+        if self.packing is not None:
+            counters["packed_pairs"] = self.packing.pairs_formed
+        if self.admission is not None:
+            counters.update(self.admission.counters())
+        return counters
 
     @property
     def running_count(self) -> int:

@@ -320,7 +320,17 @@ def create_app(manager: Manager) -> FastAPI:
                 )
             rack = cluster.racks[cluster.node_rack[node_index]].name
             nodes.append({"name": node.name, "rack": rack, "gpus": gpus})
-        return {"nodes": nodes, "vcs": list_vcs(who), "policy": manager.settings.policy}
+        return {
+            "nodes": nodes,
+            "vcs": list_vcs(who),
+            "policy": manager.settings.scheduler.core.policy,
+        }
+
+    @app.get("/api/v1/config", tags=["cluster"])
+    def scheduler_config(who: Caller) -> dict[str, Any]:
+        """The scheduler config the manager runs with (`auto` resolved), as `corral simulate
+        --scheduler-config` reads it under a `scheduler:` key."""
+        return {"scheduler": manager.effective_config()}
 
     def token_info(row: TokenRow) -> dict[str, Any]:
         """A token as listed: never its secret (nor its full hash)."""

@@ -213,7 +213,7 @@ def build_ray_cluster(
     options: ServerOptions, executor: RayExecutor
 ) -> tuple[Cluster, dict[str, int] | None]:
     """The Ray cluster's GPU nodes as the core's cluster; the config, if any, gives the VCs."""
-    if options.settings.admission == "hived":
+    if options.settings.scheduler.core.admission == "hived":
         raise BootError(
             "--admission hived: not with --executor ray yet (HiveD's cells need a fixed cluster)"
         )

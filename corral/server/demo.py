@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from corral.client import Client
+from corral.core.framework import config_from_mapping, merge
 from corral.server import identity
 from corral.server.boot import RunningServer, ServerOptions, build_manager
 
@@ -63,8 +64,10 @@ def run_demo(options: ServerOptions, console: Console) -> None:
     options.config = config
     if options.gpus is None:
         options.gpus = 4
-    options.settings.retry_backoff_s = 1.0
-    options.settings.fast_fail_s = 30.0
+    quick_retries = {"retry": {"backoff_s": 1.0, "fast_fail_s": 30.0}}
+    options.settings.scheduler = config_from_mapping(
+        merge(options.settings.scheduler.to_mapping(), quick_retries)
+    )
     account, whose = demo_account(options)
     manager = build_manager(options)
     server = RunningServer(manager, options.host, options.port).start()

@@ -9,8 +9,12 @@ jobs that never ran (cancelled while waiting) have nothing to replay and are lef
 from __future__ import annotations
 
 import csv
+import json
 from pathlib import Path
 
+import yaml
+
+from corral.server.factory import CONFIG_KEY
 from corral.server.store import Store
 
 COLUMNS = (
@@ -28,6 +32,25 @@ COLUMNS = (
     "queue",
 )
 HELIOS_STATE = {"SUCCEEDED": "COMPLETED", "FAILED": "FAILED", "CANCELLED": "CANCELLED"}
+
+
+def config_path(out: Path) -> Path:
+    """Where the scheduler config goes beside a trace: `trace.csv` -> `trace.scheduler.yaml`."""
+    return out.with_name(out.stem + ".scheduler.yaml")
+
+
+def export_config(store: Store, out: Path) -> Path | None:
+    """Write the scheduler config the manager last ran with beside the trace (None: a store no
+    manager of this version has run on)."""
+    stored = store.get_meta(CONFIG_KEY)
+    if stored is None:
+        return None
+    path = config_path(out)
+    text = yaml.safe_dump({"scheduler": json.loads(stored)}, sort_keys=False)
+    note = "# the scheduler config of the manager this trace comes from; replay its VCs with the\n"
+    note += "# manager's own cluster config (corral simulate --config FILE)\n"
+    path.write_text(note + text)
+    return path
 
 
 def export_trace(store: Store, out: Path) -> tuple[int, int]:

@@ -1,10 +1,18 @@
 """Discrete-event simulation: replay a trace through the scheduling core in virtual time.
 
-Events are arrivals (read in order from the sorted trace), attempt ends (finish or failure) and the
-scheduler's own timers (LAS queue crossings, starvation promotions, relax deadlines). An attempt's
-end is re-timed when the job's speed changes mid-attempt (Decision.respeeds: packed jobs). All
-events at one instant are applied, then the scheduler decides once. Nothing ticks per second, and
-a run is deterministic for a given seed.
+Events are arrivals (read in order from the sorted trace), attempt ends (finish or failure), the
+scheduler's own timers (LAS queue crossings, starvation promotions, relax deadlines, retry
+backoffs) and, with `node_failures`, nodes failing and recovering. An attempt's end is re-timed
+when the job's speed changes mid-attempt (Decision.respeeds: packed jobs). All events at one
+instant are applied, then the scheduler decides once. Nothing ticks per second, and a run is
+deterministic for a given seed.
+
+A failed attempt is reported to the core with a signature; the core's `RetryRule` decides the
+backoff before the retry and whether the job ends (`corral.core.retry`). Failures are drawn by
+`FailureModel` (`--failure-rate`: random, each failure unlike the last) or `PhillyFailures` (user
+errors and infrastructure failures, `corral.sim.failures`); node failures by `NodeFailures`.
+Each has its own random stream from the seed, so turning on one leaves the others' draws as
+they were.
 """
 
 from __future__ import annotations
@@ -18,14 +26,17 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from corral.core.actions import Start
-from corral.core.cluster import Cluster
-from corral.core.job import JobSpec, JobStatus
-from corral.core.placement.base import Placement
-from corral.core.policy.base import Policy
-from corral.core.scheduler import Scheduler, SpeedModel
+from corral.core.job import Job, JobSpec, JobStatus
+from corral.core.protocol import SchedulerCore
+from corral.core.retry import FailureReport
+from corral.sim.failures import AttemptFailure, NodeFailures, PhillyFailures
 from corral.sim.result import SimResult, Timeline
 
-_FINISH, _FAIL, _TIMER = 0, 1, 2
+_FINISH, _FAIL, _TIMER, _NODE_DOWN, _NODE_UP = 0, 1, 2, 3, 4
+
+#: Spawn keys of the random streams drawn from the seed besides the job-failure one (which is
+#: `default_rng(seed)`, as it always was).
+_NODE_STREAM, _JOB_PROPERTY_STREAM = 1, 2
 
 
 @dataclass(slots=True, frozen=True)
@@ -43,62 +54,110 @@ class FailureModel:
     def probability(self, gpus: int) -> float:
         return min(self.cap, self.rate * (1.0 + math.log2(gpus)))
 
+    def draw(
+        self, gpus: int, attempt: int, runs_for: float, rng: np.random.Generator
+    ) -> AttemptFailure | None:
+        """Whether the attempt that would run `runs_for` seconds fails, and when. Each failure
+        has its own signature (the attempt's number): they are random, not a user error that
+        repeats, so only `max_retries` ends a job for them."""
+        if rng.random() < self.probability(gpus):
+            reason = "simulated failure"
+            return AttemptFailure(runs_for * rng.random(), reason, f"{reason} (attempt {attempt})")
+        return None
+
 
 class Simulation:
     def __init__(
         self,
         jobs: Sequence[JobSpec],
-        cluster: Cluster,
-        policy: Policy,
-        placement: Placement,
+        scheduler: SchedulerCore,
         *,
-        backfill: bool = False,
-        speed_model: SpeedModel | None = None,
-        restore_s: float = 0.0,
-        failures: FailureModel | None = None,
+        failures: FailureModel | PhillyFailures | None = None,
+        node_failures: NodeFailures | None = None,
         seed: int = 0,
         measured: set[str] | None = None,
         on_progress: Callable[[int, int], None] | None = None,
         options: dict[str, object] | None = None,
-        scheduler: Scheduler | None = None,
     ) -> None:
-        """`scheduler`, when given, replaces the plain one built from cluster, policy and
-        placement (e.g. a multi-tenant HivedScheduler over the same cluster)."""
+        """Replay `jobs` through `scheduler` (any `SchedulerCore`: corral.core.framework builds
+        them). `failures` draws the attempts that fail (and sets every job's `max_retries` to its
+        own); `node_failures` makes nodes fail and recover."""
         if failures is not None:
             jobs = [replace(spec, max_retries=failures.max_retries) for spec in jobs]
         self.specs = sorted(jobs, key=lambda s: s.submit_time)
-        self.cluster = cluster
-        self.scheduler = scheduler or Scheduler(
-            cluster,
-            policy,
-            placement,
-            backfill=backfill,
-            speed_model=speed_model,
-            restore_s=restore_s,
-        )
+        self.cluster = scheduler.cluster
+        self.scheduler = scheduler
         self.failures = failures
-        self.rng = np.random.default_rng(seed)
+        self.node_failures = node_failures
+        self.rng = np.random.default_rng(seed)  # job failures (the stream it always was)
+        self.node_rng = np.random.default_rng(
+            np.random.SeedSequence(seed, spawn_key=(_NODE_STREAM,))
+        )
+        #: Seconds after an attempt's start at which each job's user error shows (PhillyFailures).
+        self.user_errors: dict[str, float] = {}
+        if isinstance(failures, PhillyFailures):
+            property_rng = np.random.default_rng(
+                np.random.SeedSequence(seed, spawn_key=(_JOB_PROPERTY_STREAM,))
+            )
+            self.user_errors = failures.user_errors(self.specs, property_rng)
+        #: (time, node, True: failed / False: recovered), in order, as the run applied them.
+        self.node_log: list[tuple[float, int, bool]] = []
         self.measured = measured
         self.on_progress = on_progress
         self.options = options or {}
+
+    def _draw_failure(self, job: Job, runs_for: float) -> AttemptFailure | None:
+        failures = self.failures
+        if failures is None:
+            return None
+        if isinstance(failures, PhillyFailures):
+            user_error = self.user_errors.get(job.id)
+            return failures.draw(job.spec.gpus, job.attempts, runs_for, user_error, self.rng)
+        return failures.draw(job.spec.gpus, job.attempts, runs_for, self.rng)
 
     def run(self) -> SimResult:
         started = time.perf_counter()
         scheduler = self.scheduler
         cluster = self.cluster
         specs = self.specs
+        node_failures = self.node_failures
         events: list[tuple[float, int, int, str, int]] = []
         order = 0
+        job_events = 0  # events in the heap other than node ones, stale ones included
         timers: set[float] = set()
         # The end event that counts for each running job (its order), and, if it is a failure,
-        # when: a speed change re-times the end, and stale events are skipped.
+        # when and how: a speed change re-times the end, and stale events are skipped.
         end_order: dict[str, int] = {}
         fails_at: dict[str, float] = {}
+        failing: dict[str, AttemptFailure] = {}
+        down: set[int] = set()  # nodes that failed and have not recovered yet
+        offline_gpus = 0
+        failed_attempts = infra_failed_attempts = 0
         timeline = Timeline()
         next_arrival = 0
         ended = 0
         measured_left = len(self.measured) if self.measured is not None else -1
         progress_every = max(1, len(specs) // 200)
+
+        if node_failures is not None:
+            for node in range(len(cluster.nodes)):
+                order += 1
+                up_for = node_failures.up_for(self.node_rng)
+                heapq.heappush(events, (up_for, order, _NODE_DOWN, "", node))
+
+        def count_end(job: Job) -> None:
+            nonlocal ended, measured_left
+            ended += 1
+            if self.measured is not None and job.id in self.measured:
+                measured_left -= 1
+            if self.on_progress is not None and ended % progress_every == 0:
+                self.on_progress(ended, len(specs))
+
+        def lose_attempt(job: Job, now: float, infrastructure: bool) -> None:
+            """The attempt failed (the core counts the GPU time lost: `Job.lost_gpu_s`)."""
+            nonlocal failed_attempts, infra_failed_attempts
+            failed_attempts += 1
+            infra_failed_attempts += infrastructure
 
         while True:
             arrival_at = specs[next_arrival].submit_time if next_arrival < len(specs) else math.inf
@@ -107,7 +166,15 @@ class Simulation:
             if now == math.inf or measured_left == 0:
                 break
             if next_arrival == len(specs) and ended == len(specs):
-                break  # only stale timers are left
+                break  # only stale timers and node events are left
+            if (
+                node_failures is not None
+                and next_arrival == len(specs)
+                and job_events == 0
+                and not down
+                and scheduler.running_count == 0
+            ):
+                break  # only node events are left: failing nodes cannot start a waiting job
             while next_arrival < len(specs) and specs[next_arrival].submit_time <= now:
                 arrived = scheduler.submit(specs[next_arrival], now)
                 next_arrival += 1
@@ -116,6 +183,32 @@ class Simulation:
                     measured_left -= self.measured is not None and arrived.id in self.measured
             while events and events[0][0] <= now:
                 _, event_order, kind, job_id, attempt = heapq.heappop(events)
+                if kind == _NODE_DOWN:
+                    assert node_failures is not None
+                    node = attempt
+                    down.add(node)
+                    offline_gpus += len(cluster.node_gpus[node])
+                    self.node_log.append((now, node, True))
+                    for job in scheduler.node_failed(node, now):
+                        lose_attempt(job, now, infrastructure=True)
+                        if job.status.finished:  # the same fast failure again and again
+                            count_end(job)
+                    order += 1
+                    back_at = now + node_failures.down_for(self.node_rng)
+                    heapq.heappush(events, (back_at, order, _NODE_UP, "", node))
+                    continue
+                if kind == _NODE_UP:
+                    assert node_failures is not None
+                    node = attempt
+                    down.discard(node)
+                    offline_gpus -= len(cluster.node_gpus[node])
+                    self.node_log.append((now, node, False))
+                    scheduler.node_recovered(node)
+                    order += 1
+                    fails_at_next = now + node_failures.up_for(self.node_rng)
+                    heapq.heappush(events, (fails_at_next, order, _NODE_DOWN, "", node))
+                    continue
+                job_events -= 1
                 if kind == _TIMER:
                     timers.discard(now)
                     continue
@@ -127,13 +220,17 @@ class Simulation:
                 if kind == _FINISH:
                     scheduler.finished(job_id, now)
                 else:
-                    scheduler.failed(job_id, now, "simulated failure")
+                    failure = failing.pop(job_id)
+                    lose_attempt(job, now, failure.infrastructure)
+                    scheduler.failed(
+                        job_id,
+                        now,
+                        FailureReport(
+                            failure.reason, failure.infrastructure, signature=failure.signature
+                        ),
+                    )
                 if job.status.finished:
-                    ended += 1
-                    if self.measured is not None and job_id in self.measured:
-                        measured_left -= 1
-                    if self.on_progress is not None and ended % progress_every == 0:
-                        self.on_progress(ended, len(specs))
+                    count_end(job)
 
             decision = scheduler.decide(now)
             for action in decision.actions:
@@ -141,18 +238,20 @@ class Simulation:
                     job = scheduler.jobs[action.job_id]
                     runs_for = job.remaining_wall_s(now)
                     kind = _FINISH
-                    if self.failures is not None and self.rng.random() < self.failures.probability(
-                        job.spec.gpus
-                    ):
+                    failure = self._draw_failure(job, runs_for) if self.failures else None
+                    if failure is not None:
                         kind = _FAIL
-                        runs_for *= self.rng.random()
+                        runs_for = failure.after_s
+                        failing[job.id] = failure
                     order += 1
+                    job_events += 1
                     heapq.heappush(events, (now + runs_for, order, kind, job.id, job.attempts))
                     end_order[job.id] = order
                     if kind == _FAIL:
                         fails_at[job.id] = now + runs_for
-                    else:
+                    elif fails_at:
                         fails_at.pop(job.id, None)
+                        failing.pop(job.id, None)
                 # A Preempt needs nothing here: the end event of its attempt is now stale.
             for respeed in decision.respeeds:  # the work left now takes another time
                 job = scheduler.jobs[respeed.job_id]
@@ -160,18 +259,21 @@ class Simulation:
                 if fails_at.get(job.id, math.inf) <= ends_at:
                     continue  # it still fails first, at the instant drawn when it started
                 fails_at.pop(job.id, None)
+                failing.pop(job.id, None)
                 order += 1
+                job_events += 1
                 heapq.heappush(events, (ends_at, order, _FINISH, job.id, job.attempts))
                 end_order[job.id] = order
             wake = decision.wake_at
             if wake is not None and wake > now and wake not in timers:
                 timers.add(wake)
                 order += 1
+                job_events += 1
                 heapq.heappush(events, (wake, order, _TIMER, "", 0))
             free = cluster.free_gpus
             timeline.record(
                 now,
-                cluster.total_gpus - free,
+                max(0, cluster.total_gpus - free - offline_gpus),  # a dead node's GPUs: not in use
                 scheduler.pending_count,
                 scheduler.running_count,
                 free - cluster.free_in_whole_nodes(),
@@ -182,16 +284,56 @@ class Simulation:
                 job.pending_s += max(0.0, timeline.time_s[-1] - job.queued_since)
         if self.on_progress is not None:
             self.on_progress(ended, len(specs))
+        jobs = list(scheduler.jobs.values())
+        annotations: dict[str, object] = {}
+        if self.failures is not None or node_failures is not None:
+            annotations = failure_summary(
+                jobs,
+                node_failures=sum(failed for _, _, failed in self.node_log),
+                failed_attempts=failed_attempts,
+                infra_failed_attempts=infra_failed_attempts,
+                lost_gpu_s=sum(job.lost_gpu_s for job in jobs),
+            )
         return SimResult(
             policy=scheduler.policy.name,
             placement=scheduler.placement.name,
             cluster=cluster.describe(),
             total_gpus=cluster.total_gpus,
-            jobs=list(scheduler.jobs.values()),
+            jobs=jobs,
             measured=self.measured,
             timeline=timeline,
             preemptions=scheduler.preemptions,
             rounds=scheduler.rounds,
             wall_s=time.perf_counter() - started,
             options=self.options,
+            annotations=annotations,
         )
+
+
+def failure_summary(
+    jobs: Sequence[Job],
+    *,
+    node_failures: int,
+    failed_attempts: int,
+    infra_failed_attempts: int,
+    lost_gpu_s: float,
+) -> dict[str, object]:
+    """The summary entries of a run with failures: node failures, failed attempts (those of
+    the infrastructure apart), the GPU-hours their attempts ran for nothing, and the jobs the
+    core's retry rule ended for failing the same way, fast, again and again (`user_error_jobs`;
+    `lost_jobs` when those failures were the infrastructure's)."""
+    repeated = [
+        job
+        for job in jobs
+        if job.status is JobStatus.FAILED
+        and job.failure_history
+        and (job.failure_history[-1].infrastructure or job.failures <= job.spec.max_retries)
+    ]
+    return {
+        "node_failures": node_failures,
+        "failed_attempts": failed_attempts,
+        "infra_failed_attempts": infra_failed_attempts,
+        "gpu_hours_lost": lost_gpu_s / 3600.0,
+        "user_error_jobs": sum(not job.failure_history[-1].infrastructure for job in repeated),
+        "lost_jobs": sum(job.failure_history[-1].infrastructure for job in repeated),
+    }

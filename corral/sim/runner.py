@@ -13,21 +13,24 @@ from rich.console import Console
 from corral.core.cache import CACHE_POLICIES, CacheError, DataCache
 from corral.core.cluster import Cluster, ClusterError
 from corral.core.config import ConfigError
-from corral.core.elastic import ElasticScheduler
+from corral.core.framework import (
+    SchedulerConfig,
+    build_scheduler,
+    check_config,
+    config_from_mapping,
+)
 from corral.core.job import Elastic, Job, JobSpec, Priority
-from corral.core.migration import Migration
-from corral.core.packing import Packing, PairTable
-from corral.core.placement import PLACEMENTS, make_placement
+from corral.core.options import OptionError
+from corral.core.packing import PairTable
 from corral.core.placement.hetero import TypeLog
-from corral.core.policy import POLICIES, make_policy
-from corral.core.policy.base import Policy
-from corral.core.scheduler import Scheduler, SpeedModel
-from corral.core.tenancy.hived import HivedScheduler
-from corral.core.tenancy.quota import FairShareAdmission, QuotaAdmission
+from corral.core.plugin import PluginError, Services, SpeedModel
+from corral.core.policy import POLICIES
+from corral.core.protocol import SchedulerCore
 from corral.core.tenancy.virtual import build_virtual_cluster
 from corral.sim.colocation import gandiva_line, gandiva_summary, load_pair_table
 from corral.sim.datasets import DATASET_SCOPES, cache_line, make_cache
 from corral.sim.engine import FailureModel, Simulation
+from corral.sim.failures import NodeFailures, PhillyFailures
 from corral.sim.metrics import measured_jobs, per_vc
 from corral.sim.perfmodel import GAVEL_REFERENCE_TYPE, PerfModel, PerfModelError, load_slowdowns
 from corral.sim.progress import LossCurveModel
@@ -50,42 +53,33 @@ class RunSettings:
     gpus_per_switch: int | None = None
     config: Path | None = None
     policies: list[str] = field(default_factory=lambda: ["las"])
-    placement: str = "relax"
-    backfill: bool = False
-    las_thresholds: list[float] = field(default_factory=lambda: [3600.0, 36000.0])
-    starvation_factor: float | None = None
+    #: Everything the scheduler is built from but the policy (one run per policy).
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     gittins_history: Path | None = None
-    relax_after_s: float = 600.0
-    profile_threshold: float = 1.1
     optimus_noise: float = 0.02
-    hetero_fairness: float | None = None
-    restore_s: float = 30.0
     failure_rate: float = 0.0
+    #: "rate" (failure_rate per attempt) or "philly" (Philly's failure classes, sim.failures)
+    failure_model: str = "rate"
+    node_failures: NodeFailures | None = None
     max_retries: int = 3
     arrival_scale: float = 1.0
+    #: Every job checkpoints every this many seconds of work (None: only when preempted).
+    checkpoint_every_s: float | None = None
     window: tuple[int, int] | None = None
     skip_oversized: bool = False
     slowdowns: Path | None = None
     seed: int = 0
-    admission: str = "none"
-    oversubscribe: bool = False
-    lend_last: bool = False  # quota: place jobs within their quota before lending (corral up)
     private_baseline: bool = False
     opportunistic_share: float = 0.0
     cache_gb_per_node: float | None = None  # None: no data model (every job at compute speed)
     storage_gbps: float = 1.0
     cache_policy: str = "lru"
-    quantum_s: float = 600.0  # timeslice: the round length
-    packing: bool = False  # Gandiva's packing, from the Gavel table's co-location throughputs
-    packing_threshold: float = 1.1
-    migrate: bool = False  # Gandiva's migration to defragment
     datasets: str = "shared"
     # deadline = submit + U(lo, hi) x duration (ElasticFlow's evaluation); None: (0.5, 1.5) when
     # a deadline policy runs, else no deadlines
     deadline_factor: tuple[float, float] | None = None
 
 
-ADMISSIONS = ("none", "hived", "quota", "fairshare")
 DEADLINE_POLICIES = ("edf", "elasticflow")
 DEFAULT_DEADLINE_FACTOR = (0.5, 1.5)
 DEFAULT_VCS: dict[str, dict[str, int]] = {"default": {}}
@@ -153,43 +147,13 @@ def service_history(settings: RunSettings, jobs: list[JobSpec]) -> list[float]:
     return samples
 
 
-def make_ordering(name: str, settings: RunSettings, jobs: list[JobSpec]) -> Policy:
-    if name not in POLICIES:
-        raise SimulationError(f"unknown policy {name!r}; choose from {', '.join(POLICIES)}")
-    if name == "las":
-        return make_policy(
-            name,
-            thresholds_gpu_s=settings.las_thresholds,
-            starvation_factor=settings.starvation_factor,
-        )
-    if name == "gittins":
-        return make_policy(
-            name,
-            service_samples_gpu_s=service_history(settings, jobs),
-            thresholds_gpu_s=settings.las_thresholds,
-        )
-    if name == "timeslice":
-        return make_policy(name, quantum_s=settings.quantum_s)
-    if name == "optimus":  # learns lengths from a seeded loss-curve model of each job's progress
-        return make_policy(
-            name, observe=LossCurveModel(settings.seed, noise=settings.optimus_noise)
-        )
-    if name in ("sjf", "srtf") and any(s.duration_s is None for s in jobs):
-        raise SimulationError(f"{name} needs every job's duration, and this trace lacks some")
-    return make_policy(name)
+def config_for(settings: RunSettings, policy: str) -> SchedulerConfig:
+    return settings.scheduler.with_policy(policy)
 
 
-def placement_options(settings: RunSettings) -> dict[str, float]:
-    if settings.placement == "relax":
-        return {"relax_after_s": settings.relax_after_s}
-    if settings.placement == "profile":
-        return {"sensitive_above": settings.profile_threshold}
-    if settings.placement == "hetero":  # hetero places with relax on the type it matched
-        fairness = settings.hetero_fairness
-        return {"relax_after_s": settings.relax_after_s} | (
-            {"fairness": fairness} if fairness is not None else {}
-        )
-    return {}
+def admission_of(settings: RunSettings, vcs: dict[str, dict[str, int]], policy: str) -> str:
+    cluster = Cluster.shorthand(1, 1)  # the admission `auto` picks depends on the VCs only
+    return config_for(settings, policy).admission_for(Services(cluster, vc_cells=vcs))
 
 
 def run_simulations(
@@ -197,7 +161,15 @@ def run_simulations(
 ) -> list[dict[str, object]]:
     try:
         return _run(settings, out=out, plot=plot, console=console)
-    except (TraceError, ClusterError, ConfigError, PerfModelError, CacheError) as error:
+    except (
+        TraceError,
+        ClusterError,
+        ConfigError,
+        PerfModelError,
+        CacheError,
+        OptionError,
+        PluginError,
+    ) as error:
         raise SimulationError(str(error)) from None
 
 
@@ -205,16 +177,7 @@ def check_settings(settings: RunSettings) -> None:
     """Refuse impossible option values up front, naming the option."""
     problems = [
         ("--failure-rate", not 0 <= settings.failure_rate <= 1, "must be between 0 and 1"),
-        ("--restore-s", settings.restore_s < 0, "must not be negative"),
         ("--optimus-noise", settings.optimus_noise < 0, "must not be negative"),
-        ("--quantum-s", not settings.quantum_s > 0, "must be positive"),
-        ("--packing-threshold", not settings.packing_threshold > 0, "must be positive"),
-        ("--packing", settings.packing and settings.admission != "none", "needs --admission none"),
-        (
-            "--migrate",
-            settings.migrate and settings.admission == "hived",
-            "not with --admission hived",
-        ),
         ("--max-retries", settings.max_retries < 0, "must not be negative"),
         ("--seed", settings.seed < 0, "must not be negative"),
         (
@@ -223,23 +186,11 @@ def check_settings(settings: RunSettings) -> None:
             and not 0 < settings.deadline_factor[0] <= settings.deadline_factor[1],
             "needs 0 < LO <= HI",
         ),
-        (
-            "--policy elasticflow",
-            "elasticflow" in settings.policies
-            and (
-                settings.admission != "none"
-                or settings.packing
-                or settings.migrate
-                or settings.cache_gb_per_node is not None
-            ),
-            "not with --admission, --packing, --migrate or --cache-gb-per-node",
-        ),
         ("--arrival-scale", settings.arrival_scale <= 0, "must be positive"),
-        ("--relax-after", settings.relax_after_s < 0, "must not be negative"),
         (
-            "--hetero-fairness",
-            settings.hetero_fairness is not None and not 0 < settings.hetero_fairness <= 1,
-            "must be in (0, 1]",
+            "--checkpoint-every-s",
+            settings.checkpoint_every_s is not None and not settings.checkpoint_every_s > 0,
+            "must be positive",
         ),
         ("--racks", settings.racks <= 0, "must be positive"),
         (
@@ -251,26 +202,17 @@ def check_settings(settings: RunSettings) -> None:
     for option, bad, reason in problems:
         if bad:
             raise SimulationError(f"{option}: {reason}")
-    if settings.placement not in PLACEMENTS:
-        raise SimulationError(
-            f"unknown placement {settings.placement!r}; choose one of {', '.join(PLACEMENTS)}"
-        )
     for name in settings.policies:
         if name not in POLICIES:
             raise SimulationError(f"unknown policy {name!r}; choose one of {', '.join(POLICIES)}")
-    if settings.admission not in ADMISSIONS:
-        raise SimulationError(
-            f"unknown admission {settings.admission!r}; choose one of {', '.join(ADMISSIONS)}"
-        )
-    if settings.opportunistic_share > 0 and settings.admission != "hived":
-        raise SimulationError("--opportunistic-share: opportunistic jobs need --admission hived")
-    if settings.lend_last and not (settings.admission == "quota" and settings.oversubscribe):
-        raise SimulationError("--lend-last: needs --admission quota --oversubscribe")
-    if settings.oversubscribe and settings.admission not in ("quota", "hived"):
-        raise SimulationError("--oversubscribe: lending GPUs needs --admission quota or hived")
-    if settings.oversubscribe and settings.admission == "hived" and settings.placement == "hetero":
-        # A lent job the lender's matching would not place bounces back every round, re-queued.
-        raise SimulationError("--placement hetero: not with --admission hived --oversubscribe")
+        config = config_for(settings, name)  # the combination, before any trace is read
+        check_config(config)
+        if settings.cache_gb_per_node is not None and config.core.admission != "auto":
+            from corral.core.admission import ADMISSIONS
+
+            problem = ADMISSIONS[config.core.admission].unsupported("cache")
+            if problem:
+                raise SimulationError(f"--cache-gb-per-node: {problem}")
     if settings.gittins_history is not None and not settings.gittins_history.is_file():
         raise SimulationError(f"{settings.gittins_history}: no such file (--gittins-history)")
     check_cache_settings(settings)
@@ -290,14 +232,11 @@ def check_cache_settings(settings: RunSettings) -> None:
         raise SimulationError(
             f"--datasets: unknown {settings.datasets!r}; choose {', '.join(DATASET_SCOPES)}"
         )
-    if cache_gb is None and settings.placement == "cache-aware":
-        raise SimulationError("--placement cache-aware: needs node caches (--cache-gb-per-node)")
     if cache_gb is not None and (
-        settings.admission == "hived" or settings.private_baseline or settings.packing
-    ):  # hived schedules on virtual clusters; packing sets speeds from the co-location table
+        settings.private_baseline or "packing" in settings.scheduler.core.stages
+    ):  # packing sets speeds from the co-location table
         raise SimulationError(
-            "--cache-gb-per-node: not supported with --admission hived, --private-baseline or "
-            "--packing"
+            "--cache-gb-per-node: not supported with --private-baseline or the packing stage"
         )
 
 
@@ -305,7 +244,10 @@ def assign_tenants(
     jobs: list[JobSpec], settings: RunSettings, vcs: dict[str, dict[str, int]]
 ) -> list[JobSpec]:
     """Map jobs to the configured VCs and mark a share of them opportunistic (seeded)."""
-    if settings.admission != "none":
+    admissions = {admission_of(settings, vcs, name) for name in settings.policies}
+    if settings.opportunistic_share > 0 and admissions != {"hived"}:
+        raise SimulationError("--opportunistic-share: opportunistic jobs need admission hived")
+    if admissions - {"none", "elasticflow"}:
         if vcs == DEFAULT_VCS:
             jobs = [replace(spec, vc="default") for spec in jobs]
         unknown = sorted({spec.vc for spec in jobs} - set(vcs))
@@ -383,59 +325,29 @@ def make_scheduler(
     cluster: Cluster,
     vcs: dict[str, dict[str, int]],
     quota: dict[str, int],
-    ordering: Policy,
+    config: SchedulerConfig,
     speed_for: Callable[[Cluster], SpeedModel],
+    jobs: list[JobSpec],
+    *,
     cache: DataCache | None = None,
     pair_table: PairTable | None = None,
     throughput: Callable[[Job, int], float] | None = None,
-) -> Scheduler | HivedScheduler | ElasticScheduler:
-    options: dict[str, object] = dict(placement_options(settings))
-    if settings.placement == "cache-aware":
-        options["cache"] = cache
-    placement = make_placement(settings.placement, **options)
-    if ordering.name == "elasticflow":
-        if throughput is None:
-            raise SimulationError("--policy elasticflow: needs a throughput table (gavel trace)")
-        return ElasticScheduler(
-            cluster,
-            placement,
-            throughput,
-            speed_model=speed_for(cluster),
-            restore_s=settings.restore_s,
-            policy=ordering,
-        )
-    if settings.admission == "hived":
-        return HivedScheduler(
-            cluster,
-            vcs,
-            ordering,
-            placement,
-            speed_model_for=speed_for,
-            restore_s=settings.restore_s,
-            backfill=settings.backfill,
-            spill=settings.oversubscribe,
-        )
-    admission = None
-    if settings.admission == "quota":
-        admission = QuotaAdmission(
-            quota, oversubscribe=settings.oversubscribe, lend_last=settings.lend_last
-        )
-    elif settings.admission == "fairshare":  # weights: the VCs' guaranteed GPUs
-        admission = FairShareAdmission(
-            {vc: float(g) for vc, g in quota.items()}, cluster.total_gpus
-        )
-    return Scheduler(
+) -> SchedulerCore:
+    """The scheduler `config` describes, with what the simulator knows: the trace (job lengths,
+    Gittins's history), its performance model and tables."""
+    services = Services(
         cluster,
-        ordering,
-        placement,
-        backfill=settings.backfill,
-        speed_model=speed_for(cluster),
-        restore_s=settings.restore_s,
-        admission=admission,
-        on_start=cache.on_start if cache is not None else None,
-        packing=Packing(pair_table, settings.packing_threshold) if pair_table is not None else None,
-        migration=Migration() if settings.migrate else None,
+        vc_cells=vcs,
+        vc_quota=quota,
+        speed_model_for=speed_for,
+        service_history=lambda: service_history(settings, jobs),
+        durations_known=all(spec.duration_s is not None for spec in jobs),
+        observe=LossCurveModel(settings.seed, noise=settings.optimus_noise),
+        throughput=throughput,
+        cache=cache,
+        pair_table=pair_table,
     )
+    return build_scheduler(config, services, uses_cache=cache is not None)
 
 
 def private_baselines(
@@ -443,9 +355,9 @@ def private_baselines(
     jobs: list[JobSpec],
     physical: Cluster,
     vcs: dict[str, dict[str, int]],
-    ordering: Policy,
+    policy: str,
     speed_for: Callable[[Cluster], SpeedModel],
-    failures: FailureModel | None,
+    failures: FailureModel | PhillyFailures | None,
 ) -> dict[str, dict[str, object]]:
     """Each VC alone on a private cluster made of exactly its cells: its reference queueing."""
     baselines: dict[str, dict[str, object]] = {}
@@ -455,15 +367,15 @@ def private_baselines(
             continue
         private = build_virtual_cluster(name, cells, physical).cluster
         own = [s for s in own if s.gpus <= private.capacity_for(s.gpu_types)]
+        alone = config_from_mapping(
+            config_for(settings, policy).to_mapping() | {"admission": "none"}
+        )
+        scheduler = make_scheduler(settings, private, DEFAULT_VCS, {}, alone, speed_for, own)
         result = Simulation(
             own,
-            private,
-            ordering,
-            make_placement(settings.placement, **placement_options(settings)),
-            backfill=settings.backfill,
-            speed_model=speed_for(private),
-            restore_s=settings.restore_s,
+            scheduler,
             failures=failures,
+            node_failures=settings.node_failures,
             seed=settings.seed,
         ).run()
         baselines[name] = per_vc(result).get(name, {})
@@ -496,16 +408,20 @@ def _run(
     )
     speed_for = (trace.perf or perf).speed_model
     pair_table = None
-    if settings.packing:
+    if "packing" in settings.scheduler.core.stages:
         if trace.perf is None or not trace.perf.has_throughputs:
-            raise SimulationError("--packing: needs a trace with a throughput table (gavel)")
+            raise SimulationError("stage packing: needs a trace with a throughput table (gavel)")
         pair_table = load_pair_table(trace.perf.source)
     cluster, vcs, quota = build_cluster(settings)
     jobs, dropped = check_fits(trace, cluster, settings.skip_oversized)
     jobs = assign_tenants(jobs, settings, vcs)
+    if settings.checkpoint_every_s is not None:
+        jobs = [replace(spec, checkpoint_every_s=settings.checkpoint_every_s) for spec in jobs]
     table = trace.perf if trace.perf is not None and trace.perf.has_throughputs else None
     if table is None and "elasticflow" in settings.policies:
         raise SimulationError("--policy elasticflow: needs a trace with a throughput table (gavel)")
+    admissions = sorted({admission_of(settings, vcs, name) for name in settings.policies})
+    multi_tenant = bool(set(admissions) - {"none", "elasticflow"})
     jobs = with_deadlines(jobs, settings, table)
     measured = None
     if settings.window is not None:
@@ -515,27 +431,27 @@ def _run(
         measured = {spec.id for spec in jobs[start:end]}
     console.print(
         f"[bold]{trace.source}[/]: {len(jobs)} jobs on {cluster.describe()}"
-        + (
-            f", {len(vcs)} VCs, admission {settings.admission}"
-            if settings.admission != "none"
-            else ""
-        )
+        + (f", {len(vcs)} VCs, admission {'/'.join(admissions)}" if multi_tenant else "")
         + (f"; dropped {dropped} jobs larger than the cluster" if dropped else ""),
         soft_wrap=True,  # a long trace path must not break the line
     )
     for note in trace.notes:
         console.print(f"  note: {note}", soft_wrap=True)
-    failures = (
-        FailureModel(settings.failure_rate, settings.max_retries)
-        if settings.failure_rate > 0
-        else None
-    )
-    options = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(settings).items()}
-    orderings = [make_ordering(name, settings, jobs) for name in settings.policies]
+    failures: FailureModel | PhillyFailures | None = None
+    if settings.failure_model == "philly":
+        failures = PhillyFailures(max_retries=settings.max_retries)
+    elif settings.failure_rate > 0:
+        failures = FailureModel(settings.failure_rate, settings.max_retries)
+    options = {
+        k: str(v) if isinstance(v, Path) else v
+        for k, v in asdict(settings).items()
+        if k != "scheduler"
+    }
+    placement = settings.scheduler.core.placement
     results: list[SimResult] = []
     with progress_bar(console) as progress:
-        for ordering in orderings:
-            task = progress.add_task(f"{ordering.name}/{settings.placement}", total=len(jobs))
+        for policy in settings.policies:
+            task = progress.add_task(f"{policy}/{placement}", total=len(jobs))
             run_cluster, _, _ = build_cluster(settings)
             type_log = TypeLog()  # which GPU type each job ran on, for the best-type share
             cache = (
@@ -554,33 +470,34 @@ def _run(
             def logged_speed_for(cluster: Cluster, type_log: TypeLog = type_log) -> SpeedModel:
                 return type_log.wrap(cluster, speed_for(cluster))
 
+            scheduler = make_scheduler(
+                settings,
+                run_cluster,
+                vcs,
+                quota,
+                config_for(settings, policy),
+                logged_speed_for,
+                jobs,
+                cache=cache,
+                pair_table=pair_table,
+                throughput=table_throughput(table) if table is not None else None,
+            )
+            resolved = config_for(settings, policy).resolved(Services(run_cluster, vc_cells=vcs))
             simulation = Simulation(
                 jobs,
-                run_cluster,
-                ordering,
-                make_placement(settings.placement, **placement_options(settings)),
+                scheduler,
                 failures=failures,
+                node_failures=settings.node_failures,
                 seed=settings.seed,
                 measured=measured,
                 on_progress=lambda done, total, task=task: progress.update(task, completed=done),
-                options=options,
-                scheduler=make_scheduler(
-                    settings,
-                    run_cluster,
-                    vcs,
-                    quota,
-                    ordering,
-                    logged_speed_for,
-                    cache,
-                    pair_table,
-                    table_throughput(table) if table is not None else None,
-                ),
+                options=options | {"scheduler": resolved},
             )
             result = simulation.run()
             if settings.private_baseline:
-                progress.update(task, description=f"{ordering.name}: private baselines")
+                progress.update(task, description=f"{policy}: private baselines")
                 alone = private_baselines(
-                    settings, jobs, run_cluster, vcs, ordering, speed_for, failures
+                    settings, jobs, run_cluster, vcs, policy, speed_for, failures
                 )
                 shared = per_vc(result)
                 for name, values in alone.items():
@@ -591,7 +508,7 @@ def _run(
                             "private_avg_jct_s": values.get("avg_jct_s"),
                         }
                     )
-                result.annotations = {
+                result.annotations |= {
                     "per_vc": shared,
                     "sharing_anomaly_vcs": sharing_anomalies(shared, alone, "avg_queue_s"),
                     "sharing_anomaly_multi_gpu_vcs": sharing_anomalies(
@@ -605,14 +522,10 @@ def _run(
             if cache is not None:
                 result.annotations.update(cache.summary(measured_jobs(result)))
             result.annotations.update(gandiva_summary(simulation.scheduler))
-            if isinstance(simulation.scheduler, ElasticScheduler):
-                counters = simulation.scheduler.counters
-                result.annotations.update(
-                    refused_alone=counters.refused_alone,
-                    grows=counters.grows,
-                    shrinks=counters.shrinks,
-                    suspensions=counters.suspensions,
-                )
+            counters = scheduler.counters()
+            for name in ("refused_alone", "grows", "shrinks", "suspensions"):
+                if name in counters:  # ElasticFlow's
+                    result.annotations[name] = counters[name]
             results.append(result)
     summaries = write_outputs(results, out, plot)
     console.print(summary_table(summaries))
@@ -641,7 +554,7 @@ def _run(
                     else ""
                 )
             )
-    if settings.admission != "none" or settings.private_baseline:
+    if multi_tenant or settings.private_baseline:
         for summary in summaries:
             console.print(vc_table(summary))
     console.print(f"wrote {out / 'summary.json'}" + (" and plots" if plot else ""))

@@ -59,11 +59,11 @@ def run(tmp_path: Path, *args: str) -> dict:
 
 
 def test_lent_gpus_come_back_at_once_under_quota_and_hived(tmp_path: Path):
-    quota = run(tmp_path, "--admission", "quota", "--oversubscribe")
+    quota = run(tmp_path, "--admission", "quota")  # lends idle quota by default
     # busy borrows quiet's node at t=0; quiet's job at t=100 reclaims it at once (fifo order
     # inside busy is kept), so quiet waits 0 s: no anomaly for quiet, busy gains.
     assert quota["per_vc"]["quiet"]["avg_queue_s"] == 0.0
-    hived = run(tmp_path, "--admission", "hived", "--oversubscribe")
+    hived = run(tmp_path, "--admission", "hived")  # lends idle cells by default
     assert hived["sharing_anomaly_vcs"] == []
     assert hived["per_vc"]["quiet"]["avg_queue_s"] == 0.0
     # Alone on one node, busy's four jobs start at 0, 1000, 2000, 3000: 1500 s on average.

@@ -130,13 +130,17 @@ def test_job_larger_than_cluster_is_refused_with_one_line(tmp_path: Path):
         (["--policy", "lottery"], "unknown policy 'lottery'"),
         (["--placement", "nowhere"], "unknown placement 'nowhere'"),
         (["--window", "5:2"], "--window"),
-        (["--las-thresholds", "a,b"], "--las-thresholds"),
+        (["--las-thresholds-gpu-s", "a,b"], "--las-thresholds-gpu-s: must be a finite number"),
+        (["--las-thresholds-gpu-s", "9,3"], "--las-* options: thresholds_gpu_s must be strictly"),
+        (["--relax-after-s", "-1"], "--relax-after-s: must be >= 0, got -1.0"),
+        (["--stages", "packing,defrag"], "--stages: unknown stage 'defrag'"),
+        (["--admission", "quota", "--stages", "packing"], "admission quota does not run with packing"),
         (
             ["--placement", "hetero", "--hetero-fairness", "1.5"],
-            "--hetero-fairness: must be in (0, 1]",
+            "--hetero-fairness: must be in (0, 1], got 1.5",
         ),
         (["--policy", "elasticflow", "--deadline-factor", "2:1"], "--deadline-factor"),
-        (["--policy", "timeslice", "--quantum-s", "0"], "--quantum-s: must be positive"),
+        (["--policy", "timeslice", "--timeslice-quantum-s", "0"], "--timeslice-quantum-s: must be > 0"),
     ],
 )
 def test_bad_options_exit_non_zero_with_a_clear_message(

@@ -290,9 +290,7 @@ def test_no_cache_configured_is_the_old_behaviour():
         scheduler = Scheduler(
             cluster, make_policy("las"), make_placement("relax"), restore_s=30, on_start=hook
         )
-        result = Simulation(
-            jobs, cluster, scheduler.policy, scheduler.placement, scheduler=scheduler
-        ).run()
+        result = Simulation(jobs, scheduler).run()
         return [job.finished_at for job in result.jobs]
 
     assert finishes(False) == finishes(True)

@@ -136,7 +136,7 @@ def test_a_job_is_admitted_when_every_deadline_still_holds():
     assert sizes(decision.actions) == {"A": 2, "B": 2}
     assert s.share_of("A").min_share == 4  # type: ignore[union-attr]
     assert s.share_of("A").finish == pytest.approx(356.25)  # type: ignore[union-attr]
-    assert s.counters.admitted == 2 and s.counters.refused == 0
+    assert s.tally.admitted == 2 and s.tally.refused == 0
 
 
 def test_a_job_that_would_break_an_admitted_deadline_is_refused_and_never_runs():
@@ -152,7 +152,7 @@ def test_a_job_that_would_break_an_admitted_deadline_is_refused_and_never_runs()
     d = s.submit(elastic("D", 1000, 100), 0)
     assert d.status is JobStatus.REFUSED
     assert "cannot be met even on 4 GPUs of an empty cluster" in d.last_event
-    assert (s.counters.refused, s.counters.refused_alone) == (2, 1)
+    assert (s.tally.refused, s.tally.refused_alone) == (2, 1)
     for now in (0, 10):
         assert set(started(s.decide(now).actions)) <= {"A", "B"}
     assert s.jobs["C"].attempts == 0 and s.jobs["D"].attempts == 0
@@ -225,7 +225,7 @@ def test_a_running_job_shrinks_to_admit_another_and_grows_back_keeping_its_work(
     assert a.work_done_s == pytest.approx(320)  # kept through the checkpoint-restart
     assert a.stall_until == pytest.approx(110)  # resumed: restores for 10 s
     assert a.speed == pytest.approx(1.8) and b.speed == pytest.approx(1.8)
-    assert s.counters.shrinks == 1
+    assert s.tally.shrinks == 1
     # B ends at 100 + 200 / 1.8 = 211.11. A did 320 + 1.8 x (211.11 - 110) = 502 s. Its share
     # is 1 GPU but it keeps its 2; growing to 4 is worth it: 10 + 2698 / 3.2 = 853 s left
     # instead of 2698 / 1.8 = 1499 s.
@@ -239,7 +239,7 @@ def test_a_running_job_shrinks_to_admit_another_and_grows_back_keeping_its_work(
     assert a.work_done_s == pytest.approx(502)
     assert a.stall_until == pytest.approx(b_end + 10)
     assert a.remaining_wall_s(b_end) == pytest.approx(10 + 2698 / 3.2)
-    assert s.counters.grows == 1
+    assert s.tally.grows == 1
     assert a.attempts == 3 and a.preemptions == 2 and s.preemptions == 2
     # attained GPU time counts each attempt on its own count: 4 x 100 + 2 x 111.11
     assert a.attained_at(b_end) == pytest.approx(400 + 2 * (b_end - 100))
@@ -258,7 +258,7 @@ def test_a_running_job_does_not_grow_when_the_restart_costs_more_than_it_saves()
     assert sizes(s.decide(0).actions) == {"A": 2, "B": 2}
     s.finished("B", 5)
     assert s.decide(5).actions == []
-    assert s.jobs["A"].gpus == 2 and s.counters.grows == 0
+    assert s.jobs["A"].gpus == 2 and s.tally.grows == 0
 
 
 def test_running_jobs_migrate_when_free_gpus_are_too_scattered_for_a_share():

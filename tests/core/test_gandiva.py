@@ -193,7 +193,7 @@ def test_preempting_a_packed_job_frees_its_gpu_only_with_its_partner(tmp_path):
 
 
 def test_packing_refuses_an_admission():
-    from corral.core.tenancy.quota import QuotaAdmission
+    from corral.core.admission.quota import QuotaAdmission
 
     with pytest.raises(ValueError, match="admission"):
         scheduler(
@@ -237,7 +237,7 @@ def test_migration_frees_a_whole_node_for_an_eight_gpu_job():
     assert s.cluster.nodes_of(p.placement) == {1}
     assert s.cluster.nodes_of(s.jobs["W"].placement) == {0}
     assert p.stall_until == 130 and p.work_done_s == pytest.approx(100)
-    assert s.migration.migrations == 1 and p.extra["migrations"] == 1
+    assert s.migration.migrations == 1 and p.migrations == 1
     assert s.preemptions == 0 and p.preemptions == 0
     assert s.cluster.free_gpus == 0
 

@@ -198,13 +198,15 @@ def test_a_dead_node_requeues_its_jobs_and_the_binding_moves_to_a_healthy_cell()
     a1 = s.jobs["a1"]
     # An infrastructure failure: requeued, not counted against the job's retries.
     assert a1.status is JobStatus.PENDING and a1.failures == 0
-    assert a1.extra["infra_failures"] == 1
-    again = starts(s.decide(10))["a1"]
+    assert a1.infra_failures == 1
+    # The retry rule holds its first retry for the default backoff of 5 s.
+    assert s.decide(10).actions == [] and a1.hold_until == 15
+    again = starts(s.decide(15))["a1"]
     assert s.cluster.gpu_node[again[0]] != dead  # bound to a healthy node now
     assert all(s.cluster.gpu_node[g] != dead for g in again)
     # b still gets its guarantee on the third node.
-    s.submit(job("b1", "b", submit=11), 11)
-    b_gpus = starts(s.decide(11))["b1"]
+    s.submit(job("b1", "b", submit=16), 16)
+    b_gpus = starts(s.decide(16))["b1"]
     assert {s.cluster.gpu_node[g] for g in b_gpus}.isdisjoint({dead, s.cluster.gpu_node[again[0]]})
 
 

@@ -8,6 +8,7 @@ from corral.core import Job, JobRefused, JobSpec, JobStatus, Preempt, Priority, 
 from corral.core.config import parse_cluster_config
 from corral.core.placement import make_placement
 from corral.core.policy import make_policy
+from corral.core.retry import FailureReport
 from corral.core.tenancy.hived import HivedScheduler
 
 #: Two 4-GPU nodes, each two PCIe pairs: GPUs 0-1 | 2-3 on node 0, 4-5 | 6-7 on node 1.
@@ -218,7 +219,7 @@ def test_a_failed_lent_job_waits_out_its_backoff_in_its_vc_and_is_not_lent_meanw
         s.submit(spec(f"a{i}", "a", 1, submit=i / 10, max_retries=1), i / 10)
     # a1 on a's cell; a2 lent b's idle cell; a3 waits.
     assert s.decide(1).actions == [Start("a1", (0,)), Start("a2", (1,))]
-    a2 = s.failed("a2", 5, "exit code 1", retry_after_s=10)
+    a2 = s.failed("a2", 5, FailureReport("exit code 1", retry_after_s=10))
     assert a2.status is JobStatus.PENDING and a2.failures == 1 and s.vc_of("a2") == "a"
     # a2 is held until t=15: the idle GPU is lent to a3, the next job in a's queue.
     assert s.decide(6).actions == [Start("a3", (1,))]
@@ -226,8 +227,8 @@ def test_a_failed_lent_job_waits_out_its_backoff_in_its_vc_and_is_not_lent_meanw
     assert s.decide(8).actions == []
     assert s.decide(15).actions == [Start("a2", (1,), resumed=True)]
     # An infrastructure failure uses up no retry; give_up ends the job at once.
-    s.failed("a2", 16, "lost: shim died", infrastructure=True)
-    assert (a2.failures, a2.extra["infra_failures"], a2.status) == (1, 1, JobStatus.PENDING)
+    s.failed("a2", 16, FailureReport("lost: shim died", infrastructure=True))
+    assert (a2.failures, a2.infra_failures, a2.status) == (1, 1, JobStatus.PENDING)
     s.decide(16)
-    s.failed("a1", 17, "user error", give_up=True)
+    s.failed("a1", 17, FailureReport("user error", give_up=True))
     assert s.jobs["a1"].status is JobStatus.FAILED and s.jobs["a1"].failures == 1

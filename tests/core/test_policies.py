@@ -7,6 +7,7 @@ import pytest
 
 from corral.core import JobStatus, Preempt, Start
 from corral.core.policy import gittins_index, make_policy
+from corral.core.policy.las import LasState
 from tests.core.helpers import scheduler, spec, started
 
 
@@ -58,7 +59,7 @@ def test_las_starvation_promotion_moves_a_waiting_job_to_the_top_queue():
     s.decide(75.0)
     # Promoted A (queue 0, arrived at 0) outranks C (queue 1 since t = 50 + 25 = 75).
     assert s.jobs["A"].status is JobStatus.RUNNING
-    assert s.jobs["A"].extra["promotions"] == 1
+    assert s.jobs["A"].record(LasState).promotions == 1
 
 
 def test_gittins_index_of_a_two_point_distribution():

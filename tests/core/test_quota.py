@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from corral.core import Cluster, JobRefused, JobSpec, Preempt, Scheduler, Start
+from corral.core.admission.quota import QuotaAdmission
 from corral.core.placement import make_placement
 from corral.core.policy import make_policy
-from corral.core.tenancy.quota import QuotaAdmission
 
 
 def scheduler(oversubscribe: bool, policy: str = "fifo", lend_last: bool = False) -> Scheduler:
@@ -47,7 +47,7 @@ def test_oversubscription_lends_idle_gpus_and_the_owner_reclaims_them():
     s.submit(job("a2", "a", submit=1), 1)
     assert starts(s.decide(1)) == ["a1", "a2"]
     borrowed_gpus = s.jobs["a2"].placement
-    assert s.jobs["a2"].extra.get("borrowed") is True and "borrowed" not in s.jobs["a1"].extra
+    assert s.jobs["a2"].borrowed and not s.jobs["a1"].borrowed
     s.submit(job("b1", "b", submit=5), 5)
     decision = s.decide(5)
     # fifo never preempts for priority, but b is under its quota: it takes back what a borrowed.
@@ -104,7 +104,7 @@ def test_quota_refuses_unknown_vcs_and_jobs_bigger_than_the_quota():
 
 
 def test_fair_share_lends_everything_and_splits_by_weight_when_both_vcs_have_work():
-    from corral.core.tenancy.quota import FairShareAdmission
+    from corral.core.admission.fairshare import FairShareAdmission
 
     s = Scheduler(
         Cluster.shorthand(1, 8),

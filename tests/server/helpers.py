@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 
+from corral.core.framework import config_from_mapping
 from corral.exec.local import kill_attempt
 from corral.server.boot import RunningServer, ServerOptions, build_manager
 from corral.server.manager import Manager, ManagerSettings
@@ -38,13 +39,39 @@ virtual_clusters:
 """
 
 
+#: The scheduler options the tests set by a short name: (section or None, option).
+SCHEDULER_OPTIONS = {
+    "policy": (None, "policy"),
+    "admission": (None, "admission"),
+    "placement": (None, "placement"),
+    "relax_after_s": ("relax", "after_s"),
+    "las_thresholds_gpu_s": ("las", "thresholds_gpu_s"),
+    "quantum_s": ("timeslice", "quantum_s"),
+    "retry_backoff_s": ("retry", "backoff_s"),
+    "fast_fail_s": ("retry", "fast_fail_s"),
+    "fast_fail_repeats": ("retry", "fast_fail_repeats"),
+}
+
+
+def manager_settings(**options: Any) -> ManagerSettings:
+    """ManagerSettings from the manager's own fields and the scheduler options above."""
+    scheduler: dict[str, Any] = {}
+    own: dict[str, Any] = {}
+    for key, value in options.items():
+        if key not in SCHEDULER_OPTIONS:
+            own[key] = value
+            continue
+        section, option = SCHEDULER_OPTIONS[key]
+        if section is None:
+            scheduler[option] = value
+        else:
+            scheduler.setdefault(section, {})[option] = value
+    return ManagerSettings(scheduler=config_from_mapping(scheduler), **own)
+
+
 def fast_settings(**changes: Any) -> ManagerSettings:
-    settings = ManagerSettings(
-        tick_s=0.05, retry_backoff_s=0.5, fast_fail_s=20.0, relax_after_s=0.0
-    )
-    for key, value in changes.items():
-        setattr(settings, key, value)
-    return settings
+    defaults = dict(tick_s=0.05, retry_backoff_s=0.5, fast_fail_s=20.0, relax_after_s=0.0)
+    return manager_settings(**(defaults | changes))
 
 
 def start_server(

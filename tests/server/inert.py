@@ -36,6 +36,35 @@ class InertExecutor(LocalExecutor):
         pass
 
 
+class HeldExecutor:
+    """Attempts run until `end` is called; `recover` finds the running ones again."""
+
+    def __init__(self) -> None:
+        self.running: dict[tuple[str, int], AttemptLaunch] = {}
+        self.stopped: list[tuple[str, int]] = []
+        self.ended: list[AttemptEnded] = []
+
+    def launch(self, launch: AttemptLaunch) -> None:
+        self.running[(launch.job_id, launch.attempt)] = launch
+
+    def stop(self, job_id: str, attempt: int) -> None:
+        self.stopped.append((job_id, attempt))
+
+    def end(self, job_id: str, attempt: int, reason: str, code: int | None = None) -> None:
+        del self.running[(job_id, attempt)]
+        self.ended.append(AttemptEnded(job_id, attempt, code, None, False, reason, "", 1000.0))
+
+    def poll(self) -> list[AttemptEnded]:
+        ended, self.ended = self.ended, []
+        return ended
+
+    def recover(self, job_id: str, attempt: int, attempt_dir: Path) -> str:
+        return "running" if (job_id, attempt) in self.running else "never-started"
+
+    def close(self) -> None:
+        pass
+
+
 def start_inert(
     data_dir: Path, *, db_url: str | None = None, gpus: int = 2, **settings: Any
 ) -> RunningServer:

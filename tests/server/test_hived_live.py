@@ -180,7 +180,7 @@ physical_cells:
     [
         (None, "--admission hived: needs --config FILE whose virtual_clusters give the VCs' cells"),
         (ONE_NODE_NO_VCS, "admission hived: the VCs need guaranteed cells"),
-        ("admission-typo", "--admission: unknown 'hive'; choose one of quota, hived"),
+        ("admission-typo", "--admission: unknown admission 'hive'; choose one of auto, none, quota"),
     ],
 )
 def test_up_refuses_hived_without_vcs_in_one_line(

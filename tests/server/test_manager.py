@@ -411,6 +411,11 @@ def test_export_trace_writes_the_history_that_simulate_replays(
     for job_id in ran:  # each ran about 0.3 s (plus the interpreter's start, slow under load)
         assert 0.25 < replayed[job_id].duration_s < WAIT_S
     assert (never in replayed) == (job(client, never)["attempts"] > 0)
+    # Beside the trace: the config the manager ran with (fast_settings: a 0.5 s backoff, relax
+    # at once), which the replay takes; the API serves the same.
+    config = tmp_path / "history.scheduler.yaml"
+    assert f"--scheduler-config {config}" in " ".join(result.output.split())
+    assert client.get("/api/v1/config").json()["scheduler"]["retry"]["backoff_s"] == 0.5
     simulated = CliRunner().invoke(
         app,
         [
@@ -419,6 +424,8 @@ def test_export_trace_writes_the_history_that_simulate_replays(
             f"helios:{out}",
             "--cluster",
             "1x2",
+            "--scheduler-config",
+            str(config),
             "--compare",
             "fifo,las",
             "--out",
@@ -427,6 +434,9 @@ def test_export_trace_writes_the_history_that_simulate_replays(
     )
     assert simulated.exit_code == 0, simulated.output
     assert "fifo" in simulated.output and "las" in simulated.output
+    runs = json.loads((tmp_path / "sim" / "summary.json").read_text())["runs"]
+    replay = runs[0]["options"]["scheduler"]
+    assert replay["retry"]["backoff_s"] == 0.5 and replay["relax"]["after_s"] == 0.0
 
 
 def test_a_second_manager_on_the_same_data_directory_is_refused(

@@ -12,7 +12,15 @@ from corral.exec.local import AttemptEnded, AttemptLaunch
 from corral.server.manager import Manager, ManagerSettings
 from corral.server.spec import parse_job_spec
 from corral.server.store import Store
-from tests.server.helpers import admin_token, api, python_job, start_server, submit, wait_for
+from tests.server.helpers import (
+    admin_token,
+    api,
+    manager_settings,
+    python_job,
+    start_server,
+    submit,
+    wait_for,
+)
 
 
 class ScriptedExecutor:
@@ -71,7 +79,7 @@ def manager_with(tmp_path: Path, outcome: AttemptEnded) -> tuple[Manager, Script
         executor,
         Cluster.shorthand(1, 2),
         tmp_path,
-        settings=ManagerSettings(retry_backoff_s=2.0, fast_fail_s=60.0, fast_fail_repeats=2),
+        settings=manager_settings(retry_backoff_s=2.0, fast_fail_s=60.0, fast_fail_repeats=2),
         clock=clock,
     )
     return manager, executor, clock
@@ -154,7 +162,7 @@ def test_gittins_learns_job_sizes_from_the_managers_own_history(tmp_path: Path) 
         ScriptedExecutor(LOST, Clock()),
         cluster,
         tmp_path,
-        settings=ManagerSettings(policy="gittins"),
+        settings=manager_settings(policy="gittins"),
     )
     assert sorted(learned.scheduler.policy.samples) == [100.0] * 24
     fresh_dir = tmp_path / "fresh"
@@ -164,7 +172,7 @@ def test_gittins_learns_job_sizes_from_the_managers_own_history(tmp_path: Path) 
         ScriptedExecutor(LOST, Clock()),
         cluster,
         fresh_dir,
-        settings=ManagerSettings(policy="gittins"),
+        settings=manager_settings(policy="gittins"),
     )
     assert sorted(fresh.scheduler.policy.samples) == [60.0, 600.0, 3600.0, 86400.0]
 

@@ -10,40 +10,12 @@ from pathlib import Path
 from typing import Any
 
 from corral.core.cluster import Cluster, NodeDef
-from corral.exec.local import AttemptEnded, AttemptLaunch
-from corral.server.manager import Manager, ManagerSettings
+from corral.exec.local import AttemptLaunch
+from corral.server.manager import Manager
 from corral.server.spec import parse_job_spec
 from corral.server.store import JobRow, Store
-from tests.server.helpers import python_job
-
-
-class HeldExecutor:
-    """Attempts run until `end` is called; `recover` finds the running ones again."""
-
-    def __init__(self) -> None:
-        self.running: dict[tuple[str, int], AttemptLaunch] = {}
-        self.stopped: list[tuple[str, int]] = []
-        self.ended: list[AttemptEnded] = []
-
-    def launch(self, launch: AttemptLaunch) -> None:
-        self.running[(launch.job_id, launch.attempt)] = launch
-
-    def stop(self, job_id: str, attempt: int) -> None:
-        self.stopped.append((job_id, attempt))
-
-    def end(self, job_id: str, attempt: int, reason: str, code: int | None = None) -> None:
-        del self.running[(job_id, attempt)]
-        self.ended.append(AttemptEnded(job_id, attempt, code, None, False, reason, "", 1000.0))
-
-    def poll(self) -> list[AttemptEnded]:
-        ended, self.ended = self.ended, []
-        return ended
-
-    def recover(self, job_id: str, attempt: int, attempt_dir: Path) -> str:
-        return "running" if (job_id, attempt) in self.running else "never-started"
-
-    def close(self) -> None:
-        pass
+from tests.server.helpers import manager_settings, python_job
+from tests.server.inert import HeldExecutor
 
 
 class Nodes:
@@ -64,7 +36,7 @@ def manager_on(
         executor,
         Cluster.from_nodes(nodes()),
         tmp_path,
-        settings=ManagerSettings(**options),
+        settings=manager_settings(**options),
         clock=clock,
         nodes=nodes,
     )

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from corral.core.framework import config_from_mapping
 from corral.core.job import JobSpec
 from corral.sim.datasets import DATASETS, data_of, reads_for
 from corral.sim.perfmodel import PerfModel
@@ -68,8 +69,16 @@ def write_gavel(tmp_path: Path) -> str:
     return f"gavel:{traces}"
 
 
-def simulate(tmp_path: Path, **options: object) -> dict[str, object]:
-    settings = RunSettings(trace=write_gavel(tmp_path), nodes=1, gpus_per_node=1, **options)  # type: ignore[arg-type]
+def simulate(
+    tmp_path: Path, scheduler: dict[str, object] | None = None, **options: object
+) -> dict[str, object]:
+    settings = RunSettings(
+        trace=write_gavel(tmp_path),
+        nodes=1,
+        gpus_per_node=1,
+        scheduler=config_from_mapping(scheduler),
+        **options,  # type: ignore[arg-type]
+    )
     (summary,) = run_simulations(
         settings, out=tmp_path / "out", plot=False, console=Console(quiet=True)
     )
@@ -85,7 +94,7 @@ def test_simulate_with_node_caches_reports_hits_and_speed(tmp_path):
     summary = simulate(
         tmp_path,
         policies=["fifo"],
-        placement="cache-aware",
+        scheduler={"placement": "cache-aware"},
         cache_gb_per_node=140.0,
         storage_gbps=0.1,
         cache_policy="silod",
@@ -105,13 +114,19 @@ def test_simulate_with_node_caches_reports_hits_and_speed(tmp_path):
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"placement": "cache-aware"}, "--placement cache-aware: needs node caches"),
+        ({"scheduler": {"placement": "cache-aware"}}, "placement cache-aware: needs node data cach"),
         ({"cache_gb_per_node": -1.0}, "--cache-gb-per-node: must not be negative"),
         ({"cache_gb_per_node": 1.0, "storage_gbps": 0.0}, "--storage-gbps: must be positive"),
         ({"cache_gb_per_node": 1.0, "cache_policy": "arc"}, "--cache-policy: unknown 'arc'"),
         ({"cache_gb_per_node": 1.0, "datasets": "team"}, "--datasets: unknown 'team'"),
-        ({"cache_gb_per_node": 1.0, "admission": "hived"}, "not supported with --admission hived"),
-        ({"cache_gb_per_node": 1.0, "packing": True}, "not supported with .* or --packing"),
+        (
+            {"cache_gb_per_node": 1.0, "scheduler": {"admission": "hived"}},
+            "admission hived does not run with cache",
+        ),
+        (
+            {"cache_gb_per_node": 1.0, "scheduler": {"stages": ["packing"]}},
+            "not supported with --private-baseline or the packing stage",
+        ),
     ],
 )
 def test_bad_cache_options_are_refused_naming_the_option(tmp_path, options, message):

@@ -97,14 +97,12 @@ def test_the_event_loop_replays_a_shrink_a_grow_and_a_refusal():
         elastic_job("B", 200, 350, 100),
         elastic_job("C", 1000, 250, 150),
     ]
-    result = Simulation(
-        jobs, cluster, scheduler.policy, scheduler.placement, scheduler=scheduler
-    ).run()
+    result = Simulation(jobs, scheduler).run()
     by_id = {job.id: job for job in result.jobs}
     assert by_id["B"].finished_at == pytest.approx(100 + 200 / 1.8)
     assert by_id["A"].finished_at == pytest.approx(100 + 200 / 1.8 + 10 + 2698 / 3.2)
     assert by_id["C"].status is JobStatus.REFUSED and by_id["C"].attempts == 0
-    assert (scheduler.counters.shrinks, scheduler.counters.grows) == (1, 1)
+    assert (scheduler.tally.shrinks, scheduler.tally.grows) == (1, 1)
     summary = summarize(result)
     assert summary["deadline_met_share"] == pytest.approx(2 / 3)
     assert (summary["deadlines_met"], summary["admitted"], summary["refused"]) == (2, 2, 1)
@@ -116,9 +114,7 @@ def test_without_deadlines_the_summary_has_no_deadline_entries():
     cluster = Cluster.shorthand(1, 1)
     scheduler = ElasticScheduler(cluster, make_placement("consolidate"), lambda job, g: 1.0)
     job = JobSpec(id="x", submit_time=0, gpus=1, duration_s=5)
-    result = Simulation(
-        [job], cluster, scheduler.policy, scheduler.placement, scheduler=scheduler
-    ).run()
+    result = Simulation([job], scheduler).run()
     assert result.jobs[0].finished_at == 5
     assert "deadline_met_share" not in summarize(result)
 
@@ -168,7 +164,8 @@ def test_simulate_compares_elasticflow_with_the_baselines_on_the_same_deadlines(
     [
         (["--deadline-factor", "2:1"], "--deadline-factor: expected LO:HI with 0 < LO <= HI"),
         (["--deadline-factor", "fast"], "--deadline-factor: expected LO:HI"),
-        (["--policy", "elasticflow", "--packing"], "--policy elasticflow: not with --admission"),
+        (["--policy", "elasticflow", "--stages", "packing"], "admission elasticflow does not run with packing"),
+        (["--policy", "elasticflow", "--admission", "quota"], "policy elasticflow: runs only inside admission elasticflow"),
     ],
 )
 def test_bad_elastic_options_are_one_line_errors(tmp_path, args, message):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from corral.core import Cluster, JobSpec, JobStatus
+from corral.core import Cluster, JobSpec, JobStatus, Scheduler
 from corral.core.placement import make_placement
 from corral.core.policy import make_policy
 from corral.sim.engine import FailureModel, Simulation
@@ -13,14 +13,15 @@ from corral.sim.engine import FailureModel, Simulation
 def run(specs, policy="fifo", placement="consolidate", nodes=1, gpus=4, **kw):
     cluster = Cluster.shorthand(nodes, gpus)
     speed = kw.pop("speed_model", None)
-    sim = Simulation(
-        specs,
+    scheduler = Scheduler(
         cluster,
         make_policy(policy, **kw.pop("policy_options", {})),
         make_placement(placement),
         speed_model=speed,
-        **kw,
+        backfill=kw.pop("backfill", False),
+        restore_s=kw.pop("restore_s", 0.0),
     )
+    sim = Simulation(specs, scheduler, **kw)
     result = sim.run()
     return result, {j.id: j for j in result.jobs}
 

@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from corral.cli.main import app
-from corral.core import Cluster, JobSpec
+from corral.core import Cluster, JobSpec, Scheduler
 from corral.core.job import Job
 from corral.core.placement import make_placement
 from corral.core.policy.optimus import Optimus, no_progress
@@ -111,9 +111,8 @@ def test_optimus_learns_to_let_a_short_job_pass_a_long_one():
     ]
     ends = {}
     for name, observe in (("fit", LossCurveModel(seed=0, noise=0.0)), ("prior", no_progress)):
-        result = Simulation(
-            jobs, Cluster.shorthand(1, 1), Optimus(observe), make_placement("consolidate")
-        ).run()
+        scheduler = Scheduler(Cluster.shorthand(1, 1), Optimus(observe), make_placement("consolidate"))
+        result = Simulation(jobs, scheduler).run()
         ends[name] = {job.id: job.finished_at for job in result.jobs}
     assert ends["fit"] == {"long": pytest.approx(10_400), "short": pytest.approx(1_400)}
     assert ends["prior"] == {"long": pytest.approx(10_400), "short": pytest.approx(4_956.25)}

@@ -29,10 +29,7 @@ def run(specs, failures=None, seed=0):
     )
     sim = Simulation(
         specs,
-        cluster,
-        scheduler.policy,
-        scheduler.placement,
-        scheduler=scheduler,
+        scheduler,
         failures=failures,
         seed=seed,
     )
@@ -102,7 +99,7 @@ def test_simulate_packs_with_the_gavel_table_and_reports_it(tmp_path):
     out = tmp_path / "out"
     result = simulate(
         "--trace", f"gavel:{gavel_fixture(tmp_path)}", "--cluster", "1x1", "--policy", "fifo",
-        "--packing", "--migrate", "--out", str(out),
+        "--stages", "packing,migration", "--out", str(out),
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     assert "1 pairs packed, 0.0 packed GPU-hours, 0 migrations" in result.output
@@ -115,10 +112,10 @@ def test_simulate_packs_with_the_gavel_table_and_reports_it(tmp_path):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--packing"], "--packing: needs a trace with a throughput table (gavel)"),
-        (["--packing", "--packing-threshold", "0"], "--packing-threshold: must be positive"),
-        (["--policy", "timeslice", "--quantum-s", "-1"], "--quantum-s: must be positive"),
-        (["--packing", "--admission", "quota"], "--packing: needs --admission none"),
+        (["--stages", "packing"], "stage packing: needs a trace with a throughput table (gavel)"),
+        (["--stages", "packing", "--packing-threshold", "0"], "--packing-threshold: must be > 0"),
+        (["--policy", "timeslice", "--timeslice-quantum-s", "-1"], "--timeslice-quantum-s: must be > 0"),
+        (["--stages", "packing", "--admission", "quota"], "admission quota does not run with packing"),
     ],
 )
 def test_bad_gandiva_options_are_one_line_errors(tmp_path, args, message):

@@ -29,8 +29,7 @@ import websockets
 from PIL import Image
 
 from corral.server.boot import RunningServer, ServerOptions, build_manager
-from corral.server.manager import ManagerSettings
-from tests.server.helpers import kill_jobs_of, run_server
+from tests.server.helpers import kill_jobs_of, manager_settings, run_server
 
 CHROMIUM = shutil.which("chromium")
 
@@ -109,7 +108,7 @@ def start_scenario(tmp: Path) -> Scenario:
         data_dir=data_dir,
         gpus=4,
         config=config,
-        settings=ManagerSettings(tick_s=0.05, relax_after_s=0.0),
+        settings=manager_settings(tick_s=0.05, relax_after_s=0.0),
         single_user=True,
     )
     server = run_server(build_manager(options))

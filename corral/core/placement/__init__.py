@@ -1,8 +1,8 @@
-"""Placements, chosen by name. A new placement is one module and one entry here."""
+"""Placements, chosen by name. A new placement is one module and one entry here: the class
+declares its options (`Options`) and builds itself (`from_options`), see corral.core.plugin."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from corral.core.placement.base import NotPlaced, Placed, Placement
@@ -10,7 +10,7 @@ from corral.core.placement.cacheaware import CacheAware
 from corral.core.placement.hetero import Hetero
 from corral.core.placement.named import AnyFree, Consolidate, Profile, Relax
 
-PLACEMENTS: dict[str, Callable[..., Placement]] = {
+PLACEMENTS: dict[str, type[Placement]] = {
     "consolidate": Consolidate,
     "relax": Relax,
     "profile": Profile,

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from corral.core.cluster import Cluster
 from corral.core.job import Job
+from corral.core.plugin import OptionsMixin, SpeedModel
 
 
 @dataclass(slots=True, frozen=True)
@@ -20,8 +22,22 @@ class NotPlaced:
     reason: str
 
 
-class Placement:
+class Placement(OptionsMixin):
+    """A registry entry (`corral.core.placement.PLACEMENTS`): declares `Options` and builds itself
+    with `from_options` (corral.core.plugin)."""
+
     name = "base"
+
+    def begin_round(
+        self,
+        cluster: Cluster,
+        pending: Iterable[Job],
+        running: Iterable[Job],
+        speed_model: SpeedModel | None,
+        now: float,
+    ) -> None:
+        """Called once at the start of each round, before any job is placed: a placement that
+        decides for the round's jobs together (hetero's matching) looks at them here."""
 
     def place(self, cluster: Cluster, job: Job, now: float) -> Placed | NotPlaced:
         raise NotImplementedError

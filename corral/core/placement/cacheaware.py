@@ -19,6 +19,7 @@ consolidate would place it; so is every job when the placement is given no cache
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from corral.core.cache import DataCache
 from corral.core.cluster import Cluster
@@ -32,10 +33,17 @@ from corral.core.placement.base import (
     types_for,
 )
 from corral.core.placement.named import consolidated, consolidated_scope
+from corral.core.plugin import Services, needs
 
 
 class CacheAware(Placement):
     name = "cache-aware"
+    summary = "SiloD: consolidate, on the node whose data cache holds most of the job's dataset"
+
+    @classmethod
+    def from_options(cls, options: Any, services: Services) -> Placement:
+        needs(services.cache, f"placement {cls.name}", "node data caches (--cache-gb-per-node)")
+        return cls(services.cache)
 
     def __init__(self, cache: DataCache | None = None) -> None:
         self.cache = cache

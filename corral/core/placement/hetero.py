@@ -40,20 +40,19 @@ The scheduler calls `begin_round` at the start of each round for a placement tha
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from itertools import islice
+from typing import Any
 
 import numpy as np
 
 from corral.core.cluster import Cluster
 from corral.core.job import Job
+from corral.core.options import option
 from corral.core.placement.base import NotPlaced, Placed, Placement, whole_worker_gpus
-from corral.core.placement.named import Relax
-
-#: Given a job and GPUs, its speed there (corral.core.scheduler.SpeedModel; repeated to avoid an
-#: import cycle, as the scheduler imports the placements).
-SpeedModel = Callable[[Job, tuple[int, ...]], float]
+from corral.core.placement.named import DEFAULT_RELAX_AFTER_S, Relax
+from corral.core.plugin import Services, SpeedModel
 
 
 @dataclass(slots=True, frozen=True)
@@ -223,8 +222,35 @@ class _Seen:
         self.known_before, self.known = self.known, {}
 
 
+@dataclass(frozen=True, slots=True)
+class HeteroOptions:
+    fairness: float | None = option(
+        None,
+        help="each job's speed at least this fraction of its equal-share speed (Gavel's max-min)",
+        low=0,
+        high=1,
+        low_open=True,
+    )
+    max_jobs: int = option(32, help="waiting jobs matched to GPU types per round", low=1)
+    relax_after_s: float = option(
+        DEFAULT_RELAX_AFTER_S,
+        help="on the type it matched, a job relaxes locality after waiting this long (s)",
+        low=0,
+    )
+
+
 class Hetero(Placement):
     name = "hetero"
+    summary = "Gavel/AlloX: match waiting jobs to GPU types by measured speed, min-cost"
+    Options = HeteroOptions
+
+    @classmethod
+    def from_options(cls, options: Any, services: Services) -> Placement:
+        return cls(
+            fairness=options.fairness,
+            max_jobs=options.max_jobs,
+            relax_after_s=options.relax_after_s,
+        )
 
     def __init__(
         self,

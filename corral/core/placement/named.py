@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Any
 
 from corral.core.cluster import Cluster
 from corral.core.job import Job
+from corral.core.options import option
 from corral.core.placement.algorithms import (
     best_fit_node,
     fewest_nodes_anywhere,
@@ -13,6 +16,10 @@ from corral.core.placement.algorithms import (
     first_free,
 )
 from corral.core.placement.base import NotPlaced, Placed, Placement, largest_rack, not_enough
+from corral.core.plugin import Services
+
+#: Seconds a job waits for a consolidated placement before relax takes the fewest nodes anywhere.
+DEFAULT_RELAX_AFTER_S = 600.0
 
 
 def consolidated(cluster: Cluster, job: Job) -> Placed | NotPlaced:
@@ -68,6 +75,7 @@ def consolidated_scope(cluster: Cluster, job: Job) -> str:
 
 class Consolidate(Placement):
     name = "consolidate"
+    summary = "Philly's locality: one node if the job fits in one, else fewest nodes in one rack"
 
     def scope(self, cluster: Cluster, job: Job, now: float) -> str:
         return consolidated_scope(cluster, job)
@@ -76,12 +84,27 @@ class Consolidate(Placement):
         return consolidated(cluster, job)
 
 
+@dataclass(frozen=True, slots=True)
+class RelaxOptions:
+    after_s: float = option(
+        DEFAULT_RELAX_AFTER_S,
+        help="seconds a job waits for locality before taking the fewest nodes anywhere",
+        low=0,
+    )
+
+
 class Relax(Placement):
     """Consolidate first; after `relax_after_s` of waiting, take the fewest nodes anywhere."""
 
     name = "relax"
+    summary = "consolidate, relaxed to the fewest nodes anywhere after waiting (Philly)"
+    Options = RelaxOptions
 
-    def __init__(self, relax_after_s: float = 600.0) -> None:
+    @classmethod
+    def from_options(cls, options: Any, services: Services) -> Placement:
+        return cls(options.after_s)
+
+    def __init__(self, relax_after_s: float = DEFAULT_RELAX_AFTER_S) -> None:
         if relax_after_s < 0:
             raise ValueError("relax_after_s must not be negative")
         self.relax_after_s = relax_after_s
@@ -111,10 +134,23 @@ class Relax(Placement):
         return Placed(gpus, relaxed=True)
 
 
+@dataclass(frozen=True, slots=True)
+class ProfileOptions:
+    sensitive_above: float = option(
+        1.1, help="consolidate a job whose spread slowdown is above this factor", low=1
+    )
+
+
 class Profile(Placement):
     """Tiresias: consolidate only jobs whose model slows down when spread over nodes."""
 
     name = "profile"
+    summary = "Tiresias: consolidate only the jobs whose model slows down when spread"
+    Options = ProfileOptions
+
+    @classmethod
+    def from_options(cls, options: Any, services: Services) -> Placement:
+        return cls(options.sensitive_above)
 
     def __init__(self, sensitive_above: float = 1.1) -> None:
         self.sensitive_above = sensitive_above
@@ -140,6 +176,7 @@ class Profile(Placement):
 
 class AnyFree(Placement):
     name = "any"
+    summary = "the first free GPUs, no locality"
 
     def place(self, cluster: Cluster, job: Job, now: float) -> Placed | NotPlaced:
         short = not_enough(cluster, job)

@@ -1,8 +1,8 @@
-"""Ordering policies, chosen by name. A new policy is one module and one entry here."""
+"""Ordering policies, chosen by name. A new policy is one module and one entry here: the class
+declares its options (`Options`) and builds itself (`from_options`), see corral.core.plugin."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from corral.core.policy.base import Key, Policy
@@ -14,7 +14,7 @@ from corral.core.policy.optimus import Optimus
 from corral.core.policy.shortest import ShortestJobFirst, ShortestRemainingTimeFirst
 from corral.core.policy.timeslice import TimeSlice
 
-POLICIES: dict[str, Callable[..., Policy]] = {
+POLICIES: dict[str, type[Policy]] = {
     "fifo": Fifo,
     "sjf": ShortestJobFirst,
     "srtf": ShortestRemainingTimeFirst,
@@ -23,7 +23,7 @@ POLICIES: dict[str, Callable[..., Policy]] = {
     "optimus": Optimus,
     "timeslice": TimeSlice,
     "edf": EarliestDeadlineFirst,
-    "elasticflow": ElasticFlowOrder,  # runs inside core.elastic.ElasticScheduler
+    "elasticflow": ElasticFlowOrder,  # runs inside the elasticflow admission (core.elastic)
 }
 
 

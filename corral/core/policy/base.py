@@ -13,12 +13,19 @@ import math
 from typing import Any
 
 from corral.core.job import Job
+from corral.core.plugin import OptionsMixin
 
 Key = tuple[Any, ...]
 
 
-class Policy:
+class Policy(OptionsMixin):
+    """A registry entry (`corral.core.policy.POLICIES`): declares `Options` and builds itself with
+    `from_options` (corral.core.plugin)."""
+
     name = "base"
+    #: The admission scheme this policy runs inside, when it is not an ordinary queue order
+    #: (elasticflow sizes gangs itself); `admission: auto` picks it.
+    admission: str | None = None
     preemptive = False
     #: A head job that cannot be placed blocks the jobs behind it (YARN-CS in Philly).
     blocking = False

@@ -23,6 +23,7 @@ def deadline_of(job: Job) -> float:
 
 class EarliestDeadlineFirst(Policy):
     name = "edf"
+    summary = "earliest deadline first, preemptive, each job on the GPUs it asked for"
     preemptive = True
 
     def key(self, job: Job, now: float) -> Key:
@@ -37,4 +38,6 @@ class EarliestDeadlineFirst(Policy):
 
 class ElasticFlowOrder(EarliestDeadlineFirst):
     name = "elasticflow"
+    summary = "ElasticFlow: deadline order inside its own admission and gang sizing"
+    admission = "elasticflow"
     preemptive = False

@@ -12,6 +12,7 @@ from corral.core.policy.base import Key, Policy, tie_break
 
 class Fifo(Policy):
     name = "fifo"
+    summary = "first come, first served; the head job blocks the queue (YARN-CS, as Philly ran it)"
     blocking = True
 
     def key(self, job: Job, now: float) -> Key:

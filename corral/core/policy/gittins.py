@@ -16,10 +16,14 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from corral.core.job import Job, JobStatus
+from corral.core.options import option
+from corral.core.plugin import Services, needs
 from corral.core.policy.base import Key, Policy, tie_break
 from corral.core.policy.las import DEFAULT_THRESHOLDS_GPU_S
 
@@ -38,9 +42,31 @@ def gittins_index(samples_sorted: np.ndarray, attained: float) -> float:
     return float(ratios.max())
 
 
+@dataclass(frozen=True, slots=True)
+class GittinsOptions:
+    thresholds_gpu_s: tuple[float, ...] = option(
+        DEFAULT_THRESHOLDS_GPU_S,
+        help="service levels (GPU-seconds) where the index is evaluated, besides the quantiles",
+        low=0,
+        low_open=True,
+    )
+    quantiles: int = option(
+        20, help="quantiles of the job-size distribution used as index levels", low=1
+    )
+
+
 class Gittins(Policy):
     name = "gittins"
+    summary = "Tiresias's 2D-Gittins: the job likeliest to finish per GPU-second spent first"
+    Options = GittinsOptions
     preemptive = True
+
+    @classmethod
+    def from_options(cls, options: Any, services: Services) -> Policy:
+        history = services.service_history
+        needs(history, f"policy {cls.name}", "a history of job sizes")
+        assert history is not None
+        return cls(history(), options.thresholds_gpu_s, options.quantiles)
 
     def __init__(
         self,

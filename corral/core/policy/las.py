@@ -14,17 +14,58 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from corral.core.job import Job, JobStatus
+from corral.core.options import option
+from corral.core.plugin import Services
 from corral.core.policy.base import Key, Policy, tie_break
 
 #: Queue boundaries in GPU-seconds: 1 GPU-hour and 10 GPU-hours (three queues).
 DEFAULT_THRESHOLDS_GPU_S = (3_600.0, 36_000.0)
 
 
+@dataclass(slots=True)
+class LasState:
+    """Per job: when it entered its current (lower) queue; None in the top queue, where it
+    sorts by arrival. `promotions`: times the starvation rule moved it back to the top."""
+
+    entered: float | None = None
+    promotions: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class LasOptions:
+    thresholds_gpu_s: tuple[float, ...] = option(
+        DEFAULT_THRESHOLDS_GPU_S,
+        help="queue boundaries in GPU-seconds of attained service, increasing",
+        low=0,
+        low_open=True,
+    )
+    starvation_factor: float | None = option(
+        None,
+        help="promote a job that waited this many times its executed time to the top queue",
+        low=0,
+        low_open=True,
+    )
+
+    def validate(self) -> str | None:
+        thresholds = list(self.thresholds_gpu_s)
+        if thresholds != sorted(set(thresholds)):
+            return "thresholds_gpu_s must be strictly increasing"
+        return None
+
+
 class LeastAttainedService(Policy):
     name = "las"
+    summary = "Tiresias's discretized 2D-LAS: least attained GPU-service first, in queues"
+    Options = LasOptions
     preemptive = True
+
+    @classmethod
+    def from_options(cls, options: Any, services: Services) -> Policy:
+        return cls(options.thresholds_gpu_s, options.starvation_factor)
 
     def __init__(
         self,
@@ -48,7 +89,8 @@ class LeastAttainedService(Policy):
 
     def key(self, job: Job, now: float) -> Key:
         queue = self.queue_of(job, now)
-        entered = job.extra.get("las_entered")
+        state = job.peek(LasState)
+        entered = None if state is None else state.entered
         if queue == 0 or entered is None:
             return (queue, *tie_break(job))
         return (queue, entered, job.seq)
@@ -72,10 +114,11 @@ class LeastAttainedService(Policy):
     def on_key_change(self, job: Job, now: float) -> None:
         if job.status is JobStatus.PENDING and self._promotion_time(job, now) <= now:
             job.service_offset_gpu_s = job.attained_at(now)
-            job.extra["promotions"] = int(job.extra.get("promotions", 0)) + 1  # type: ignore[call-overload]
-            job.extra.pop("las_entered", None)  # back in the top queue, in arrival order
+            state = job.record(LasState)
+            state.promotions += 1
+            state.entered = None  # back in the top queue, in arrival order
         elif job.status is JobStatus.RUNNING:
-            job.extra["las_entered"] = now  # dropped a queue: join its tail
+            job.record(LasState).entered = now  # dropped a queue: join its tail
 
     def describe_key(self, job: Job, now: float) -> str:
         return f"LAS queue {self.queue_of(job, now)} ({self.counted_service(job, now):.0f} GPU-s attained)"

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from sortedcontainers import SortedList
 
@@ -39,6 +40,8 @@ from corral.core.estimate import (
     thin,
 )
 from corral.core.job import Job, JobStatus
+from corral.core.options import option
+from corral.core.plugin import Services, needs
 from corral.core.policy.base import Key, Policy, tie_break
 
 #: Expected length of a job before any job has finished (ideal seconds).
@@ -56,6 +59,13 @@ class Progress:
 Observe = Callable[[Job, float], Progress]
 
 
+@dataclass(slots=True)
+class OptimusState:
+    """Per job: the latest estimate of its length (refit at announced instants)."""
+
+    estimate: Estimate | None = None
+
+
 def no_progress(job: Job, now: float) -> Progress:
     return Progress()
 
@@ -68,10 +78,48 @@ class Estimate:
     fit_key: tuple[int, float]  # (samples, steps done) it was computed from
 
 
+@dataclass(frozen=True, slots=True)
+class OptimusOptions:
+    converge_fraction: float = option(
+        DEFAULT_CONVERGE_FRACTION,
+        help="a job is done when its loss is within this fraction of its fitted floor",
+        low=0,
+        high=1,
+        low_open=True,
+    )
+    prior_s: float = option(
+        DEFAULT_PRIOR_S, help="expected job length before any job finished (s)", low=0, low_open=True
+    )
+    max_points: int = option(64, help="loss samples kept per job for the fit", low=MIN_POINTS)
+    refit_min_s: float = option(
+        300.0, help="shortest time between two fits of a running job (s)", low=0, low_open=True
+    )
+    refit_growth: float = option(
+        0.5, help="refit after this fraction of the job's run time so far", low=0
+    )
+
+    def validate(self) -> str | None:
+        return "converge_fraction must be below 1" if self.converge_fraction >= 1 else None
+
+
 class Optimus(Policy):
     name = "optimus"
+    summary = "Optimus: shortest remaining time, the time estimated from each job's loss curve"
+    Options = OptimusOptions
     preemptive = True
     stored_is_key = False
+
+    @classmethod
+    def from_options(cls, options: Any, services: Services) -> Policy:
+        needs(services.observe, f"policy {cls.name}", "progress reports from the jobs (loss curves)")
+        return cls(
+            services.observe,
+            converge_fraction=options.converge_fraction,
+            prior_s=options.prior_s,
+            max_points=options.max_points,
+            refit_min_s=options.refit_min_s,
+            refit_growth=options.refit_growth,
+        )
 
     def __init__(
         self,
@@ -125,8 +173,8 @@ class Optimus(Policy):
         done = job.work_done_at(now)
         progress = self.observe(job, now)
         fit_key = (len(progress.samples), progress.steps_done)
-        cached = job.extra.get("optimus")
-        if isinstance(cached, Estimate) and cached.fit_key == fit_key and cached.source == "fit":
+        cached = job.record(OptimusState).estimate
+        if cached is not None and cached.fit_key == fit_key and cached.source == "fit":
             return cached  # nothing new reported since the last fit
         if len(progress.samples) >= MIN_POINTS and progress.steps_done > 0 and done > 0:
             try:
@@ -142,12 +190,12 @@ class Optimus(Policy):
 
     def _refresh(self, job: Job, now: float) -> Estimate:
         estimate = self.estimate(job, now)
-        job.extra["optimus"] = estimate
+        job.record(OptimusState).estimate = estimate
         return estimate
 
     def _current(self, job: Job, now: float) -> Estimate:
-        cached = job.extra.get("optimus")
-        return cached if isinstance(cached, Estimate) else self._refresh(job, now)
+        cached = job.record(OptimusState).estimate
+        return cached if cached is not None else self._refresh(job, now)
 
     def remaining_s(self, job: Job, now: float) -> float:
         """Estimated ideal seconds of work left."""

@@ -5,12 +5,21 @@ Lengths are ideal seconds of work (`JobSpec.duration_s`); a job without one sort
 
 from __future__ import annotations
 
+from typing import Any
+
 from corral.core.job import Job, JobStatus
+from corral.core.plugin import Services, needs
 from corral.core.policy.base import Key, Policy, tie_break
 
 
 class ShortestJobFirst(Policy):
     name = "sjf"
+    summary = "shortest job first, by the job's declared length (an oracle baseline)"
+
+    @classmethod
+    def from_options(cls, options: Any, services: Services) -> Policy:
+        needs(services.durations_known, f"policy {cls.name}", "every job's length (a trace with durations)")
+        return cls()
 
     def key(self, job: Job, now: float) -> Key:
         duration = job.spec.duration_s if job.spec.duration_s is not None else float("inf")
@@ -20,7 +29,7 @@ class ShortestJobFirst(Policy):
         return f"length {job.spec.duration_s:.0f}s" if job.spec.duration_s is not None else ""
 
 
-class ShortestRemainingTimeFirst(Policy):
+class ShortestRemainingTimeFirst(ShortestJobFirst):
     """Preempts a running job when a waiting one has less work left.
 
     The key is the work left in ideal seconds, the same measure for running and waiting jobs, so
@@ -30,6 +39,7 @@ class ShortestRemainingTimeFirst(Policy):
     """
 
     name = "srtf"
+    summary = "shortest remaining time first, preemptive (an oracle baseline)"
     preemptive = True
     stored_is_key = False
 

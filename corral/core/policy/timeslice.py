@@ -18,8 +18,12 @@ cluster is oversubscribed, and a job that arrives meanwhile waits at most a roun
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Any
 
 from corral.core.job import Job, JobStatus
+from corral.core.options import option
+from corral.core.plugin import Services
 from corral.core.policy.base import Key, Policy
 
 #: Why 600 s and not Gandiva's quantum of about a minute: Gandiva suspends a job in GPU memory at
@@ -29,9 +33,33 @@ from corral.core.policy.base import Key, Policy
 DEFAULT_QUANTUM_S = 600.0
 
 
+@dataclass(slots=True)
+class TurnState:
+    """Per job: the attempt whose turn is over, when it joined the queue's tail and the seconds
+    it had run by then, and the turns it has had."""
+
+    over: int | None = None
+    ready: float | None = None
+    served_s: float = 0.0
+    turns: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class TimeSliceOptions:
+    quantum_s: float = option(
+        DEFAULT_QUANTUM_S, help="length of a turn in seconds", low=0, low_open=True
+    )
+
+
 class TimeSlice(Policy):
     name = "timeslice"
+    summary = "Gandiva's time-slicing: waiting and running jobs take turns of a quantum"
+    Options = TimeSliceOptions
     preemptive = True
+
+    @classmethod
+    def from_options(cls, options: Any, services: Services) -> Policy:
+        return cls(options.quantum_s)
 
     def __init__(self, quantum_s: float = DEFAULT_QUANTUM_S) -> None:
         if not quantum_s > 0 or math.isinf(quantum_s):
@@ -43,16 +71,22 @@ class TimeSlice(Policy):
     @staticmethod
     def in_turn(job: Job) -> bool:
         """Running, and its attempt has not yet used up a quantum."""
-        return job.status is JobStatus.RUNNING and job.extra.get("ts_over") != job.attempts
+        if job.status is not JobStatus.RUNNING:
+            return False
+        state = job.peek(TurnState)
+        return state is None or state.over != job.attempts
 
     @staticmethod
     def ready_since(job: Job) -> float:
-        return float(job.extra.get("ts_ready", job.spec.submit_time))  # type: ignore[arg-type]
+        state = job.peek(TurnState)
+        ready = None if state is None else state.ready
+        return job.spec.submit_time if ready is None else ready
 
     def key(self, job: Job, now: float) -> Key:
         if self.in_turn(job):
             return (0, job.run_started_at, 0.0, job.seq)
-        return (1, self.ready_since(job), float(job.extra.get("ts_served", 0.0)), job.seq)  # type: ignore[arg-type]
+        state = job.peek(TurnState)
+        return (1, self.ready_since(job), 0.0 if state is None else state.served_s, job.seq)
 
     def key_changes_at(self, job: Job, now: float) -> float:
         if job.status is not JobStatus.RUNNING or job.run_started_at is None:
@@ -70,11 +104,12 @@ class TimeSlice(Policy):
 
     def on_key_change(self, job: Job, now: float) -> None:
         if job.status is JobStatus.RUNNING:  # a quantum is over: join the tail of the queue
+            state = job.record(TurnState)
             if self.in_turn(job):
-                job.extra["ts_turns"] = int(job.extra.get("ts_turns", 0)) + 1  # type: ignore[call-overload]
-            job.extra["ts_over"] = job.attempts
-            job.extra["ts_ready"] = now
-            job.extra["ts_served"] = job.executed_at(now)
+                state.turns += 1
+            state.over = job.attempts
+            state.ready = now
+            state.served_s = job.executed_at(now)
 
     def describe_key(self, job: Job, now: float) -> str:
         if self.in_turn(job):

@@ -28,8 +28,10 @@ from corral.core.cells import CellAllocator
 from corral.core.cluster import Cell, Cluster
 from corral.core.job import Job, JobSpec, JobStatus, Priority
 from corral.core.placement.base import Placement
+from corral.core.plugin import SpeedModel
 from corral.core.policy.base import Policy
-from corral.core.scheduler import JobRefused, Scheduler, SpeedModel, worker_refusal
+from corral.core.retry import FailureReport, RetryRule
+from corral.core.scheduler import JobRefused, Scheduler, worker_refusal
 from corral.core.tenancy.virtual import VirtualCluster, build_virtual_cluster
 
 #: The name under which opportunistic jobs are reported (they belong to no VC's guarantee).
@@ -52,6 +54,7 @@ class HivedScheduler:
         restore_s: float = 0.0,
         backfill: bool = False,
         spill: bool = False,
+        retry: RetryRule | None = None,
     ) -> None:
         self.cluster = cluster
         self.spill = spill
@@ -60,6 +63,8 @@ class HivedScheduler:
         # that no healthy physical cell is left to bind
         self._virtual_offline: dict[tuple[str, int], list[int]] = {}
         self._dead_nodes: set[int] = set()
+        #: physical GPUs held offline -> (VC, virtual GPU) where a VC has them bound
+        self._held: dict[int, tuple[str, int] | None] = {}
         self.policy = policy
         self.placement = placement
         self.allocator = CellAllocator(cluster)
@@ -69,7 +74,13 @@ class HivedScheduler:
         def scheduler_for(target: Cluster) -> Scheduler:
             speed = speed_model_for(target) if speed_model_for is not None else None
             return Scheduler(
-                target, policy, placement, backfill=backfill, speed_model=speed, restore_s=restore_s
+                target,
+                policy,
+                placement,
+                backfill=backfill,
+                speed_model=speed,
+                restore_s=restore_s,
+                retry=retry,
             )
 
         for name in sorted(virtual_clusters):
@@ -244,28 +255,9 @@ class HivedScheduler:
     def finished(self, job_id: str, now: float) -> Job:
         return self._stopped(job_id, lambda scheduler: scheduler.finished(job_id, now))
 
-    def failed(
-        self,
-        job_id: str,
-        now: float,
-        reason: str,
-        infrastructure: bool = False,
-        *,
-        retry_after_s: float = 0.0,
-        give_up: bool = False,
-    ) -> Job:
+    def failed(self, job_id: str, now: float, report: FailureReport | str) -> Job:
         """As `Scheduler.failed`; a lent job that will retry goes back to its VC's queue."""
-        return self._stopped(
-            job_id,
-            lambda scheduler: scheduler.failed(
-                job_id,
-                now,
-                reason,
-                infrastructure,
-                retry_after_s=retry_after_s,
-                give_up=give_up,
-            ),
-        )
+        return self._stopped(job_id, lambda scheduler: scheduler.failed(job_id, now, report))
 
     def cancel(self, job_id: str, now: float) -> Job:
         if self.jobs[job_id].status is not JobStatus.RUNNING:
@@ -447,7 +439,7 @@ class HivedScheduler:
                 physical = vc.to_physical(job.placement)
                 if dead.intersection(physical):
                     virtual = job.placement
-                    scheduler.failed(job.id, now, reason, infrastructure=True)
+                    scheduler.failed(job.id, now, FailureReport(reason, infrastructure=True))
                     self.cluster.release(physical)
                     self._unbind_idle(vc, virtual)
                     hit.append(job)
@@ -484,15 +476,57 @@ class HivedScheduler:
 
     def node_recovered(self, node: int) -> None:
         self._dead_nodes.discard(node)
-        self.allocator.mark_healthy(self.cluster.nodes[node])
+        if not any(self.cluster.gpu_node[g] == node for g in self._held):
+            self.allocator.mark_healthy(self.cluster.nodes[node])
         self.opportunistic.node_recovered(node)
-        back = set(self.cluster.node_gpus[node])
+        self._virtual_back(set(self.cluster.node_gpus[node]))
+
+    def _virtual_back(self, back: set[int]) -> None:
+        """VCs' virtual cells held out for want of a healthy cell may bind again."""
         for (name, top), offline in list(self._virtual_offline.items()):
             vc = self.vcs[name]
             unbound = top not in vc.bound
             if unbound or any(vc.bound[top][1][vc.gpu_home[v][1]] in back for v in offline):
                 self.schedulers[name].bring_online(offline)
                 del self._virtual_offline[(name, top)]
+
+    def take_offline(self, gpus: Iterable[int]) -> None:
+        """Hold free physical GPUs out of allocation (a node leaving, processes that would not
+        end): taken in the physical cluster, in the VC that has them bound, and their node is not
+        bound anew until every one of them is back."""
+        for gpu in gpus:
+            if gpu in self._held or not self.cluster.gpu_free[gpu]:
+                continue
+            node = self.cluster.gpu_node[gpu]
+            self.allocator.mark_unhealthy(self.cluster.nodes[node])  # idempotent
+            self.cluster.allocate([gpu])
+            self._held[gpu] = None
+            for name, vc in self.vcs.items():
+                for top, (_, cell_gpus) in vc.bound.items():
+                    if gpu in cell_gpus:
+                        virtual = vc.gpu_home.index((top, cell_gpus.index(gpu)))
+                        self.schedulers[name].take_offline([virtual])
+                        self._held[gpu] = (name, virtual)
+
+    def bring_online(self, gpus: Iterable[int]) -> None:
+        nodes: set[int] = set()
+        for gpu in gpus:
+            if gpu not in self._held:
+                continue
+            home = self._held.pop(gpu)
+            if home is not None:
+                self.schedulers[home[0]].bring_online([home[1]])
+            self.cluster.release([gpu])
+            nodes.add(self.cluster.gpu_node[gpu])
+        held_nodes = {self.cluster.gpu_node[g] for g in self._held}
+        healthy = nodes - held_nodes - self._dead_nodes
+        for node in healthy:
+            self.allocator.mark_healthy(self.cluster.nodes[node])
+        if healthy:
+            self._virtual_back({g for node in healthy for g in self.cluster.node_gpus[node]})
+
+    def counters(self) -> dict[str, int]:
+        return {"preemptions": self.preemptions, "reclaims": self.reclaims}
 
     # -- opportunistic jobs -----------------------------------------------------------------
 

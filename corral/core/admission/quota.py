@@ -6,15 +6,26 @@ under its quota and has a waiting job takes GPUs back by preempting jobs of VCs 
 theirs (lowest priority first). Without oversubscription, idle quota of one VC is never used by
 another.
 
-`fairshare`: weighted fair sharing among the VCs that have work (with one resource, GPUs, this is
-what DRF reduces to): a VC's share is the cluster's GPUs split by weight among the VCs with running
-or waiting jobs, recomputed as VCs come and go. Idle shares are always lent, and a VC below its
-share reclaims GPUs from VCs above theirs.
+`fairshare` (corral.core.admission.fairshare) is the same mechanism with shares that follow the
+VCs' weights, their work and their recent usage.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from corral.core.job import Job
+from corral.core.options import option
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaOptions:
+    oversubscribe: bool = option(
+        True, help="lend idle quota to other VCs' jobs, reclaimed by preemption when needed"
+    )
+    lend_last: bool = option(
+        True, help="each round, place jobs within their quotas before lending idle GPUs"
+    )
 
 
 class QuotaAdmission:
@@ -32,6 +43,7 @@ class QuotaAdmission:
         self.lending = True  # the scheduler turns it off for the first walk of a round
         self.usage: dict[str, int] = {vc: 0 for vc in self.quota}
         self.waiting: dict[str, int] = {vc: 0 for vc in self.quota}
+        self.borrowed_starts = 0
 
     def known(self, vc: str) -> bool:
         return vc in self.quota
@@ -77,51 +89,20 @@ class QuotaAdmission:
             self.usage[vc] > self.share(vc) for vc in self.usage if vc != job.spec.vc
         )
 
-    def on_start(self, job: Job) -> None:
+    def on_start(self, job: Job, now: float) -> None:
         self.usage[job.spec.vc] += job.spec.gpus
-        if self.usage[job.spec.vc] > self.share(job.spec.vc):
-            job.extra["borrowed"] = True
+        job.borrowed = self.usage[job.spec.vc] > self.share(job.spec.vc)
+        self.borrowed_starts += job.borrowed
 
-    def on_stop(self, job: Job) -> None:
+    def on_stop(self, job: Job, now: float) -> None:
         self.usage[job.spec.vc] -= job.spec.gpus
-        job.extra.pop("borrowed", None)
+        job.borrowed = False
 
     def on_queue(self, job: Job, delta: int) -> None:
         self.waiting[job.spec.vc] += delta
 
+    def begin_round(self, now: float) -> None:
+        """Quotas do not change with time."""
 
-class FairShareAdmission(QuotaAdmission):
-    name = "fairshare"
-
-    def __init__(self, weights: dict[str, float], total_gpus: int) -> None:
-        super().__init__({vc: total_gpus for vc in weights}, oversubscribe=True)
-        self.weights = dict(weights)
-        self.total_gpus = total_gpus
-        self._active: set[str] = set()  # VCs with running or waiting jobs
-        self._active_weight = 0.0  # their summed weights
-
-    def share(self, vc: str) -> float:
-        weight = self.weights[vc]
-        active = self._active_weight + (0.0 if vc in self._active else weight)
-        return self.total_gpus * weight / active
-
-    def on_start(self, job: Job) -> None:
-        super().on_start(job)
-        self._recount(job.spec.vc)
-
-    def on_stop(self, job: Job) -> None:
-        super().on_stop(job)
-        self._recount(job.spec.vc)
-
-    def on_queue(self, job: Job, delta: int) -> None:
-        super().on_queue(job, delta)
-        self._recount(job.spec.vc)
-
-    def _recount(self, vc: str) -> None:
-        active = self.usage[vc] > 0 or self.waiting[vc] > 0
-        if active and vc not in self._active:
-            self._active.add(vc)
-            self._active_weight += self.weights[vc]
-        elif not active and vc in self._active:
-            self._active.discard(vc)
-            self._active_weight -= self.weights[vc]
+    def counters(self) -> dict[str, int]:
+        return {"borrowed_starts": self.borrowed_starts}

@@ -1,0 +1,154 @@
+"""CLI flags generated from the plugin registries: one flag per declared option.
+
+`scheduler_flags(command)` adds to a typer command a flag for every option of `CoreOptions`
+(but `policy`, which each command declares itself) and of every plugin section:
+`--relax-after-s 60`, `--las-thresholds-gpu-s 3250,7200,18000`, `--quota-lend-last/
+--no-quota-lend-last`. Their help is the option's own, grouped by plugin. The command receives
+what was given as `scheduler: dict` (a mapping `corral.core.framework.config_from_mapping` reads),
+so a flag that was not given does not override the config file or the default.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Optional
+
+import typer
+from rich.markup import escape
+
+from corral.core.framework import CoreOptions, sections
+from corral.core.options import OptionInfo, describe
+
+if TYPE_CHECKING:
+    from corral.core.framework import SchedulerConfig
+
+
+def flags() -> list[tuple[str, str | None, OptionInfo, str]]:
+    """(parameter name, section or None for the core, option, help panel) for every flag, from
+    the registries as they are now (a plugin registered late has its flags too)."""
+    flags: list[tuple[str, str | None, OptionInfo, str]] = []
+    for info in describe(CoreOptions):
+        if info.name != "policy":
+            flags.append((f"sched__{info.name}", None, info, "Scheduler"))
+    for section, cls in sections().items():
+        for info in describe(cls):
+            flags.append((f"sched_{section}__{info.name}", section, info, f"Scheduler: {section}"))
+    return flags
+
+
+
+def flag_name(section: str | None, option: str) -> str:
+    name = option if section is None else f"{section}-{option}"
+    return "--" + name.replace("_", "-")
+
+
+def _default_text(info: OptionInfo) -> str:
+    value = info.default
+    if isinstance(value, tuple):
+        return ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in value) or "none"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return "none" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _parameter(name: str, section: str | None, info: OptionInfo, panel: str) -> inspect.Parameter:
+    flag = flag_name(section, info.name)
+    default = _default_text(info)
+    text = info.help
+    if info.range_text():
+        text += f" ({info.range_text()})"
+    text += escape(f" [default: {default}]")
+    if info.base is bool:
+        negative = "--no-" + flag[2:]
+        option = typer.Option(
+            f"{flag}/{negative}", help=text, rich_help_panel=panel, show_default=False
+        )
+        annotation: Any = Annotated[Optional[bool], option]  # noqa: UP045 - typer needs Optional
+    else:
+        metavar = "LIST" if info.base is not str and "tuple" in str(info.base) else "VALUE"
+        option = typer.Option(
+            flag, help=text, rich_help_panel=panel, metavar=metavar, show_default=False
+        )
+        annotation = Annotated[Optional[str], option]  # noqa: UP045
+    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=annotation)
+
+
+def overrides(
+    values: dict[str, Any], generated: list[tuple[str, str | None, OptionInfo, str]]
+) -> dict[str, Any]:
+    """The mapping of the flags that were given, from the generated parameters' values."""
+    out: dict[str, Any] = {}
+    for name, section, info, _ in generated:
+        value = values.get(name)
+        if value is None:
+            continue
+        if section is None:
+            out[info.name] = value
+        else:
+            out.setdefault(section, {})[info.name] = value
+    return out
+
+
+def scheduler_flags(command: Callable[..., Any]) -> Callable[..., Any]:
+    """The command with the generated flags added; it gets them as `scheduler=<mapping>`."""
+    signature = inspect.signature(command, eval_str=True)
+    kept = [p for p in signature.parameters.values() if p.name != "scheduler"]
+    known = flags()
+    generated = [_parameter(*flag) for flag in known]
+
+    @functools.wraps(command)
+    def wrapper(**kwargs: Any) -> Any:
+        given = {name: kwargs.pop(name, None) for name, *_ in known}
+        return command(**kwargs, scheduler=overrides(given, known))
+
+    wrapper.__signature__ = signature.replace(parameters=[*kept, *generated])  # type: ignore[attr-defined]
+    wrapper.__annotations__ = {p.name: p.annotation for p in [*kept, *generated]}
+    del wrapper.__wrapped__  # typer must read the signature above, not the command's
+    return wrapper
+
+
+def _flag_message(message: str) -> str:
+    """An OptionError about a given flag, naming the flag (`--relax-after-s: ...`)."""
+    core = re.match(r"scheduler: ([a-z_]+): (.*)", message)
+    if core is not None and core.group(1) in {info.name for info in describe(CoreOptions)}:
+        return f"{flag_name(None, core.group(1))}: {core.group(2)}"
+    match = re.match(r"scheduler\.([a-z0-9_-]+)(?:\.([a-z0-9_]+))?(\[\d+\])?: (.*)", message)
+    if match is None:
+        return message
+    first, second, _, reason = match.groups()
+    if second is not None:
+        return f"{flag_name(first, second)}: {reason}"
+    if first in {info.name for info in describe(CoreOptions)}:
+        return f"{flag_name(None, first)}: {reason}"
+    return f"--{first}-* options: {reason}"
+
+
+def effective_config(path: Path | None, given: dict[str, Any]) -> SchedulerConfig:
+    """Defaults, then the file (if any), then the flags given; UserError naming the file or the
+    flag."""
+    from corral.cli.common import UserError
+    from corral.config_file import load_scheduler_config
+    from corral.core.framework import config_from_mapping, merge
+    from corral.core.options import OptionError
+
+    base: dict[str, object] = {}
+    if path is not None:
+        try:
+            base = load_scheduler_config(path).to_mapping()
+        except OptionError as error:
+            raise UserError(str(error)) from None
+    try:
+        return config_from_mapping(merge(base, given))
+    except OptionError as error:
+        raise UserError(_flag_message(str(error))) from None
+
+
+def click_command(name: str, command: Callable[..., Any]) -> Any:
+    """A click command for `command` with the generated flags (for corral.cli.lazy)."""
+    app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+    app.command(name)(scheduler_flags(command))
+    return typer.main.get_command(app)

@@ -1,0 +1,206 @@
+"""`corral simulate`: replay a trace on a modelled cluster. Its scheduler flags are generated
+from the plugin registries (corral.cli.schedflags); the rest describe the simulated world."""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from corral.cli.common import UserError, console, fail
+
+
+def parse_cluster(shorthand: str) -> tuple[int, int]:
+    match = re.fullmatch(r"\s*(\d+)\s*x\s*(\d+)\s*", shorthand)
+    if not match:
+        raise UserError(f"--cluster: expected NODESxGPUS such as 64x8, got {shorthand!r}")
+    return int(match.group(1)), int(match.group(2))
+
+
+def parse_window(window: str | None) -> tuple[int, int] | None:
+    if window is None:
+        return None
+    match = re.fullmatch(r"\s*(\d+)\s*:\s*(\d+)\s*", window)
+    if not match or int(match.group(1)) >= int(match.group(2)):
+        raise UserError(
+            f"--window: expected START:END job indices with START < END, got {window!r}"
+        )
+    return int(match.group(1)), int(match.group(2))
+
+
+def parse_range(option: str, text: str | None) -> tuple[float, float] | None:
+    if text is None:
+        return None
+    try:
+        low, high = (float(part) for part in text.split(":"))
+    except ValueError:
+        low = high = math.nan
+    if not 0 < low <= high < math.inf:
+        raise UserError(
+            f"{option}: expected LO:HI with 0 < LO <= HI, such as 0.5:1.5, got {text!r}"
+        )
+    return low, high
+
+
+def simulate(
+    trace: Annotated[
+        str,
+        typer.Option(
+            help="FORMAT:PATH, FORMAT one of philly, tiresias, gavel, "
+            "alibaba, helios, synthetic (synthetic:jobs=N,load=L,gpus=G)"
+        ),
+    ],
+    cluster: Annotated[str, typer.Option(help="NODESxGPUS, e.g. 64x8")] = "16x8",
+    racks: Annotated[int, typer.Option(help="racks the nodes are spread over")] = 1,
+    gpu_type: Annotated[str, typer.Option(help="GPU type of the --cluster shorthand")] = "v100",
+    gpus_per_switch: Annotated[int | None, typer.Option(help="GPUs under one PCIe switch")] = None,
+    config: Annotated[Path | None, typer.Option(help="cluster YAML (overrides --cluster)")] = None,
+    scheduler_config: Annotated[
+        Path | None,
+        typer.Option(
+            help="the scheduler's settings (YAML: a `scheduler:` section, as `corral config show` "
+            "prints and `corral export-trace` writes); flags override it"
+        ),
+    ] = None,
+    policy: Annotated[
+        str | None,
+        typer.Option(help="the ordering policy [default: the scheduler config's, las]"),
+    ] = None,
+    compare: Annotated[
+        str | None, typer.Option(help="several policies, e.g. fifo,las,gittins,srtf")
+    ] = None,
+    gittins_history: Annotated[
+        Path | None,
+        typer.Option(
+            help="CSV with a 'duration' column of job GPU-seconds (default: the trace's own jobs)"
+        ),
+    ] = None,
+    optimus_noise: Annotated[
+        float, typer.Option(help="optimus: noise (log-normal sd) of the simulated loss samples")
+    ] = 0.02,
+    failure_rate: Annotated[
+        float, typer.Option(help="per-attempt failure probability of a 1-GPU job (0: off)")
+    ] = 0.0,
+    failure_model: Annotated[
+        str,
+        typer.Option(
+            help="rate (--failure-rate per attempt) or philly (user errors that repeat early, "
+            "infrastructure failures per GPU-hour; see docs/simulator.md)"
+        ),
+    ] = "rate",
+    node_failures: Annotated[
+        str | None,
+        typer.Option(
+            help="MTBF,MTTR in seconds: each node fails and recovers after exponential times"
+        ),
+    ] = None,
+    max_retries: Annotated[int, typer.Option(help="retries of a failed job")] = 3,
+    checkpoint_every_s: Annotated[
+        float | None,
+        typer.Option(
+            help="every job saves a checkpoint after this many seconds of work, so a failed "
+            "attempt keeps the work up to it [default: only when preempted]"
+        ),
+    ] = None,
+    arrival_scale: Annotated[
+        float, typer.Option(help="multiply inter-arrival gaps (0.5 = twice the rate)")
+    ] = 1.0,
+    window: Annotated[
+        str | None, typer.Option(help="measure jobs START:END (by arrival) only")
+    ] = None,
+    skip_oversized: Annotated[
+        bool, typer.Option(help="drop jobs larger than the cluster instead of failing")
+    ] = False,
+    slowdowns: Annotated[
+        Path | None, typer.Option(help="YAML/JSON {model_prefix: slowdown when spread}")
+    ] = None,
+    seed: Annotated[int, typer.Option()] = 0,
+    private_baseline: Annotated[
+        bool,
+        typer.Option(help="also run each VC alone on its own cells, to detect sharing anomaly"),
+    ] = False,
+    opportunistic_share: Annotated[
+        float, typer.Option(help="hived: mark this share of jobs opportunistic (seeded)")
+    ] = 0.0,
+    cache_gb_per_node: Annotated[
+        float | None,
+        typer.Option(help="a data-set cache of this many GB per node; jobs read remote storage"),
+    ] = None,
+    storage_gbps: Annotated[
+        float, typer.Option(help="with a cache: remote-storage Gbit/s per node, shared by its GPUs")
+    ] = 1.0,
+    cache_policy: Annotated[
+        str, typer.Option(help="with a cache: lru (cache-oblivious) or silod (gain per GB)")
+    ] = "lru",
+    datasets: Annotated[
+        str, typer.Option(help="with a cache: shared (one data set per model) or per-vc")
+    ] = "shared",
+    deadline_factor: Annotated[
+        str | None,
+        typer.Option(
+            help="LO:HI: deadline = submit + U(LO,HI) x duration (default 0.5:1.5 with edf or elasticflow)"
+        ),
+    ] = None,
+    out: Annotated[Path, typer.Option(help="output directory")] = Path("runs/latest"),
+    plot: Annotated[bool, typer.Option(help="write JCT CDF, utilisation and queue plots")] = False,
+    *,
+    scheduler: dict[str, Any],
+) -> None:
+    """Replay a trace on a modelled cluster and report how each policy did."""
+    from corral.cli.schedflags import effective_config
+    from corral.sim.failures import NodeFailures
+    from corral.sim.runner import RunSettings, run_simulations
+
+    try:
+        nodes, gpus_per_node = parse_cluster(cluster)
+        scheduler_settings = effective_config(scheduler_config, scheduler)
+        chosen = compare or policy or scheduler_settings.core.policy
+        if failure_model not in ("rate", "philly"):
+            raise UserError(f"--failure-model: unknown {failure_model!r}; choose rate or philly")
+        if failure_model == "philly" and failure_rate > 0:
+            raise UserError("--failure-rate: not with --failure-model philly (it draws its own)")
+        settings = RunSettings(
+            trace=trace,
+            nodes=nodes,
+            gpus_per_node=gpus_per_node,
+            racks=racks,
+            gpu_type=gpu_type,
+            gpus_per_switch=gpus_per_switch,
+            config=config,
+            policies=[p.strip() for p in chosen.split(",") if p.strip()],
+            scheduler=scheduler_settings,
+            gittins_history=gittins_history,
+            optimus_noise=optimus_noise,
+            failure_rate=failure_rate,
+            failure_model=failure_model,
+            node_failures=NodeFailures.parse(node_failures) if node_failures else None,
+            max_retries=max_retries,
+            checkpoint_every_s=checkpoint_every_s,
+            arrival_scale=arrival_scale,
+            window=parse_window(window),
+            skip_oversized=skip_oversized,
+            slowdowns=slowdowns,
+            seed=seed,
+            private_baseline=private_baseline,
+            opportunistic_share=opportunistic_share,
+            cache_gb_per_node=cache_gb_per_node,
+            storage_gbps=storage_gbps,
+            cache_policy=cache_policy,
+            datasets=datasets,
+            deadline_factor=parse_range("--deadline-factor", deadline_factor),
+        )
+        run_simulations(settings, out=out, plot=plot, console=console)
+    except UserError as error:
+        fail(str(error))
+    except (ValueError, OSError) as error:
+        fail(str(error).splitlines()[0] if str(error) else type(error).__name__)
+
+
+def command() -> Any:
+    """The click command, with the generated scheduler flags (corral.cli.lazy builds it)."""
+    from corral.cli.schedflags import click_command
+
+    return click_command("simulate", simulate)

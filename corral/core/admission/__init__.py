@@ -1,0 +1,20 @@
+"""Admission schemes, chosen by name beside the policy and the placement. A new scheme is one
+module and one entry here: the class declares its options and builds the scheduler."""
+
+from __future__ import annotations
+
+from corral.core.admission.base import AdmissionScheme, Assembly
+from corral.core.admission.elasticflow_scheme import ElasticFlow
+from corral.core.admission.hived_scheme import Hived
+from corral.core.admission.none import NoAdmission
+from corral.core.admission.quota_scheme import FairShare, Quota
+
+ADMISSIONS: dict[str, type[AdmissionScheme]] = {
+    "none": NoAdmission,
+    "quota": Quota,
+    "fairshare": FairShare,
+    "hived": Hived,
+    "elasticflow": ElasticFlow,
+}
+
+__all__ = ["ADMISSIONS", "AdmissionScheme", "Assembly"]

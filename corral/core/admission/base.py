@@ -1,0 +1,86 @@
+"""What an admission scheme is: the piece that decides how VCs share the cluster, and therefore
+which scheduler the framework assembles from the policy and placement it built.
+
+An admission scheme is a registry entry (`corral.core.admission.ADMISSIONS`) like a policy or a
+placement: it declares `Options` and `build`s a `SchedulerCore` from an `Assembly`. It also
+declares which round stages it supports (`stages`), so that a combination it cannot run is
+refused when the configuration is read, in one line saying why (`unsupported`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from corral.core.cluster import Cluster
+from corral.core.migration import Migration
+from corral.core.packing import Packing
+from corral.core.placement.base import Placement
+from corral.core.plugin import OptionsMixin, Services
+from corral.core.policy.base import Policy
+from corral.core.protocol import Admission, SchedulerCore
+from corral.core.retry import RetryRule
+from corral.core.scheduler import Scheduler, StartHook
+
+
+@dataclass(slots=True)
+class Assembly:
+    """The parts the framework built, for an admission scheme to put together."""
+
+    policy: Policy
+    placement: Placement
+    services: Services
+    backfill: bool
+    restore_s: float
+    retry: RetryRule
+    packing: Packing | None = None
+    migration: Migration | None = None
+    on_start: StartHook | None = None
+
+    def scheduler(
+        self,
+        cluster: Cluster | None = None,
+        admission: Admission | None = None,
+        *,
+        policy: Policy | None = None,
+    ) -> Scheduler:
+        """A plain scheduler over `cluster` (the physical one by default) with these parts."""
+        target = cluster if cluster is not None else self.services.cluster
+        speed_for = self.services.speed_model_for
+        return Scheduler(
+            target,
+            policy or self.policy,
+            self.placement,
+            backfill=self.backfill,
+            speed_model=speed_for(target) if speed_for is not None else None,
+            restore_s=self.restore_s,
+            admission=admission,
+            on_start=self.on_start,
+            packing=self.packing,
+            migration=self.migration,
+            retry=self.retry,
+        )
+
+
+class AdmissionScheme(OptionsMixin):
+    name: ClassVar[str] = "base"
+    #: Round stages this scheme runs with, and for each other stage why not.
+    stages: ClassVar[frozenset[str]] = frozenset({"packing", "migration", "cache"})
+    why_not: ClassVar[dict[str, str]] = {}
+
+    @classmethod
+    def build(cls, options: Any, parts: Assembly) -> SchedulerCore:
+        raise NotImplementedError
+
+    @classmethod
+    def unsupported(cls, stage: str) -> str | None:
+        """Why this scheme cannot run with a stage (packing, migration, cache), or None."""
+        if stage in cls.stages:
+            return None
+        return f"admission {cls.name} does not run with {stage}: {cls.why_not.get(stage, 'unsupported')}"
+
+    @classmethod
+    def unsupported_placement(cls, options: Any, placement: str) -> str | None:
+        """Why this scheme cannot run with a placement, or None."""
+        return None
+

@@ -1,0 +1,132 @@
+"""Fair share: VCs split the cluster by weight, discounted by their recent usage, as Slurm does.
+
+Among the VCs with running or waiting jobs (with one resource, GPUs, this is what DRF reduces
+to), a VC's share is the cluster's GPUs in proportion to `weight x factor`, recomputed as VCs come
+and go. Idle shares are always lent, and a VC below its share reclaims GPUs from VCs above theirs.
+
+`factor` is Slurm's classic fair-share factor `2^(-U/S)` (Slurm's "Classic Fairshare Algorithm"
+page): S is the VC's normalized weight (its weight over all weights) and U its normalized usage,
+its GPU-seconds decayed with a half-life (`PriorityDecayHalfLife`, 7 days by default in Slurm)
+over every VC's. A VC that used more than its weight in the recent past gets less now and the
+others more, so fairness holds over time and not only at one instant. With `half_life_s` 0 no
+usage is remembered and every factor is 1: shares are the weights alone.
+
+Decayed usage is exact between events: a VC running r GPUs since t0 with usage U0 has, at t,
+`U0 2^-(t-t0)/H + r H/ln2 (1 - 2^-(t-t0)/H)`. Shares are settled at the start of each round
+(`begin_round`) and at each start and stop, so one round sees one set of shares.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from corral.core.admission.quota import QuotaAdmission
+from corral.core.job import Job
+from corral.core.options import option
+
+#: Slurm's default PriorityDecayHalfLife (slurm.conf(5)): 7 days.
+SLURM_HALF_LIFE_S = 7 * 24 * 3600.0
+
+
+@dataclass(frozen=True, slots=True)
+class FairShareOptions:
+    weights: tuple[str, ...] = option(
+        (),
+        help="VC=WEIGHT pairs (default: each VC's guaranteed GPUs, or 1 each)",
+    )
+    half_life_s: float = option(
+        SLURM_HALF_LIFE_S,
+        help="past usage counts half after this many seconds (0: shares ignore past usage)",
+        low=0,
+    )
+
+    def validate(self) -> str | None:
+        for pair in self.weights:
+            vc, sep, weight = pair.partition("=")
+            try:
+                ok = bool(sep) and bool(vc) and float(weight) > 0 and math.isfinite(float(weight))
+            except ValueError:
+                ok = False
+            if not ok:
+                return f"weights: {pair!r} is not VC=WEIGHT with a positive weight"
+        return None
+
+    def parsed_weights(self) -> dict[str, float]:
+        return {vc: float(w) for vc, _, w in (p.partition("=") for p in self.weights)}
+
+
+class FairShareAdmission(QuotaAdmission):
+    name = "fairshare"
+
+    def __init__(
+        self, weights: dict[str, float], total_gpus: int, half_life_s: float = 0.0
+    ) -> None:
+        super().__init__({vc: total_gpus for vc in weights}, oversubscribe=True)
+        if half_life_s < 0:
+            raise ValueError("half_life_s must not be negative")
+        self.weights = dict(weights)
+        self.total_gpus = total_gpus
+        self.half_life_s = half_life_s
+        self._active: set[str] = set()  # VCs with running or waiting jobs
+        self._weight_sum = sum(self.weights.values())
+        self.decayed_gpu_s: dict[str, float] = {vc: 0.0 for vc in weights}
+        self._settled_at: float | None = None
+        self._effective: dict[str, float] = dict(self.weights)  # weight x fair-share factor
+        self._active_effective = 0.0
+
+    def share(self, vc: str) -> float:
+        weight = self._effective[vc]
+        active = self._active_effective + (0.0 if vc in self._active else weight)
+        return self.total_gpus * weight / active if active > 0 else float(self.total_gpus)
+
+    def factor(self, vc: str) -> float:
+        """Slurm's classic fair-share factor 2^(-U/S) of the VC, as last settled."""
+        return self._effective[vc] / self.weights[vc]
+
+    def begin_round(self, now: float) -> None:
+        self._settle(now)
+
+    def on_start(self, job: Job, now: float) -> None:
+        self._settle(now)
+        super().on_start(job, now)
+        self._recount(job.spec.vc)
+
+    def on_stop(self, job: Job, now: float) -> None:
+        self._settle(now)
+        super().on_stop(job, now)
+        self._recount(job.spec.vc)
+
+    def on_queue(self, job: Job, delta: int) -> None:
+        super().on_queue(job, delta)
+        self._recount(job.spec.vc)
+
+    def _settle(self, now: float) -> None:
+        """Decay usage up to `now`, add what ran meanwhile, and recompute the factors."""
+        half_life = self.half_life_s
+        since = self._settled_at
+        self._settled_at = now
+        if half_life <= 0 or since is None or now <= since:
+            return
+        kept = 2.0 ** (-(now - since) / half_life)
+        gained = half_life / math.log(2.0) * (1.0 - kept)
+        for vc, used in self.decayed_gpu_s.items():
+            self.decayed_gpu_s[vc] = used * kept + self.usage[vc] * gained
+        total_usage = sum(self.decayed_gpu_s.values())
+        if total_usage <= 0:
+            return
+        for vc, weight in self.weights.items():
+            normalized_usage = self.decayed_gpu_s[vc] / total_usage
+            normalized_share = weight / self._weight_sum
+            self._effective[vc] = weight * 2.0 ** (-normalized_usage / normalized_share)
+        self._active_effective = sum(self._effective[vc] for vc in self._active)
+
+    def _recount(self, vc: str) -> None:
+        active = self.usage[vc] > 0 or self.waiting[vc] > 0
+        if active and vc not in self._active:
+            self._active.add(vc)
+        elif not active and vc in self._active:
+            self._active.discard(vc)
+        else:
+            return
+        self._active_effective = sum(self._effective[v] for v in self._active)

@@ -1,0 +1,282 @@
+"""One configuration builds the scheduler, for `corral simulate` and for `corral up` alike.
+
+A `SchedulerConfig` names the plugins (policy, placement, admission, round stages) and holds the
+options of every registered plugin, each section built from the plugin's own `Options` dataclass
+(corral.core.options). It reads from and writes to a plain mapping (the `scheduler:` section of a
+YAML file, `corral config show`, the file `corral up` stores and `corral export-trace` writes),
+and `build_scheduler` turns it into a `SchedulerCore` with what the shell offers (`Services`).
+Nothing here knows a plugin by name: the registries are the only lists.
+
+The defaults are the same in every shell. Where a shell cannot give what a plugin needs (sjf
+without job lengths, elasticflow without a throughput table), building refuses in one line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from corral.core.admission import ADMISSIONS
+from corral.core.admission.base import Assembly
+from corral.core.migration import MAX_MOVES, MAX_NODES, MAX_PLANS_PER_ROUND, Migration
+from corral.core.options import NoOptions, OptionError, build, describe, option, to_dict
+from corral.core.packing import DEFAULT_THRESHOLD, MAX_TRIES_PER_ROUND, Packing
+from corral.core.placement import PLACEMENTS
+from corral.core.plugin import PluginError, Services
+from corral.core.policy import POLICIES
+from corral.core.protocol import SchedulerCore
+from corral.core.retry import RetryOptions, RetryRule
+
+
+@dataclass(frozen=True, slots=True)
+class PackingOptions:
+    threshold: float = option(
+        DEFAULT_THRESHOLD,
+        help="pack two jobs on one GPU only if their summed normalized speed exceeds this",
+        low=0,
+        low_open=True,
+    )
+    max_tries_per_round: int = option(MAX_TRIES_PER_ROUND, help="packing attempts per round", low=1)
+
+
+@dataclass(frozen=True, slots=True)
+class MigrationOptions:
+    max_moves: int = option(MAX_MOVES, help="running jobs one plan may move", low=1)
+    max_nodes: int = option(MAX_NODES, help="nodes a plan may consider", low=1)
+    max_plans_per_round: int = option(MAX_PLANS_PER_ROUND, help="plans tried per round", low=1)
+
+
+class PackingStage:
+    name = "packing"
+    summary = "Gandiva's packing: two jobs share GPUs when their pair throughput gains"
+    Options = PackingOptions
+
+    @staticmethod
+    def build(options: PackingOptions, services: Services) -> Packing:
+        if services.pair_table is None:
+            raise PluginError(
+                "stage packing: needs co-location throughputs (a gavel trace's table)"
+            )
+        return Packing(services.pair_table, options.threshold, options.max_tries_per_round)
+
+
+class MigrationStage:
+    name = "migration"
+    summary = "Gandiva's migration: move running jobs to free a whole node for a waiting one"
+    Options = MigrationOptions
+
+    @staticmethod
+    def build(options: MigrationOptions, services: Services) -> Migration:
+        return Migration(options.max_moves, options.max_nodes, options.max_plans_per_round)
+
+
+#: Round stages beside the queue walk (their order is the order they run in).
+STAGES: dict[str, type[PackingStage] | type[MigrationStage]] = {
+    "packing": PackingStage,
+    "migration": MigrationStage,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class CoreOptions:
+    """The choices every scheduler makes; the plugins' own options are sections of their own."""
+
+    policy: str = option("las", help=f"ordering policy: {', '.join(POLICIES)}")
+    placement: str = option("relax", help=f"placement: {', '.join(PLACEMENTS)}")
+    admission: str = option(
+        "auto",
+        help=f"how VCs share the cluster: {', '.join(ADMISSIONS)}, or auto (the policy's own, "
+        "else quota when the cluster config defines VCs, else none)",
+    )
+    stages: tuple[str, ...] = option((), help=f"round stages to run: {', '.join(STAGES)}")
+    backfill: bool = option(False, help="a blocking policy's later jobs may start around its head")
+    restore_s: float = option(
+        30.0, help="seconds a resumed job spends restoring its checkpoint before it works", low=0
+    )
+
+    def validate(self) -> str | None:
+        for name, registry, kind in (
+            (self.policy, POLICIES, "policy"),
+            (self.placement, PLACEMENTS, "placement"),
+        ):
+            if name not in registry:
+                return f"{kind}: unknown {kind} {name!r}; choose one of {', '.join(registry)}"
+        if self.admission != "auto" and self.admission not in ADMISSIONS:
+            return (
+                f"admission: unknown admission {self.admission!r}; choose one of auto, "
+                f"{', '.join(ADMISSIONS)}"
+            )
+        for stage in self.stages:
+            if stage not in STAGES:
+                return f"stages: unknown stage {stage!r}; choose from {', '.join(STAGES)}"
+        return None
+
+
+def sections() -> dict[str, type[Any]]:
+    """Every options section by name: `retry`, the stages', then each plugin's that has options.
+    Two plugins of one name (the elasticflow policy and admission) share a section, so at most
+    one of them may declare options."""
+    sections: dict[str, type[Any]] = {"retry": RetryOptions}
+    registries: list[Mapping[str, Any]] = [STAGES, POLICIES, PLACEMENTS, ADMISSIONS]
+    for registry in registries:
+        for name, plugin in registry.items():
+            options = plugin.Options
+            if options is NoOptions:
+                continue
+            if name in sections and sections[name] is not options:
+                raise TypeError(f"two plugins named {name!r} both declare options")
+            sections[name] = options
+    return sections
+
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    core: CoreOptions = field(default_factory=CoreOptions)
+    #: section name -> its options; every section of `sections()` is present.
+    sections: dict[str, Any] = field(
+        default_factory=lambda: {name: cls() for name, cls in sections().items()}
+    )
+
+    def section(self, name: str) -> Any:
+        """A plugin's options (an empty `NoOptions` for a plugin that declares none)."""
+        return self.sections.get(name, NoOptions())
+
+    def with_policy(self, policy: str) -> SchedulerConfig:
+        return config_from_mapping(self.to_mapping() | {"policy": policy})
+
+    def admission_for(self, services: Services) -> str:
+        """The admission `auto` resolves to here."""
+        if self.core.admission != "auto":
+            return self.core.admission
+        own = POLICIES[self.core.policy].admission
+        if own is not None:
+            return own
+        return "quota" if set(services.vc_cells) != {"default"} else "none"
+
+    def to_mapping(self, only_used: bool = False) -> dict[str, object]:
+        """Plain values, as YAML writes them; `only_used`: only the sections the chosen plugins
+        and stages read (what `config show` prints)."""
+        out: dict[str, object] = to_dict(self.core)
+        used = self.used_sections() if only_used else set(self.sections)
+        for name, options in self.sections.items():
+            if name in used:
+                out[name] = to_dict(options)
+        return out
+
+    def resolved(self, services: Services) -> dict[str, object]:
+        """What runs on this cluster: `auto` resolved, and only the sections the chosen plugins
+        read (what `corral up` stores and a simulation's summary records)."""
+        admission = self.admission_for(services)
+        out = to_dict(self.core) | {"admission": admission}
+        for name in sorted(self.used_sections(admission)):
+            out[name] = to_dict(self.sections[name])
+        return out
+
+    def used_sections(self, admission: str | None = None) -> set[str]:
+        names = {"retry", self.core.policy, self.core.placement, *self.core.stages}
+        names.add(admission or self.core.admission)
+        return names & set(self.sections)
+
+
+def config_from_mapping(
+    values: Mapping[str, object] | None, where: str = "scheduler"
+) -> SchedulerConfig:
+    """A config from a mapping (YAML's `scheduler:` section, overrides from the CLI); every key
+    and value checked, errors naming `where.key`."""
+    values = dict(values or {})
+    core_keys = {info.name for info in describe(CoreOptions)}
+    core = build(CoreOptions, {k: v for k, v in values.items() if k in core_keys}, where)
+    known = sections()
+    built: dict[str, Any] = {}
+    for name, cls in known.items():
+        built[name] = build(cls, values.get(name), f"{where}.{name}")
+    unknown = sorted(set(values) - core_keys - set(known))
+    if unknown:
+        expected = ", ".join([*core_keys, *known])
+        raise OptionError(f"{where}.{unknown[0]}: unknown key (expected one of: {expected})")
+    return SchedulerConfig(core, built)
+
+
+def merge(base: Mapping[str, object], overrides: Mapping[str, object]) -> dict[str, object]:
+    """`base` with `overrides` applied one level deep (a section's keys merge)."""
+    merged = dict(base)
+    for key, value in overrides.items():
+        old = merged.get(key)
+        if isinstance(value, Mapping) and isinstance(old, Mapping):
+            merged[key] = {**old, **value}
+        else:
+            merged[key] = value
+    return merged
+
+
+def check_config(config: SchedulerConfig, services: Services | None = None) -> None:
+    """Refuse a combination that cannot run, in one line (PluginError)."""
+    core = config.core
+    admission_name = config.admission_for(services) if services is not None else core.admission
+    policy = POLICIES[core.policy]
+    if policy.admission is not None and admission_name not in ("auto", policy.admission):
+        raise PluginError(
+            f"policy {core.policy}: runs only inside admission {policy.admission} "
+            f"(got admission {admission_name})"
+        )
+    if admission_name == "auto":
+        return
+    scheme = ADMISSIONS[admission_name]
+    if scheme.name == "elasticflow" and policy.admission != "elasticflow":
+        raise PluginError("admission elasticflow: needs policy elasticflow")
+    for stage in core.stages:
+        problem = scheme.unsupported(stage)
+        if problem:
+            raise PluginError(problem)
+    problem = scheme.unsupported_placement(config.section(admission_name), core.placement)
+    if problem:
+        raise PluginError(problem)
+
+
+def build_scheduler(
+    config: SchedulerConfig, services: Services, *, uses_cache: bool = False
+) -> SchedulerCore:
+    """The scheduler this config describes, over what the shell offers. `uses_cache`: the shell
+    runs node data caches (their start hook is `services.cache.on_start`)."""
+    check_config(config, services)
+    core = config.core
+    admission_name = config.admission_for(services)
+    scheme = ADMISSIONS[admission_name]
+    if uses_cache:
+        problem = scheme.unsupported("cache")
+        if problem:
+            raise PluginError(problem)
+    sections = config.sections
+    policy_cls = POLICIES[core.policy]
+    placement_cls = PLACEMENTS[core.placement]
+    policy = policy_cls.from_options(config.section(core.policy), services)
+    placement = placement_cls.from_options(config.section(core.placement), services)
+    stages = {name: STAGES[name].build(sections[name], services) for name in core.stages}
+    packing = stages.get("packing")
+    migration = stages.get("migration")
+    parts = Assembly(
+        policy=policy,
+        placement=placement,
+        services=services,
+        backfill=core.backfill,
+        restore_s=core.restore_s,
+        retry=RetryRule(sections["retry"]),
+        packing=packing if isinstance(packing, Packing) else None,
+        migration=migration if isinstance(migration, Migration) else None,
+        on_start=services.cache.on_start if uses_cache and services.cache is not None else None,
+    )
+    return scheme.build(config.section(admission_name), parts)
+
+
+__all__ = [
+    "STAGES",
+    "CoreOptions",
+    "SchedulerConfig",
+    "build_scheduler",
+    "check_config",
+    "config_from_mapping",
+    "merge",
+    "sections",
+]

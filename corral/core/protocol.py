@@ -1,0 +1,152 @@
+"""The declared interfaces between the core and its shells, and between the scheduler and admission.
+
+`SchedulerCore` is what a shell drives: the simulator's event loop (`corral.sim.engine`) and the
+live manager (`corral.server.manager`) depend on it alone, never on a concrete scheduler class, so
+every scheduler an admission scheme builds (the plain `Scheduler`, HiveD's `HivedScheduler`,
+ElasticFlow's `ElasticScheduler`) is interchangeable under both. mypy checks each of them against
+it (`corral.core.admission` assigns each to a `SchedulerCore` variable), so they cannot drift.
+
+`Admission` is what the plain `Scheduler` consults when VCs share the cluster by GPU counts
+(quota, fairshare): the scheduler imports this protocol, never a concrete admission.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from corral.core.actions import Decision
+    from corral.core.cluster import Cluster
+    from corral.core.job import Job, JobSpec
+    from corral.core.placement.base import Placement
+    from corral.core.policy.base import Policy
+    from corral.core.retry import FailureReport
+
+
+class SchedulerCore(Protocol):
+    """What the shells call. Time is an argument; nothing here reads a clock or does I/O."""
+
+    @property
+    def jobs(self) -> Mapping[str, Job]:
+        """Every job the scheduler knows, by id."""
+        ...
+
+    @property
+    def cluster(self) -> Cluster:
+        """The physical cluster the scheduler allocates."""
+        ...
+
+    @property
+    def policy(self) -> Policy: ...
+
+    @property
+    def placement(self) -> Placement: ...
+
+    @property
+    def rounds(self) -> int: ...
+
+    @property
+    def preemptions(self) -> int: ...
+
+    @property
+    def pending_count(self) -> int: ...
+
+    @property
+    def running_count(self) -> int: ...
+
+    def refusal(self, spec: JobSpec) -> str | None:
+        """Why `submit` would refuse the job (it could never run here), or None."""
+        ...
+
+    def submit(self, spec: JobSpec, now: float) -> Job: ...
+
+    def decide(self, now: float) -> Decision:
+        """One round: the actions to carry out (already committed to this state) and when to
+        call again at the latest."""
+        ...
+
+    def finished(self, job_id: str, now: float) -> Job: ...
+
+    def failed(self, job_id: str, now: float, report: FailureReport | str) -> Job:
+        """An attempt failed; the core's retry rule decides whether and when it runs again."""
+        ...
+
+    def cancel(self, job_id: str, now: float) -> Job: ...
+
+    def explain(self, job_id: str, now: float) -> str: ...
+
+    def adopt(self, job: Job, now: float) -> None:
+        """Queue a job with its history (a shell rebuilding the core after a restart)."""
+        ...
+
+    def restore_running(
+        self, job_id: str, gpus: tuple[int, ...], started_at: float, now: float
+    ) -> Job:
+        """An adopted job is in fact running on these GPUs since `started_at`."""
+        ...
+
+    def node_failed(self, node: int, now: float) -> list[Job]:
+        """A node died: its attempts end as infrastructure failures, its GPUs go offline."""
+        ...
+
+    def node_recovered(self, node: int) -> None: ...
+
+    def take_offline(self, gpus: Iterable[int]) -> None:
+        """Hold free GPUs out of allocation (a node leaving, processes that would not end)."""
+        ...
+
+    def bring_online(self, gpus: Iterable[int]) -> None: ...
+
+    def pending_jobs(self) -> Iterable[Job]:
+        """Waiting jobs, in the order the scheduler would serve them."""
+        ...
+
+    def running_jobs(self) -> Iterable[Job]: ...
+
+    def counters(self) -> dict[str, int]:
+        """What the scheduler's mechanisms did (preemptions, migrations, reclaims, grows ...),
+        for summaries and metrics."""
+        ...
+
+
+class Admission(Protocol):
+    """VCs sharing one cluster by GPU counts: who may start, who may be preempted, for whom."""
+
+    name: str
+    #: A job may start beyond its VC's share on idle GPUs (borrowed; reclaimable).
+    oversubscribe: bool
+    #: Each round first places jobs within their shares, and lends idle GPUs after.
+    lend_last: bool
+    #: False during a round's first walk when `lend_last` (the scheduler sets it).
+    lending: bool
+
+    def known(self, vc: str) -> bool: ...
+
+    def capacity(self, vc: str) -> int:
+        """The most GPUs one job of the VC may ask for without oversubscription."""
+        ...
+
+    def check(self, job: Job) -> str | None:
+        """Why the job may not start now, or None."""
+        ...
+
+    def may_preempt(self, victim: Job, job: Job) -> bool: ...
+
+    def reclaimable(self, victim: Job, job: Job) -> bool: ...
+
+    def someone_over_share(self) -> bool: ...
+
+    def can_reclaim(self, job: Job) -> bool: ...
+
+    def on_start(self, job: Job, now: float) -> None: ...
+
+    def on_stop(self, job: Job, now: float) -> None: ...
+
+    def on_queue(self, job: Job, delta: int) -> None: ...
+
+    def begin_round(self, now: float) -> None:
+        """Called at the start of each round (shares that change with time are settled here)."""
+        ...
+
+    def counters(self) -> dict[str, int]: ...

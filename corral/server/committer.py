@@ -1,0 +1,211 @@
+"""The live manager's submission committer: jobs stored in groups, then queued.
+
+The API's handlers call `submit` (or `submit_async`, on the event loop). Each checks the job against
+the cluster's shape (`Scheduler.refusal`, no lock needed), gives it its id and puts it in an inbox.
+One committing thread takes every submission that arrived meanwhile, stores them all in one
+transaction, queues them in the core under the manager's lock, and only then answers the waiting
+requests: an answer means stored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from corral.core.job import JobSpec
+from corral.core.protocol import SchedulerCore
+from corral.server import identity
+from corral.server.identity import AccountError
+from corral.server.spec import JobSpecModel, to_core_spec
+from corral.server.state import ManagerSettings, SubmitError
+from corral.server.store import JobRow, Store
+
+log = logging.getLogger("corral.manager")
+
+
+@dataclass(slots=True)
+class Submission:
+    """A job waiting in the inbox to be stored and queued."""
+
+    row: JobRow
+    model: JobSpecModel
+    spec: JobSpec
+    #: Called once from the committing thread: None when stored and queued, else the error.
+    finish: Callable[[BaseException | None], None]
+
+
+class SubmissionCommitter:
+    """The part of `Manager` that accepts submissions: `submit`, `submit_async` and the thread
+    that commits them (`_commit_loop`, started by `Manager.start`)."""
+
+    # The manager's state this part uses (Manager.__init__ sets it).
+    store: Store
+    settings: ManagerSettings
+    clock: Callable[[], float]
+    lock: threading.RLock
+    scheduler: SchedulerCore
+    vc_quota: dict[str, int]
+    next_id: int
+    _inbox: deque[Submission]
+    _inbox_lock: threading.Lock
+    _inbox_ready: threading.Event
+    _committer: threading.Thread | None
+    _stopping: threading.Event
+    _wake: threading.Event
+    _dirty: bool
+    _spec_models: dict[str, JobSpecModel]
+    _accounts: dict[str, str]
+    _cancel_on_arrival: set[str]
+
+    if TYPE_CHECKING:  # the manager's own
+
+        def _cancel_locked(self, job_id: str) -> None: ...
+
+    def submit(self, model: JobSpecModel, user: str, unix_user: str | None = None) -> JobRow:
+        """Accept a validated job: stored, then queued (the stored row is returned), or
+        SubmitError with nothing stored. Submissions from many API threads are committed in
+        groups by one thread (one transaction for all that arrived meanwhile)."""
+        done = threading.Event()
+        outcome: list[BaseException | None] = []
+
+        def finish(error: BaseException | None) -> None:
+            outcome.append(error)
+            done.set()
+
+        row = self._enqueue_submission(model, user, finish, unix_user)
+        if self._committer is None:  # not started (a test driving `step` by hand): commit now
+            self._commit_submissions()
+        done.wait()
+        if outcome[0] is not None:
+            raise outcome[0]
+        return row
+
+    async def submit_async(
+        self, model: JobSpecModel, user: str, unix_user: str | None = None
+    ) -> JobRow:
+        """`submit` for the API's event loop: waits for the commit without holding a thread."""
+        loop = asyncio.get_running_loop()
+        stored: asyncio.Future[None] = loop.create_future()
+
+        def settle(error: BaseException | None) -> None:
+            if not stored.done():
+                if error is None:
+                    stored.set_result(None)
+                else:
+                    stored.set_exception(error)
+
+        def finish(error: BaseException | None) -> None:
+            loop.call_soon_threadsafe(settle, error)
+
+        row = self._enqueue_submission(model, user, finish, unix_user)
+        await stored
+        return row
+
+    def _enqueue_submission(
+        self,
+        model: JobSpecModel,
+        user: str,
+        finish: Callable[[BaseException | None], None],
+        unix_user: str | None = None,
+    ) -> JobRow:
+        """`unix_user`: the account the user's token names (default: the user's name)."""
+        now = self.clock()
+        account = self._account_for(model, user, unix_user)
+        spec = to_core_spec(model, "new", now, user)
+        if spec.vc not in self.vc_quota:
+            raise SubmitError(
+                f"vc: unknown VC {spec.vc!r}; this cluster has {', '.join(sorted(self.vc_quota))}"
+            )
+        refusal = self.scheduler.refusal(spec)  # the cluster's shape only: no lock needed
+        if refusal is not None:
+            raise SubmitError(_field_message(refusal))
+        with self._inbox_lock:  # ids in the order the core will queue the jobs
+            job_id = str(self.next_id)
+            self.next_id += 1
+            row = JobRow.new(
+                job_id,
+                name=model.name,
+                user=user,
+                vc=spec.vc,
+                priority=spec.priority.value,
+                gpus=spec.gpus,
+                spec=model.model_dump(mode="json"),
+                submitted_at=now,
+                unix_user=account,
+            )
+            self._inbox.append(Submission(row, model, replace(spec, id=job_id), finish))
+        self._inbox_ready.set()
+        return row
+
+    def _account_for(self, model: JobSpecModel, user: str, unix_user: str | None) -> str | None:
+        """The Unix account the job will run as (None in single-user mode); SubmitError if it
+        does not exist, may not run jobs, or cannot enter the job's workdir."""
+        if not self.settings.multi_user:
+            return None
+        try:
+            run_as = identity.account(unix_user or user)
+        except AccountError as error:
+            raise SubmitError(str(error)) from None
+        if model.workdir:
+            blocked = identity.may_enter(Path(model.workdir), run_as)
+            if blocked is not None:
+                raise SubmitError(f"workdir: account {run_as.user} cannot enter {blocked}")
+        return run_as.user
+
+    def _commit_loop(self) -> None:
+        while not self._stopping.is_set() or self._inbox:
+            self._inbox_ready.wait(self.settings.tick_s)
+            self._inbox_ready.clear()
+            self._commit_submissions()
+
+    def _commit_submissions(self) -> None:
+        with self._inbox_lock:
+            batch = list(self._inbox)
+            self._inbox.clear()
+        if not batch:
+            return
+        try:
+            self.store.insert_jobs([s.row for s in batch])
+        except BaseException as error:  # nothing stored: every waiting submitter hears why
+            for submission in batch:
+                submission.finish(error)
+            return
+        outcomes: list[BaseException | None] = []
+        with self.lock:
+            for submission in batch:
+                job_id = submission.row.id
+                self._spec_models[job_id] = submission.model
+                if submission.row.unix_user is not None:
+                    self._accounts[job_id] = submission.row.unix_user
+                # A rebuild (nodes came or went) since the insert queued it from the store.
+                if job_id not in self.scheduler.jobs:
+                    try:
+                        self.scheduler.submit(submission.spec, submission.row.submitted_at)
+                    except Exception as error:  # checked before storing; a bug, but no hang
+                        log.exception("job %s was stored but could not be queued", job_id)
+                        reason = f"not queued: {error}"
+                        self.store.update_job(job_id, status="FAILED", reason=reason)
+                        outcomes.append(error)
+                        continue
+                outcomes.append(None)
+                if job_id in self._cancel_on_arrival:  # cancelled between store and queue
+                    self._cancel_on_arrival.discard(job_id)
+                    self._cancel_locked(job_id)
+            self._dirty = True
+        for submission, outcome in zip(batch, outcomes, strict=True):
+            try:
+                submission.finish(outcome)
+            except RuntimeError:  # the requester's event loop is gone (server shutting down)
+                pass
+        self._wake.set()
+
+
+def _field_message(refusal: str) -> str:
+    """The core's refusal ("asks for 9 GPUs but ...") as a field message."""
+    return f"gpus: {refusal}" if "GPUs" in refusal else refusal

@@ -1,0 +1,356 @@
+"""The live manager's recovery and node changes: the core's state rebuilt from the store.
+
+On start, `recover` adopts every unfinished job the store holds and asks the executor about each
+attempt the store calls running: alive (found again: `restore_running`), ended meanwhile (its end
+is recorded), or never started (requeued). `resync` rebuilds the core the same way when a round
+failed half-way, and `rebuild` does it on a new cluster when nodes joined or left
+(`_refresh_nodes`, for a cluster whose nodes come and go). Until a node that left can be dropped
+its free GPUs are held out of allocation (`_hold_unusable`), and so are the GPUs that an ended
+attempt's leftover processes still use (`_hold_tainted`).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import threading
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
+
+from corral.core.actions import Start
+from corral.core.cluster import Cluster, NodeDef
+from corral.core.job import Job
+from corral.core.protocol import SchedulerCore
+from corral.core.retry import Failure, RetryRule
+from corral.exec.local import AttemptEnded
+from corral.server.spec import JobSpecModel, parse_job_spec, to_core_spec
+from corral.server.state import Attempt, Executor, ManagerSettings, gpu_ids_by_name
+from corral.server.store import AttemptRow, JobRow, Store
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+log = logging.getLogger("corral.manager")
+
+
+class Recovery:
+    """The part of `Manager` that rebuilds the core from the store (`recover`, `resync`,
+    `rebuild`) and follows the cluster's nodes and the GPUs held out of allocation."""
+
+    # The manager's state this part uses (Manager.__init__ sets it).
+    store: Store
+    executor: Executor
+    cluster: Cluster
+    settings: ManagerSettings
+    clock: Callable[[], float]
+    lock: threading.RLock
+    scheduler: SchedulerCore
+    vc_quota: dict[str, int]
+    _quota_follows_cluster: bool
+    _pristine_cluster: Cluster
+    _nodes: Callable[[], list[NodeDef]] | None
+    _gpu_ids: dict[str, int]
+    _rebuilding: bool
+    _unusable: set[str]
+    _tainted: dict[tuple[str, int], tuple[int, ...]]
+    _next_taint_check: float
+    _attempts: dict[str, Attempt]
+    _draining: dict[tuple[str, int], tuple[int, ...]]
+    _deferred: dict[str, Start]
+    _retrying: set[str]
+    _spec_models: dict[str, JobSpecModel]
+    _accounts: dict[str, str]
+    _dirty: bool
+
+    if TYPE_CHECKING:  # the manager's own, and the scheduler factory's
+
+        def _make_scheduler(self) -> SchedulerCore: ...
+        def gpu_ids(self, names: Iterable[str | int]) -> tuple[int, ...]: ...
+        def attempt_dir(self, job_id: str, attempt: int) -> Path: ...
+        def _attempt_ended(self, end: AttemptEnded, now: float) -> None: ...
+        def _save_progress(self, job: Job, **fields: object) -> None: ...
+        def _forget(self, job_id: str) -> None: ...
+
+    # -- node changes -------------------------------------------------------------------------
+
+    def _refresh_nodes(self) -> None:
+        """Read the live nodes again; rebuild the cluster when they changed. A node that left
+        stays (its free GPUs offline) until the executor has reported the end of every attempt
+        that ran there, so that no job is requeued while a worker of it may still run."""
+        assert self._nodes is not None
+        try:
+            live = self._nodes()
+        except Exception as error:  # e.g. Ray's head is unreachable: keep what we know
+            log.warning("cannot read the cluster's nodes: %s", error)
+            return
+        known = {c.name: (c.total_gpus, c.gpu_type) for c in self._pristine_cluster.nodes}
+        shape = {node.name: (node.gpus, node.gpu_type) for node in live}
+        if shape == known:
+            self._bring_back()  # nodes held out came back before they were dropped
+            return
+        gone = {name for name in known if name not in shape}
+        busy = {self.cluster.nodes[self.cluster.gpu_node[g]].name for g in self._busy_gpus()}
+        if not live or gone & busy:
+            # Keep the cluster until the executor has reported the end of every attempt that
+            # ran on a node that left; nothing new starts on those nodes meanwhile.
+            unusable = gone if live else set(known)
+            if not live and unusable != self._unusable:
+                log.warning("the cluster has no node with GPUs; nothing starts until one joins")
+            self._bring_back()
+            self._unusable = unusable
+            self._hold_unusable()
+            return
+        log.info("nodes changed: %s", ", ".join(sorted(shape)))
+        self._unusable = set()
+        self.rebuild(Cluster.from_nodes(live))
+
+    def _hold_unusable(self) -> None:
+        """Keep the free GPUs of nodes that left out of allocation (again after each round's
+        ends, which free GPUs there)."""
+        if self._unusable:
+            for node in self.cluster.nodes:
+                if node.name in self._unusable:
+                    self.scheduler.take_offline(self.cluster.node_gpus[node.index])
+
+    def _bring_back(self) -> None:
+        if self._unusable:
+            for node in self.cluster.nodes:
+                if node.name in self._unusable:
+                    self.scheduler.bring_online(self.cluster.node_gpus[node.index])
+            self._dirty = True
+        self._unusable = set()
+
+    def _hold_tainted(self, now: float) -> None:
+        """GPUs still used by processes of ended attempts stay out of allocation; those whose
+        processes are gone now come back."""
+        if not self._tainted:
+            return
+        if now >= self._next_taint_check:
+            self._next_taint_check = now + self.settings.node_check_s
+            for (job_id, number), gpus in list(self._tainted.items()):
+                left = self.executor.leftover(job_id, number, self.attempt_dir(job_id, number))
+                if left == 0:
+                    del self._tainted[(job_id, number)]
+                    self.scheduler.bring_online(gpus)
+                    self._dirty = True
+                    with self.store.batch():
+                        self.store.add_event(
+                            job_id, now, "released", f"attempt {number}'s last processes are gone"
+                        )
+        for gpus in self._tainted.values():
+            self.scheduler.take_offline(gpus)
+
+    def _busy_gpus(self) -> set[int]:
+        """GPUs whose processes may still run: live attempts and stopping ones."""
+        busy = {g for attempt in self._attempts.values() for g in attempt.gpus}
+        busy.update(g for gpus in self._draining.values() for g in gpus)
+        return busy
+
+    def rebuild(self, cluster: Cluster) -> None:
+        """Take a new cluster (nodes joined or left) and rebuild the core's state on it."""
+        with self.lock:
+            self._pristine_cluster = copy.deepcopy(cluster)
+            if self._quota_follows_cluster:
+                self.vc_quota = {"default": cluster.total_gpus}
+            self._rebuilding = True
+            try:
+                self.resync()
+            finally:
+                self._rebuilding = False
+
+    def resync(self) -> None:
+        """Rebuild the core's state from the store (as after a restart), when a round failed
+        half-way and memory may disagree with what was committed."""
+        with self.lock:
+            self.cluster = copy.deepcopy(self._pristine_cluster)
+            self._gpu_ids = gpu_ids_by_name(self.cluster)
+            self.scheduler = self._make_scheduler()
+            self._attempts.clear()
+            self._draining.clear()
+            self._deferred.clear()
+            self._retrying.clear()
+            self.recover()
+
+    # -- recovery -----------------------------------------------------------------------------
+
+    def recover(self) -> None:
+        """Rebuild the core's state from the store after a (clean or abrupt) restart."""
+        now = self.clock()
+        with self.lock, self.store.batch():
+            for row, _ in self.store.unfinished_jobs():
+                try:
+                    self._recover_job(row, now)
+                except (ValueError, KeyError) as error:  # its VC or spec is no longer valid
+                    self._unrecoverable(row, now, error)
+            # Attempts of jobs that ended (cancelled, say) whose processes may still be stopping:
+            # their GPUs are not free until they are gone, and the stop may never have been sent.
+            for job_id, attempt in self.store.open_attempts_of_ended_jobs():
+                self._drain_leftover(job_id, attempt, now)
+            self._dirty = True
+
+    def _unrecoverable(self, row: JobRow, now: float, error: Exception) -> None:
+        log.warning("job %s cannot be recovered: %s", row.id, error)
+        if row.id in self.scheduler.jobs:  # adopted, then something else failed
+            self.scheduler.cancel(row.id, now)
+        self._attempts.pop(row.id, None)
+        reason = f"could not be recovered after a restart: {error}"
+        self.store.update_job(row.id, status="FAILED", finished_at=now, reason=reason)
+        self.store.add_event(row.id, now, "failed", reason)
+
+    def _known_gpus(self, names: Iterable[str | int]) -> tuple[int, ...]:
+        return tuple(
+            name if isinstance(name, int) else self._gpu_ids[name]
+            for name in names
+            if isinstance(name, int) or name in self._gpu_ids
+        )
+
+    def _recover_off_cluster(
+        self, job: Job, row: AttemptRow, found: str | AttemptEnded, now: float
+    ) -> None:
+        """An attempt that ran on a node which has left: what may still run of it is stopped
+        (its GPUs elsewhere stay held until it is gone), and the job waits for a new start."""
+        number = row.number
+        if found == "running":
+            self._draining[(job.id, number)] = self._known_gpus(row.gpus)
+            self.executor.stop(job.id, number)
+            if row.state != "stopping":
+                reason = "lost: a node it ran on left the cluster"
+                self.store.update_attempt(
+                    job.id, number, state="stopping", outcome="lost", reason=reason
+                )
+        else:
+            fields: dict[str, object] = {"state": "ended", "ended_at": now}
+            if row.state != "stopping":
+                fields.update(outcome="lost", reason="lost: a node it ran on left the cluster")
+            if isinstance(found, AttemptEnded):
+                fields.update(ended_at=found.ended_at, exit_code=found.exit_code)
+                if row.state != "stopping" and found.exit_code == 0 and not found.stopped:
+                    self.scheduler.cancel(job.id, now)  # out of the queue: it is done
+                    self.store.update_attempt(
+                        job.id, number, **(fields | {"outcome": "succeeded", "reason": ""})
+                    )
+                    self._save_progress(
+                        job, status="SUCCEEDED", finished_at=now, exit_code=0, reason="succeeded"
+                    )
+                    self.store.add_event(job.id, now, "succeeded", f"attempt {number} exited 0")
+                    self._forget(job.id)
+                    return
+            self.store.update_attempt(job.id, number, **fields)
+        if row.state != "stopping":
+            self.store.update_job(job.id, status="PENDING", reason="requeued: its node left")
+            self.store.add_event(
+                job.id, now, "requeued", f"attempt {number} ran on a node that left; requeued"
+            )
+
+    def _drain_leftover(self, job_id: str, row: AttemptRow, now: float) -> None:
+        found = self.executor.recover(job_id, row.number, self.attempt_dir(job_id, row.number))
+        if found == "running":
+            self._draining[(job_id, row.number)] = self._known_gpus(row.gpus)
+            self.executor.stop(job_id, row.number)
+            return
+        fields: dict[str, object] = {"state": "ended", "ended_at": now}
+        if isinstance(found, AttemptEnded):
+            fields.update(ended_at=found.ended_at, exit_code=found.exit_code, reason=found.reason)
+        self.store.update_attempt(job_id, row.number, **fields)
+
+    def _recover_job(self, row: JobRow, now: float) -> None:
+        model = parse_job_spec(row.spec)
+        self._spec_models[row.id] = model
+        if row.unix_user is not None:
+            self._accounts[row.id] = row.unix_user
+        spec = to_core_spec(model, row.id, row.submitted_at, row.user)
+        refusal = self.scheduler.refusal(spec)  # e.g. its VC left the config
+        # Too big for the nodes there are now: on a cluster whose nodes come and go, it waits.
+        if refusal is not None and (self._nodes is None or spec.vc not in self.vc_quota):
+            raise ValueError(refusal)
+        job = Job(
+            spec=spec,
+            attempts=row.attempts,
+            failures=row.failures,
+            preemptions=row.preemptions,
+            attained_gpu_s=row.attained_gpu_s,
+            executed_s=row.executed_s,
+            first_started_at=row.started_at,
+        )
+        attempts = self.store.attempts(row.id)
+        self._recover_failures(job, attempts)
+        # A waiting job keeps the time it has waited (placement relaxes after a while), over a
+        # restart and over a rebuild when nodes come or go.
+        since = now
+        if row.status == "PENDING":
+            ends = [a.ended_at for a in attempts if a.ended_at is not None]
+            since = min(now, max([row.submitted_at, *ends]))
+        self.scheduler.adopt(job, since)
+        for attempt in attempts:
+            if attempt.state != "ended":
+                self._recover_attempt(job, attempt, now)
+
+    def _recover_failures(self, job: Job, attempts: list[AttemptRow]) -> None:
+        """The failure history the backoff and the user-error rule count, from the attempts the
+        store recorded; a job that failed last waits out its backoff as it would have."""
+        history = [
+            Failure(
+                f"{a.exit_code}|{a.reason}",
+                (a.ended_at or a.started_at) - a.started_at,
+                infrastructure=a.outcome == "lost",
+            )
+            for a in attempts
+            if a.outcome in ("failed", "lost") and a.reason != "never started"
+        ]
+        if not history:
+            return
+        job.failure_history = tuple(history)
+        last = attempts[-1]
+        if last.outcome in ("failed", "lost") and last.ended_at is not None:
+            self._retrying.add(job.id)
+            rule = RetryRule(self.settings.scheduler.section("retry"))
+            job.hold_until = last.ended_at + rule.backoff(len(history))
+
+    def _recover_attempt(self, job: Job, row: AttemptRow, now: float) -> None:
+        number = row.number
+        started_at = row.started_at
+        found = self.executor.recover(job.id, number, self.attempt_dir(job.id, number))
+        stopping = row.state == "stopping"
+        try:
+            gpus = self.gpu_ids(row.gpus)
+        except KeyError:  # a node it ran on has left the cluster
+            self._recover_off_cluster(job, row, found, now)
+            return
+        if found == "never-started":
+            self.store.update_attempt(
+                job.id, number, state="ended", outcome="lost", ended_at=now, reason="never started"
+            )
+            if not stopping:
+                self.store.update_job(job.id, status="PENDING", reason="requeued after a restart")
+                self.store.add_event(
+                    job.id, now, "recovered", f"attempt {number} never started; requeued"
+                )
+            return
+        if found == "running":
+            if stopping:  # the stop may not have been sent before the crash: send it again
+                self._draining[(job.id, number)] = gpus
+                self.executor.stop(job.id, number)
+                return
+            self.scheduler.restore_running(job.id, gpus, started_at, now)
+            self._attempts[job.id] = Attempt(number, gpus, started_at)
+            if not self._rebuilding:  # a node joined or left: nothing to tell the job's owner
+                self.store.add_event(job.id, now, "recovered", f"attempt {number} found running")
+            return
+        assert isinstance(found, AttemptEnded)
+        if stopping:
+            self.store.update_attempt(
+                job.id,
+                number,
+                state="ended",
+                ended_at=found.ended_at,
+                exit_code=found.exit_code,
+                reason=found.reason,
+            )
+            return
+        # It ended while the manager was down: take it as running until then, then as ended.
+        self.scheduler.restore_running(job.id, gpus, started_at, now)
+        self._attempts[job.id] = Attempt(number, gpus, started_at)
+        self.store.add_event(
+            job.id, now, "recovered", f"attempt {number} ended while the manager was down"
+        )
+        self._attempt_ended(found, now)

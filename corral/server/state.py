@@ -1,0 +1,72 @@
+"""What the live manager's parts share: its settings, the executor it drives, its records.
+
+`Manager` (corral.server.manager) is one class composed of parts, one module each; the types here
+are those that more than one part uses. Import the public ones from corral.server.manager.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from corral.core.cluster import Cluster
+from corral.core.framework import SchedulerConfig
+from corral.exec.local import AttemptEnded, AttemptLaunch
+from corral.exec.logcap import DEFAULT_CAP_BYTES
+
+
+class Executor(Protocol):
+    def launch(self, launch: AttemptLaunch) -> None: ...
+    def stop(self, job_id: str, attempt: int) -> None: ...
+    def poll(self) -> list[AttemptEnded]: ...
+    def recover(self, job_id: str, attempt: int, attempt_dir: Path) -> str | AttemptEnded: ...
+    def leftover(self, job_id: str, attempt: int, attempt_dir: Path) -> int: ...
+    def close(self) -> None: ...
+
+
+class SubmitError(ValueError):
+    """A job the manager refuses (unknown VC, too big for the cluster); nothing is stored."""
+
+
+@dataclass(slots=True)
+class ManagerSettings:
+    #: The scheduler: policy, placement, admission, stages and every plugin's options, the same
+    #: config (and defaults) `corral simulate` builds from (corral.core.framework).
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    #: Gittins's job sizes (GPU-seconds); None: learned from the jobs this manager finished.
+    gittins_history_gpu_s: list[float] | None = None
+    tick_s: float = 0.2
+    #: The longest grace period a job's spec may ask for (then SIGKILL).
+    max_grace_s: float = 300.0
+    #: The shortest time between two scheduling rounds.
+    round_gap_s: float = 0.02
+    #: How often a cluster whose nodes come and go (Ray) is read again.
+    node_check_s: float = 1.0
+    #: Where jobs' checkpoint dirs go (one per job); storage every node sees. Default: the
+    #: data dir's jobs/JOB/checkpoint.
+    checkpoint_root: Path | None = None
+    #: Run each user's jobs under their own Unix account (the manager runs as root); False: every
+    #: job runs as the manager's own user (single-user mode).
+    multi_user: bool = False
+    #: Each worker's stdout and stderr keep at most this many bytes (the oldest are dropped).
+    log_cap_bytes: int = DEFAULT_CAP_BYTES
+    #: The API refuses (413) a request body longer than this (corral.server.limits).
+    max_body_bytes: int = 1 << 20
+
+
+@dataclass(slots=True)
+class Attempt:
+    """A launched attempt the manager tracks: its number, its GPUs and when it started."""
+
+    number: int
+    gpus: tuple[int, ...]
+    started_at: float
+
+
+def gpu_ids_by_name(cluster: Cluster) -> dict[str, int]:
+    return {
+        f"{node.name}/{device}": gpu
+        for node in cluster.nodes
+        for device, gpu in enumerate(cluster.node_gpus[node.index])
+    }

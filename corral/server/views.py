@@ -1,0 +1,90 @@
+"""The live manager's read views for the API: why a job waits, the queue, who holds which GPU.
+
+Each takes the manager's lock, reads, and changes nothing.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
+
+from corral.core.actions import Start
+from corral.core.job import JobStatus
+from corral.core.protocol import SchedulerCore
+from corral.server.state import Attempt
+
+
+class ManagerViews:
+    """The part of `Manager` that answers the API's questions (describe, the queue, /metrics and
+    the dashboard) from the core's state and the manager's attempts."""
+
+    # The manager's state this part reads (Manager.__init__ sets it).
+    lock: threading.RLock
+    clock: Callable[[], float]
+    scheduler: SchedulerCore
+    vc_quota: dict[str, int]
+    _attempts: dict[str, Attempt]
+    _draining: dict[tuple[str, int], tuple[int, ...]]
+    _deferred: dict[str, Start]
+
+    if TYPE_CHECKING:  # the manager's own
+
+        def gpu_name(self, gpu: int) -> str: ...
+
+    def why(self, job_id: str) -> str:
+        """Why the job is where it is (the core's explanation, plus a deferred start)."""
+        with self.lock:
+            if job_id in self._deferred:
+                return "starting: waiting for a stopped job's processes to release its GPUs"
+            job = self.scheduler.jobs.get(job_id)
+            if job is None:
+                return "submitted: waiting for the next scheduling round"
+            if job.status is JobStatus.PENDING:
+                return self.scheduler.explain(job_id, self.clock())
+            return job.last_event
+
+    def queue(
+        self, limit: int, visible: Callable[[str, str], bool] | None = None
+    ) -> tuple[int, dict[str, str]]:
+        """The waiting jobs in the order the scheduler considers them: how many there are (that
+        `visible(user, vc)` admits), and the first `limit` with why each waits."""
+        with self.lock:
+            now = self.clock()
+            total = 0
+            first: dict[str, str] = {}
+            for job in self.scheduler.pending_jobs():
+                if visible is not None and not visible(job.spec.user, job.spec.vc):
+                    continue
+                total += 1
+                if len(first) < limit:
+                    first[job.id] = self.scheduler.explain(job.id, now)
+            return total, first
+
+    def pending_reasons(self, job_ids: Iterable[str]) -> dict[str, str]:
+        with self.lock:
+            return {job_id: self.why(job_id) for job_id in job_ids}
+
+    def placement_of(self, job_id: str) -> list[str]:
+        with self.lock:
+            attempt = self._attempts.get(job_id)
+            return [self.gpu_name(g) for g in attempt.gpus] if attempt else []
+
+    def gpu_owners(self) -> dict[int, str]:
+        """GPU -> the job whose processes hold it (running, or still stopping)."""
+        with self.lock:
+            owners = {g: job_id for job_id, a in self._attempts.items() for g in a.gpus}
+            for (job_id, _), gpus in self._draining.items():
+                owners.update(dict.fromkeys(gpus, job_id))
+            return owners
+
+    def counts_by_vc(self) -> dict[str, dict[str, int]]:
+        """Per VC: pending and running jobs, and GPUs allocated."""
+        with self.lock:
+            counts = {vc: {"pending": 0, "running": 0, "gpus": 0} for vc in self.vc_quota}
+            for job in self.scheduler.pending_jobs():
+                counts[job.spec.vc]["pending"] += 1
+            for job in self.scheduler.running_jobs():
+                counts[job.spec.vc]["running"] += 1
+                counts[job.spec.vc]["gpus"] += job.spec.gpus
+            return counts
