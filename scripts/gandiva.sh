@@ -11,10 +11,10 @@ python=${PYTHON:-.venv/bin/python}
 out=${1:-runs/gandiva}
 common=(--trace gavel:../shared/data/gavel-msr/seed0/6214e9.trace --cluster 16x8
   --placement consolidate --restore-s 30)
-"$corral" simulate "${common[@]}" --compare fifo,las,timeslice --quantum-s 600 --out "$out/base"
-"$corral" simulate "${common[@]}" --policy las --packing --out "$out/las+packing"
-"$corral" simulate "${common[@]}" --policy las --migrate --out "$out/las+migrate"
-"$corral" simulate "${common[@]}" --policy las --packing --migrate --out "$out/las+packing+migrate"
+"$corral" simulate "${common[@]}" --compare fifo,las,timeslice --timeslice-quantum-s 600 --out "$out/base"
+"$corral" simulate "${common[@]}" --policy las --stages packing --out "$out/las+packing"
+"$corral" simulate "${common[@]}" --policy las --stages migration --out "$out/las+migrate"
+"$corral" simulate "${common[@]}" --policy las --stages packing,migration --out "$out/las+packing+migrate"
 
 "$python" - "$out" docs/img/gandiva.png <<'EOF'
 """The comparison table (markdown) and docs/img/gandiva.png from the four runs above."""

@@ -10,10 +10,14 @@ trace=gavel:../shared/data/gavel-msr/seed0
 out=${1:-runs/multitenancy}
 "$corral" vc-config --trace "$trace" --cluster 64x8 --racks 8 --out "$out/vcs.yaml"
 for admission in quota hived; do
+  # quota: lending idle quota (the default), in the queue's order (not --quota-lend-last,
+  # which the documented run predates)
   "$corral" simulate --trace "$trace" --config "$out/vcs.yaml" --admission "$admission" \
-    --oversubscribe --placement consolidate --compare fifo,las,gittins --private-baseline \
+    --no-quota-lend-last --placement consolidate --compare fifo,las,gittins --private-baseline \
     --out "$out/$admission"
 done
+# fairshare: shares by weight alone, as documented (0: no decayed usage; the default is 7 days)
 "$corral" simulate --trace "$trace" --config "$out/vcs.yaml" --admission fairshare \
-  --placement consolidate --policy fifo --private-baseline --out "$out/fairshare"
+  --fairshare-half-life-s 0 --placement consolidate --policy fifo --private-baseline \
+  --out "$out/fairshare"
 "$corral" plot-vcs "$out/quota" "$out/hived" --out "$out/vc-queueing.png"

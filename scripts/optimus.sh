@@ -30,6 +30,7 @@ from corral.core.cluster import Cluster
 from corral.core.estimate import fit_loss_curve, thin
 from corral.core.job import Job
 from corral.core.placement import make_placement
+from corral.core.scheduler import Scheduler
 from corral.core.policy.optimus import Optimus, no_progress
 from corral.sim.engine import Simulation
 from corral.sim.metrics import summarize
@@ -48,11 +49,13 @@ length_h = {spec.id: spec.duration_s / 3600 for spec in trace.jobs}
 cluster = Cluster.shorthand(64, 8, 8, "v100")
 ablation = Simulation(
     trace.jobs,
-    cluster,
-    Optimus(no_progress),
-    make_placement("relax", relax_after_s=600.0),
-    speed_model=trace.perf.speed_model(cluster),
-    restore_s=30.0,
+    Scheduler(
+        cluster,
+        Optimus(no_progress),
+        make_placement("relax", relax_after_s=600.0),
+        speed_model=trace.perf.speed_model(cluster),
+        restore_s=30.0,
+    ),
 ).run()
 
 summaries, jcts = {}, {}
