@@ -317,17 +317,17 @@ class ElasticScheduler:
             base = speed_model(job, gpus) if speed_model is not None else 1.0
             return base * self._relative_speed(job, len(gpus))
 
+        self.migration = Migration() if migrate else None
         self.inner = Scheduler(
             cluster,
             policy or ElasticFlowOrder(),
             placement,
             speed_model=speed,
             restore_s=restore_s,
-            migration=Migration() if migrate else None,
+            stages=[self.migration] if self.migration is not None else [],
             retry=retry,
         )
         self.policy = self.inner.policy
-        self.migration = self.inner.migration
         self.jobs: dict[str, Job] = {}
         self._elastic: dict[str, _Elastic] = {}
         self.tally = ElasticCounters()
@@ -408,11 +408,19 @@ class ElasticScheduler:
                     shrunk.append(job)
         # Shrunk jobs first: the GPUs they just freed hold them (best fit keeps nodes packed).
         resized = {job.id for job in shrunk}
+        wakes: list[float] = []
+        held = [j for j in self.inner.pending_jobs() if j.hold_until > now]  # retry backoff
+        for job in held:
+            job.pending_reason = f"retry backoff: held for {job.hold_until - now:.0f} s more"
+            wakes.append(job.hold_until)
         waiting = sorted(
-            (j for j in self.inner.pending_jobs() if targets[j.id] > 0 and j.id not in resized),
+            (
+                j
+                for j in self.inner.pending_jobs()
+                if targets[j.id] > 0 and j.id not in resized and j.hold_until <= now
+            ),
             key=lambda j: (-targets[j.id], deadline_of(j), j.seq),
         )
-        wakes: list[float] = []
         for job in [*sorted(shrunk, key=lambda j: (-targets[j.id], j.seq)), *waiting]:
             actions.extend(self._place(job, targets[job.id], now))
             if job.status is JobStatus.PENDING:

@@ -19,62 +19,20 @@ from typing import Any
 
 from corral.core.admission import ADMISSIONS
 from corral.core.admission.base import Assembly
-from corral.core.migration import MAX_MOVES, MAX_NODES, MAX_PLANS_PER_ROUND, Migration
+from corral.core.migration import Migration
 from corral.core.options import NoOptions, OptionError, build, describe, option, to_dict
-from corral.core.packing import DEFAULT_THRESHOLD, MAX_TRIES_PER_ROUND, Packing
+from corral.core.packing import Packing
 from corral.core.placement import PLACEMENTS
 from corral.core.plugin import PluginError, Services
 from corral.core.policy import POLICIES
 from corral.core.protocol import SchedulerCore
 from corral.core.retry import RetryOptions, RetryRule
+from corral.core.stages import Stage
 
-
-@dataclass(frozen=True, slots=True)
-class PackingOptions:
-    threshold: float = option(
-        DEFAULT_THRESHOLD,
-        help="pack two jobs on one GPU only if their summed normalized speed exceeds this",
-        low=0,
-        low_open=True,
-    )
-    max_tries_per_round: int = option(MAX_TRIES_PER_ROUND, help="packing attempts per round", low=1)
-
-
-@dataclass(frozen=True, slots=True)
-class MigrationOptions:
-    max_moves: int = option(MAX_MOVES, help="running jobs one plan may move", low=1)
-    max_nodes: int = option(MAX_NODES, help="nodes a plan may consider", low=1)
-    max_plans_per_round: int = option(MAX_PLANS_PER_ROUND, help="plans tried per round", low=1)
-
-
-class PackingStage:
-    name = "packing"
-    summary = "Gandiva's packing: two jobs share GPUs when their pair throughput gains"
-    Options = PackingOptions
-
-    @staticmethod
-    def build(options: PackingOptions, services: Services) -> Packing:
-        if services.pair_table is None:
-            raise PluginError(
-                "stage packing: needs co-location throughputs (a gavel trace's table)"
-            )
-        return Packing(services.pair_table, options.threshold, options.max_tries_per_round)
-
-
-class MigrationStage:
-    name = "migration"
-    summary = "Gandiva's migration: move running jobs to free a whole node for a waiting one"
-    Options = MigrationOptions
-
-    @staticmethod
-    def build(options: MigrationOptions, services: Services) -> Migration:
-        return Migration(options.max_moves, options.max_nodes, options.max_plans_per_round)
-
-
-#: Round stages beside the queue walk (their order is the order they run in).
-STAGES: dict[str, type[PackingStage] | type[MigrationStage]] = {
-    "packing": PackingStage,
-    "migration": MigrationStage,
+#: Round stages beside the queue walk (corral.core.stages), by name.
+STAGES: dict[str, type[Stage]] = {
+    "packing": Packing,
+    "migration": Migration,
 }
 
 
@@ -253,9 +211,7 @@ def build_scheduler(
     placement_cls = PLACEMENTS[core.placement]
     policy = policy_cls.from_options(config.section(core.policy), services)
     placement = placement_cls.from_options(config.section(core.placement), services)
-    stages = {name: STAGES[name].build(sections[name], services) for name in core.stages}
-    packing = stages.get("packing")
-    migration = stages.get("migration")
+    stages = [STAGES[name].from_options(config.section(name), services) for name in core.stages]
     parts = Assembly(
         policy=policy,
         placement=placement,
@@ -263,8 +219,7 @@ def build_scheduler(
         backfill=core.backfill,
         restore_s=core.restore_s,
         retry=RetryRule(sections["retry"]),
-        packing=packing if isinstance(packing, Packing) else None,
-        migration=migration if isinstance(migration, Migration) else None,
+        stages=stages,
         on_start=services.cache.on_start if uses_cache and services.cache is not None else None,
     )
     return scheme.build(config.section(admission_name), parts)

@@ -20,9 +20,17 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from corral.core.cluster import Cluster
 from corral.core.job import Job
+from corral.core.options import option
+from corral.core.placement.base import Placed
+from corral.core.plugin import Services
+from corral.core.stages import RoundHost, Stage
+
+if TYPE_CHECKING:
+    from corral.core.actions import Action
 
 MAX_MOVES = 3
 MAX_NODES = 16
@@ -41,7 +49,23 @@ class MigrationPlan:
     moves: tuple[Move, ...]
 
 
-class Migration:
+@dataclass(frozen=True, slots=True)
+class MigrationOptions:
+    max_moves: int = option(MAX_MOVES, help="running jobs one plan may move", low=1)
+    max_nodes: int = option(MAX_NODES, help="nodes a plan may consider", low=1)
+    max_plans_per_round: int = option(MAX_PLANS_PER_ROUND, help="plans tried per round", low=1)
+
+
+class Migration(Stage):
+    name = "migration"
+    summary = "Gandiva's migration: move running jobs to free a whole node for a waiting one"
+    Options = MigrationOptions
+    point = "defragment"
+
+    @classmethod
+    def from_options(cls, options: Any, services: Services) -> Migration:
+        return cls(options.max_moves, options.max_nodes, options.max_plans_per_round)
+
     def __init__(
         self,
         max_moves: int = MAX_MOVES,
@@ -62,6 +86,31 @@ class Migration:
         self._plans = 0
         self._no_plan.clear()
         self._on_node = None
+
+    def try_start(self, host: RoundHost, job: Job, now: float, actions: list[Action]) -> bool:
+        """Move a few running jobs so that the GPUs the job needs on one node come free
+        together, then place it there (never a job started now, nor one sharing its GPUs)."""
+        cluster, placement = host.cluster, host.placement
+        if placement.scope(cluster, job, now) != "node":
+            return False
+
+        def movable(other: Job) -> bool:
+            return other.run_started_at != now and not host.is_shared(other)
+
+        plan = self.plan(cluster, job, host.running_jobs(), movable)
+        if plan is None:
+            return False
+        for move in plan.moves:
+            host.move(move.job, move.to_node, job.id, now, actions)
+            self.migrations += 1
+        result = placement.place(cluster, job, now)
+        if not isinstance(result, Placed):
+            return False
+        host.start_on(job, result, now, actions)
+        return True
+
+    def counters(self) -> dict[str, int]:
+        return {"migrations": self.migrations}
 
     def plan(
         self,

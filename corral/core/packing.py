@@ -18,9 +18,18 @@ unless its partner is preempted too (`frees_gpus`).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from corral.core.cluster import Cluster
 from corral.core.job import Job, JobStatus
+from corral.core.options import option
+from corral.core.placement.base import Placed
+from corral.core.plugin import PluginError, Services
+from corral.core.stages import RoundHost, Stage
+
+if TYPE_CHECKING:
+    from corral.core.actions import Action
 
 #: (guest, host, GPU type) -> (guest's, host's) throughput when they share their GPUs, each
 #: relative to its throughput alone; None when the pair cannot share (not measured, no room).
@@ -47,7 +56,30 @@ class PairTable:
         return self._pairs.get((gpu_type, guest.spec.gpus, guest.spec.model, host.spec.model))
 
 
-class Packing:
+@dataclass(frozen=True, slots=True)
+class PackingOptions:
+    threshold: float = option(
+        DEFAULT_THRESHOLD,
+        help="pack two jobs on one GPU only if their summed normalized speed exceeds this",
+        low=0,
+        low_open=True,
+    )
+    max_tries_per_round: int = option(MAX_TRIES_PER_ROUND, help="packing attempts per round", low=1)
+
+
+class Packing(Stage):
+    name = "packing"
+    summary = "Gandiva's packing: two jobs share GPUs when their pair throughput gains"
+    Options = PackingOptions
+    point = "share"
+    shares_gpus = True
+
+    @classmethod
+    def from_options(cls, options: Any, services: Services) -> Packing:
+        if services.pair_table is None:
+            raise PluginError("stage packing: needs co-location throughputs (a gavel trace's table)")
+        return cls(services.pair_table, options.threshold, options.max_tries_per_round)
+
     def __init__(
         self,
         pair_speeds: PairSpeeds,
@@ -78,6 +110,30 @@ class Packing:
 
     def may_try(self) -> bool:
         return self._tries < self.max_tries_per_round
+
+    keeps_walking = may_try
+
+    def try_start(self, host: RoundHost, job: Job, now: float, actions: list[Action]) -> bool:
+        """Start the job on the GPUs of a running job it runs well beside."""
+        choice = self.choose_host(job, host.running_jobs(), host.cluster)
+        if choice is None:
+            return False
+        partner, guest_speed, host_speed = choice
+        host.cluster.release(partner.placement)  # start_on takes them again: once, for two
+        host.start_on(job, Placed(partner.placement), now, actions)
+        for member, speed in self.pair(job, partner, guest_speed, host_speed, now):
+            host.change_speed(member, speed, now)
+        job.last_event = f"started sharing the GPUs of job {partner.id}"
+        return True
+
+    def shares(self, job: Job) -> bool:
+        return job.id in self.partner
+
+    def partner_release(self, job: Job, now: float) -> tuple[Job, float] | None:
+        return self.unpair(job, now)
+
+    def counters(self) -> dict[str, int]:
+        return {"packed_pairs": self.pairs_formed}
 
     def choose_host(
         self, guest: Job, running: Iterable[Job], cluster: Cluster

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import replace
 
 from sortedcontainers import SortedList
@@ -22,13 +22,12 @@ from sortedcontainers import SortedList
 from corral.core.actions import Action, Decision, Preempt, Respeed, Start
 from corral.core.cluster import Cluster
 from corral.core.job import Job, JobSpec, JobStatus
-from corral.core.migration import Migration
-from corral.core.packing import Packing
 from corral.core.placement.base import Placed, Placement, whole_worker_gpus
 from corral.core.plugin import SpeedModel
 from corral.core.policy.base import Key, Policy
 from corral.core.protocol import Admission
 from corral.core.retry import Failure, FailureReport, RetryOptions, RetryRule, Verdict
+from corral.core.stages import Stage
 
 #: Called once per attempt as a job starts (placement, speed and restore stall already set); it
 #: may lower `job.speed` and move `job.stall_until` later: a node's data cache (core.cache) is
@@ -83,14 +82,13 @@ class Scheduler:
         restore_s: float = 0.0,
         admission: Admission | None = None,
         on_start: StartHook | None = None,
-        packing: Packing | None = None,
-        migration: Migration | None = None,
+        stages: Sequence[Stage] = (),
         retry: RetryRule | None = None,
     ) -> None:
         """`retry` judges failed attempts: the backoff before a retry and the user-error rule
         (default: `RetryRule(RetryOptions())`)."""
-        if packing is not None and admission is not None:
-            raise ValueError("packing jobs onto shared GPUs is not supported with an admission")
+        if admission is not None and any(stage.shares_gpus for stage in stages):
+            raise ValueError("jobs sharing GPUs (packing) are not supported with an admission")
         self.cluster = cluster
         self.admission = admission
         self.policy = policy
@@ -100,8 +98,10 @@ class Scheduler:
         self.speed_model = speed_model
         self.restore_s = restore_s
         self.on_start = on_start
-        self.packing = packing
-        self.migration = migration
+        self.stages = list(stages)
+        self._defragmenters = [s for s in self.stages if s.point == "defragment"]
+        self._sharers = [s for s in self.stages if s.point == "share"]
+        self._shared = [s for s in self.stages if s.shares_gpus]
         self.retry = retry if retry is not None else RetryRule(RetryOptions())
         self._speed_changed: dict[str, None] = {}  # running jobs to report in Decision.respeeds
         self.jobs: dict[str, Job] = {}
@@ -302,10 +302,11 @@ class Scheduler:
         return start
 
     def start_defragmented(self, job_id: str, now: float) -> list[Action]:
-        """Start a waiting job by migrating running jobs out of its way (needs `migration`); the
-        moves and the start, or [] when no plan within the migration's bounds frees a node."""
+        """Start a waiting job by the defragmenting stages (migration): the moves and the start,
+        or [] when none could."""
         actions: list[Action] = []
-        self._defragment(self.jobs[job_id], now, actions)
+        job = self.jobs[job_id]
+        any(stage.try_start(self, job, now, actions) for stage in self._defragmenters)
         return actions
 
     # -- deciding -----------------------------------------------------------------------------
@@ -315,10 +316,8 @@ class Scheduler:
         multi-tenant caller may first look for free GPUs elsewhere before preempting)."""
         self.rounds += 1
         self._fire_timers(now)
-        if self.packing is not None:
-            self.packing.new_round()
-        if self.migration is not None:
-            self.migration.new_round()
+        for stage in self.stages:
+            stage.new_round()
         if self._placement_plans:  # a placement that decides for the round's jobs together
             self.placement.begin_round(
                 self.cluster, self.pending_jobs(), self.running_jobs(), self.speed_model, now
@@ -354,7 +353,11 @@ class Scheduler:
         while position < len(self._pending):
             job = self._by_seq[self._pending[position][1]]
             can_preempt = preempt and self._may_preempt_for(job, now)
-            if cluster.free_gpus == 0 and not can_preempt and not self._may_pack():
+            if (
+                cluster.free_gpus == 0
+                and not can_preempt
+                and not any(stage.keeps_walking() for stage in self._sharers)
+            ):
                 if admission is None or not admission.someone_over_share():
                     job.pending_reason = (
                         "waiting for free GPUs: all are in use by jobs of equal or higher priority"
@@ -384,7 +387,7 @@ class Scheduler:
                 if isinstance(result, Placed):
                     self._start(job, result, now, actions)
                     continue
-                if self.migration is not None and self._defragment(job, now, actions):
+                if any(stage.try_start(self, job, now, actions) for stage in self._defragmenters):
                     continue
                 no_fit[kind] = job.spec.gpus
                 job.pending_reason = result.reason
@@ -405,7 +408,7 @@ class Scheduler:
                     too_few_victims[victims_kind] = job.spec.gpus
                 else:
                     no_room[kind] = job.spec.gpus
-            if self.packing is not None and self._pack(job, now, actions):
+            if any(stage.try_start(self, job, now, actions) for stage in self._sharers):
                 continue
             if self.policy.blocking and not self.backfill:
                 if admission is None:
@@ -473,7 +476,7 @@ class Scheduler:
                 cluster.gpus[victim.placement[0]].gpu_type
             ):
                 continue
-            if self.packing is not None and not self.packing.frees_gpus(victim, half_pairs):
+            if not all(stage.frees_gpus(victim, half_pairs) for stage in self._shared):
                 continue  # its GPUs stay taken by its partner unless that is a victim too
             victims.append(victim)
             total += victim.spec.gpus
@@ -540,7 +543,7 @@ class Scheduler:
     def _preempt(self, job: Job, by: Job, now: float, actions: list[Action]) -> None:
         """Stop a running job whose GPUs the caller already released in the cluster, with the
         partner it shared them with (see Packing.frees_gpus)."""
-        shared = self.packing.unpair(job, now) if self.packing is not None else None
+        shared = self._partner_release(job, now)
         actions.append(self._requeue_preempted(job, by.id, now))
         if shared is not None:
             actions.append(self._requeue_preempted(shared[0], by.id, now))
@@ -566,11 +569,18 @@ class Scheduler:
 
     def _release(self, job: Job, now: float) -> None:
         """Free the job's GPUs, unless a packed partner keeps running on them at its speed alone."""
-        shared = self.packing.unpair(job, now) if self.packing is not None else None
+        shared = self._partner_release(job, now)
         if shared is None:
             self.cluster.release(job.placement)
         else:
             self._change_speed(*shared, now)
+
+    def _partner_release(self, job: Job, now: float) -> tuple[Job, float] | None:
+        for stage in self._shared:
+            shared = stage.partner_release(job, now)
+            if shared is not None:
+                return shared
+        return None
 
     def _change_speed(self, job: Job, speed: float, now: float) -> None:
         """A running job's speed changes mid-attempt: keep its work, re-key it (a policy may order
@@ -585,31 +595,18 @@ class Scheduler:
         self._speed_changed.clear()
         return [Respeed(job.id, job.speed) for job in changed if job.status is JobStatus.RUNNING]
 
-    def _defragment(self, job: Job, now: float, actions: list[Action]) -> bool:
-        """Gandiva's migration (core.migration): move a few running jobs so that the GPUs the job
-        needs on one node come free together, then place it there."""
-        assert self.migration is not None
-        if self.placement.scope(self.cluster, job, now) != "node":
-            return False
-        packing = self.packing
+    # -- what a round stage may do (corral.core.stages.RoundHost) ----------------------------
 
-        def movable(other: Job) -> bool:  # never a job started now, nor one sharing its GPUs
-            return other.run_started_at != now and (
-                packing is None or other.id not in packing.partner
-            )
+    def start_on(self, job: Job, placed: Placed, now: float, actions: list[Action]) -> None:
+        self._start(job, placed, now, actions)
 
-        plan = self.migration.plan(self.cluster, job, self.running_jobs(), movable)
-        if plan is None:
-            return False
-        for move in plan.moves:
-            self._move(move.job, move.to_node, job.id, now, actions)
-        result = self.placement.place(self.cluster, job, now)
-        if not isinstance(result, Placed):
-            return False
-        self._start(job, result, now, actions)
-        return True
+    def change_speed(self, job: Job, speed: float, now: float) -> None:
+        self._change_speed(job, speed, now)
 
-    def _move(self, job: Job, node: int, by: str, now: float, actions: list[Action]) -> None:
+    def is_shared(self, job: Job) -> bool:
+        return any(stage.shares(job) for stage in self._shared)
+
+    def move(self, job: Job, node: int, by: str, now: float, actions: list[Action]) -> None:
         """Migrate a running job to free GPUs of another node: stopped through its checkpoint
         contract and started again there, paying the restore stall; not counted as preempted."""
         gpus = job.placement
@@ -620,27 +617,20 @@ class Scheduler:
         self._start(
             job, Placed(tuple(self.cluster.pick_in_node(node, job.spec.gpus))), now, actions
         )
-        assert self.migration is not None
-        self.migration.migrations += 1
         job.migrations += 1
         job.last_event = f"migrated to make room for job {by}"
 
-    def _may_pack(self) -> bool:
-        return self.packing is not None and self.packing.may_try()
+    def stage(self, name: str) -> Stage | None:
+        """The round stage of that name, if this scheduler runs it."""
+        return next((stage for stage in self.stages if stage.name == name), None)
 
-    def _pack(self, job: Job, now: float, actions: list[Action]) -> bool:
-        """Start the job on the GPUs of a running job it runs well beside (Gandiva's packing)."""
-        assert self.packing is not None
-        choice = self.packing.choose_host(job, self.running_jobs(), self.cluster)
-        if choice is None:
-            return False
-        host, guest_speed, host_speed = choice
-        self.cluster.release(host.placement)  # _start takes them again: allocated once, for two
-        self._start(job, Placed(host.placement), now, actions)
-        for member, speed in self.packing.pair(job, host, guest_speed, host_speed, now):
-            self._change_speed(member, speed, now)
-        job.last_event = f"started sharing the GPUs of job {host.id}"
-        return True
+    @property
+    def packing(self) -> Stage | None:
+        return self.stage("packing")
+
+    @property
+    def migration(self) -> Stage | None:
+        return self.stage("migration")
 
     def _account_run(self, job: Job, now: float) -> None:
         if self.admission is not None:
@@ -732,10 +722,8 @@ class Scheduler:
 
     def counters(self) -> dict[str, int]:
         counters = {"preemptions": self.preemptions}
-        if self.migration is not None:
-            counters["migrations"] = self.migration.migrations
-        if self.packing is not None:
-            counters["packed_pairs"] = self.packing.pairs_formed
+        for stage in self.stages:
+            counters.update(stage.counters())
         if self.admission is not None:
             counters.update(self.admission.counters())
         return counters

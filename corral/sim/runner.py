@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 from rich.console import Console
 
+from corral.core.admission.virtual import build_virtual_cluster
 from corral.core.cache import CACHE_POLICIES, CacheError, DataCache
 from corral.core.cluster import Cluster, ClusterError
 from corral.core.config import ConfigError
@@ -26,7 +27,6 @@ from corral.core.placement.hetero import TypeLog
 from corral.core.plugin import PluginError, Services, SpeedModel
 from corral.core.policy import POLICIES
 from corral.core.protocol import SchedulerCore
-from corral.core.tenancy.virtual import build_virtual_cluster
 from corral.sim.colocation import gandiva_line, gandiva_summary, load_pair_table
 from corral.sim.datasets import DATASET_SCOPES, cache_line, make_cache
 from corral.sim.engine import FailureModel, Simulation

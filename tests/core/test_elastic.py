@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from corral.core import Cluster, JobRefused, JobSpec, JobStatus, Preempt
@@ -351,3 +353,16 @@ def test_edf_ties_go_by_arrival_and_a_tie_never_preempts():
     assert s.decide(5).actions == []
     s.finished("first", 1000)
     assert list(started(s.decide(1000).actions)) == ["second"]
+
+
+def test_a_failed_elastic_job_waits_out_its_retry_backoff():
+    # One job of 100 s of work, no deadline (best effort), on 1 node x 4. It fails at t=10: the
+    # core's retry rule holds it 5 s (the first backoff), so nothing starts before t=15.
+    s = make(1, 4)
+    s.submit(replace(elastic("a", 100.0, None), max_retries=1), 0)
+    assert sizes(s.decide(0).actions)
+    s.failed("a", 10.0, "exit 1")
+    decision = s.decide(10.0)
+    assert sizes(decision.actions) == {} and decision.wake_at == 15.0
+    assert "retry backoff" in s.explain("a", 10.0)
+    assert sizes(s.decide(15.0).actions) == {"a": 4}

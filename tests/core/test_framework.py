@@ -8,6 +8,7 @@ import pytest
 from corral.core import Cluster, JobSpec, Preempt, Scheduler, Start
 from corral.core.admission import ADMISSIONS
 from corral.core.admission.fairshare import FairShareAdmission
+from corral.core.admission.hived import HivedScheduler
 from corral.core.config import parse_cluster_config
 from corral.core.elastic import ElasticScheduler
 from corral.core.framework import (
@@ -21,7 +22,6 @@ from corral.core.options import OptionError
 from corral.core.placement import make_placement
 from corral.core.plugin import PluginError, Services
 from corral.core.policy import make_policy
-from corral.core.tenancy.hived import HivedScheduler
 
 VCS = {
     "cell_types": {"NODE": {"child": "V100", "count": 4, "node": True}},

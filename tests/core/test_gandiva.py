@@ -99,7 +99,7 @@ def write_table(path) -> str:
 
 def packing_scheduler(tmp_path, policy="fifo", threshold=1.1, **kw):
     table = load_pair_table(write_table(tmp_path))
-    return scheduler(1, 1, policy=policy, packing=Packing(table, threshold=threshold), **kw)
+    return scheduler(1, 1, policy=policy, stages=[Packing(table, threshold=threshold)], **kw)
 
 
 def test_pair_speeds_come_from_the_table(tmp_path):
@@ -146,7 +146,7 @@ def test_the_best_pair_wins_and_ties_go_to_the_earliest_host(tmp_path):
     # Two GPUs: h1 and h2 (both A) and c (C) run. g (B) pairs with A at 1.3 and cannot share
     # with C (not measured): of the two equal A hosts, h1, which arrived first, gets it.
     table = load_pair_table(write_table(tmp_path))
-    s = scheduler(1, 3, policy="fifo", packing=Packing(table))
+    s = scheduler(1, 3, policy="fifo", stages=[Packing(table)])
     for name, model in (("h1", "A"), ("h2", "A"), ("c", "C")):
         s.submit(spec(name, 1, model=model), 0)
     s.decide(0)
@@ -197,7 +197,7 @@ def test_packing_refuses_an_admission():
 
     with pytest.raises(ValueError, match="admission"):
         scheduler(
-            1, 1, packing=Packing(lambda g, h, t: None), admission=QuotaAdmission({"default": 1})
+            1, 1, stages=[Packing(lambda g, h, t: None)], admission=QuotaAdmission({"default": 1})
         )
     with pytest.raises(ValueError, match="threshold"):
         Packing(lambda g, h, t: None, threshold=0)
@@ -210,7 +210,7 @@ def fragmented(restore_s=30.0):
     """Two 8-GPU nodes, fifo, migration on. At t=0: p(4) and f(4) fill node 0 (best fit), q(2)
     and r(2) go to node 1. At t=50 f ends: 4 GPUs free on each node, 8 in all, none of them a
     whole node."""
-    s = scheduler(2, 8, policy="fifo", migration=Migration(), restore_s=restore_s)
+    s = scheduler(2, 8, policy="fifo", stages=[Migration()], restore_s=restore_s)
     for name, gpus in (("p", 4), ("f", 4), ("q", 2), ("r", 2)):
         s.submit(spec(name, gpus), 0)
     s.decide(0)
@@ -252,7 +252,7 @@ def test_no_migration_when_it_would_not_help():
 
     # Two 4-GPU nodes each running a 3-GPU job: 1 + 1 GPUs free, a 2-GPU job does not fit, and
     # moving a 3-GPU job needs 3 free GPUs elsewhere.
-    s = scheduler(2, 4, policy="fifo", migration=Migration())
+    s = scheduler(2, 4, policy="fifo", stages=[Migration()])
     s.submit(spec("a", 3), 0)
     s.submit(spec("b", 3), 0)
     s.decide(0)

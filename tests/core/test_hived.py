@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from corral.core import JobRefused, JobSpec, JobStatus, Preempt, Priority, Start
+from corral.core.admission.hived import HivedScheduler
 from corral.core.config import parse_cluster_config
 from corral.core.placement import make_placement
 from corral.core.policy import make_policy
-from corral.core.tenancy.hived import HivedScheduler
 
 TWO_NODES = {
     "cell_types": {"NODE": {"child": "V100", "count": 4, "node": True}},

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 from corral.core import Job, JobRefused, JobSpec, JobStatus, Preempt, Priority, Start
+from corral.core.admission.hived import HivedScheduler
 from corral.core.config import parse_cluster_config
 from corral.core.placement import make_placement
 from corral.core.policy import make_policy
 from corral.core.retry import FailureReport
-from corral.core.tenancy.hived import HivedScheduler
 
 #: Two 4-GPU nodes, each two PCIe pairs: GPUs 0-1 | 2-3 on node 0, 4-5 | 6-7 on node 1.
 PAIRS = {

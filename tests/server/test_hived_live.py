@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from corral.core.tenancy.hived import HivedScheduler
+from corral.core.admission.hived import HivedScheduler
 from corral.server.boot import RunningServer
 from tests.server.helpers import (
     TWO_VCS,

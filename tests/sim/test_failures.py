@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 from corral.core import Cluster, JobSpec, JobStatus, Scheduler
+from corral.core.admission.hived import HivedScheduler
 from corral.core.config import parse_cluster_config
 from corral.core.placement import make_placement
 from corral.core.policy import make_policy
 from corral.core.retry import RetryOptions, RetryRule
-from corral.core.tenancy.hived import HivedScheduler
 from corral.sim.engine import FailureModel, Simulation
 from corral.sim.failures import INFRA_FAILURE, USER_ERROR, NodeFailures, PhillyFailures
 

@@ -25,7 +25,7 @@ TABLE = PairTable({("v100", 1, "B", "A"): (0.6, 0.7), ("v100", 1, "A", "B"): (0.
 def run(specs, failures=None, seed=0):
     cluster = Cluster.shorthand(1, 1)
     scheduler = Scheduler(
-        cluster, make_policy("fifo"), make_placement("consolidate"), packing=Packing(TABLE)
+        cluster, make_policy("fifo"), make_placement("consolidate"), stages=[Packing(TABLE)]
     )
     sim = Simulation(
         specs,

@@ -4,10 +4,11 @@ module and one entry here: the class declares its options and builds the schedul
 from __future__ import annotations
 
 from corral.core.admission.base import AdmissionScheme, Assembly
-from corral.core.admission.elasticflow_scheme import ElasticFlow
-from corral.core.admission.hived_scheme import Hived
+from corral.core.admission.elasticflow import ElasticFlow
+from corral.core.admission.fairshare import FairShare
+from corral.core.admission.hived import Hived
 from corral.core.admission.none import NoAdmission
-from corral.core.admission.quota_scheme import FairShare, Quota
+from corral.core.admission.quota import Quota
 
 ADMISSIONS: dict[str, type[AdmissionScheme]] = {
     "none": NoAdmission,

@@ -9,18 +9,17 @@ refused when the configuration is read, in one line saying why (`unsupported`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from corral.core.cluster import Cluster
-from corral.core.migration import Migration
-from corral.core.packing import Packing
 from corral.core.placement.base import Placement
 from corral.core.plugin import OptionsMixin, Services
 from corral.core.policy.base import Policy
 from corral.core.protocol import Admission, SchedulerCore
 from corral.core.retry import RetryRule
 from corral.core.scheduler import Scheduler, StartHook
+from corral.core.stages import Stage
 
 
 @dataclass(slots=True)
@@ -33,8 +32,7 @@ class Assembly:
     backfill: bool
     restore_s: float
     retry: RetryRule
-    packing: Packing | None = None
-    migration: Migration | None = None
+    stages: list[Stage] = field(default_factory=list)
     on_start: StartHook | None = None
 
     def scheduler(
@@ -56,8 +54,7 @@ class Assembly:
             restore_s=self.restore_s,
             admission=admission,
             on_start=self.on_start,
-            packing=self.packing,
-            migration=self.migration,
+            stages=self.stages,
             retry=self.retry,
         )
 
@@ -83,4 +80,3 @@ class AdmissionScheme(OptionsMixin):
     def unsupported_placement(cls, options: Any, placement: str) -> str | None:
         """Why this scheme cannot run with a placement, or None."""
         return None
-

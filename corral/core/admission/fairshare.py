@@ -20,10 +20,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
-from corral.core.admission.quota import QuotaAdmission
+from corral.core.admission.base import AdmissionScheme, Assembly
+from corral.core.admission.quota import _PACKING, QuotaAdmission
 from corral.core.job import Job
 from corral.core.options import option
+from corral.core.plugin import PluginError
+from corral.core.protocol import SchedulerCore
 
 #: Slurm's default PriorityDecayHalfLife (slurm.conf(5)): 7 days.
 SLURM_HALF_LIFE_S = 7 * 24 * 3600.0
@@ -130,3 +134,27 @@ class FairShareAdmission(QuotaAdmission):
         else:
             return
         self._active_effective = sum(self._effective[v] for v in self._active)
+
+
+class FairShare(AdmissionScheme):
+    name = "fairshare"
+    summary = "VCs share by weight, discounted by decayed past usage (Slurm's fair-share)"
+    Options = FairShareOptions
+    stages = frozenset({"migration", "cache"})
+    why_not = {"packing": _PACKING}
+
+    @classmethod
+    def build(cls, options: Any, parts: Assembly) -> SchedulerCore:
+        services = parts.services
+        weights = options.parsed_weights()
+        vcs = set(services.vc_cells)
+        unknown = sorted(set(weights) - vcs)
+        if unknown:
+            raise PluginError(
+                f"fairshare.weights: unknown VC {unknown[0]!r}; VCs are {', '.join(sorted(vcs))}"
+            )
+        quota = services.vc_quota_or_whole()
+        for vc in vcs - set(weights):  # default weight: the VC's guaranteed GPUs
+            weights[vc] = float(quota.get(vc, 0)) or 1.0
+        admission = FairShareAdmission(weights, services.cluster.total_gpus, options.half_life_s)
+        return parts.scheduler(admission=admission)

@@ -13,9 +13,12 @@ VCs' weights, their work and their recent usage.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
+from corral.core.admission.base import AdmissionScheme, Assembly
 from corral.core.job import Job
 from corral.core.options import option
+from corral.core.protocol import SchedulerCore
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,3 +109,22 @@ class QuotaAdmission:
 
     def counters(self) -> dict[str, int]:
         return {"borrowed_starts": self.borrowed_starts}
+
+
+_PACKING = "a packed pair shares GPUs that a quota would count twice"
+
+
+class Quota(AdmissionScheme):
+    name = "quota"
+    summary = "each VC owns a GPU count (YARN-CS, as Philly ran it); idle quota is lent"
+    Options = QuotaOptions
+    stages = frozenset({"migration", "cache"})
+    why_not = {"packing": _PACKING}
+
+    @classmethod
+    def build(cls, options: Any, parts: Assembly) -> SchedulerCore:
+        quota = parts.services.vc_quota_or_whole()
+        admission = QuotaAdmission(
+            quota, oversubscribe=options.oversubscribe, lend_last=options.lend_last
+        )
+        return parts.scheduler(admission=admission)

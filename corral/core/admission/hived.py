@@ -22,17 +22,22 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
 
 from corral.core.actions import Action, Decision, Preempt, Start
+from corral.core.admission.base import AdmissionScheme, Assembly
+from corral.core.admission.virtual import VirtualCluster, build_virtual_cluster
 from corral.core.cells import CellAllocator
 from corral.core.cluster import Cell, Cluster
 from corral.core.job import Job, JobSpec, JobStatus, Priority
+from corral.core.options import option
 from corral.core.placement.base import Placement
-from corral.core.plugin import SpeedModel
+from corral.core.plugin import PluginError, SpeedModel
 from corral.core.policy.base import Policy
+from corral.core.protocol import SchedulerCore
 from corral.core.retry import FailureReport, RetryRule
 from corral.core.scheduler import JobRefused, Scheduler, worker_refusal
-from corral.core.tenancy.virtual import VirtualCluster, build_virtual_cluster
 
 #: The name under which opportunistic jobs are reported (they belong to no VC's guarantee).
 OPPORTUNISTIC = "opportunistic"
@@ -599,3 +604,53 @@ def _towards(target: Cell) -> Callable[[Cell], bool]:
         on_path.add(up)
         up = up.parent
     return lambda cell: cell not in on_path
+
+
+# -- the admission scheme (corral.core.admission.ADMISSIONS) ------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class HivedOptions:
+    lend: bool = option(
+        True,
+        help="run a VC's waiting jobs on other VCs' idle cells, evicted when those VCs need them",
+    )
+
+
+class Hived(AdmissionScheme):
+    name = "hived"
+    summary = "HiveD: each VC owns cells that keep their topology; idle cells are lent"
+    Options = HivedOptions
+    stages = frozenset()
+    why_not = {
+        "packing": "each VC schedules on its own virtual cluster",
+        "migration": "each VC schedules on its own virtual cluster",
+        "cache": "each VC schedules on its own virtual cluster",
+    }
+
+    @classmethod
+    def unsupported_placement(cls, options: Any, placement: str) -> str | None:
+        if placement == "hetero" and options.lend:
+            # A lent job the lender's matching would not place bounces back every round.
+            return "placement hetero does not run with admission hived lending (hived.lend false)"
+        return None
+
+    @classmethod
+    def build(cls, options: Any, parts: Assembly) -> SchedulerCore:
+        services = parts.services
+        if not any(services.vc_cells.values()):
+            raise PluginError(
+                "admission hived: the VCs need guaranteed cells (a cluster config with "
+                "virtual_clusters)"
+            )
+        return HivedScheduler(
+            services.cluster,
+            services.vc_cells,
+            parts.policy,
+            parts.placement,
+            speed_model_for=services.speed_model_for,
+            restore_s=parts.restore_s,
+            backfill=parts.backfill,
+            spill=options.lend,
+            retry=parts.retry,
+        )
