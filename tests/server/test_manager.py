@@ -416,6 +416,12 @@ def test_export_trace_writes_the_history_that_simulate_replays(
     config = tmp_path / "history.scheduler.yaml"
     assert f"--scheduler-config {config}" in " ".join(result.output.split())
     assert client.get("/api/v1/config").json()["scheduler"]["retry"]["backoff_s"] == 0.5
+    shown = CliRunner().invoke(
+        app,
+        ["config", "show", "--url", server.url],
+        env={"CORRAL_TOKEN": admin_token(data_dir)},
+    )
+    assert shown.exit_code == 0 and "backoff_s: 0.5" in shown.output
     simulated = CliRunner().invoke(
         app,
         [
