@@ -52,6 +52,30 @@ def show(
     console.print(yaml.safe_dump(mapping, sort_keys=False).rstrip(), highlight=False, soft_wrap=True)
 
 
+def plugins() -> None:
+    """List every registered policy, placement, admission scheme and round stage."""
+    from rich.table import Table
+
+    from corral.core.admission import ADMISSIONS
+    from corral.core.framework import STAGES
+    from corral.core.options import describe
+    from corral.core.placement import PLACEMENTS
+    from corral.core.policy import POLICIES
+
+    table = Table("kind", "name", "what it does", "options", box=None, pad_edge=False)
+    registries: list[tuple[str, dict[str, Any]]] = [
+        ("policy", POLICIES),
+        ("placement", PLACEMENTS),
+        ("admission", ADMISSIONS),
+        ("stage", STAGES),
+    ]
+    for kind, registry in registries:
+        for name, plugin in registry.items():
+            options = ", ".join(info.name for info in describe(plugin.Options))
+            table.add_row(kind, name, plugin.summary, options or "-")
+    console.print(table)
+
+
 def command() -> Any:
     """The `config` group (corral.cli.lazy builds it)."""
     from corral.cli.schedflags import scheduler_flags
@@ -67,4 +91,5 @@ def command() -> Any:
         """The scheduler's configuration (`corral config show`)."""
 
     app.command("show")(scheduler_flags(show))
+    app.command("plugins")(plugins)
     return typer.main.get_command(app)

@@ -59,8 +59,6 @@ class Services:
     cache: DataCache | None = None
     #: Gandiva's co-location throughputs (packing).
     pair_table: PairTable | None = None
-    #: Where the scheduler runs, for messages: "simulate" or "up".
-    shell: str = "simulate"
 
     def vc_quota_or_whole(self) -> dict[str, int]:
         return self.vc_quota or {vc: self.cluster.total_gpus for vc in self.vc_cells}

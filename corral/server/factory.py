@@ -42,7 +42,6 @@ class SchedulerFactory:
             vc_cells=self.vc_cells or {vc: {} for vc in self.vc_quota},
             vc_quota=dict(self.vc_quota),
             service_history=self._service_history,
-            shell="up",
         )
 
     def _make_scheduler(self) -> SchedulerCore:

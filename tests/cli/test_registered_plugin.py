@@ -79,6 +79,12 @@ def test_simulate_runs_a_policy_registered_by_a_test_with_its_generated_flag(tmp
     assert finishes(tmp_path / "old") == {"a": 100.0, "b": 200.0, "c": 300.0}
     shown = CliRunner().invoke(app, ["config", "show", "--policy", "lifo"])
     assert "lifo:\n    newest_first: true" in shown.output
+    listed = CliRunner().invoke(app, ["config", "plugins"])
+    assert listed.exit_code == 0
+    assert any(
+        line.split()[:2] == ["policy", "lifo"] and "newest_first" in line
+        for line in listed.output.splitlines()
+    )
 
 
 @pytest.mark.usefixtures("lifo")
