@@ -325,7 +325,7 @@ class GpuPackingCpu(GpuPacking):
 @dataclass(frozen=True, slots=True)
 class RandomFitOptions:
     seed: int | None = option(
-        None, help="seed of the draws [default: the run's seed (corral simulate --seed)]", low=0
+        None, help="seed of the draws (none: the run's seed, --seed of corral simulate)", low=0
     )
 
 
