@@ -1,5 +1,5 @@
 """The `corral` command: the simulator's smaller commands here, the others registered from
-corral.cli.simulate, .up, .configcmd (built lazily, corral.cli.lazy), .client and .sharing (what
+corral.cli.simulate, .up, .configcmd (built lazily, corral.cli.lazy), .client and .fgd (what
 they share is in corral.cli.common)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from corral.cli import client, sharing, up
+from corral.cli import client, fgd, up
 from corral.cli.common import UserError, console, fail
 from corral.cli.lazy import LazyGroup
 from corral.cli.simulate import parse_cluster
@@ -91,7 +91,7 @@ def plot_vcs_command(
 
 
 # The other modules' commands, after this module's own: `corral --help` lists them in this order.
-app.command("fgd")(sharing.fgd)
+app.command("fgd")(fgd.fgd)
 client.register(app)
 app.command("export-trace")(up.export_trace)
 

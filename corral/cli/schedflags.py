@@ -36,7 +36,8 @@ def flags() -> list[tuple[str, str | None, OptionInfo, str]]:
             flags.append((f"sched__{info.name}", None, info, "Scheduler"))
     for section, cls in sections().items():
         for info in describe(cls):
-            flags.append((f"sched_{section}__{info.name}", section, info, f"Scheduler: {section}"))
+            name = f"sched_{section.replace('-', '_')}__{info.name}"  # random-fit: a Python name
+            flags.append((name, section, info, f"Scheduler: {section}"))
     return flags
 
 

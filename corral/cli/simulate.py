@@ -49,8 +49,8 @@ def simulate(
     trace: Annotated[
         str,
         typer.Option(
-            help="FORMAT:PATH, FORMAT one of philly, tiresias, gavel, "
-            "alibaba, helios, synthetic (synthetic:jobs=N,load=L,gpus=G)"
+            help="FORMAT:PATH, FORMAT one of philly, tiresias, gavel, alibaba, openb, "
+            "helios, synthetic (synthetic:jobs=N,load=L,gpus=G; openb:NODES_CSV,PODS_CSV)"
         ),
     ],
     cluster: Annotated[str, typer.Option(help="NODESxGPUS, e.g. 64x8")] = "16x8",

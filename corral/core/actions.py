@@ -7,12 +7,18 @@ from dataclasses import dataclass, field
 
 @dataclass(slots=True, frozen=True)
 class Start:
-    """Run the job on exactly these GPUs. `resumed`: it ran before and restores its checkpoint."""
+    """Run the job on exactly these GPUs. `resumed`: it ran before and restores its checkpoint.
+
+    `milli` below 1000: the job has a share of its one GPU, which other jobs' shares use too (the
+    shell still makes that GPU the visible one, `CUDA_VISIBLE_DEVICES`); `node`: the node whose
+    CPU and memory it takes, -1 when it asks for none (a job without GPUs runs there)."""
 
     job_id: str
     gpus: tuple[int, ...]
     relaxed: bool = False
     resumed: bool = False
+    milli: int = 1000
+    node: int = -1
 
 
 @dataclass(slots=True, frozen=True)

@@ -3,13 +3,24 @@
 Each cell keeps its count of free GPUs, updated on every allocate/release along the path to the root,
 so a placement never scans the whole cluster: it asks a rack for its free count, and finds the node
 that best fits `k` GPUs through per-GPU-type buckets of nodes keyed by their free count.
+
+**Fractions.** Each GPU holds `MILLI` (1000) milli-GPU. A job may take a share of one GPU
+(`claim` with `milli` below 1000): the GPU then counts as allocated for whole-GPU jobs (it leaves
+the free counts and the buckets as a whole allocation would) and keeps its free milli in
+`share_free` until its last share is released. A node may declare CPU (milli-cores) and memory
+(MiB) capacities, which `claim` takes on one node; a node that declares none is unbounded. Whole-GPU
+allocation (`allocate`, `release`) is unchanged by all of this.
 """
 
 from __future__ import annotations
 
+import math
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+
+#: Milli-GPU in one GPU: a job asking for less (`JobSpec.gpu_milli`) takes a share of one GPU.
+MILLI = 1000
 
 
 class ClusterError(ValueError):
@@ -24,6 +35,9 @@ class Cell:
     children: list[Cell] = field(default_factory=list)
     parent: Cell | None = None
     is_node: bool = False
+    #: A node's CPU (milli-cores) and memory (MiB); None: unbounded (not modelled).
+    cpu_milli: int | None = None
+    memory_mib: int | None = None
     total_gpus: int = 0
     free_gpus: int = 0
     index: int = -1  # GPU id for a leaf, node index for a node, rack index for a rack
@@ -49,6 +63,9 @@ class NodeDef:
     gpu_type: str = "v100"
     rack: str = "rack-0"
     gpus_per_switch: int | None = None
+    #: CPU (milli-cores) and memory (MiB) jobs may claim on the node; None: unbounded.
+    cpu_milli: int | None = None
+    memory_mib: int | None = None
 
 
 class Cluster:
@@ -96,6 +113,20 @@ class Cluster:
         }
         for node in self.nodes:
             self._buckets[node.gpu_type][node.free_gpus][node.index] = None
+        # The bucket of wholly free nodes of each type's largest size, with that size (the
+        # simulator asks every round how many GPUs lie in wholly free nodes).
+        self._whole_buckets = [
+            (self._buckets[t][size], size) for t, size in self.max_node_gpus_by_type.items()
+        ]
+        # Fractions (see the module's doc): free milli of each GPU some share is on, CPU and
+        # memory per node, and the sets of nodes whose free resources changed, one per watcher.
+        self.share_free: dict[int, int] = {}
+        self.share_free_total = 0
+        self.cpu_capacity: list[int | None] = [node.cpu_milli for node in self.nodes]
+        self.memory_capacity: list[int | None] = [node.memory_mib for node in self.nodes]
+        self.cpu_used = [0] * len(self.nodes)
+        self.memory_used = [0] * len(self.nodes)
+        self._watchers: list[set[int]] = []
 
     def _index(self, root: Cell) -> None:
         """Number GPUs and nodes depth-first, find racks, and compute counts bottom-up."""
@@ -141,8 +172,19 @@ class Cluster:
                 rack = Cell(name=node_def.rack, cell_type="rack", gpu_type=node_def.gpu_type)
                 racks[node_def.rack] = rack
                 root.children.append(rack)
+            for what, amount in (
+                ("cpu_milli", node_def.cpu_milli),
+                ("memory_mib", node_def.memory_mib),
+            ):
+                if amount is not None and amount < 0:
+                    raise ClusterError(f"node {node_def.name!r}: {what} must not be negative")
             node = Cell(
-                name=node_def.name, cell_type="node", gpu_type=node_def.gpu_type, is_node=True
+                name=node_def.name,
+                cell_type="node",
+                gpu_type=node_def.gpu_type,
+                is_node=True,
+                cpu_milli=node_def.cpu_milli,
+                memory_mib=node_def.memory_mib,
             )
             per_switch = node_def.gpus_per_switch or node_def.gpus
             for first in range(0, node_def.gpus, per_switch):
@@ -205,7 +247,7 @@ class Cluster:
 
     @property
     def free_gpus(self) -> int:
-        return sum(self.free_by_type.values())
+        return self.root.free_gpus  # kept by every change, as each cell's count is
 
     def free_for(self, gpu_types: frozenset[str] | None) -> int:
         if gpu_types is None:
@@ -236,9 +278,10 @@ class Cluster:
 
     def free_in_whole_nodes(self) -> int:
         """Free GPUs on healthy nodes that are wholly free and of their type's largest size."""
-        return sum(
-            len(self._buckets[t][size]) * size for t, size in self.max_node_gpus_by_type.items()
-        )
+        total = 0
+        for bucket, size in self._whole_buckets:
+            total += len(bucket) * size
+        return total
 
     def node_free(self, node: int) -> int:
         return self.nodes[node].free_gpus
@@ -248,6 +291,142 @@ class Cluster:
 
     def free_gpus_of_node(self, node: int) -> list[int]:
         return [g for g in self.node_gpus[node] if self.gpu_free[g]]
+
+    # -- fractions: shares of GPUs, CPU and memory --------------------------------------------
+
+    def gpu_milli_free(self, gpu: int) -> int:
+        """Free milli-GPU of a GPU: 1000 when wholly free, 0 when allocated whole (or offline)."""
+        free = self.share_free.get(gpu)
+        if free is not None:
+            return free
+        return MILLI if self.gpu_free[gpu] else 0
+
+    def cpu_free(self, node: int) -> float:
+        """Free CPU (milli-cores) of a node; infinite when the node declares no capacity."""
+        capacity = self.cpu_capacity[node]
+        return math.inf if capacity is None else capacity - self.cpu_used[node]
+
+    def memory_free(self, node: int) -> float:
+        """Free memory (MiB) of a node; infinite when the node declares no capacity."""
+        capacity = self.memory_capacity[node]
+        return math.inf if capacity is None else capacity - self.memory_used[node]
+
+    @property
+    def allocated_milli(self) -> int:
+        """Milli-GPU in use: whole GPUs allocated (offline ones too), less the free milli of
+        GPUs that shares are on."""
+        return MILLI * (self.total_gpus - self.free_gpus) - self.share_free_total
+
+    def watch(self) -> set[int]:
+        """A set the cluster adds every node to whose free GPUs, milli, CPU or memory change; the
+        watcher empties it as it catches up (a placement's index of node states, a probe)."""
+        changed: set[int] = set()
+        self._watchers.append(changed)
+        return changed
+
+    def unwatch(self, changed: set[int]) -> None:
+        self._watchers = [w for w in self._watchers if w is not changed]
+
+    def claim_problem(
+        self, gpus: Sequence[int], milli: int, node: int, cpu_milli: int, memory_mib: int
+    ) -> str | None:
+        """Why `claim` would refuse, or None."""
+        if not 0 < milli <= MILLI:
+            return f"milli-GPU per GPU must be 1..{MILLI}, got {milli}"
+        if cpu_milli < 0 or memory_mib < 0:
+            return "CPU and memory must not be negative"
+        if milli < MILLI:
+            if len(gpus) != 1:
+                return f"a share of {milli} milli-GPU goes on one GPU, not {len(gpus)}"
+            if self.gpu_milli_free(gpus[0]) < milli:
+                name = self.gpus[gpus[0]].name
+                return f"GPU {name} has {self.gpu_milli_free(gpus[0])} milli free, not {milli}"
+        else:
+            for gpu in gpus:
+                if not self.gpu_free[gpu]:
+                    return f"GPU {self.gpus[gpu].name} is already allocated"
+            if len(set(gpus)) != len(gpus):
+                return "a GPU is named twice"
+        if cpu_milli or memory_mib:
+            if not 0 <= node < len(self.nodes):
+                return f"no node {node} to take CPU and memory on"
+            name = self.nodes[node].name
+            if any(self.gpu_node[g] != node for g in gpus):
+                return f"a job taking CPU or memory on node {name} must have its GPUs there"
+            if cpu_milli > self.cpu_free(node):
+                return f"node {name} has {self.cpu_free(node):g} milli-CPU free, not {cpu_milli}"
+            if memory_mib > self.memory_free(node):
+                return f"node {name} has {self.memory_free(node):g} MiB free, not {memory_mib}"
+        return None
+
+    def claim(
+        self,
+        gpus: Sequence[int],
+        milli: int = MILLI,
+        node: int = -1,
+        cpu_milli: int = 0,
+        memory_mib: int = 0,
+    ) -> None:
+        """Take whole GPUs (`milli` 1000) or a share of one GPU, and CPU and memory on `node`
+        (where the GPUs must be). Refused whole (ClusterError), or done whole."""
+        problem = self.claim_problem(gpus, milli, node, cpu_milli, memory_mib)
+        if problem is not None:
+            raise ClusterError(problem)
+        if milli < MILLI:
+            gpu = gpus[0]
+            free = self.share_free.get(gpu)
+            if free is None:  # its first share: the GPU leaves the whole-GPU free counts
+                self._change((gpu,), -1)
+                free = MILLI
+            self.share_free[gpu] = free - milli
+            self.share_free_total += MILLI - milli if free == MILLI else -milli
+            self._touched(self.gpu_node[gpu])
+        elif gpus:
+            self._change(gpus, -1)
+        if cpu_milli or memory_mib:
+            self.cpu_used[node] += cpu_milli
+            self.memory_used[node] += memory_mib
+            self._touched(node)
+
+    def unclaim(
+        self,
+        gpus: Sequence[int],
+        milli: int = MILLI,
+        node: int = -1,
+        cpu_milli: int = 0,
+        memory_mib: int = 0,
+    ) -> None:
+        """Give back what `claim` took."""
+        gpu = gpus[0] if gpus else -1
+        free = 0
+        if milli < MILLI:
+            held = self.share_free.get(gpu)
+            if held is None or held + milli > MILLI:
+                raise ClusterError(f"GPU {self.gpus[gpu].name} holds no share of {milli} milli")
+            free = held + milli
+        if (cpu_milli or memory_mib) and (
+            self.cpu_used[node] < cpu_milli or self.memory_used[node] < memory_mib
+        ):
+            raise ClusterError(f"node {self.nodes[node].name} holds less CPU or memory")
+        if milli < MILLI:
+            if free == MILLI:  # its last share: whole again
+                del self.share_free[gpu]
+                self.share_free_total -= MILLI - milli
+                self._change((gpu,), +1)
+            else:
+                self.share_free[gpu] = free
+                self.share_free_total += milli
+                self._touched(self.gpu_node[gpu])
+        elif gpus:
+            self._change(gpus, +1)
+        if cpu_milli or memory_mib:
+            self.cpu_used[node] -= cpu_milli
+            self.memory_used[node] -= memory_mib
+            self._touched(node)
+
+    def _touched(self, node: int) -> None:
+        for changed in self._watchers:
+            changed.add(node)
 
     def describe(self) -> str:
         sizes = Counter((n.total_gpus, n.gpu_type) for n in self.nodes)
@@ -289,6 +468,9 @@ class Cluster:
                 up.free_gpus += delta * count
                 up = up.parent
             self._buckets[node.gpu_type][node.free_gpus][node_idx] = None
+        if self._watchers:
+            for changed in self._watchers:
+                changed.update(per_node)
 
     def pick_in_node(self, node: int, k: int) -> list[int]:
         """Choose k free GPUs of one node, keeping them under as few switches as possible."""

@@ -191,6 +191,10 @@ def check_config(config: SchedulerConfig, services: Services | None = None) -> N
     problem = scheme.unsupported_placement(config.section(admission_name), core.placement)
     if problem:
         raise PluginError(problem)
+    if PLACEMENTS[core.placement].shares:
+        problem = scheme.unsupported_sharing(core.placement)
+        if problem:
+            raise PluginError(problem)
 
 
 def build_scheduler(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar, cast
 
 from corral.core.retry import Failure, Verdict
@@ -82,9 +82,57 @@ class JobSpec:
     #: the work up to its last one; None: it saves only when signalled (a preemption), and a
     #: failure loses the attempt's work.
     checkpoint_every_s: float | None = None
+    #: Milli-GPU on each of its GPUs: below 1000 (with `gpus` 1) a share of one GPU that other
+    #: jobs' shares may use too (corral.core.cluster); 1000: whole GPUs.
+    gpu_milli: int = 1000
+    #: CPU (milli-cores) and memory (MiB) the job takes on its node, where the cluster's nodes
+    #: declare them (0: none, as before). A job with `gpus` 0 uses CPU only.
+    cpu_milli: int = 0
+    memory_mib: int = 0
+    #: Whole GPUs and nothing else (no share, CPU or memory): what every placement gives. Set
+    #: from the fields above (read on every round's hot paths, so kept, not computed).
+    plain: bool = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        plain = self.gpu_milli == 1000 and not self.cpu_milli and not self.memory_mib
+        object.__setattr__(self, "plain", plain)
 
     def accepts(self, gpu_type: str) -> bool:
         return self.gpu_types is None or gpu_type in self.gpu_types
+
+    @property
+    def shares_gpu(self) -> bool:
+        """A share of one GPU (gpu_milli below 1000)."""
+        return self.gpus == 1 and self.gpu_milli < 1000
+
+    @property
+    def total_gpu_milli(self) -> int:
+        """The milli-GPU the job asks for in all (1000 per whole GPU)."""
+        return self.gpus * self.gpu_milli
+
+    def request_problem(self) -> str | None:
+        """Why the request (GPUs, share, CPU, memory) is malformed, or None."""
+        for name in ("gpus", "gpu_milli", "cpu_milli", "memory_mib"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                return f"{name} must be a non-negative integer, got {value!r}"
+        if not 1 <= self.gpu_milli <= 1000:
+            return f"gpu_milli must be 1..1000, got {self.gpu_milli}"
+        if self.gpu_milli < 1000 and self.gpus != 1:
+            return f"a share of a GPU (gpu_milli {self.gpu_milli}) needs gpus 1, got {self.gpus}"
+        if self.gpus == 0 and not (self.cpu_milli or self.memory_mib):
+            return "gpus must be a positive integer, got 0 (or ask for CPU or memory)"
+        return None
+
+    def describe_request(self) -> str:
+        gpu = (
+            "no GPU"
+            if self.gpus == 0
+            else f"{self.gpu_milli} milli-GPU"
+            if self.shares_gpu
+            else f"{self.gpus} GPU{'s' if self.gpus != 1 else ''}"
+        )
+        return f"{gpu}, {self.cpu_milli} milli-CPU, {self.memory_mib} MiB"
 
 
 @dataclass(slots=True, eq=False)
@@ -136,6 +184,8 @@ class Job:
     borrowed: bool = False
     #: Times the job was moved to make room for another (Gandiva's migration).
     migrations: int = 0
+    #: The node whose CPU and memory the running job holds (-1: none; see JobSpec.plain).
+    node: int = -1
     #: Each plugin's own state for this job, one typed record per plugin (see `record`); None
     #: until a plugin keeps one (most jobs of a long trace never need any).
     records: dict[type, object] | None = None

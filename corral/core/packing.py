@@ -140,7 +140,7 @@ class Packing(Stage):
     ) -> tuple[Job, float, float] | None:
         """The running job whose GPUs the guest should share, with the pair's (guest, host)
         relative speeds: the best total above the threshold, ties to the earliest host."""
-        if not self.may_try():
+        if not self.may_try() or not guest.spec.plain:  # Gandiva packs whole-GPU jobs
             return None
         self._tries += 1
         kind = (guest.spec.model, guest.spec.gpus, guest.spec.gpu_types)
@@ -149,7 +149,7 @@ class Packing(Stage):
         if self._hosts is None:  # running jobs that could host, by size, GPU type and model
             self._hosts = {}
             for job in running:
-                if job.id not in self.partner and job.placement:
+                if job.id not in self.partner and job.placement and job.spec.plain:
                     gpu_type = cluster.gpus[job.placement[0]].gpu_type
                     by_model = self._hosts.setdefault((job.spec.gpus, gpu_type), {})
                     by_model.setdefault(job.spec.model, []).append(job)

@@ -22,6 +22,7 @@ from corral.core.options import NoOptions
 
 if TYPE_CHECKING:
     from corral.core.cache import DataCache
+    from corral.core.fragmentation import Workload
     from corral.core.job import Job
     from corral.core.packing import PairTable
     from corral.core.policy.optimus import Observe
@@ -59,6 +60,11 @@ class Services:
     cache: DataCache | None = None
     #: Gandiva's co-location throughputs (packing).
     pair_table: PairTable | None = None
+    #: The target workload: task types and their counts (FGD's placement measures the
+    #: fragmentation it would suffer).
+    workload: Workload | None = None
+    #: The run's seed, for plugins that draw at random (random-fit) unless told their own.
+    seed: int = 0
 
     def vc_quota_or_whole(self) -> dict[str, int]:
         return self.vc_quota or {vc: self.cluster.total_gpus for vc in self.vc_cells}

@@ -94,6 +94,7 @@ class Scheduler:
         self.policy = policy
         self.placement = placement
         self._placement_plans = type(placement).begin_round is not Placement.begin_round
+        self._placement_refuses = type(placement).refusal is not Placement.refusal
         self.backfill = backfill
         self.speed_model = speed_model
         self.restore_s = restore_s
@@ -115,14 +116,33 @@ class Scheduler:
         self.preemptions = 0
         self.blocked_by: str | None = None
         self._offline: set[int] = set()  # GPUs of dead nodes, held allocated so no one gets them
+        #: Waiting jobs that ask for a share of a GPU, CPU or memory: with none free whole GPUs
+        #: may still run them, so the round does not stop when no whole GPU is free.
+        self._waiting_shares = 0
 
     # -- what the shell reports ---------------------------------------------------------------
 
     def refusal(self, spec: JobSpec) -> str | None:
         """Why this job could never run here (so `submit` would refuse it), or None. Depends
         only on the cluster's shape and the VCs, so a shell may ask before it stores the job."""
-        if spec.gpus <= 0:
-            return f"gpus must be a positive integer, got {spec.gpus}"
+        if spec.plain:
+            if spec.gpus <= 0:
+                return f"gpus must be a positive integer, got {spec.gpus}"
+        else:
+            problem = spec.request_problem()
+            if problem is not None:
+                return problem
+            if not self.placement.shares:
+                return (
+                    f"asks for {spec.describe_request()}, but placement {self.placement.name} "
+                    "gives whole GPUs only (shares of a GPU, CPU and memory need a placement "
+                    "that places them, such as fgd)"
+                )
+            if self.admission is not None:
+                return (
+                    f"asks for {spec.describe_request()}: shares of a GPU, CPU and memory are "
+                    f"not supported with admission {self.admission.name}"
+                )
         if self.admission is not None and not self.admission.known(spec.vc):
             return f"unknown VC {spec.vc!r}"
         capacity = self.cluster.capacity_for(spec.gpu_types)
@@ -131,6 +151,10 @@ class Scheduler:
         if spec.gpus > capacity:
             kind = "" if spec.gpu_types is None else f" of type {'|'.join(sorted(spec.gpu_types))}"
             return f"asks for {spec.gpus} GPUs but the cluster has only {capacity} GPUs{kind}"
+        if self._placement_refuses:
+            problem = self.placement.refusal(self.cluster, spec)
+            if problem is not None:
+                return problem
         return worker_refusal(self.cluster, spec)
 
     def submit(self, spec: JobSpec, now: float) -> Job:
@@ -213,7 +237,7 @@ class Scheduler:
         hit = [
             job
             for job in self.running_jobs()
-            if any(self.cluster.gpu_node[g] == node for g in job.placement)
+            if job.node == node or any(self.cluster.gpu_node[g] == node for g in job.placement)
         ]
         for job in hit:
             self.failed(job.id, now, FailureReport(f"node {name} failed", infrastructure=True))
@@ -261,8 +285,10 @@ class Scheduler:
         job = self.jobs[job_id]
         if job.status is not JobStatus.PENDING:
             raise ValueError(f"job {job_id} is {job.status.value}, not PENDING")
+        if not job.spec.plain and not gpus:
+            raise ValueError(f"job {job_id}: a job without GPUs cannot be restored (no node)")
         self._dequeue(job, now)
-        self.cluster.allocate(gpus)
+        self._claim(job, gpus, -1)  # CPU and memory, if any, on the node of its GPUs
         job.status = JobStatus.RUNNING
         job.placement = gpus
         job.run_started_at = started_at
@@ -342,8 +368,9 @@ class Scheduler:
         # Within a round, a job of the same kind needing at least as many GPUs as one that did not
         # fit cannot fit either (and, being of lower priority, has no more victims to preempt).
         # The kind includes the GPUs per worker: a job of smaller workers fits where larger did not.
-        no_fit: dict[tuple[frozenset[str] | None, str, int], int] = {}
-        no_room: dict[tuple[frozenset[str] | None, str, int], int] = {}
+        # A job asking for a share, CPU or memory is of the same kind only with the same request.
+        no_fit: dict[tuple[object, ...], int] = {}
+        no_room: dict[tuple[object, ...], int] = {}
         # Too few GPUs held by lower-priority jobs is a bound for every later job of those types
         # (and of that VC, when a quota decides who may be preempted).
         too_few_victims: dict[tuple[frozenset[str] | None, str], int] = {}
@@ -356,6 +383,7 @@ class Scheduler:
             if (
                 cluster.free_gpus == 0
                 and not can_preempt
+                and not self._waiting_shares
                 and not any(stage.keeps_walking() for stage in self._sharers)
             ):
                 if admission is None or not admission.someone_over_share():
@@ -381,7 +409,19 @@ class Scheduler:
                     job.pending_reason = refusal
                     position += 1
                     continue
-            kind = (job.spec.gpu_types, self.placement.mode(job, now), job.spec.gpus_per_worker)
+            spec = job.spec
+            kind: tuple[object, ...] = (
+                (spec.gpu_types, self.placement.mode(job, now), spec.gpus_per_worker)
+                if spec.plain
+                else (
+                    spec.gpu_types,
+                    self.placement.mode(job, now),
+                    spec.gpus_per_worker,
+                    spec.gpu_milli,
+                    spec.cpu_milli,
+                    spec.memory_mib,
+                )
+            )
             if job.spec.gpus < no_fit.get(kind, math.inf):
                 result = self.placement.place(cluster, job, now)
                 if isinstance(result, Placed):
@@ -461,6 +501,7 @@ class Scheduler:
         "no placement" (they hold enough, but freeing them gives no placement the rules accept).
         """
         need = job.spec.gpus
+        plain = job.spec.plain  # else a share, CPU or memory: free whole GPUs are no bound
         cluster = self.cluster
         scope = self.placement.scope(cluster, job, now)
         total = cluster.free_for(job.spec.gpu_types)
@@ -472,35 +513,40 @@ class Scheduler:
         for victim in self._victims(job, now):
             if victim.run_started_at == now:
                 continue  # never undo a start of this same instant: no preemption cycles
-            if job.spec.gpu_types is not None and not job.spec.accepts(
-                cluster.gpus[victim.placement[0]].gpu_type
+            if (
+                job.spec.gpu_types is not None
+                and victim.placement
+                and not job.spec.accepts(cluster.gpus[victim.placement[0]].gpu_type)
             ):
                 continue
             if not all(stage.frees_gpus(victim, half_pairs) for stage in self._shared):
                 continue  # its GPUs stay taken by its partner unless that is a victim too
             victims.append(victim)
             total += victim.spec.gpus
-            if total < need or not self._room_in_scope(scope, victim, need, freed_in):
+            if plain and (total < need or not self._room_in_scope(scope, victim, need, freed_in)):
                 continue
             for held in victims[released:]:
-                cluster.release(held.placement)
+                self._unclaim(held)
             released = len(victims)
             result = self.placement.place(cluster, job, now)
             attempts += 1
             if isinstance(result, Placed):
                 chosen = set(result.gpus)
                 for victim_job in victims:
-                    if chosen.isdisjoint(victim_job.placement):
-                        cluster.allocate(victim_job.placement)  # not needed after all
-                    else:
+                    needed = not chosen.isdisjoint(victim_job.placement) or (
+                        result.node >= 0 and victim_job.node == result.node
+                    )
+                    if needed:
                         self._preempt(victim_job, job, now, actions)
+                    else:
+                        self._reclaim(victim_job)  # not needed after all
                 self._start(job, result, now, actions)
                 return "started"
             if attempts >= MAX_PREEMPTION_ATTEMPTS:
                 break
         for held in victims[:released]:
-            cluster.allocate(held.placement)
-        return "no placement" if total >= need else "too few victims"
+            self._reclaim(held)
+        return "no placement" if total >= need or not plain else "too few victims"
 
     def _room_in_scope(self, scope: str, victim: Job, need: int, freed_in: dict[int, int]) -> bool:
         """Add the victim's GPUs to the places they free; is there now a place with enough?"""
@@ -520,7 +566,10 @@ class Scheduler:
 
     def _start(self, job: Job, placed: Placed, now: float, actions: list[Action]) -> None:
         self._dequeue(job, now)
-        self.cluster.allocate(placed.gpus)
+        if job.spec.plain:
+            self.cluster.allocate(placed.gpus)
+        else:
+            self._claim(job, placed.gpus, placed.node)
         resumed = job.attempts > 0
         job.status = JobStatus.RUNNING
         job.placement = placed.gpus
@@ -536,9 +585,25 @@ class Scheduler:
         job.pending_reason = ""
         if self.admission is not None:
             self.admission.on_start(job, now)
-        job.last_event = f"started on {len(self.cluster.nodes_of(placed.gpus))} node(s)"
+        job.last_event = (
+            f"started on {len(self.cluster.nodes_of(placed.gpus))} node(s)"
+            if placed.gpus
+            else f"started on node {self.cluster.nodes[job.node].name} (no GPU)"
+        )
         self._index(self._running, job, now)
-        actions.append(Start(job.id, placed.gpus, relaxed=placed.relaxed, resumed=resumed))
+        if job.spec.plain:
+            actions.append(Start(job.id, placed.gpus, relaxed=placed.relaxed, resumed=resumed))
+        else:
+            actions.append(
+                Start(
+                    job.id,
+                    placed.gpus,
+                    relaxed=placed.relaxed,
+                    resumed=resumed,
+                    milli=job.spec.gpu_milli,
+                    node=job.node,
+                )
+            )
 
     def _preempt(self, job: Job, by: Job, now: float, actions: list[Action]) -> None:
         """Stop a running job whose GPUs the caller already released in the cluster, with the
@@ -571,9 +636,39 @@ class Scheduler:
         """Free the job's GPUs, unless a packed partner keeps running on them at its speed alone."""
         shared = self._partner_release(job, now)
         if shared is None:
-            self.cluster.release(job.placement)
+            if job.spec.plain:
+                self.cluster.release(job.placement)
+            else:
+                self._unclaim(job)
         else:
             self._change_speed(*shared, now)
+
+    def _claim(self, job: Job, gpus: tuple[int, ...], node: int) -> None:
+        """Take what the job asks for: its GPUs (whole, or its share of one) and its CPU and
+        memory on `node` (the node of its GPUs unless it has none)."""
+        spec = job.spec
+        if spec.plain:
+            self.cluster.allocate(gpus)
+            job.node = -1
+            return
+        if node < 0 and gpus:
+            node = self.cluster.gpu_node[gpus[0]]
+        self.cluster.claim(gpus, spec.gpu_milli, node, spec.cpu_milli, spec.memory_mib)
+        job.node = node
+
+    def _unclaim(self, job: Job) -> None:
+        """Give back what the running job holds (it keeps `placement` and `node`)."""
+        spec = job.spec
+        if spec.plain:
+            self.cluster.release(job.placement)
+        else:
+            self.cluster.unclaim(
+                job.placement, spec.gpu_milli, job.node, spec.cpu_milli, spec.memory_mib
+            )
+
+    def _reclaim(self, job: Job) -> None:
+        """Take again what `_unclaim` gave back (a preemption victim not needed after all)."""
+        self._claim(job, job.placement, job.node)
 
     def _partner_release(self, job: Job, now: float) -> tuple[Job, float] | None:
         for stage in self._shared:
@@ -604,7 +699,9 @@ class Scheduler:
         self._change_speed(job, speed, now)
 
     def is_shared(self, job: Job) -> bool:
-        return any(stage.shares(job) for stage in self._shared)
+        """Another job may use the job's GPUs or node (a stage packed them, or it holds a share
+        of a GPU, CPU or memory): migration never moves it."""
+        return not job.spec.plain or any(stage.shares(job) for stage in self._shared)
 
     def move(self, job: Job, node: int, by: str, now: float, actions: list[Action]) -> None:
         """Migrate a running job to free GPUs of another node: stopped through its checkpoint
@@ -643,10 +740,13 @@ class Scheduler:
         self._unindex(self._running, job)
         job.run_started_at = None
         job.placement = ()
+        job.node = -1
 
     def _enqueue(self, job: Job, now: float) -> None:
         if self.admission is not None:
             self.admission.on_queue(job, +1)
+        if not job.spec.plain:
+            self._waiting_shares += 1
         job.status = JobStatus.PENDING
         job.queued_since = now
         job.pending_reason = "not yet considered"
@@ -655,6 +755,8 @@ class Scheduler:
     def _dequeue(self, job: Job, now: float) -> None:
         if self.admission is not None:
             self.admission.on_queue(job, -1)
+        if not job.spec.plain:
+            self._waiting_shares -= 1
         job.pending_s += now - job.queued_since
         self._unindex(self._pending, job)
 

@@ -22,6 +22,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from typing import Protocol
 
 import numpy as np
 
@@ -37,6 +38,15 @@ _FINISH, _FAIL, _TIMER, _NODE_DOWN, _NODE_UP = 0, 1, 2, 3, 4
 #: Spawn keys of the random streams drawn from the seed besides the job-failure one (which is
 #: `default_rng(seed)`, as it always was).
 _NODE_STREAM, _JOB_PROPERTY_STREAM = 1, 2
+
+
+class RoundObserver(Protocol):
+    """Looks at the cluster after each round (a fragmentation probe, corral.sim.fragmentation)."""
+
+    def after_round(self, now: float, arrived: Sequence[Job]) -> None:
+        """A round at `now` is done; `arrived`: the jobs submitted at this instant, in order
+        (each placed or not; with `place_or_fail`, one not placed is already given up)."""
+        ...
 
 
 @dataclass(slots=True, frozen=True)
@@ -78,10 +88,14 @@ class Simulation:
         measured: set[str] | None = None,
         on_progress: Callable[[int, int], None] | None = None,
         options: dict[str, object] | None = None,
+        place_or_fail: bool = False,
+        observer: RoundObserver | None = None,
     ) -> None:
         """Replay `jobs` through `scheduler` (any `SchedulerCore`: corral.core.framework builds
         them). `failures` draws the attempts that fail (and sets every job's `max_retries` to its
-        own); `node_failures` makes nodes fail and recover."""
+        own); `node_failures` makes nodes fail and recover. With `place_or_fail`, a job the
+        round at its arrival does not start is given up at once (cancelled: FGD's experiment,
+        where a task is placed when it arrives or fails); `observer` looks at every round."""
         if failures is not None:
             jobs = [replace(spec, max_retries=failures.max_retries) for spec in jobs]
         self.specs = sorted(jobs, key=lambda s: s.submit_time)
@@ -105,6 +119,10 @@ class Simulation:
         self.measured = measured
         self.on_progress = on_progress
         self.options = options or {}
+        self.place_or_fail = place_or_fail
+        self.observer = observer
+        #: Jobs given up because they could not be placed when they arrived (place_or_fail).
+        self.unplaced = 0
 
     def _draw_failure(self, job: Job, runs_for: float) -> AttemptFailure | None:
         failures = self.failures
@@ -138,6 +156,7 @@ class Simulation:
         ended = 0
         measured_left = len(self.measured) if self.measured is not None else -1
         progress_every = max(1, len(specs) // 200)
+        watched = self.place_or_fail or self.observer is not None  # the arrivals of each round
 
         if node_failures is not None:
             for node in range(len(cluster.nodes)):
@@ -175,6 +194,7 @@ class Simulation:
                 and scheduler.running_count == 0
             ):
                 break  # only node events are left: failing nodes cannot start a waiting job
+            first_arrival = next_arrival
             while next_arrival < len(specs) and specs[next_arrival].submit_time <= now:
                 arrived = scheduler.submit(specs[next_arrival], now)
                 next_arrival += 1
@@ -264,6 +284,19 @@ class Simulation:
                 job_events += 1
                 heapq.heappush(events, (ends_at, order, _FINISH, job.id, job.attempts))
                 end_order[job.id] = order
+            if watched and next_arrival > first_arrival:
+                arrived_now = [scheduler.jobs[s.id] for s in specs[first_arrival:next_arrival]]
+                if self.place_or_fail:
+                    for job in arrived_now:
+                        if job.status is JobStatus.PENDING:
+                            scheduler.cancel(job.id, now)
+                            job.last_event = "given up: not placed when it arrived"
+                            self.unplaced += 1
+                            count_end(job)
+                if self.observer is not None:
+                    self.observer.after_round(now, arrived_now)
+            elif self.observer is not None:
+                self.observer.after_round(now, ())
             wake = decision.wake_at
             if wake is not None and wake > now and wake not in timers:
                 timers.add(wake)

@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from corral.sim.fragmentation import write_curves
 from corral.sim.metrics import JOB_COLUMNS, completion_times, job_rows, summarize
 from corral.sim.result import SimResult
 
@@ -101,7 +102,10 @@ def write_outputs(results: list[SimResult], out_dir: Path, plot: bool) -> list[d
         handle.write("\n")
     taken: set[str] = set()
     for result in results:
-        _write_jobs_csv(result, out_dir / _csv_name(result, taken))
+        name = _csv_name(result, taken)
+        _write_jobs_csv(result, out_dir / name)
+        if result.curves:
+            write_curves(result.curves, out_dir / f"curves-{name.removeprefix('jobs-')}")
     if plot:
         write_plots(results, out_dir)
     return summaries

@@ -49,3 +49,6 @@ class SimResult:
     options: dict[str, object] = field(default_factory=dict)
     #: further summary entries a caller computed (e.g. per-VC private baselines)
     annotations: dict[str, object] = field(default_factory=dict)
+    #: Curves over arrived workload (corral.sim.fragmentation: `arrived_share` and a list per
+    #: metric), when the run was probed; written as curves-<policy>-<placement>.csv.
+    curves: dict[str, list[float]] = field(default_factory=dict)

@@ -12,8 +12,9 @@ from rich.console import Console
 
 from corral.core.admission.virtual import build_virtual_cluster
 from corral.core.cache import CACHE_POLICIES, CacheError, DataCache
-from corral.core.cluster import Cluster, ClusterError
+from corral.core.cluster import MILLI, Cluster, ClusterError
 from corral.core.config import ConfigError
+from corral.core.fragmentation import Workload, WorkloadError
 from corral.core.framework import (
     SchedulerConfig,
     build_scheduler,
@@ -31,6 +32,7 @@ from corral.sim.colocation import gandiva_line, gandiva_summary, load_pair_table
 from corral.sim.datasets import DATASET_SCOPES, cache_line, make_cache
 from corral.sim.engine import FailureModel, Simulation
 from corral.sim.failures import NodeFailures, PhillyFailures
+from corral.sim.fragmentation import FragmentationProbe, fragmentation_line, grid_for
 from corral.sim.metrics import measured_jobs, per_vc
 from corral.sim.perfmodel import GAVEL_REFERENCE_TYPE, PerfModel, PerfModelError, load_slowdowns
 from corral.sim.progress import LossCurveModel
@@ -86,9 +88,17 @@ DEFAULT_VCS: dict[str, dict[str, int]] = {"default": {}}
 
 
 def build_cluster(
-    settings: RunSettings,
+    settings: RunSettings, trace: Trace | None = None
 ) -> tuple[Cluster, dict[str, dict[str, int]], dict[str, int]]:
-    """The cluster, its VCs' cells and their GPU quotas (one VC `default` for the shorthand)."""
+    """The cluster, its VCs' cells and their GPU quotas (one VC `default` for the shorthand and
+    for a trace that brings its nodes, such as openb's)."""
+    if trace is not None and trace.nodes is not None:
+        if settings.config is not None:
+            raise SimulationError(
+                f"--config: {trace.source} brings its own nodes; leave out --config"
+            )
+        cluster = Cluster.from_nodes(trace.nodes)
+        return cluster, DEFAULT_VCS, {"default": cluster.total_gpus}
     if settings.config is not None:
         from corral.config_file import load_cluster_config
         from corral.core.config import vc_gpu_quota
@@ -169,6 +179,7 @@ def run_simulations(
         CacheError,
         OptionError,
         PluginError,
+        WorkloadError,
     ) as error:
         raise SimulationError(str(error)) from None
 
@@ -332,9 +343,10 @@ def make_scheduler(
     cache: DataCache | None = None,
     pair_table: PairTable | None = None,
     throughput: Callable[[Job, int], float] | None = None,
+    workload: Workload | None = None,
 ) -> SchedulerCore:
     """The scheduler `config` describes, with what the simulator knows: the trace (job lengths,
-    Gittins's history), its performance model and tables."""
+    Gittins's history, its task types), its performance model and tables."""
     services = Services(
         cluster,
         vc_cells=vcs,
@@ -346,6 +358,8 @@ def make_scheduler(
         throughput=throughput,
         cache=cache,
         pair_table=pair_table,
+        workload=workload if workload is not None else Workload.from_specs(jobs),
+        seed=settings.seed,
     )
     return build_scheduler(config, services, uses_cache=cache is not None)
 
@@ -396,9 +410,26 @@ def sharing_anomalies(
     return worse
 
 
-def _run(
-    settings: RunSettings, *, out: Path, plot: bool, console: Console
-) -> list[dict[str, object]]:
+def simulate_results(settings: RunSettings, console: Console) -> list[SimResult]:
+    """Every run `settings` asks for (one per policy), not yet written anywhere: what `corral
+    simulate` reports, and what `corral fgd` takes medians of."""
+    try:
+        return _simulate(settings, console)[0]
+    except (
+        TraceError,
+        ClusterError,
+        ConfigError,
+        PerfModelError,
+        CacheError,
+        OptionError,
+        PluginError,
+        WorkloadError,
+    ) as error:
+        raise SimulationError(str(error)) from None
+
+
+def _simulate(settings: RunSettings, console: Console) -> tuple[list[SimResult], bool]:
+    """The results, and whether VCs share the cluster (multi-tenant)."""
     check_settings(settings)
     perf = PerfModel.default_for_durations()
     if settings.slowdowns is not None:
@@ -412,8 +443,15 @@ def _run(
         if trace.perf is None or not trace.perf.has_throughputs:
             raise SimulationError("stage packing: needs a trace with a throughput table (gavel)")
         pair_table = load_pair_table(trace.perf.source)
-    cluster, vcs, quota = build_cluster(settings)
+    cluster, vcs, quota = build_cluster(settings, trace)
     jobs, dropped = check_fits(trace, cluster, settings.skip_oversized)
+    probed = trace.place_or_fail or any(not spec.plain for spec in jobs)
+    workload = trace.workload
+    if probed and workload is None:
+        workload = Workload.from_specs(jobs)
+    grid = grid_for(
+        sum(spec.total_gpu_milli for spec in jobs), cluster.total_gpus * MILLI, trace.target_load
+    )
     jobs = assign_tenants(jobs, settings, vcs)
     if settings.checkpoint_every_s is not None:
         jobs = [replace(spec, checkpoint_every_s=settings.checkpoint_every_s) for spec in jobs]
@@ -452,7 +490,7 @@ def _run(
     with progress_bar(console) as progress:
         for policy in settings.policies:
             task = progress.add_task(f"{policy}/{placement}", total=len(jobs))
-            run_cluster, _, _ = build_cluster(settings)
+            run_cluster, _, _ = build_cluster(settings, trace)
             type_log = TypeLog()  # which GPU type each job ran on, for the best-type share
             cache = (
                 None
@@ -481,6 +519,12 @@ def _run(
                 cache=cache,
                 pair_table=pair_table,
                 throughput=table_throughput(table) if table is not None else None,
+                workload=workload,
+            )
+            probe = (
+                FragmentationProbe(run_cluster, workload, grid)
+                if probed and workload is not None
+                else None
             )
             resolved = config_for(settings, policy).resolved(Services(run_cluster, vc_cells=vcs))
             simulation = Simulation(
@@ -492,8 +536,14 @@ def _run(
                 measured=measured,
                 on_progress=lambda done, total, task=task: progress.update(task, completed=done),
                 options=options | {"scheduler": resolved},
+                place_or_fail=trace.place_or_fail,
+                observer=probe,
             )
             result = simulation.run()
+            if probe is not None:
+                probe.finish()
+                result.annotations.update(probe.summary())
+                result.curves = probe.result_curves()
             if settings.private_baseline:
                 progress.update(task, description=f"{policy}: private baselines")
                 alone = private_baselines(
@@ -527,6 +577,13 @@ def _run(
                 if name in counters:  # ElasticFlow's
                     result.annotations[name] = counters[name]
             results.append(result)
+    return results, multi_tenant
+
+
+def _run(
+    settings: RunSettings, *, out: Path, plot: bool, console: Console
+) -> list[dict[str, object]]:
+    results, multi_tenant = _simulate(settings, console)
     summaries = write_outputs(results, out, plot)
     console.print(summary_table(summaries))
     for summary in summaries:
@@ -541,6 +598,8 @@ def _run(
             console.print(cache_line(summary))
     for line in filter(None, map(gandiva_line, summaries)):
         console.print(line)
+    for line in filter(None, map(fragmentation_line, summaries)):
+        console.print(line, soft_wrap=True)
     for summary in summaries:
         if "deadline_met_share" in summary:
             console.print(

@@ -1,4 +1,5 @@
-"""`corral fgd` end to end on a small openb-style cluster written here."""
+"""`corral fgd` (a thin alias of `corral simulate` on an openb trace, medians over arrival
+orders) end to end on a small openb-style cluster written here."""
 
 from __future__ import annotations
 
@@ -44,13 +45,13 @@ def test_fgd_writes_summary_curves_and_plot(files: tuple[Path, Path], tmp_path: 
     nodes, tasks = files
     out = tmp_path / "out"
     result = invoke(
-        "--nodes", str(nodes), "--tasks", str(tasks), "--policies", "fgd,best-fit,packing",
+        "--nodes", str(nodes), "--tasks", str(tasks), "--policies", "fgd,best-fit,gpu-packing",
         "--repeats", "2", "--out", str(out), "--plot",
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     summary = json.loads((out / "summary.json").read_text())
     assert summary["gpus"] == 14 and summary["nodes"] == 3 and summary["trace_tasks"] == 6
-    assert [run["policy"] for run in summary["runs"]] == ["fgd", "best-fit", "packing"]
+    assert [run["policy"] for run in summary["runs"]] == ["fgd", "best-fit", "gpu-packing"]
     assert len(summary["workload_types"]) == 6  # every task has its own shape
     with (out / "curves.csv").open() as handle:
         rows = list(csv.DictReader(handle))
@@ -86,10 +87,11 @@ def test_malformed_task_file_exits_2_with_one_line(files: tuple[Path, Path], tmp
 @pytest.mark.parametrize(
     ("args", "needle"),
     [
-        (["--policies", "fgd,tetris"], "unknown placement policy 'tetris'"),
-        (["--repeats", "0"], "repeats"),
-        (["--target-load", "0"], "target_load"),
-        (["--coverage", "1.5"], "coverage"),
+        (["--policies", "fgd,tetris"], "unknown placement 'tetris'"),
+        (["--policies", "relax"], "unknown placement 'relax' for jobs that share GPUs"),
+        (["--repeats", "0"], "--repeats"),
+        (["--target-load", "0"], "--target-load"),
+        (["--coverage", "1.5"], "--coverage"),
     ],
 )
 def test_bad_options_exit_2(files: tuple[Path, Path], tmp_path: Path, args, needle):

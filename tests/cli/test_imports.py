@@ -33,7 +33,7 @@ def imported_modules(path: Path) -> set[str]:
 
 
 def test_the_modules_are_found() -> None:
-    assert {"common", "client", "up", "sharing"} <= set(MODULES)
+    assert {"common", "client", "up", "fgd"} <= set(MODULES)
 
 
 @pytest.mark.parametrize("module", MODULES)
@@ -59,6 +59,6 @@ def test_each_module_imports_alone_without_main(module: str) -> None:
 def test_main_registers_the_commands_with_ordinary_imports() -> None:
     source = (CLI_DIR / "main.py").read_text()
     assert "__import__" not in source
-    assert {"corral.cli.up", "corral.cli.client", "corral.cli.sharing"} <= imported_modules(
+    assert {"corral.cli.up", "corral.cli.client", "corral.cli.fgd"} <= imported_modules(
         CLI_DIR / "main.py"
     )

@@ -28,6 +28,7 @@ physical_cells:
         (["--gpus", "1", "--las-thresholds-gpu-s", "a,b"], "--las-thresholds-gpu-s: must be a finite"),
         (["--gpus", "1", "--timeslice-quantum-s", "0"], "--timeslice-quantum-s: must be > 0"),
         (["--gpus", "1", "--policy", "optimus"], "policy optimus: needs progress reports"),
+        (["--gpus", "1", "--placement", "fgd"], "placement fgd: needs a target workload"),
         (
             ["--gpus", "2", "--config", "/nonexistent.yaml"],
             "/nonexistent.yaml: cannot read the file",

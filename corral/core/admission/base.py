@@ -76,7 +76,20 @@ class AdmissionScheme(OptionsMixin):
             return None
         return f"admission {cls.name} does not run with {stage}: {cls.why_not.get(stage, 'unsupported')}"
 
+    #: It runs jobs that take shares of GPUs, CPU or memory (under a placement that `shares`).
+    shares: ClassVar[bool] = False
+
     @classmethod
     def unsupported_placement(cls, options: Any, placement: str) -> str | None:
         """Why this scheme cannot run with a placement, or None."""
         return None
+
+    @classmethod
+    def unsupported_sharing(cls, placement: str) -> str | None:
+        """Why this scheme cannot run with a placement whose jobs share GPUs, or None."""
+        if cls.shares:
+            return None
+        return (
+            f"admission {cls.name} does not run with placement {placement}: it counts whole GPUs, "
+            "and jobs under that placement may take shares of GPUs, CPU and memory"
+        )

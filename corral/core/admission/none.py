@@ -11,6 +11,7 @@ from corral.core.protocol import SchedulerCore
 class NoAdmission(AdmissionScheme):
     name = "none"
     summary = "no VCs: one queue over the whole cluster"
+    shares = True
 
     @classmethod
     def build(cls, options: Any, parts: Assembly) -> SchedulerCore:

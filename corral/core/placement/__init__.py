@@ -9,6 +9,7 @@ from corral.core.placement.base import NotPlaced, Placed, Placement
 from corral.core.placement.cacheaware import CacheAware
 from corral.core.placement.hetero import Hetero
 from corral.core.placement.named import AnyFree, Consolidate, Profile, Relax
+from corral.core.placement.sharing import BestFit, Fgd, GpuPacking, GpuPackingCpu, RandomFit
 
 PLACEMENTS: dict[str, type[Placement]] = {
     "consolidate": Consolidate,
@@ -17,6 +18,12 @@ PLACEMENTS: dict[str, type[Placement]] = {
     "any": AnyFree,
     "hetero": Hetero,
     "cache-aware": CacheAware,
+    # Jobs that share GPUs (a share of one GPU, CPU, memory): FGD and its paper's baselines.
+    "fgd": Fgd,
+    "best-fit": BestFit,
+    "random-fit": RandomFit,
+    "gpu-packing": GpuPacking,
+    "gpu-packing-cpu": GpuPackingCpu,
 }
 
 

@@ -5,16 +5,25 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import ClassVar
 
-from corral.core.cluster import Cluster
-from corral.core.job import Job
+from corral.core.cluster import MILLI, Cluster
+from corral.core.job import Job, JobSpec
 from corral.core.plugin import OptionsMixin, SpeedModel
 
 
 @dataclass(slots=True, frozen=True)
 class Placed:
+    """Where a job goes: its GPUs and, for a job that asks for a share of one GPU, CPU or memory
+    (`JobSpec.plain` false), how much of each GPU it takes and the node its CPU and memory are
+    taken on."""
+
     gpus: tuple[int, ...]
     relaxed: bool = False
+    #: Milli-GPU taken on each of `gpus` (below 1000: a share of the one GPU).
+    milli: int = MILLI
+    #: The node whose CPU and memory the job takes (-1: it takes none).
+    node: int = -1
 
 
 @dataclass(slots=True, frozen=True)
@@ -27,6 +36,14 @@ class Placement(OptionsMixin):
     with `from_options` (corral.core.plugin)."""
 
     name = "base"
+    #: It places jobs that ask for a share of a GPU, CPU or memory (JobSpec.plain false); the
+    #: others give whole GPUs only, and the scheduler refuses such jobs under them.
+    shares: ClassVar[bool] = False
+
+    def refusal(self, cluster: Cluster, spec: JobSpec) -> str | None:
+        """Why this placement could never place the job on this cluster (beyond the GPU counts
+        the scheduler checks), or None."""
+        return None
 
     def begin_round(
         self,

@@ -447,8 +447,10 @@ class TypeLog:
         for job in jobs:
             seconds = self.seconds_by_type(job)
             ran = sum(seconds.values())
+            if ran <= 0:  # never ran, or runs still (a trace whose jobs never end)
+                continue
             speeds = type_speeds(cluster, job, speed_model)
-            if ran <= 0 or not speeds:
+            if not speeds:
                 continue
             fastest = max(speeds.values())
             for gpu_type, part in seconds.items():

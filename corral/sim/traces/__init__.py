@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from corral.sim.perfmodel import PerfModel
-from corral.sim.traces import alibaba, gavel, helios, philly, synthetic, tiresias
+from corral.sim.traces import alibaba, gavel, helios, openb, philly, synthetic, tiresias
 from corral.sim.traces.base import Reader, Trace, TraceError, finish
 
 READERS: dict[str, Reader] = {
@@ -17,6 +17,7 @@ READERS: dict[str, Reader] = {
     "tiresias": tiresias.read,
     "gavel": gavel.read,
     "alibaba": alibaba.read,
+    "openb": openb.read,
     "helios": helios.read,
     "synthetic": synthetic.read,
 }

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
+from corral.core.cluster import NodeDef
+from corral.core.fragmentation import Workload
 from corral.core.job import JobSpec
 from corral.sim.perfmodel import PerfModel
 
@@ -30,6 +32,17 @@ class Trace:
     # The performance model the reader used, when it differs from the one passed in (a gavel
     # trace loads its throughput table): give this one's speed_model to the simulator.
     perf: PerfModel | None = None
+    #: The cluster the trace ran on (openb's node list): it replaces `--cluster`.
+    nodes: list[NodeDef] | None = None
+    #: The task types and their counts the jobs were drawn from (FGD's target workload); the
+    #: simulator learns them from the jobs when None.
+    workload: Workload | None = None
+    #: Each job is placed when it arrives or never (FGD's packing experiment): one the
+    #: scheduler cannot place in its arrival's round is given up.
+    place_or_fail: bool = False
+    #: The arrivals ask for this share of the cluster's GPU capacity in all (openb's inflated
+    #: arrivals): the fragmentation curves run up to it.
+    target_load: float | None = None
 
 
 # A reader turns a location (path, or the synthetic generator's KEY=VAL list) into jobs in file
@@ -55,7 +68,7 @@ def finish(trace: Trace, arrival_scale: float) -> Trace:
             dataclasses.replace(spec, submit_time=(spec.submit_time - first) * arrival_scale)
             for spec in jobs
         ]
-    return Trace(jobs=jobs, source=trace.source, notes=list(trace.notes), perf=trace.perf)
+    return dataclasses.replace(trace, jobs=jobs, notes=list(trace.notes))
 
 
 def check_unique_ids(jobs: list[JobSpec], where: list[str], file: str) -> None:
