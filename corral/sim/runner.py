@@ -45,6 +45,19 @@ class SimulationError(ValueError):
     """A bad trace, config or option: reported as one line."""
 
 
+#: What a bad trace, cluster, config or option raises: reported as one line (SimulationError).
+REFUSALS = (
+    TraceError,
+    ClusterError,
+    ConfigError,
+    PerfModelError,
+    CacheError,
+    OptionError,
+    PluginError,
+    WorkloadError,
+)
+
+
 @dataclass(slots=True)
 class RunSettings:
     trace: str
@@ -171,16 +184,7 @@ def run_simulations(
 ) -> list[dict[str, object]]:
     try:
         return _run(settings, out=out, plot=plot, console=console)
-    except (
-        TraceError,
-        ClusterError,
-        ConfigError,
-        PerfModelError,
-        CacheError,
-        OptionError,
-        PluginError,
-        WorkloadError,
-    ) as error:
+    except REFUSALS as error:
         raise SimulationError(str(error)) from None
 
 
@@ -415,16 +419,7 @@ def simulate_results(settings: RunSettings, console: Console) -> list[SimResult]
     simulate` reports, and what `corral fgd` takes medians of."""
     try:
         return _simulate(settings, console)[0]
-    except (
-        TraceError,
-        ClusterError,
-        ConfigError,
-        PerfModelError,
-        CacheError,
-        OptionError,
-        PluginError,
-        WorkloadError,
-    ) as error:
+    except REFUSALS as error:
         raise SimulationError(str(error)) from None
 
 

@@ -22,8 +22,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from corral.core.admission.base import AdmissionScheme, Assembly
-from corral.core.admission.quota import _PACKING, QuotaAdmission
+from corral.core.admission.base import Assembly
+from corral.core.admission.quota import Quota, QuotaAdmission
 from corral.core.job import Job
 from corral.core.options import option
 from corral.core.plugin import PluginError
@@ -136,12 +136,12 @@ class FairShareAdmission(QuotaAdmission):
         self._active_effective = sum(self._effective[v] for v in self._active)
 
 
-class FairShare(AdmissionScheme):
+class FairShare(Quota):
+    """Quota's scheme (the same stages) with shares that follow weights and usage."""
+
     name = "fairshare"
     summary = "VCs share by weight, discounted by decayed past usage (Slurm's fair-share)"
     Options = FairShareOptions
-    stages = frozenset({"migration", "cache"})
-    why_not = {"packing": _PACKING}
 
     @classmethod
     def build(cls, options: Any, parts: Assembly) -> SchedulerCore:

@@ -13,7 +13,7 @@ VCs' weights, their work and their recent usage.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from corral.core.admission.base import AdmissionScheme, Assembly
 from corral.core.job import Job
@@ -117,7 +117,7 @@ _PACKING = "a packed pair shares GPUs that a quota would count twice"
 class Quota(AdmissionScheme):
     name = "quota"
     summary = "each VC owns a GPU count (YARN-CS, as Philly ran it); idle quota is lent"
-    Options = QuotaOptions
+    Options: ClassVar[type[Any]] = QuotaOptions
     stages = frozenset({"migration", "cache"})
     why_not = {"packing": _PACKING}
 
