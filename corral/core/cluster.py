@@ -383,10 +383,7 @@ class Cluster:
             self._touched(self.gpu_node[gpu])
         elif gpus:
             self._change(gpus, -1)
-        if cpu_milli or memory_mib:
-            self.cpu_used[node] += cpu_milli
-            self.memory_used[node] += memory_mib
-            self._touched(node)
+        self._use_node(node, cpu_milli, memory_mib, +1)
 
     def unclaim(
         self,
@@ -419,9 +416,13 @@ class Cluster:
                 self._touched(self.gpu_node[gpu])
         elif gpus:
             self._change(gpus, +1)
+        self._use_node(node, cpu_milli, memory_mib, -1)
+
+    def _use_node(self, node: int, cpu_milli: int, memory_mib: int, sign: int) -> None:
+        """Take (+1) or give back (-1) CPU and memory on a node."""
         if cpu_milli or memory_mib:
-            self.cpu_used[node] -= cpu_milli
-            self.memory_used[node] -= memory_mib
+            self.cpu_used[node] += sign * cpu_milli
+            self.memory_used[node] += sign * memory_mib
             self._touched(node)
 
     def _touched(self, node: int) -> None:

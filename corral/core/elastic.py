@@ -48,7 +48,7 @@ from corral.core.plugin import SpeedModel
 from corral.core.policy.base import Policy
 from corral.core.policy.edf import ElasticFlowOrder, deadline_of
 from corral.core.retry import FailureReport, RetryRule
-from corral.core.scheduler import JobRefused, Scheduler
+from corral.core.scheduler import JobRefused, Scheduler, refuse_new
 
 #: A job's training throughput on a number of GPUs, consolidated, in any unit (only ratios matter).
 Throughput = Callable[[Job, int], float]
@@ -357,8 +357,7 @@ class ElasticScheduler:
         return None
 
     def submit(self, spec: JobSpec, now: float) -> Job:
-        if spec.id in self.jobs:
-            raise JobRefused(f"job {spec.id}: a job with this id already exists")
+        refuse_new(self.jobs, spec)
         probe = Job(spec=spec, seq=len(self.jobs), queued_since=now)
         curve = self._curve(probe)
         if not curve.sizes:

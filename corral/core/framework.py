@@ -88,7 +88,6 @@ def sections() -> dict[str, type[Any]]:
     return sections
 
 
-
 @dataclass(frozen=True, slots=True)
 class SchedulerConfig:
     core: CoreOptions = field(default_factory=CoreOptions)
@@ -104,33 +103,33 @@ class SchedulerConfig:
     def with_policy(self, policy: str) -> SchedulerConfig:
         return config_from_mapping(self.to_mapping() | {"policy": policy})
 
-    def admission_for(self, services: Services) -> str:
-        """The admission `auto` resolves to here."""
+    def admission_for(self, vc_cells: Mapping[str, object]) -> str:
+        """The admission `auto` resolves to on a cluster with these VCs."""
         if self.core.admission != "auto":
             return self.core.admission
         own = POLICIES[self.core.policy].admission
         if own is not None:
             return own
-        return "quota" if set(services.vc_cells) != {"default"} else "none"
+        return "quota" if set(vc_cells) != {"default"} else "none"
 
-    def to_mapping(self, only_used: bool = False) -> dict[str, object]:
+    def to_mapping(
+        self, only_used: bool = False, admission: str | None = None
+    ) -> dict[str, object]:
         """Plain values, as YAML writes them; `only_used`: only the sections the chosen plugins
-        and stages read (what `config show` prints)."""
+        and stages read (what `config show` prints); `admission`: the one `auto` resolved to."""
         out: dict[str, object] = to_dict(self.core)
-        used = self.used_sections() if only_used else set(self.sections)
+        if admission is not None:
+            out["admission"] = admission
+        used = self.used_sections(admission) if only_used else set(self.sections)
         for name, options in self.sections.items():
             if name in used:
                 out[name] = to_dict(options)
         return out
 
-    def resolved(self, services: Services) -> dict[str, object]:
-        """What runs on this cluster: `auto` resolved, and only the sections the chosen plugins
-        read (what `corral up` stores and a simulation's summary records)."""
-        admission = self.admission_for(services)
-        out = to_dict(self.core) | {"admission": admission}
-        for name in sorted(self.used_sections(admission)):
-            out[name] = to_dict(self.sections[name])
-        return out
+    def resolved(self, vc_cells: Mapping[str, object]) -> dict[str, object]:
+        """What runs on a cluster with these VCs: `auto` resolved, and only the sections the
+        chosen plugins read (what `corral up` stores and a simulation's summary records)."""
+        return self.to_mapping(only_used=True, admission=self.admission_for(vc_cells))
 
     def used_sections(self, admission: str | None = None) -> set[str]:
         names = {"retry", self.core.policy, self.core.placement, *self.core.stages}
@@ -169,10 +168,15 @@ def merge(base: Mapping[str, object], overrides: Mapping[str, object]) -> dict[s
     return merged
 
 
-def check_config(config: SchedulerConfig, services: Services | None = None) -> None:
-    """Refuse a combination that cannot run, in one line (PluginError)."""
+def check_config(
+    config: SchedulerConfig, services: Services | None = None, *, uses_cache: bool = False
+) -> None:
+    """Refuse a combination that cannot run, in one line (PluginError); `uses_cache`: the shell
+    runs node data caches."""
     core = config.core
-    admission_name = config.admission_for(services) if services is not None else core.admission
+    admission_name = (
+        config.admission_for(services.vc_cells) if services is not None else core.admission
+    )
     policy = POLICIES[core.policy]
     if policy.admission is not None and admission_name not in ("auto", policy.admission):
         raise PluginError(
@@ -184,7 +188,7 @@ def check_config(config: SchedulerConfig, services: Services | None = None) -> N
     scheme = ADMISSIONS[admission_name]
     if scheme.name == "elasticflow" and policy.admission != "elasticflow":
         raise PluginError("admission elasticflow: needs policy elasticflow")
-    for stage in core.stages:
+    for stage in [*core.stages, *(["cache"] if uses_cache else [])]:
         problem = scheme.unsupported(stage)
         if problem:
             raise PluginError(problem)
@@ -202,15 +206,10 @@ def build_scheduler(
 ) -> SchedulerCore:
     """The scheduler this config describes, over what the shell offers. `uses_cache`: the shell
     runs node data caches (their start hook is `services.cache.on_start`)."""
-    check_config(config, services)
+    check_config(config, services, uses_cache=uses_cache)
     core = config.core
-    admission_name = config.admission_for(services)
+    admission_name = config.admission_for(services.vc_cells)
     scheme = ADMISSIONS[admission_name]
-    if uses_cache:
-        problem = scheme.unsupported("cache")
-        if problem:
-            raise PluginError(problem)
-    sections = config.sections
     policy_cls = POLICIES[core.policy]
     placement_cls = PLACEMENTS[core.placement]
     policy = policy_cls.from_options(config.section(core.policy), services)
@@ -222,7 +221,7 @@ def build_scheduler(
         services=services,
         backfill=core.backfill,
         restore_s=core.restore_s,
-        retry=RetryRule(sections["retry"]),
+        retry=RetryRule(config.section("retry")),
         stages=stages,
         on_start=services.cache.on_start if uses_cache and services.cache is not None else None,
     )

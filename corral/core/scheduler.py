@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
 
 from sortedcontainers import SortedList
@@ -40,6 +40,14 @@ MAX_PREEMPTION_ATTEMPTS = 32
 
 class JobRefused(ValueError):
     """A job that can never run on this cluster."""
+
+
+def refuse_new(jobs: Mapping[str, Job], spec: JobSpec, refusal: str | None = None) -> None:
+    """JobRefused if a job of this id exists already, or for `refusal` (why it could never run)."""
+    if spec.id in jobs:
+        raise JobRefused(f"job {spec.id}: a job with this id already exists")
+    if refusal is not None:
+        raise JobRefused(f"job {spec.id}: {refusal}")
 
 
 def worker_refusal(cluster: Cluster, spec: JobSpec, where: str = "") -> str | None:
@@ -158,11 +166,7 @@ class Scheduler:
         return worker_refusal(self.cluster, spec)
 
     def submit(self, spec: JobSpec, now: float) -> Job:
-        if spec.id in self.jobs:
-            raise JobRefused(f"job {spec.id}: a job with this id already exists")
-        refusal = self.refusal(spec)
-        if refusal is not None:
-            raise JobRefused(f"job {spec.id}: {refusal}")
+        refuse_new(self.jobs, spec, self.refusal(spec))
         job = Job(spec=spec, seq=len(self._by_seq), queued_since=now)
         self.jobs[spec.id] = job
         self._by_seq.append(job)
@@ -270,8 +274,7 @@ class Scheduler:
 
     def adopt(self, job: Job, now: float) -> None:
         """Queue a waiting job that another scheduler withdrew, keeping its history."""
-        if job.id in self.jobs:
-            raise JobRefused(f"job {job.id}: a job with this id already exists")
+        refuse_new(self.jobs, job.spec)
         job.seq = len(self._by_seq)
         self.jobs[job.id] = job
         self._by_seq.append(job)
@@ -411,17 +414,12 @@ class Scheduler:
                     continue
             spec = job.spec
             kind: tuple[object, ...] = (
-                (spec.gpu_types, self.placement.mode(job, now), spec.gpus_per_worker)
-                if spec.plain
-                else (
-                    spec.gpu_types,
-                    self.placement.mode(job, now),
-                    spec.gpus_per_worker,
-                    spec.gpu_milli,
-                    spec.cpu_milli,
-                    spec.memory_mib,
-                )
+                spec.gpu_types,
+                self.placement.mode(job, now),
+                spec.gpus_per_worker,
             )
+            if not spec.plain:
+                kind += (spec.gpu_milli, spec.cpu_milli, spec.memory_mib)
             if job.spec.gpus < no_fit.get(kind, math.inf):
                 result = self.placement.place(cluster, job, now)
                 if isinstance(result, Placed):

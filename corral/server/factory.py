@@ -36,10 +36,13 @@ class SchedulerFactory:
     vc_cells: dict[str, dict[str, int]]
     store: Store
 
+    def _vc_cells(self) -> dict[str, dict[str, int]]:
+        return self.vc_cells or {vc: {} for vc in self.vc_quota}
+
     def services(self) -> Services:
         return Services(
             self.cluster,
-            vc_cells=self.vc_cells or {vc: {} for vc in self.vc_quota},
+            vc_cells=self._vc_cells(),
             vc_quota=dict(self.vc_quota),
             service_history=self._service_history,
         )
@@ -50,7 +53,7 @@ class SchedulerFactory:
     def effective_config(self) -> dict[str, object]:
         """The config this manager runs with, `auto` resolved (what `config show --url` and
         `export-trace` give back)."""
-        return self.settings.scheduler.resolved(self.services())
+        return self.settings.scheduler.resolved(self._vc_cells())
 
     def record_config(self) -> None:
         """Store the config this manager runs with, so a replay can use the same settings."""
@@ -58,7 +61,7 @@ class SchedulerFactory:
 
     def admission_name(self) -> str:
         """The admission the config's `auto` resolves to on this cluster."""
-        return self.settings.scheduler.admission_for(self.services())
+        return self.settings.scheduler.admission_for(self._vc_cells())
 
     def _service_history(self) -> list[float]:
         """Gittins's distribution of job sizes, as Tiresias learns it: the GPU-seconds of the jobs

@@ -364,11 +364,9 @@ def plot_curves(experiment: Experiment, out_png: Path) -> None:
     plt.close(fig)
 
 
-def _pct(value: object) -> str:
-    return f"{100 * value:.1f}%" if isinstance(value, int | float) else "-"
-
-
 def summary_table(summary: dict[str, object]) -> Table:
+    from corral.sim.report import percent_cell  # report imports this module
+
     table = Table(
         title="GPU-sharing placement (FGD experiment)", box=box.SIMPLE_HEAD, pad_edge=False
     )
@@ -389,13 +387,13 @@ def summary_table(summary: dict[str, object]) -> Table:
     for run in runs:
         table.add_row(
             str(run["policy"]),
-            _pct(run.get("unallocated_share_at_100")),
-            _pct(run.get("frag_share_at_100")),
-            _pct(run.get("frag_rate_at_100")),
-            _pct(run.get("failed_task_share_at_100")),
-            _pct(run.get("first_failure_at")),
-            _pct(run.get("allocated_share_at_end")),
-            _pct(run.get("failed_task_share_at_end")),
+            percent_cell(run.get("unallocated_share_at_100")),
+            percent_cell(run.get("frag_share_at_100")),
+            percent_cell(run.get("frag_rate_at_100")),
+            percent_cell(run.get("failed_task_share_at_100")),
+            percent_cell(run.get("first_failure_at")),
+            percent_cell(run.get("allocated_share_at_end")),
+            percent_cell(run.get("failed_task_share_at_end")),
             f"{run['seconds']:.0f}s",
         )
     return table

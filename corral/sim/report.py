@@ -203,7 +203,7 @@ def _finish_time_axes(ax: Axes, title: str, ylabel: str) -> None:
         ax.legend(loc="best")
 
 
-def _percent_cell(fraction: object) -> str:
+def percent_cell(fraction: object) -> str:
     return f"{100 * fraction:.1f}%" if isinstance(fraction, int | float) else "-"
 
 
@@ -238,8 +238,8 @@ def summary_table(summaries: list[dict[str, object]]) -> Table:
             _duration_cell(run.get("p99_jct_s")),
             _duration_cell(run.get("avg_queue_s")),
             _duration_cell(run.get("makespan_s")),
-            _percent_cell(run.get("utilization")),
-            _percent_cell(run.get("utilization_while_waiting")),
+            percent_cell(run.get("utilization")),
+            percent_cell(run.get("utilization_while_waiting")),
             str(run.get("preemptions", "-")),
         )
     return table
@@ -275,7 +275,7 @@ def vc_table(summary: dict[str, object]) -> Table:
             _duration_cell(row.get("multi_gpu_avg_queue_s")),
             _duration_cell(row.get("private_multi_gpu_avg_queue_s")),
             _duration_cell(row.get("avg_jct_s")),
-            _percent_cell(row.get("gpu_share")),
+            percent_cell(row.get("gpu_share")),
             str(row.get("preemptions_suffered", "-")),
         )
     if anomalies:

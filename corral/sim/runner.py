@@ -175,8 +175,7 @@ def config_for(settings: RunSettings, policy: str) -> SchedulerConfig:
 
 
 def admission_of(settings: RunSettings, vcs: dict[str, dict[str, int]], policy: str) -> str:
-    cluster = Cluster.shorthand(1, 1)  # the admission `auto` picks depends on the VCs only
-    return config_for(settings, policy).admission_for(Services(cluster, vc_cells=vcs))
+    return config_for(settings, policy).admission_for(vcs)
 
 
 def run_simulations(
@@ -220,14 +219,8 @@ def check_settings(settings: RunSettings) -> None:
     for name in settings.policies:
         if name not in POLICIES:
             raise SimulationError(f"unknown policy {name!r}; choose one of {', '.join(POLICIES)}")
-        config = config_for(settings, name)  # the combination, before any trace is read
-        check_config(config)
-        if settings.cache_gb_per_node is not None and config.core.admission != "auto":
-            from corral.core.admission import ADMISSIONS
-
-            problem = ADMISSIONS[config.core.admission].unsupported("cache")
-            if problem:
-                raise SimulationError(f"--cache-gb-per-node: {problem}")
+        # the combination, before any trace is read
+        check_config(config_for(settings, name), uses_cache=settings.cache_gb_per_node is not None)
     if settings.gittins_history is not None and not settings.gittins_history.is_file():
         raise SimulationError(f"{settings.gittins_history}: no such file (--gittins-history)")
     check_cache_settings(settings)
@@ -521,7 +514,7 @@ def _simulate(settings: RunSettings, console: Console) -> tuple[list[SimResult],
                 if probed and workload is not None
                 else None
             )
-            resolved = config_for(settings, policy).resolved(Services(run_cluster, vc_cells=vcs))
+            resolved = config_for(settings, policy).resolved(vcs)
             simulation = Simulation(
                 jobs,
                 scheduler,

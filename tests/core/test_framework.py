@@ -58,10 +58,10 @@ def test_the_defaults_are_one_set_and_round_trip_through_a_mapping():
 
 def test_auto_admission_follows_the_policy_then_the_vcs():
     config = SchedulerConfig()
-    assert config.admission_for(services()) == "quota"
+    assert config.admission_for(services().vc_cells) == "quota"
     alone = Services(Cluster.shorthand(2, 4))
-    assert config.admission_for(alone) == "none"
-    assert config.with_policy("elasticflow").admission_for(services()) == "elasticflow"
+    assert config.admission_for(alone.vc_cells) == "none"
+    assert config.with_policy("elasticflow").admission_for(services().vc_cells) == "elasticflow"
 
 
 @pytest.mark.parametrize(

@@ -37,7 +37,7 @@ from corral.core.plugin import PluginError, SpeedModel
 from corral.core.policy.base import Policy
 from corral.core.protocol import SchedulerCore
 from corral.core.retry import FailureReport, RetryRule
-from corral.core.scheduler import JobRefused, Scheduler, worker_refusal
+from corral.core.scheduler import Scheduler, refuse_new, worker_refusal
 
 #: The name under which opportunistic jobs are reported (they belong to no VC's guarantee).
 OPPORTUNISTIC = "opportunistic"
@@ -137,11 +137,7 @@ class HivedScheduler:
         return worker_refusal(scheduler.cluster, spec, f" in VC {spec.vc}")
 
     def submit(self, spec: JobSpec, now: float) -> Job:
-        if spec.id in self.jobs:
-            raise JobRefused(f"job {spec.id}: a job with this id already exists")
-        refusal = self.refusal(spec)
-        if refusal is not None:
-            raise JobRefused(f"job {spec.id}: {refusal}")
+        refuse_new(self.jobs, spec, self.refusal(spec))
         owner = self._home(spec)
         job = self._scheduler_for(owner).submit(spec, now)
         self.jobs[spec.id] = job
@@ -151,11 +147,7 @@ class HivedScheduler:
     def adopt(self, job: Job, now: float) -> None:
         """Queue a waiting job with its history (after a restart): in its VC's queue, or the
         opportunistic one for an opportunistic job."""
-        if job.id in self.jobs:
-            raise JobRefused(f"job {job.id}: a job with this id already exists")
-        refusal = self.refusal(job.spec)
-        if refusal is not None:
-            raise JobRefused(f"job {job.id}: {refusal}")
+        refuse_new(self.jobs, job.spec, self.refusal(job.spec))
         owner = self._home(job.spec)
         self._scheduler_for(owner).adopt(job, now)
         self.jobs[job.id] = job
