@@ -1,0 +1,284 @@
+"""Measured throughputs: what a cluster learned about each model on each placement shape.
+
+A deep-learning job repeats the same iteration, so its speed on a placement is a fact one can
+measure from its first minutes and reuse (Gavel and AlloX profile each job type on each GPU
+type; Tiresias learns which models suffer from being spread over machines; Gandiva measures
+jobs sharing a GPU). `Profiles` keeps those measurements, keyed by `Shape` (the model, the GPU
+type, the GPU count, the nodes spanned and the model of the job sharing the GPUs, if any), and
+answers from them what the scheduler's plugins ask:
+
+* `speed_model(cluster)`: a job's speed on a set of GPUs, in the core's ideal seconds per wall
+  second (1.0 on the fastest type measured for its model at that GPU count, consolidated), for
+  the `hetero` placement and every start;
+* `throughput(job, gpus)`: ElasticFlow's scaling curve (steps/s at a GPU count);
+* `spread_slowdown(model, gpus)`: Tiresias's sensitivity (consolidated over spread steps/s);
+* `best_rate(model)`: steps/s on the model's best measured shape (a length from `total_steps`).
+
+Where nothing was measured, a prior stands in (documented on each method): a model never seen
+on a GPU type is ranked there by the ratio other models showed between that type and the types it
+was measured on (Gavel profiles a new job on each type first; a prior lets the scheduler decide before
+that); a count never measured scales linearly from the nearest measured count below it, as the
+simulator's Gavel table does. A model measured nowhere runs at speed 1.0 everywhere, which is
+what the live manager assumed before it measured anything.
+
+The live manager fills it from the jobs' progress reports (corral.server.telemetry) and stores
+it; `to_gavel` writes it in the format of Gavel's `simulation_throughputs.json`, which `corral
+simulate` reads back, so the simulator replays a cluster's history with its measured speeds.
+Pure: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from corral.core.cluster import Cluster
+from corral.core.job import Job
+from corral.core.plugin import SpeedModel
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Shape:
+    """Where a model ran: its GPU type and count, the nodes it spanned and the model of the job
+    that shared its GPUs ("" when none did)."""
+
+    model: str
+    gpu_type: str
+    gpus: int
+    nodes: int = 1
+    colocated: str = ""
+
+    def describe(self) -> str:
+        spread = f" over {self.nodes} nodes" if self.nodes > 1 else ""
+        shared = f", sharing with {self.colocated}" if self.colocated else ""
+        return f"{self.model} on {self.gpus} x {self.gpu_type}{spread}{shared}"
+
+
+@dataclass(frozen=True, slots=True)
+class Measure:
+    """Steps (and samples, where reported) per second on one shape, over `seconds` of running in
+    `runs` attempts."""
+
+    steps_per_s: float
+    seconds: float
+    runs: int = 1
+    samples_per_s: float | None = None
+
+
+def _finite_positive(value: float) -> bool:
+    return isinstance(value, int | float) and math.isfinite(value) and value > 0
+
+
+class Profiles:
+    """The measured throughputs of a cluster (see the module's docstring)."""
+
+    def __init__(self, measures: Mapping[Shape, Measure] | None = None) -> None:
+        self._measures: dict[Shape, Measure] = dict(measures or {})
+
+    def __len__(self) -> int:
+        return len(self._measures)
+
+    def items(self) -> Iterator[tuple[Shape, Measure]]:
+        return iter(sorted(self._snapshot()))
+
+    def _snapshot(self) -> tuple[tuple[Shape, Measure], ...]:
+        """The measurements as they are now: readers in other threads (the live manager's API)
+        iterate a copy taken in one step, never the dict being added to."""
+        return tuple(self._measures.items())
+
+    def get(self, shape: Shape) -> Measure | None:
+        return self._measures.get(shape)
+
+    def add(
+        self,
+        shape: Shape,
+        steps_per_s: float,
+        seconds: float,
+        *,
+        samples_per_s: float | None = None,
+        new_run: bool = False,
+    ) -> Measure | None:
+        """Fold a measurement of `seconds` at `steps_per_s` into the shape's: the mean weighted by
+        measured seconds. A non-positive or non-finite value is ignored (None)."""
+        if not (_finite_positive(steps_per_s) and _finite_positive(seconds)):
+            return None
+        if samples_per_s is not None and not _finite_positive(samples_per_s):
+            samples_per_s = None
+        old = self._measures.get(shape)
+        if old is None:
+            measure = Measure(steps_per_s, seconds, 1, samples_per_s)
+        else:
+            total = old.seconds + seconds
+            rate = (old.steps_per_s * old.seconds + steps_per_s * seconds) / total
+            samples = old.samples_per_s
+            if samples_per_s is not None:
+                samples = (
+                    samples_per_s
+                    if samples is None
+                    else (samples * old.seconds + samples_per_s * seconds) / total
+                )
+            measure = Measure(rate, total, old.runs + int(new_run), samples)
+        self._measures[shape] = measure
+        return measure
+
+    # -- what the plugins ask -----------------------------------------------------------------
+
+    def knows(self, model: str) -> bool:
+        return any(shape.model == model for shape, _ in self._snapshot())
+
+    def rate(self, model: str, gpu_type: str, gpus: int, nodes: int = 1) -> float | None:
+        """Measured steps/s of `model` alone on `gpus` GPUs of `gpu_type` over `nodes` nodes;
+        a count not measured scales linearly from the largest measured count below it (on the
+        same type and spread); None when there is none."""
+        exact = self._measures.get(Shape(model, gpu_type, gpus, nodes))
+        if exact is not None:
+            return exact.steps_per_s
+        below = [
+            (shape.gpus, measure.steps_per_s)
+            for shape, measure in self._snapshot()
+            if shape.model == model
+            and shape.gpu_type == gpu_type
+            and shape.nodes == nodes
+            and not shape.colocated
+            and shape.gpus < gpus
+        ]
+        if not below:
+            return None
+        count, rate = max(below)
+        return rate * gpus / count
+
+    def type_ratio(self, gpu_type: str, other: str) -> float | None:
+        """How fast `gpu_type` is relative to `other`, over the models measured on both: the
+        geometric mean of their rate ratios (consolidated, alone, at equal GPU counts); None when
+        no model was measured on both."""
+        on: dict[str, dict[tuple[str, int], float]] = {gpu_type: {}, other: {}}
+        for shape, measure in self._snapshot():
+            if shape.gpu_type in on and shape.nodes == 1 and not shape.colocated:
+                on[shape.gpu_type][(shape.model, shape.gpus)] = measure.steps_per_s
+        both = on[gpu_type].keys() & on[other].keys()
+        if not both:
+            return None
+        logs = [math.log(on[gpu_type][key] / on[other][key]) for key in both]
+        return math.exp(sum(logs) / len(logs))
+
+    def type_rates(self, model: str, gpus: int, types: Iterable[str]) -> dict[str, float]:
+        """`model`'s steps/s on `gpus` consolidated GPUs of each type: measured, else estimated
+        from the types where it was measured by the ratios other models showed between them
+        (`type_ratio`; the geometric mean of the estimates); a type with neither is left out."""
+        measured = {t: r for t in types if (r := self.rate(model, t, gpus)) is not None}
+        rates = dict(measured)
+        for gpu_type in types:
+            if gpu_type in measured:
+                continue
+            estimates = [
+                rate * ratio
+                for other, rate in measured.items()
+                if (ratio := self.type_ratio(gpu_type, other)) is not None
+            ]
+            if estimates:
+                rates[gpu_type] = math.exp(sum(map(math.log, estimates)) / len(estimates))
+        return rates
+
+    def spread_slowdown(self, model: str, gpus: int) -> float | None:
+        """Consolidated over spread steps/s at `gpus` GPUs (Tiresias's sensitivity), on the first
+        GPU type where both were measured; None when no type has both."""
+        spread = sorted(
+            (shape, measure)
+            for shape, measure in self._snapshot()
+            if shape.model == model and shape.gpus == gpus and shape.nodes > 1
+        )
+        for shape, measure in spread:
+            packed = self.rate(model, shape.gpu_type, gpus, 1)
+            apart = measure.steps_per_s
+            if packed is not None and apart > 0:
+                return max(1.0, packed / apart)
+        return None
+
+    def best_rate(self, model: str, gpus: int | None = None) -> float | None:
+        """Steps/s of `model` on its best measured consolidated shape (at `gpus` GPUs if given,
+        scaled as `rate` does); None when it was never measured."""
+        rates = [
+            self.rate(model, shape.gpu_type, gpus or shape.gpus, 1)
+            for shape, _ in self._snapshot()
+            if shape.model == model and shape.nodes == 1 and not shape.colocated
+        ]
+        known = [rate for rate in rates if rate is not None]
+        return max(known) if known else None
+
+    def throughput(self, job: Job, gpus: int) -> float:
+        """ElasticFlow's scaling curve: the job's steps/s on `gpus` consolidated GPUs of its best
+        type; unmeasured, `gpus` (perfect scaling, as the simulator's table assumes above what it
+        measured)."""
+        rate = self.best_rate(job.spec.model, gpus) if job.spec.model else None
+        return float(gpus) if rate is None else rate
+
+    def speed_model(self, cluster: Cluster) -> SpeedModel:
+        """A job's speed on a set of GPUs (see the module's docstring). A gang on mixed types runs
+        at its slowest type's pace; spread over nodes, at the measured spread rate, else at its
+        consolidated one divided by the job's `spread_slowdown`."""
+        gpu_node = cluster.gpu_node
+        gpu_cells = cluster.gpus
+        types = sorted(cluster.gpu_types)
+
+        def on_type(model: str, gpu_type: str, count: int, nodes: int) -> float | None:
+            rate = self.rate(model, gpu_type, count, nodes)
+            if rate is None and nodes > 1:
+                alone = self.rate(model, gpu_type, count, 1)
+                slowdown = self.spread_slowdown(model, count)
+                if alone is not None and slowdown is not None:
+                    rate = alone / slowdown
+            return rate
+
+        def speed(job: Job, gpus: tuple[int, ...]) -> float:
+            model = job.spec.model
+            nodes = len({gpu_node[g] for g in gpus})
+            penalty = 1.0 / job.spec.spread_slowdown if nodes > 1 else 1.0
+            if not gpus or not model or not self.knows(model):
+                return penalty
+            count = len(gpus)
+            rates = self.type_rates(model, count, types)
+            if not rates:
+                return penalty
+            best = max(rates.values())
+            slowest = math.inf
+            for gpu_type in {gpu_cells[g].gpu_type for g in gpus}:
+                spread = on_type(model, gpu_type, count, nodes) if nodes > 1 else None
+                if spread is not None:
+                    slowest = min(slowest, spread / best)
+                    continue
+                alone = rates.get(gpu_type, best)  # nothing known of the type: as the best
+                slowest = min(slowest, alone / best * penalty)
+            return slowest
+
+        return speed
+
+    # -- Gavel's table format ------------------------------------------------------------------
+
+    def to_gavel(self) -> dict[str, Any]:
+        """The measurements as Gavel's `simulation_throughputs.json`: `{type: {"('model', n)":
+        {"null": steps/s}}}` for consolidated shapes, `type_unconsolidated` for spread ones, and
+        a pair's rates under the partner's key (`"('partner', n)": [own, partner's]`, where the
+        partner's was measured too)."""
+        table: dict[str, dict[str, dict[str, Any]]] = {}
+        for shape, measure in self.items():
+            if shape.nodes > 1 and shape.colocated:
+                continue
+            section = shape.gpu_type + ("_unconsolidated" if shape.nodes > 1 else "")
+            key = str((shape.model, shape.gpus))
+            entry = table.setdefault(section, {}).setdefault(key, {})
+            if not shape.colocated:
+                entry["null"] = measure.steps_per_s
+                continue
+            other = self._measures.get(
+                Shape(shape.colocated, shape.gpu_type, shape.gpus, 1, shape.model)
+            )
+            entry[str((shape.colocated, shape.gpus))] = [
+                measure.steps_per_s,
+                other.steps_per_s if other is not None else 0.0,
+            ]
+        for entries in table.values():  # Gavel's reader needs each entry's solo rate
+            for pair in entries.values():
+                pair.setdefault("null", 0.0)
+        return table

@@ -1,0 +1,133 @@
+"""Measured throughputs (corral.core.profiles): what the plugins read from a cluster's history."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from corral.core import Cluster, Job, JobSpec, NodeDef
+from corral.core.profiles import Profiles, Shape
+from corral.sim.perfmodel import PerfModel
+
+
+def job(model: str, gpus: int = 1, spread_slowdown: float = 1.0) -> Job:
+    return Job(JobSpec("j", 0.0, gpus, model=model, spread_slowdown=spread_slowdown))
+
+
+def cluster() -> Cluster:
+    # GPUs 0-3 on v1 (v100), 4-7 on v2 (v100), 8-9 on k (k80).
+    return Cluster.from_nodes(
+        [NodeDef("v1", 4, "v100"), NodeDef("v2", 4, "v100"), NodeDef("k", 2, "k80")]
+    )
+
+
+def test_add_takes_the_mean_weighted_by_measured_seconds():
+    profiles = Profiles()
+    shape = Shape("resnet", "v100", 1)
+    profiles.add(shape, 10.0, 30.0, new_run=True)
+    measure = profiles.add(shape, 20.0, 10.0, new_run=True)
+    # (10 x 30 + 20 x 10) / 40 = 12.5 steps/s over 40 s, two runs.
+    assert measure is not None
+    assert measure.steps_per_s == pytest.approx(12.5)
+    assert (measure.seconds, measure.runs) == (40.0, 2)
+    # A fold within the same run does not count a run; nonsense is ignored.
+    profiles.add(shape, 12.5, 10.0)
+    assert profiles.get(shape).runs == 2  # type: ignore[union-attr]
+    for bad in (0.0, -1.0, float("nan"), float("inf")):
+        assert profiles.add(shape, bad, 10.0) is None
+    assert profiles.add(shape, 5.0, 0.0) is None
+    assert profiles.get(shape).steps_per_s == pytest.approx(12.5)  # type: ignore[union-attr]
+
+
+def test_an_unmeasured_count_scales_from_the_largest_measured_count_below():
+    profiles = Profiles()
+    profiles.add(Shape("bert", "v100", 1), 4.0, 60.0)
+    profiles.add(Shape("bert", "v100", 2), 7.0, 60.0)
+    assert profiles.rate("bert", "v100", 2) == 7.0
+    assert profiles.rate("bert", "v100", 3) == pytest.approx(10.5)  # 7 x 3/2
+    assert profiles.rate("bert", "k80", 1) is None
+    assert profiles.rate("gpt", "v100", 1) is None
+
+
+def test_speed_is_relative_to_the_fastest_measured_type_at_that_count():
+    profiles = Profiles()
+    profiles.add(Shape("resnet", "v100", 1), 10.0, 60.0)
+    profiles.add(Shape("resnet", "k80", 1), 2.5, 60.0)
+    speed = profiles.speed_model(cluster())
+    assert speed(job("resnet"), (0,)) == pytest.approx(1.0)
+    assert speed(job("resnet"), (8,)) == pytest.approx(0.25)
+    # A model measured nowhere runs at 1.0 (what the manager assumed before measuring).
+    assert speed(job("unknown"), (8,)) == 1.0
+
+
+def test_a_type_never_seen_for_a_model_is_ranked_by_the_other_models_ratio():
+    # resnet runs at 1/4 and vgg at 1/16 of their v100 speed on a k80: the geometric mean is
+    # 1/8. bert, measured on v100 only, is expected at 1/8 on the k80; lm, measured on the k80
+    # only, 8 times faster on a v100.
+    profiles = Profiles()
+    profiles.add(Shape("resnet", "v100", 1), 10.0, 60.0)
+    profiles.add(Shape("resnet", "k80", 1), 2.5, 60.0)
+    profiles.add(Shape("vgg", "v100", 1), 16.0, 60.0)
+    profiles.add(Shape("vgg", "k80", 1), 1.0, 60.0)
+    profiles.add(Shape("bert", "v100", 1), 3.0, 60.0)
+    profiles.add(Shape("lm", "k80", 1), 0.5, 60.0)
+    assert profiles.type_ratio("k80", "v100") == pytest.approx(0.125)
+    assert profiles.type_ratio("v100", "k80") == pytest.approx(8.0)
+    assert profiles.type_ratio("k80", "a100") is None
+    speed = profiles.speed_model(cluster())
+    assert speed(job("bert"), (8,)) == pytest.approx(0.125)
+    assert speed(job("bert"), (0,)) == pytest.approx(1.0)
+    assert speed(job("lm"), (0,)) == pytest.approx(1.0)
+    assert speed(job("lm"), (8,)) == pytest.approx(0.125)
+
+
+def test_spread_slowdown_is_learned_from_spread_and_packed_runs():
+    profiles = Profiles()
+    profiles.add(Shape("vgg", "v100", 8, nodes=1), 8.0, 60.0)
+    profiles.add(Shape("vgg", "v100", 8, nodes=2), 5.0, 60.0)
+    assert profiles.spread_slowdown("vgg", 8) == pytest.approx(1.6)
+    assert profiles.spread_slowdown("vgg", 4) is None
+    # Spread faster than packed (noise) is no slowdown.
+    profiles.add(Shape("lm", "v100", 4, nodes=1), 4.0, 60.0)
+    profiles.add(Shape("lm", "v100", 4, nodes=2), 5.0, 60.0)
+    assert profiles.spread_slowdown("lm", 4) == 1.0
+
+
+def test_a_spread_placement_runs_at_its_measured_spread_rate():
+    profiles = Profiles()
+    profiles.add(Shape("vgg", "v100", 8, nodes=1), 8.0, 60.0)
+    profiles.add(Shape("vgg", "v100", 8, nodes=2), 5.0, 60.0)
+    big = Cluster.from_nodes([NodeDef(f"n{i}", 8, "v100") for i in range(2)])
+    speed = profiles.speed_model(big)
+    assert speed(job("vgg", 8), tuple(range(8))) == pytest.approx(1.0)
+    spread = (0, 1, 2, 3, 8, 9, 10, 11)
+    assert speed(job("vgg", 8), spread) == pytest.approx(5.0 / 8.0)
+
+
+def test_throughput_is_elasticflows_scaling_curve_with_perfect_scaling_unmeasured():
+    profiles = Profiles()
+    profiles.add(Shape("bert", "v100", 1), 4.0, 60.0)
+    profiles.add(Shape("bert", "v100", 4), 12.0, 60.0)
+    assert profiles.throughput(job("bert"), 1) == 4.0
+    assert profiles.throughput(job("bert"), 2) == pytest.approx(8.0)  # scaled from 1
+    assert profiles.throughput(job("bert"), 4) == 12.0
+    assert profiles.throughput(job("gpt"), 4) == 4.0  # nothing measured: perfect scaling
+
+
+def test_gavel_table_round_trip(tmp_path):
+    profiles = Profiles()
+    profiles.add(Shape("resnet", "v100", 1), 10.0, 60.0)
+    profiles.add(Shape("resnet", "v100", 2), 18.0, 60.0)
+    profiles.add(Shape("resnet", "k80", 1), 2.5, 60.0)
+    profiles.add(Shape("resnet", "v100", 2, nodes=2), 12.0, 60.0)
+    profiles.add(Shape("resnet", "v100", 1, colocated="lm"), 6.0, 60.0)
+    profiles.add(Shape("lm", "v100", 1, colocated="resnet"), 3.0, 60.0)
+    table = profiles.to_gavel()
+    assert table["v100"]["('resnet', 1)"] == {"null": 10.0, "('lm', 1)": [6.0, 3.0]}
+    assert table["v100_unconsolidated"]["('resnet', 2)"] == {"null": 12.0}
+    path = tmp_path / "throughputs.json"
+    path.write_text(json.dumps(table))
+    perf = PerfModel.from_gavel_table(path)
+    assert perf.throughput("resnet", 2, "v100") == 18.0
+    assert perf.throughput("resnet", 1, "k80") == 2.5
