@@ -53,7 +53,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from corral.exec import contain, logcap
 from corral.exec.guard import KILL_REQUEST
 from corral.exec.local import PRIVATE_VARIABLES, AttemptEnded, AttemptLaunch, WorkerLaunch
-from corral.exec.shim import last_line, signal_name, write_json_atomic
+from corral.exec.shim import PROGRESS_VARIABLE, last_line, signal_name, write_json_atomic
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,8 @@ NODE_RESOURCE_PREFIX = "corral-node-"
 RACK_LABEL = "corral-rack"
 #: The attempt dir's record of what was launched, read by `recover`.
 LAUNCH_FILE = "ray-launch.json"
-STREAMS = ("stdout", "stderr")
+#: What the executor copies from a worker's node: its output and its progress reports.
+STREAMS = ("stdout", "stderr", "progress")
 #: The most a worker's stream sends the manager per copy.
 LOG_CHUNK = 1 << 20
 LOG_COPY_EVERY_S = 1.0
@@ -298,6 +299,9 @@ class WorkerActor:
                     self._end(self._result(None, "stopped before the worker started"))
                     return info
                 self.log_dir.mkdir(parents=True, exist_ok=True)
+                progress = self.log_dir / f"rank-{rank}.progress"
+                os.close(os.open(progress, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600))
+                env[PROGRESS_VARIABLE] = str(progress)
                 stderr_path = self.log_dir / f"rank-{rank}.stderr"
                 with (
                     open(self.log_dir / f"rank-{rank}.stdout", "ab") as stdout,

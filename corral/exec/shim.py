@@ -15,6 +15,8 @@ Files in ATTEMPT_DIR (the control files are the shim's, mode 0600):
   workers.json       written once the workers run: {"pgid", "workers": [{rank, pid, start_time}]}
   rank-R.stdout/.stderr  each worker's output: created here (O_NOFOLLOW, mode 0600, owned by the
                      run_as account), capped at log_cap_bytes (corral.exec.logcap) while it runs
+  rank-R.progress    the worker's progress reports (docs/progress.md), appended by the job
+                     through $CORRAL_PROGRESS_FILE: created and capped like the logs
   result.json        written atomically as the shim ends (see `AttemptResult` fields below), with
                      "leftover": [pids] that could not be ended
 
@@ -52,6 +54,9 @@ from pathlib import Path
 from typing import Any
 
 from corral.exec import contain, logcap
+
+#: Where a worker appends its progress reports (corral.progress; the protocol: docs/progress.md).
+PROGRESS_VARIABLE = "CORRAL_PROGRESS_FILE"
 
 MAX_TAIL_CHARS = 300
 TAIL_BYTES = 64 * 1024
@@ -310,6 +315,9 @@ class Shim:
             env = dict(os.environ) if run_as is None else account_environment(run_as)
             env.update({str(key): str(value) for key, value in spec.get("env", {}).items()})
             env[contain.KEY_VARIABLE] = self.container.name
+            progress = self.attempt_dir / f"rank-{rank}.progress"
+            self.open_log(progress, run_as)
+            env[PROGRESS_VARIABLE] = str(progress)
             argv = [str(arg) for arg in spec["argv"]]
             if run_as is not None:
                 argv = ["/bin/sh", "-c", 'cd -- "$0" && exec "$@"', workdir, *argv]

@@ -104,6 +104,30 @@ class ProgressTail:
         self.offset += len(chunk)
         return self._parse(chunk, now)
 
+    def skip_to_end(self) -> None:
+        """Take what the file holds now as read: only later reports are returned (a manager
+        that restarted does not count again what it measured before). Up to the last complete
+        line: a partial one is read when it ends."""
+        fd = self._open()
+        if fd is None:
+            return
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                return
+            self._restart((st.st_dev, st.st_ino))
+            size = st.st_size
+            # Back from the end to just after the last "\n" (at most one line's length).
+            start = max(0, size - self.max_line_bytes - 1)
+            tail = os.pread(fd, size - start, start)
+        except OSError:
+            return
+        finally:
+            os.close(fd)
+        newline = tail.rfind(b"\n")
+        self.offset = start + newline + 1 if newline >= 0 else size
+        self._skipping = newline < 0 and size > 0
+
     def _open(self) -> int | None:
         flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
         try:
