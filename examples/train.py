@@ -17,6 +17,11 @@ Environment (all optional):
                          on stderr when it reaches step k ...
   FAIL_TIMES=n           ... but only the first n times (counted in CORRAL_CHECKPOINT_DIR/
                          failures.count), so a retry resumes and succeeds; unset = every time
+  HANG_AT_STEP=k         at step k, stop making progress (as a stuck collective would) but keep
+                         running, until stopped
+  CORRAL_PROGRESS_FILE   where each step appends its progress report, a JSON line
+                         {"step", "loss", "time"} (set by corral; docs/progress.md): written
+                         here by hand, as a program in any language can
 
 On SIGTERM (corral's default stop signal) rank 0 writes a checkpoint and every rank exits with
 code 143 within one short sleep. On start every rank reads ckpt.json if present and prints
@@ -95,6 +100,15 @@ def sleep_unless_stopped(seconds: float) -> None:
         time.sleep(min(remaining, SLEEP_SLICE_S))
 
 
+def report_progress(step: int, loss: float) -> None:
+    """Append one progress report (the protocol of docs/progress.md, without corral's helper)."""
+    path = os.environ.get("CORRAL_PROGRESS_FILE")
+    if path:
+        line = json.dumps({"step": step, "loss": loss, "time": time.time()}) + "\n"
+        with open(path, "a", encoding="utf-8") as progress:
+            progress.write(line)
+
+
 def main() -> int:
     signal.signal(signal.SIGTERM, on_sigterm)
     steps = int(sys.argv[1] if len(sys.argv) > 1 else os.environ.get("TRAIN_STEPS", "60"))
@@ -120,9 +134,16 @@ def main() -> int:
         if should_fail(step, rank, checkpoint_dir):
             print(f"rank {rank}: injected failure at step {step} (FAIL_AT_STEP)", file=sys.stderr)
             return 1
+        if os.environ.get("HANG_AT_STEP") == str(step):
+            print(f"rank {rank}: hanging at step {step} (HANG_AT_STEP)", flush=True)
+            while not stop_requested:
+                sleep_unless_stopped(1.0)
+            break
         sleep_unless_stopped(step_seconds)
         w, b, loss = sgd_step(w, b, data)
         step += 1
+        if rank == 0:
+            report_progress(step, loss)
         if rank == 0 and (step % every == 0 or step == steps):
             save_checkpoint(checkpoint, step, w, b, loss)
         print(f"rank {rank}: step {step}/{steps} loss={loss:.6f} w={w:.4f} b={b:.4f}", flush=True)

@@ -25,7 +25,7 @@ from corral.server.logread import LogRead, UnreadableLog, read_log
 from corral.server.manager import Manager, SubmitError
 from corral.server.metrics import metrics_text
 from corral.server.spec import JobSpecModel, SpecError, one_line, parse_job_spec
-from corral.server.store import TOKEN_ID_CHARS, JobListRow, JobRow, TokenRow
+from corral.server.store import TOKEN_ID_CHARS, JobListRow, JobProgress, JobRow, TokenRow
 
 WEB_DIR = Path(__file__).resolve().parent.parent / "web"
 STATUSES = ("PENDING", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED")
@@ -101,6 +101,19 @@ def create_app(manager: Manager) -> FastAPI:
             "placement": manager.placement_of(job_id) if status == "RUNNING" else [],
             "reason": (reason if live else row.reason) or "",
             "exit_code": row.exit_code,
+            "progress": progress_view(row.progress, live),
+        }
+
+    def progress_view(progress: JobProgress | None, live: bool) -> dict[str, Any] | None:
+        if progress is None:
+            return None
+        return {
+            "step": progress.step,
+            "total_steps": progress.total_steps,
+            "steps_per_s": progress.steps_per_s,
+            "loss": progress.loss,
+            "updated_at": progress.at,
+            "eta_s": progress.eta_s(manager.clock()) if live else None,
         }
 
     spec_schema = JobSpecModel.model_json_schema(ref_template="#/components/schemas/{model}")
@@ -210,7 +223,18 @@ def create_app(manager: Manager) -> FastAPI:
             for a in store.attempts(job_id)
         ]
         detail["events"] = [asdict(e) for e in store.events(job_id)]
+        detail["progress_history"] = [asdict(p) for p in store.progress(job_id, limit=500)]
+        model = row.spec.get("model") or row.name
+        detail["throughput"] = [
+            asdict(p) for p in store.profiles() if p.model == model and not p.colocated
+        ]
         return detail
+
+    @app.get("/api/v1/profiles", tags=["cluster"], response_model=list[schemas.ProfileInfo])
+    def list_profiles(who: Caller) -> list[dict[str, Any]]:
+        """The throughput measured per model and placement shape (steps/s), from the jobs'
+        progress reports: what hetero, profile placement, ElasticFlow and job lengths use."""
+        return [asdict(p) for p in store.profiles()]
 
     @app.post("/api/v1/jobs/{job_id}/cancel", tags=["jobs"], response_model=schemas.JobSummary)
     def cancel_job(job_id: str, who: Caller) -> dict[str, Any]:

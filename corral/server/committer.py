@@ -22,7 +22,7 @@ from corral.core.job import JobSpec
 from corral.core.protocol import SchedulerCore
 from corral.server import identity
 from corral.server.identity import AccountError
-from corral.server.spec import JobSpecModel, to_core_spec
+from corral.server.spec import JobSpecModel
 from corral.server.state import ManagerSettings, SubmitError
 from corral.server.store import JobRow, Store
 
@@ -66,6 +66,10 @@ class SubmissionCommitter:
     if TYPE_CHECKING:  # the manager's own
 
         def _cancel_locked(self, job_id: str) -> None: ...
+        def core_spec(
+            self, model: JobSpecModel, job_id: str, submit_time: float, user: str
+        ) -> JobSpec: ...
+        def length_refusal(self, spec: JobSpec) -> str | None: ...
 
     def submit(self, model: JobSpecModel, user: str, unix_user: str | None = None) -> JobRow:
         """Accept a validated job: stored, then queued (the stored row is returned), or
@@ -117,12 +121,12 @@ class SubmissionCommitter:
         """`unix_user`: the account the user's token names (default: the user's name)."""
         now = self.clock()
         account = self._account_for(model, user, unix_user)
-        spec = to_core_spec(model, "new", now, user)
+        spec = self.core_spec(model, "new", now, user)
         if spec.vc not in self.vc_quota:
             raise SubmitError(
                 f"vc: unknown VC {spec.vc!r}; this cluster has {', '.join(sorted(self.vc_quota))}"
             )
-        refusal = self.scheduler.refusal(spec)  # the cluster's shape only: no lock needed
+        refusal = self.scheduler.refusal(spec) or self.length_refusal(spec)  # (no lock needed)
         if refusal is not None:
             raise SubmitError(_field_message(refusal))
         with self._inbox_lock:  # ids in the order the core will queue the jobs

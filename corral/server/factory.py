@@ -2,9 +2,12 @@
 framework (corral.core.framework) from what a live manager knows.
 
 `Manager` builds its scheduler here when it is made and again on each rebuild (`resync`). What it
-offers the plugins: the cluster and its VCs; Gittins's job sizes from the jobs it finished; no
-speed model (jobs run at the speed they run), no job lengths, no loss curves. A plugin that needs
-one of those refuses to build, in one line, and `corral up` stops with it.
+offers the plugins: the cluster and its VCs; Gittins's job sizes from the jobs it finished; what
+the jobs' progress reports taught it (corral.server.telemetry): the speeds measured per model and
+placement shape (`hetero`, `profile`, ElasticFlow's scaling curves), the loss curves (`optimus`);
+and the users' estimates of their jobs' lengths (`time_limit`, `total_steps`: sjf and srtf, as
+Slurm orders by time limits). A plugin that needs what a live manager cannot give (a pair table
+for packing, FGD's target workload) refuses to build, in one line, and `corral up` stops with it.
 """
 
 from __future__ import annotations
@@ -13,10 +16,13 @@ import json
 
 from corral.core.cluster import Cluster
 from corral.core.framework import build_scheduler
+from corral.core.job import JobSpec
 from corral.core.plugin import Services
 from corral.core.protocol import SchedulerCore
+from corral.server.spec import JobSpecModel, model_key, to_core_spec
 from corral.server.state import ManagerSettings
 from corral.server.store import Store
+from corral.server.telemetry import Telemetry
 
 #: The store's meta key under which the manager keeps the scheduler config it runs with.
 CONFIG_KEY = "scheduler_config"
@@ -35,6 +41,8 @@ class SchedulerFactory:
     vc_quota: dict[str, int]
     vc_cells: dict[str, dict[str, int]]
     store: Store
+    telemetry: Telemetry
+    scheduler: SchedulerCore
 
     def _vc_cells(self) -> dict[str, dict[str, int]]:
         return self.vc_cells or {vc: {} for vc in self.vc_quota}
@@ -45,6 +53,38 @@ class SchedulerFactory:
             vc_cells=self._vc_cells(),
             vc_quota=dict(self.vc_quota),
             service_history=self._service_history,
+            speed_model_for=self.telemetry.profiles.speed_model,
+            # Every job the manager queues under a policy that orders by length declared one
+            # (`core_spec`; the committer refuses the others).
+            durations_known=True,
+            observe=self.telemetry.observe,
+            throughput=self.telemetry.profiles.throughput,
+        )
+
+    def core_spec(self, model: JobSpecModel, job_id: str, submit_time: float, user: str) -> JobSpec:
+        """The core's view of a job, with what this manager measured of its model: steps/s (its
+        length, from `total_steps`) and its slowdown when spread over nodes (`profile`)."""
+        profiles = self.telemetry.profiles
+        key = model_key(model)
+        return to_core_spec(
+            model,
+            job_id,
+            submit_time,
+            user,
+            rate=profiles.best_rate(key, model.gpus),
+            spread_slowdown=profiles.spread_slowdown(key, model.gpus),
+        )
+
+    def length_refusal(self, spec: JobSpec) -> str | None:
+        """Why a job cannot be queued under a policy that orders jobs by their length."""
+        policy = self.scheduler.policy
+        if not getattr(policy, "needs_lengths", False) or spec.duration_s is not None:
+            return None
+        if spec.total_steps is not None:
+            return None  # its model's speed is not known yet: it sorts after those with lengths
+        return (
+            f"time_limit: policy {policy.name} orders jobs by their length: give time_limit "
+            "(seconds) or total_steps"
         )
 
     def _make_scheduler(self) -> SchedulerCore:

@@ -26,11 +26,13 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from pathlib import Path
 
 from corral.core.actions import Preempt, Start
 from corral.core.cluster import Cluster, NodeDef
 from corral.core.job import Job, JobStatus
+from corral.core.profiles import Shape
 from corral.core.retry import FailureReport
 from corral.exec.local import (
     AttemptEnded,
@@ -53,6 +55,7 @@ from corral.server.state import (
     gpu_ids_by_name,
 )
 from corral.server.store import Store
+from corral.server.telemetry import Telemetry, progress_file
 from corral.server.views import ManagerViews
 
 __all__ = [
@@ -100,6 +103,7 @@ class Manager(SubmissionCommitter, Recovery, ManagerViews, SchedulerFactory):
         self._gpu_ids = gpu_ids_by_name(cluster)
         #: Each VC's guaranteed cells ({cell type: count}, as the config gives them), for hived.
         self.vc_cells = {vc: dict(cells) for vc, cells in (vc_cells or {}).items()}
+        self.telemetry = Telemetry(store)  # the plugins' measured speeds and progress
         self.scheduler = self._make_scheduler()
         self.record_config()
         self.lock = threading.RLock()
@@ -117,6 +121,10 @@ class Manager(SubmissionCommitter, Recovery, ManagerViews, SchedulerFactory):
         self._accounts: dict[str, str] = {}  # job id -> Unix account (multi-user mode)
         self._retrying: set[str] = set()  # requeued after a failed attempt
         self._cancel_on_arrival: set[str] = set()  # cancelled while stored but not yet queued
+        #: Attempts the manager stops on its own (hung, over their time limit): how to report
+        #: their end to the core.
+        self._ending: dict[str, FailureReport] = {}
+        self._next_progress_check = 0.0
         self._pristine_cluster = copy.deepcopy(cluster)  # to rebuild the core from the store
         self._dirty = True
         self._wake_at: float | None = None
@@ -230,6 +238,9 @@ class Manager(SubmissionCommitter, Recovery, ManagerViews, SchedulerFactory):
             with self.store.batch():
                 for end in ended:
                     self._attempt_ended(end, now)
+                if now >= self._next_progress_check:
+                    self._next_progress_check = now + self.settings.progress_check_s
+                    stops.extend(self._check_progress(now))
             if self._nodes is not None and now >= self._next_node_check:
                 self._next_node_check = now + self.settings.node_check_s
                 self._refresh_nodes()
@@ -347,7 +358,11 @@ class Manager(SubmissionCommitter, Recovery, ManagerViews, SchedulerFactory):
         )
         checkpoint = self.checkpoint_dir(job.id)
         attempt_dir = self.attempt_dir(job.id, number)
-        placement = self._worker_placement(gpus, spec_model.workers)
+        self.telemetry.watch(
+            job.id, number, progress_file(attempt_dir), self.shape_of(job, gpus), now, resumed=False
+        )
+        workers = len(gpus) // job.spec.gpus_per_worker  # an elastic job's count changes
+        placement = self._worker_placement(gpus, workers)
         envs = placement_worker_envs(job.id, number, placement, checkpoint, spec_model.env)
         command = argv(spec_model)
         workdir = spec_model.workdir or str(self.work_dir(job.id))
@@ -378,6 +393,8 @@ class Manager(SubmissionCommitter, Recovery, ManagerViews, SchedulerFactory):
         self._save_progress(job, status="PENDING", reason=f"preempted by job {action.by_job_id}")
         self.store.add_event(job.id, now, "preempted", f"preempted by job {action.by_job_id}")
         attempt = self._attempts.pop(job.id)
+        self.telemetry.unwatch(job.id, now)
+        self._ending.pop(job.id, None)
         self._draining[(job.id, attempt.number)] = attempt.gpus
         self.store.update_attempt(job.id, attempt.number, state="stopping", outcome="preempted")
         return job.id, attempt.number
@@ -392,6 +409,48 @@ class Manager(SubmissionCommitter, Recovery, ManagerViews, SchedulerFactory):
             executed_s=job.executed_s,
             **fields,
         )
+
+    # -- progress: what the jobs report ------------------------------------------------------
+
+    def shape_of(self, job: Job, gpus: tuple[int, ...]) -> Shape:
+        """The placement shape a job's throughput is measured on (corral.core.profiles)."""
+        cluster = self.cluster
+        gpu_type = min(cluster.gpus[g].gpu_type for g in gpus)  # a gang never mixes types
+        nodes = len({cluster.gpu_node[g] for g in gpus})
+        return Shape(job.spec.model, gpu_type, len(gpus), nodes)
+
+    def _check_progress(self, now: float) -> list[tuple[str, int]]:
+        """Read the running attempts' reports (corral.server.telemetry); stop those that hung
+        (no report for their `progress_timeout`: retried as the infrastructure's failure, as
+        Philly's hang detection does) or ran past their `time_limit` (they fail, as in Slurm).
+        Returns the attempts to stop."""
+        self.telemetry.poll(now)
+        stops = []
+        for job_id, attempt in self._attempts.items():
+            model = self._spec_models.get(job_id)
+            if model is None or job_id in self._ending:
+                continue
+            report = None
+            last = self.telemetry.last_report_at(job_id) or attempt.started_at
+            ran = self.scheduler.jobs[job_id].executed_at(now)
+            if model.progress_timeout is not None and now - last > model.progress_timeout:
+                report = FailureReport(
+                    f"hung: no progress report for {now - last:.0f} s "
+                    f"(progress_timeout {model.progress_timeout:g} s)",
+                    infrastructure=True,
+                    signature="hung",
+                )
+            elif model.time_limit is not None and ran > model.time_limit:
+                report = FailureReport(
+                    f"time limit: ran {ran:.0f} s (time_limit {model.time_limit:g} s)",
+                    give_up=True,
+                )
+            if report is None:
+                continue
+            self._ending[job_id] = report
+            self.store.add_event(job_id, now, "stopping", report.reason)
+            stops.append((job_id, attempt.number))
+        return stops
 
     # -- attempts that ended ------------------------------------------------------------------
 
@@ -425,7 +484,11 @@ class Manager(SubmissionCommitter, Recovery, ManagerViews, SchedulerFactory):
         del self._attempts[end.job_id]
         self._dirty = True
         job = self.scheduler.jobs[end.job_id]
-        if end.exit_code == 0 and not end.reason.startswith("lost"):
+        self.telemetry.unwatch(job.id, now)
+        judged = self._ending.pop(job.id, None)  # stopped by the manager: hung, over its limit
+        if judged is not None:
+            detail = outcome_fields["reason"] = judged.reason
+        elif end.exit_code == 0 and not end.reason.startswith("lost"):
             self.scheduler.finished(job.id, now)
             self.store.update_attempt(job.id, end.attempt, outcome="succeeded", **outcome_fields)
             self._save_progress(
@@ -446,6 +509,9 @@ class Manager(SubmissionCommitter, Recovery, ManagerViews, SchedulerFactory):
             signature=f"{end.exit_code}|{detail}",
             ran_s=end.ended_at - attempt.started_at,
         )
+        if judged is not None:
+            lost = judged.infrastructure
+            report = replace(judged, ran_s=report.ran_s)
         self.scheduler.failed(job.id, now, report)
         verdict = job.verdict
         backoff = verdict.retry_after_s if verdict is not None else 0.0
@@ -490,6 +556,8 @@ class Manager(SubmissionCommitter, Recovery, ManagerViews, SchedulerFactory):
         self.scheduler.cancel(job_id, now)
         self._drop_deferred_start(job)
         attempt = self._attempts.pop(job_id, None)
+        self.telemetry.unwatch(job_id, now)
+        self._ending.pop(job_id, None)
         with self.store.batch():
             self._save_progress(
                 job, status="CANCELLED", finished_at=now, reason="cancelled by request"
@@ -517,3 +585,5 @@ class Manager(SubmissionCommitter, Recovery, ManagerViews, SchedulerFactory):
         self._spec_models.pop(job_id, None)
         self._accounts.pop(job_id, None)
         self._retrying.discard(job_id)
+        self._ending.pop(job_id, None)
+        self.telemetry.forget(job_id)

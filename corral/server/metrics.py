@@ -44,6 +44,25 @@ class ManagerCollector(Collector):
         for state, number in sorted(manager.store.job_counts().items()):
             states.add_metric([state], number)
         yield states
+        rates = GaugeMetricFamily(
+            "corral_job_steps_per_second",
+            "Steps per second each running job reports (over its latest minute of reports).",
+            labels=["job", "name", "vc"],
+        )
+        steps = GaugeMetricFamily(
+            "corral_job_step",
+            "The latest step each running job reported.",
+            labels=["job", "name", "vc"],
+        )
+        for row in manager.store.list_jobs(status="RUNNING"):
+            if row.progress is None:
+                continue
+            labels = [row.id, row.name, row.vc]
+            steps.add_metric(labels, row.progress.step)
+            if row.progress.steps_per_s is not None:
+                rates.add_metric(labels, row.progress.steps_per_s)
+        yield rates
+        yield steps
         gpus = GaugeMetricFamily("corral_gpus", "GPUs in the cluster.")
         gpus.add_metric([], manager.cluster.total_gpus)
         yield gpus

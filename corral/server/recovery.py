@@ -19,13 +19,15 @@ from typing import TYPE_CHECKING
 
 from corral.core.actions import Start
 from corral.core.cluster import Cluster, NodeDef
-from corral.core.job import Job
+from corral.core.job import Job, JobSpec
+from corral.core.profiles import Shape
 from corral.core.protocol import SchedulerCore
 from corral.core.retry import Failure, RetryRule
 from corral.exec.local import AttemptEnded
-from corral.server.spec import JobSpecModel, parse_job_spec, to_core_spec
+from corral.server.spec import JobSpecModel, parse_job_spec
 from corral.server.state import Attempt, Executor, ManagerSettings, gpu_ids_by_name
 from corral.server.store import AttemptRow, JobRow, Store
+from corral.server.telemetry import Telemetry, progress_file
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -61,6 +63,7 @@ class Recovery:
     _spec_models: dict[str, JobSpecModel]
     _accounts: dict[str, str]
     _dirty: bool
+    telemetry: Telemetry
 
     if TYPE_CHECKING:  # the manager's own, and the scheduler factory's
 
@@ -70,6 +73,10 @@ class Recovery:
         def _attempt_ended(self, end: AttemptEnded, now: float) -> None: ...
         def _save_progress(self, job: Job, **fields: object) -> None: ...
         def _forget(self, job_id: str) -> None: ...
+        def shape_of(self, job: Job, gpus: tuple[int, ...]) -> Shape: ...
+        def core_spec(
+            self, model: JobSpecModel, job_id: str, submit_time: float, user: str
+        ) -> JobSpec: ...
 
     # -- node changes -------------------------------------------------------------------------
 
@@ -258,7 +265,7 @@ class Recovery:
         self._spec_models[row.id] = model
         if row.unix_user is not None:
             self._accounts[row.id] = row.unix_user
-        spec = to_core_spec(model, row.id, row.submitted_at, row.user)
+        spec = self.core_spec(model, row.id, row.submitted_at, row.user)
         refusal = self.scheduler.refusal(spec)  # e.g. its VC left the config
         # Too big for the nodes there are now: on a cluster whose nodes come and go, it waits.
         if refusal is not None and (self._nodes is None or spec.vc not in self.vc_quota):
@@ -333,6 +340,12 @@ class Recovery:
                 return
             self.scheduler.restore_running(job.id, gpus, started_at, now)
             self._attempts[job.id] = Attempt(number, gpus, started_at)
+            if job.id not in self.telemetry.watches:  # (a rebuild keeps what it read)
+                attempt_dir = self.attempt_dir(job.id, number)
+                shape = self.shape_of(job, gpus)
+                self.telemetry.watch(
+                    job.id, number, progress_file(attempt_dir), shape, now, resumed=True
+                )
             if not self._rebuilding:  # a node joined or left: nothing to tell the job's owner
                 self.store.add_event(job.id, now, "recovered", f"attempt {number} found running")
             return

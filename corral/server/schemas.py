@@ -49,6 +49,46 @@ class JobSummary(BaseModel):
     placement: list[str] = Field(description="a running job's GPUs (NODE/INDEX)")
     reason: str = Field(description="why a pending job waits, or how the job ended")
     exit_code: int | None
+    progress: ProgressInfo | None = None
+
+
+class ProgressInfo(BaseModel):
+    """What a job last reported (docs/progress.md); null until it reports."""
+
+    model_config = _OPEN
+
+    step: float
+    total_steps: float | None
+    steps_per_s: float | None = Field(description="measured over its latest minute of reports")
+    loss: float | None
+    updated_at: float = Field(description="when the manager read it (epoch seconds)")
+    eta_s: float | None = Field(description="seconds left at the measured rate, if known")
+
+
+class ProgressPoint(BaseModel):
+    model_config = _OPEN
+
+    attempt: int
+    at: float
+    step: float
+    loss: float | None
+
+
+class ProfileInfo(BaseModel):
+    """A model's measured throughput on one placement shape."""
+
+    model_config = _OPEN
+
+    model: str
+    gpu_type: str
+    gpus: int
+    nodes: int = Field(description="nodes the GPUs spanned")
+    colocated: str = Field(description="the model sharing the GPUs ('' when none)")
+    steps_per_s: float
+    samples_per_s: float | None
+    seconds: float = Field(description="seconds of running measured")
+    runs: int = Field(description="attempts measured")
+    updated_at: float
 
 
 class AttemptInfo(BaseModel):
@@ -81,6 +121,12 @@ class JobDetail(JobSummary):
     spec: dict[str, Any]
     attempt_history: list[AttemptInfo]
     events: list[EventInfo]
+    progress_history: list[ProgressPoint] = Field(
+        default_factory=list, description="the job's progress, thinned (the latest 500 points)"
+    )
+    throughput: list[ProfileInfo] = Field(
+        default_factory=list, description="its model's measured throughput per shape"
+    )
 
 
 class QueueView(BaseModel):

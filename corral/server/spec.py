@@ -26,6 +26,7 @@ import math
 import re
 import signal as signals
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -41,7 +42,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from corral.config_file import YamlFileError, read_yaml_file
-from corral.core.job import JobSpec, Priority
+from corral.core.job import Elastic, JobSpec, Priority
 
 NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-")
 MAX_NAME_LENGTH = 63
@@ -302,6 +303,55 @@ def _grace(value: object) -> float:
     return float(value)
 
 
+def _positive_seconds(value: object) -> float | None:
+    if value is None:
+        return None
+    seconds = _grace(value)
+    if seconds <= 0:
+        raise _refuse("must be a positive number of seconds")
+    return seconds
+
+
+def _deadline(value: object) -> float | str | None:
+    """Seconds after submission (a number), or an ISO 8601 instant (a string; UTC unless it
+    names its offset)."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        if len(value) > 64:
+            raise _refuse("must be an ISO 8601 date and time, e.g. 2026-12-01T18:00:00Z")
+        try:
+            instant = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+        except ValueError:
+            raise _refuse(
+                "must be seconds after submission or an ISO 8601 date and time, "
+                "e.g. 2026-12-01T18:00:00Z"
+            ) from None
+        if instant.tzinfo is None:
+            instant = instant.replace(tzinfo=UTC)
+        return instant.isoformat()
+    return _positive_seconds(value)
+
+
+def deadline_instant(model: JobSpecModel, submit_time: float) -> float | None:
+    """The spec's deadline as an instant of the manager's clock (epoch seconds)."""
+    if model.deadline is None:
+        return None
+    if isinstance(model.deadline, str):
+        return datetime.fromisoformat(model.deadline).timestamp()
+    return submit_time + model.deadline
+
+
+class ElasticRange(BaseModel):
+    """ElasticFlow's range: the job runs on any GPU count between these (multiples of its
+    workers' GPUs), resized by a checkpoint-restart."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    min_gpus: Positive = Field(description="the fewest GPUs the job may run on")
+    max_gpus: Positive = Field(description="the most GPUs the job may run on")
+
+
 # Each type's JSON schema states its rules that JSON Schema can (byte caps as lengths: a character
 # is at least one byte); the rest is in the descriptions and docs/job-spec.md.
 
@@ -402,6 +452,36 @@ SignalName = Annotated[
     WithJsonSchema(_string(MAX_SIGNAL_CHARS, r"^\s*[A-Za-z0-9]+\s*$", 1)),
 ]
 Seconds = Annotated[float, PlainValidator(_grace), WithJsonSchema({"type": "number", "minimum": 0})]
+PositiveSeconds = Annotated[
+    float | None,
+    PlainValidator(_positive_seconds),
+    WithJsonSchema({"anyOf": [{"type": "number", "exclusiveMinimum": 0}, {"type": "null"}]}),
+]
+Deadline = Annotated[
+    float | str | None,
+    PlainValidator(_deadline),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "number", "exclusiveMinimum": 0},
+                {"type": "string", "maxLength": 64, "format": "date-time"},
+                {"type": "null"},
+            ]
+        }
+    ),
+]
+OptionalText = Annotated[
+    str | None,
+    PlainValidator(lambda value: None if value is None else _non_empty_text(value)),
+    WithJsonSchema({"anyOf": [_string(MAX_TEXT_CHARS, NOT_BLANK, 1), {"type": "null"}]}),
+]
+OptionalPositive = Annotated[
+    int | None,
+    PlainValidator(lambda value: None if value is None else _count(1, "positive")(value)),
+    WithJsonSchema(
+        {"anyOf": [{"type": "integer", "minimum": 1, "maximum": MAX_COUNT}, {"type": "null"}]}
+    ),
+]
 
 
 class JobSpecModel(BaseModel):
@@ -441,6 +521,32 @@ class JobSpecModel(BaseModel):
     max_retries: NonNegative = Field(0, description="failed attempts retried before FAILED")
     signal: SignalName = Field("SIGTERM", description="sent on preemption or cancel")
     grace_seconds: Seconds = Field(30.0, description="seconds between the signal and SIGKILL")
+    model: OptionalText = Field(
+        None,
+        description="what the job trains, the key under which corral keeps its measured "
+        "throughput (default: the job's name)",
+    )
+    total_steps: OptionalPositive = Field(
+        None, description="steps the job will run, in the unit its progress reports count"
+    )
+    time_limit: PositiveSeconds = Field(
+        None,
+        description="seconds of running after which the job is stopped and fails; also its "
+        "length for sjf and srtf (the user's estimate, as in Slurm)",
+    )
+    progress_timeout: PositiveSeconds = Field(
+        None,
+        description="seconds without a progress report after which an attempt counts as hung: "
+        "it is stopped and retried as the infrastructure's failure",
+    )
+    deadline: Deadline = Field(
+        None,
+        description="when the job should be done: seconds after submission, or an ISO 8601 "
+        "date and time (edf and elasticflow order by it)",
+    )
+    elastic: ElasticRange | None = Field(
+        None, description="ElasticFlow: the range of GPU counts the job may be resized within"
+    )
 
     @model_validator(mode="after")
     def _workers_divide_gpus(self) -> JobSpecModel:
@@ -453,6 +559,21 @@ class JobSpecModel(BaseModel):
                     "reason": f"must divide gpus ({self.workers} does not divide {self.gpus})",
                 },
             )
+        return self
+
+    @model_validator(mode="after")
+    def _elastic_range(self) -> JobSpecModel:
+        if self.elastic is None:
+            return self
+        unit = self.gpus // self.workers
+        low, high = self.elastic.min_gpus, self.elastic.max_gpus
+        problem = None
+        if not low <= self.gpus <= high:
+            problem = f"must hold gpus ({self.gpus}) between min_gpus ({low}) and max_gpus ({high})"
+        elif low % unit or high % unit:
+            problem = f"min_gpus and max_gpus must be multiples of one worker's GPUs ({unit})"
+        if problem is not None:
+            raise PydanticCustomError("spec", "{reason}", {"field": "elastic", "reason": problem})
         return self
 
     @model_validator(mode="after")
@@ -493,14 +614,34 @@ def load_job_spec_file(path: str | Path) -> JobSpecModel:
     return parse_job_spec(data, file)
 
 
-def to_core_spec(model: JobSpecModel, job_id: str, submit_time: float, user: str) -> JobSpec:
-    """The scheduling core's view of the job (the core needs no command, env or signal)."""
+def model_key(model: JobSpecModel) -> str:
+    """The key of the job's measured throughput: its `model`, else its name."""
+    return model.model or model.name
+
+
+def to_core_spec(
+    model: JobSpecModel,
+    job_id: str,
+    submit_time: float,
+    user: str,
+    *,
+    rate: float | None = None,
+    spread_slowdown: float | None = None,
+) -> JobSpec:
+    """The scheduling core's view of the job (the core needs no command, env or signal).
+
+    Its length (`duration_s`, what sjf and srtf order by) is the user's estimate: `time_limit`,
+    else `total_steps` at `rate`, the steps/s measured for its model; `spread_slowdown` is the
+    one measured for it (Tiresias's profile placement), 1.0 when not known."""
     if model.gpu_type is None:
         gpu_types = None
     elif isinstance(model.gpu_type, str):
         gpu_types = frozenset({model.gpu_type.lower()})
     else:
         gpu_types = frozenset(kind.lower() for kind in model.gpu_type)
+    duration = model.time_limit
+    if duration is None and model.total_steps is not None and rate:
+        duration = model.total_steps / rate
     return JobSpec(
         id=job_id,
         submit_time=submit_time,
@@ -511,6 +652,16 @@ def to_core_spec(model: JobSpecModel, job_id: str, submit_time: float, user: str
         priority=Priority(model.priority),
         max_retries=model.max_retries,
         gpus_per_worker=model.gpus // model.workers,
+        model=model_key(model),
+        total_steps=model.total_steps,
+        duration_s=duration,
+        spread_slowdown=spread_slowdown or 1.0,
+        deadline=deadline_instant(model, submit_time),
+        elastic=(
+            None
+            if model.elastic is None
+            else Elastic(model.elastic.min_gpus, model.elastic.max_gpus, model.gpus)
+        ),
     )
 
 

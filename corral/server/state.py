@@ -41,6 +41,8 @@ class ManagerSettings:
     max_grace_s: float = 300.0
     #: The shortest time between two scheduling rounds.
     round_gap_s: float = 0.02
+    #: How often the running jobs' progress reports are read (and hangs and time limits checked).
+    progress_check_s: float = 1.0
     #: How often a cluster whose nodes come and go (Ray) is read again.
     node_check_s: float = 1.0
     #: Where jobs' checkpoint dirs go (one per job); storage every node sees. Default: the

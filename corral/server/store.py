@@ -67,6 +67,13 @@ jobs_table = sa.Table(
     # The spec's `workers`, for listings that must not decode specs (None: stored before this
     # column existed; listings then read it from the spec's JSON in the database).
     sa.Column("workers", sa.Integer),
+    # What the job last reported (corral.server.telemetry): its step, the spec's total_steps,
+    # its measured steps/s, its latest loss and when it reported (None: nothing reported yet).
+    sa.Column("step", sa.Double),
+    sa.Column("total_steps", sa.Double),
+    sa.Column("steps_per_s", sa.Double),
+    sa.Column("loss", sa.Double),
+    sa.Column("progress_at", sa.Double),
 )
 
 attempts_table = sa.Table(
@@ -110,6 +117,34 @@ tokens_table = sa.Table(
     sa.Column("unix_user", sa.String),
 )
 
+#: A job's progress over time, thinned (a point every few seconds at most): the loss curve that
+#: optimus fits and `describe` shows, kept across restarts of the manager.
+progress_table = sa.Table(
+    "progress",
+    metadata,
+    sa.Column("job_id", sa.Integer, sa.ForeignKey("jobs.id"), primary_key=True),
+    sa.Column("attempt", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("at", sa.Double, primary_key=True),
+    sa.Column("step", sa.Double, nullable=False),
+    sa.Column("loss", sa.Double),
+)
+
+#: Measured throughput per model and placement shape (corral.core.profiles).
+profiles_table = sa.Table(
+    "profiles",
+    metadata,
+    sa.Column("model", sa.String, primary_key=True),
+    sa.Column("gpu_type", sa.String, primary_key=True),
+    sa.Column("gpus", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("nodes", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("colocated", sa.String, primary_key=True),
+    sa.Column("steps_per_s", sa.Double, nullable=False),
+    sa.Column("samples_per_s", sa.Double),
+    sa.Column("seconds", sa.Double, nullable=False),
+    sa.Column("runs", sa.Integer, nullable=False),
+    sa.Column("updated_at", sa.Double, nullable=False),
+)
+
 meta_table = sa.Table(
     "meta",
     metadata,
@@ -128,6 +163,37 @@ OWNER_LOCK_KEY = 0x636F7272616C
 
 class StoreError(RuntimeError):
     """The database cannot be opened or used; the message is one line naming it."""
+
+
+@dataclass(slots=True, frozen=True)
+class JobProgress:
+    """What a job last reported: its step (of `total_steps`, if declared), steps/s measured over
+    its latest reports, its latest loss, and when (the manager's clock)."""
+
+    step: float
+    at: float
+    total_steps: float | None = None
+    steps_per_s: float | None = None
+    loss: float | None = None
+
+    def eta_s(self, now: float) -> float | None:
+        """Seconds left at the measured rate, counted from `now` (None: not known)."""
+        if self.total_steps is None or not self.steps_per_s:
+            return None
+        left = max(0.0, self.total_steps - self.step) / self.steps_per_s
+        return max(0.0, left - max(0.0, now - self.at))
+
+
+def _progress_of(row: RowMapping) -> JobProgress | None:
+    if row["step"] is None or row["progress_at"] is None:
+        return None
+    return JobProgress(
+        step=row["step"],
+        at=row["progress_at"],
+        total_steps=row["total_steps"],
+        steps_per_s=row["steps_per_s"],
+        loss=row["loss"],
+    )
 
 
 @dataclass(slots=True)
@@ -151,6 +217,7 @@ class JobRow:
     executed_s: float
     exit_code: int | None
     unix_user: str | None = None
+    progress: JobProgress | None = None
 
     @classmethod
     def new(
@@ -211,6 +278,7 @@ class JobListRow:
     failures: int
     preemptions: int
     exit_code: int | None
+    progress: JobProgress | None = None
 
 
 class _SpecWorkers(FunctionElement[int]):
@@ -237,6 +305,11 @@ def _workers_of(spec: dict[str, Any]) -> int:
     return workers if isinstance(workers, int) and not isinstance(workers, bool) else 1
 
 
+def _total_steps_of(spec: dict[str, Any]) -> float | None:
+    total = spec.get("total_steps")
+    return float(total) if isinstance(total, int | float) and not isinstance(total, bool) else None
+
+
 _LISTED_COLUMNS = [
     column for column in jobs_table.c if column.name not in ("spec", "workers", "unix_user")
 ]
@@ -261,6 +334,7 @@ def _list_row(row: RowMapping) -> JobListRow:
         failures=row["failures"],
         preemptions=row["preemptions"],
         exit_code=row["exit_code"],
+        progress=_progress_of(row),
     )
 
 
@@ -275,6 +349,28 @@ class AttemptRow:
     outcome: str | None  # None until ended: succeeded | failed | preempted | cancelled | lost
     exit_code: int | None
     reason: str
+
+
+@dataclass(slots=True)
+class ProgressRow:
+    attempt: int
+    at: float
+    step: float
+    loss: float | None
+
+
+@dataclass(slots=True)
+class ProfileRow:
+    model: str
+    gpu_type: str
+    gpus: int
+    nodes: int
+    colocated: str
+    steps_per_s: float
+    samples_per_s: float | None
+    seconds: float
+    runs: int
+    updated_at: float
 
 
 @dataclass(slots=True)
@@ -329,6 +425,7 @@ def _job_row(row: RowMapping) -> JobRow:
         executed_s=row["executed_s"],
         exit_code=row["exit_code"],
         unix_user=row["unix_user"],
+        progress=_progress_of(row),
     )
 
 
@@ -376,6 +473,8 @@ def _column_values(
 
 _INSERT_ATTEMPT = attempts_table.insert()
 _INSERT_EVENT = events_table.insert()
+_INSERT_PROGRESS = progress_table.insert()
+PROFILE_KEY = ("model", "gpu_type", "gpus", "nodes", "colocated")
 _UPDATES: dict[tuple[str, frozenset[str]], Any] = {}
 
 
@@ -622,6 +721,7 @@ class Store:
                     gpus=gpus,
                     spec=json.dumps(spec),
                     workers=_workers_of(spec),
+                    total_steps=_total_steps_of(spec),
                     status=status,
                     reason=reason,
                     submitted_at=submitted_at,
@@ -647,6 +747,7 @@ class Store:
                         gpus=row.gpus,
                         spec=json.dumps(row.spec),
                         workers=_workers_of(row.spec),
+                        total_steps=_total_steps_of(row.spec),
                         status=row.status,
                         reason=row.reason,
                         submitted_at=row.submitted_at,
@@ -848,6 +949,54 @@ class Store:
             )
             for row in reversed(rows)
         ]
+
+    # -- progress and profiles --------------------------------------------------------------------
+
+    def add_progress(
+        self, job_id: JobId, attempt: int, at: float, step: float, loss: float | None
+    ) -> None:
+        """One point of a job's progress (the telemetry thins them before they get here)."""
+        row = dict(job_id=int(job_id), attempt=attempt, at=at, step=step, loss=loss)
+        self._run(_INSERT_PROGRESS, row)
+
+    def progress(self, job_id: JobId, limit: int | None = None) -> list[ProgressRow]:
+        """A job's stored progress points in order; with `limit`, the latest ones."""
+        key = _int_or_none(job_id)
+        if key is None:
+            return []
+        query = (
+            sa.select(progress_table)
+            .where(progress_table.c.job_id == key)
+            .order_by(progress_table.c.at.desc(), progress_table.c.attempt.desc())
+        )
+        if limit is not None:
+            query = query.limit(limit)
+        with self._reading() as connection:
+            rows = list(connection.execute(query).mappings())
+        return [
+            ProgressRow(row["attempt"], row["at"], row["step"], row["loss"])
+            for row in reversed(rows)
+        ]
+
+    def profiles(self) -> list[ProfileRow]:
+        query = sa.select(profiles_table).order_by(
+            *(profiles_table.c[name] for name in PROFILE_KEY)
+        )
+        with self._reading() as connection:
+            return [
+                ProfileRow(**{name: row[name] for name in ProfileRow.__slots__})
+                for row in connection.execute(query).mappings()
+            ]
+
+    def save_profile(self, row: ProfileRow) -> None:
+        """Insert or replace one shape's measurement."""
+        values = {name: getattr(row, name) for name in ProfileRow.__slots__}
+        key = {name: values.pop(name) for name in PROFILE_KEY}
+        where = sa.and_(*(profiles_table.c[name] == value for name, value in key.items()))
+        with self._writing() as connection:
+            result = connection.execute(profiles_table.update().where(where).values(values))
+            if result.rowcount == 0:
+                connection.execute(profiles_table.insert(), key | values)
 
     # -- settings ---------------------------------------------------------------------------------
 

@@ -50,6 +50,8 @@ SCHEDULER_OPTIONS = {
     "retry_backoff_s": ("retry", "backoff_s"),
     "fast_fail_s": ("retry", "fast_fail_s"),
     "fast_fail_repeats": ("retry", "fast_fail_repeats"),
+    "optimus_refit_min_s": ("optimus", "refit_min_s"),
+    "optimus_prior_s": ("optimus", "prior_s"),
 }
 
 

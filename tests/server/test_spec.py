@@ -14,6 +14,7 @@ from corral.server.spec import (
     JobSpecModel,
     SpecError,
     argv,
+    deadline_instant,
     load_job_spec_file,
     parse_job_spec,
     signal_number,
@@ -167,7 +168,71 @@ def test_a_minimal_spec_gets_every_default() -> None:
         "max_retries": 0,
         "signal": "SIGTERM",
         "grace_seconds": 30.0,
+        "model": None,
+        "total_steps": None,
+        "time_limit": None,
+        "progress_timeout": None,
+        "deadline": None,
+        "elastic": None,
     }
+
+
+TELEMETRY_REFUSALS = [
+    (spec_with(time_limit=0), "time_limit: must be a positive number of seconds"),
+    (spec_with(time_limit=-5), "time_limit: must be a non-negative number of seconds"),
+    (
+        spec_with(progress_timeout="1h"),
+        "progress_timeout: must be a non-negative number of seconds",
+    ),
+    (spec_with(total_steps=0), "total_steps: must be a positive integer"),
+    (spec_with(total_steps=1.5), "total_steps: must be a positive integer"),
+    (spec_with(model=""), "model: must be a non-empty string"),
+    (
+        spec_with(deadline="next tuesday"),
+        "deadline: must be seconds after submission or an ISO 8601 date and time, "
+        "e.g. 2026-12-01T18:00:00Z",
+    ),
+    (spec_with(elastic={"min_gpus": 2}), "elastic.max_gpus: field required"),
+    (spec_with(elastic={"min_gpus": 1, "max_gpus": 8, "x": 1}), "elastic.x: unknown field"),
+    (
+        spec_with(elastic={"min_gpus": 8, "max_gpus": 16}),
+        "elastic: must hold gpus (4) between min_gpus (8) and max_gpus (16)",
+    ),
+    (
+        spec_with(workers=2, elastic={"min_gpus": 1, "max_gpus": 8}),
+        "elastic: min_gpus and max_gpus must be multiples of one worker's GPUs (2)",
+    ),
+]
+
+
+@pytest.mark.parametrize(("data", "message"), TELEMETRY_REFUSALS)
+def test_telemetry_fields_are_checked(data: dict, message: str) -> None:
+    with pytest.raises(SpecError) as caught:
+        parse_job_spec(data)
+    assert str(caught.value) == message
+
+
+def test_telemetry_fields_reach_the_core() -> None:
+    model = parse_job_spec(
+        spec_with(
+            total_steps=1000,
+            deadline="2026-12-01T18:00:00+01:00",
+            workers=2,
+            elastic={"min_gpus": 2, "max_gpus": 8},
+            model="bert",
+        )
+    )
+    # 18:00 at +01:00 is 17:00 UTC: 1796144400 seconds after the epoch (`date -d ... +%s`).
+    assert deadline_instant(model, 0.0) == 1796144400.0
+    # Its length comes from total_steps at its model's measured rate: 1000 / 4 = 250 s.
+    spec = to_core_spec(model, "1", 100.0, "ann", rate=4.0, spread_slowdown=1.5)
+    assert (spec.model, spec.total_steps, spec.duration_s) == ("bert", 1000, 250.0)
+    assert spec.spread_slowdown == 1.5
+    assert (spec.elastic.min_gpus, spec.elastic.max_gpus, spec.elastic.base_gpus) == (2, 8, 4)  # type: ignore[union-attr]
+    # A time limit is the user's estimate, and wins; a relative deadline counts from submission.
+    timed = parse_job_spec(spec_with(time_limit=60, total_steps=1000, deadline=3600))
+    spec = to_core_spec(timed, "1", 100.0, "ann", rate=4.0)
+    assert (spec.duration_s, spec.deadline, spec.model) == (60.0, 3700.0, "train")
 
 
 def test_a_full_spec_is_normalised() -> None:
@@ -225,6 +290,7 @@ def test_to_core_spec_converts_types_and_priority() -> None:
         priority=Priority.OPPORTUNISTIC,
         max_retries=2,
         gpus_per_worker=4,  # one worker (the default) holds all 4 GPUs
+        model="train",  # its measured throughput is kept under its name
     )
     assert core.accepts("a100") and not core.accepts("t4")
     assert to_core_spec(parse_job_spec(spec_with(workers=2)), "3", 0.0, "bob").gpus_per_worker == 2

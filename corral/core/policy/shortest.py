@@ -15,10 +15,16 @@ from corral.core.policy.base import Key, Policy, tie_break
 class ShortestJobFirst(Policy):
     name = "sjf"
     summary = "shortest job first, by the job's declared length (an oracle baseline)"
+    #: Orders jobs by `JobSpec.duration_s`: a live shell queues only jobs that declare one.
+    needs_lengths = True
 
     @classmethod
     def from_options(cls, options: Any, services: Services) -> Policy:
-        needs(services.durations_known, f"policy {cls.name}", "every job's length (a trace with durations)")
+        needs(
+            services.durations_known,
+            f"policy {cls.name}",
+            "every job's length (a trace with durations)",
+        )
         return cls()
 
     def key(self, job: Job, now: float) -> Key:

@@ -1,0 +1,258 @@
+"""What the live manager learns from its jobs' progress reports (docs/progress.md).
+
+Each worker appends JSON lines to its `rank-R.progress` file (`$CORRAL_PROGRESS_FILE`); the
+manager tails rank 0's (corral.progress.reader, bounded per read, so no job can stall or exhaust
+it) every `progress_check_s` and learns, per attempt:
+
+* its step and the time of its latest report (a job whose reports stop is hung: the manager's
+  hang detection reads `last_report_at`);
+* its steps/s: over the reports of the last `RATE_WINDOW_S`, the first report of an attempt
+  excluded from nothing but as a base, so start-up and checkpoint restore do not count;
+* its loss curve (step, loss), kept across attempts, thinned: what optimus fits.
+
+and per placement shape (corral.core.profiles.Shape: model, GPU type and count, nodes, the
+partner's model when a GPU is shared) the measured steps/s, folded into `Profiles` every
+`FOLD_EVERY_S` of an attempt's reports and when it ends, and stored: the speeds `hetero`,
+`profile`, ElasticFlow and the jobs' lengths come from. The store keeps a job's progress (its
+row's step, steps/s, loss), a thinned series of points (one per `POINT_EVERY_S` at most) and the
+profiles, all written inside the control loop's transaction.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from corral.core.estimate import Sample, thin
+from corral.core.job import Job
+from corral.core.policy.optimus import Progress
+from corral.core.profiles import Measure, Profiles, Shape
+from corral.progress.reader import ProgressTail, Report
+from corral.server.store import ProfileRow, Store
+
+#: Steps/s shown for a job is measured over its reports of this many seconds.
+RATE_WINDOW_S = 60.0
+#: An attempt's measured rate is folded into its shape's profile at least this often.
+FOLD_EVERY_S = 30.0
+#: The shortest span of reports a rate is taken from (shorter spans are noise).
+MIN_SPAN_S = 1.0
+#: A job's progress is stored as a point at most this often.
+POINT_EVERY_S = 5.0
+#: Loss samples kept per job in memory (thinned evenly beyond it, as optimus does).
+MAX_SAMPLES = 2000
+
+
+def progress_file(attempt_dir: Path, rank: int = 0) -> Path:
+    """Where a worker's reports are (the supervisor creates it: corral.exec.shim, and the Ray
+    executor copies it there from the worker's node)."""
+    return attempt_dir / f"rank-{rank}.progress"
+
+
+@dataclass(slots=True)
+class Watch:
+    """One running attempt whose reports the manager reads."""
+
+    job_id: str
+    attempt: int
+    shape: Shape
+    tail: ProgressTail
+    #: When the attempt started, or its latest report arrived (the manager's clock).
+    last_report_at: float
+    first: Report | None = None
+    last: Report | None = None
+    #: The report up to which this attempt's rate is in its shape's profile.
+    folded: Report | None = None
+    counted_run: bool = False
+    recent: deque[Report] = field(default_factory=lambda: deque(maxlen=256))
+    stored_at: float = -math.inf
+    reports: int = 0
+
+    def rate(self) -> float | None:
+        """Steps/s over the reports of the last RATE_WINDOW_S (None: too few yet)."""
+        last = self.last
+        if last is None or not self.recent:
+            return None
+        base = next((r for r in self.recent if r.time >= last.time - RATE_WINDOW_S), self.recent[0])
+        span = last.time - base.time
+        if span < MIN_SPAN_S or last.step <= base.step:
+            return None
+        return (last.step - base.step) / span
+
+
+@dataclass(slots=True)
+class JobCurve:
+    """A job's progress over all its attempts: its latest step and its (step, loss) samples."""
+
+    step: float = 0.0
+    samples: list[Sample] = field(default_factory=list)
+
+    def add(self, step: float, loss: float | None) -> None:
+        self.step = step
+        if loss is not None:
+            self.samples.append((step, loss))
+            if len(self.samples) > MAX_SAMPLES:
+                self.samples = thin(self.samples, MAX_SAMPLES // 2)
+
+
+class Telemetry:
+    """The reports of the running attempts, the jobs' curves and the cluster's profiles."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.profiles = Profiles()
+        self.watches: dict[str, Watch] = {}  # job id -> its running attempt's
+        self.curves: dict[str, JobCurve] = {}
+        #: Malformed report lines seen, per job (the API shows them; the job is not stopped).
+        self.malformed: dict[str, int] = {}
+        self.load()
+
+    def load(self) -> None:
+        """The profiles the store holds (at start, and on a rebuild)."""
+        self.profiles = Profiles(
+            {
+                Shape(row.model, row.gpu_type, row.gpus, row.nodes, row.colocated): Measure(
+                    row.steps_per_s, row.seconds, row.runs, row.samples_per_s
+                )
+                for row in self.store.profiles()
+            }
+        )
+
+    # -- attempts ------------------------------------------------------------------------------
+
+    def watch(
+        self, job_id: str, attempt: int, path: Path, shape: Shape, now: float, *, resumed: bool
+    ) -> None:
+        """Read the reports of an attempt from now on. `resumed`: a running attempt found again
+        after a restart (what it reported before was read then: it is skipped, so that no
+        measurement counts twice)."""
+        tail = ProgressTail(path)
+        watch = Watch(job_id, attempt, shape, tail, now)
+        if resumed:
+            tail.skip_to_end()
+        self.watches[job_id] = watch
+
+    def unwatch(self, job_id: str, now: float) -> None:
+        """The attempt ended: read what it wrote last and fold its rate into its profile."""
+        watch = self.watches.pop(job_id, None)
+        if watch is None:
+            return
+        self._read(watch, now)
+        self._fold(watch, now)
+
+    def forget(self, job_id: str) -> None:
+        """The job ended: its curve is in the store, no longer needed in memory."""
+        self.watches.pop(job_id, None)
+        self.curves.pop(job_id, None)
+        self.malformed.pop(job_id, None)
+
+    def poll(self, now: float) -> list[str]:
+        """Read every running attempt's new reports; returns the jobs whose attempt reported
+        for the first time."""
+        first = []
+        for watch in list(self.watches.values()):
+            silent = watch.reports == 0
+            if self._read(watch, now) and silent:
+                first.append(watch.job_id)
+            if watch.folded is not None and watch.last is not None:
+                if watch.last.time - watch.folded.time >= FOLD_EVERY_S:
+                    self._fold(watch, now)
+        return first
+
+    def _read(self, watch: Watch, now: float) -> bool:
+        reports = watch.tail.read(now)
+        if watch.tail.malformed:
+            self.malformed[watch.job_id] = watch.tail.malformed
+        if not reports:
+            return False
+        curve = self.curve(watch.job_id)
+        for report in reports:
+            if watch.first is None:
+                watch.first = watch.folded = report
+            elif watch.last is not None and report.step < watch.last.step:
+                watch.folded = report  # the job went back (a restore): rates start again
+                watch.recent.clear()
+            watch.last = report
+            watch.recent.append(report)
+            watch.reports += 1
+            curve.add(report.step, report.loss)
+        watch.last_report_at = now
+        last = watch.last
+        assert last is not None
+        self.store.update_job(
+            watch.job_id,
+            step=last.step,
+            steps_per_s=watch.rate(),
+            loss=last.loss,
+            progress_at=now,
+        )
+        if now - watch.stored_at >= POINT_EVERY_S:
+            watch.stored_at = now
+            self.store.add_progress(watch.job_id, watch.attempt, now, last.step, last.loss)
+        return True
+
+    def _fold(self, watch: Watch, now: float) -> None:
+        base, last = watch.folded, watch.last
+        if base is None or last is None:
+            return
+        span = last.time - base.time
+        if span < MIN_SPAN_S or last.step <= base.step:
+            return
+        samples = None
+        if base.samples is not None and last.samples is not None and last.samples > base.samples:
+            samples = (last.samples - base.samples) / span
+        measure = self.profiles.add(
+            watch.shape,
+            (last.step - base.step) / span,
+            span,
+            samples_per_s=samples,
+            new_run=not watch.counted_run,
+        )
+        watch.folded = last
+        if measure is None:
+            return
+        watch.counted_run = True
+        shape = watch.shape
+        self.store.save_profile(
+            ProfileRow(
+                model=shape.model,
+                gpu_type=shape.gpu_type,
+                gpus=shape.gpus,
+                nodes=shape.nodes,
+                colocated=shape.colocated,
+                steps_per_s=measure.steps_per_s,
+                samples_per_s=measure.samples_per_s,
+                seconds=measure.seconds,
+                runs=measure.runs,
+                updated_at=now,
+            )
+        )
+
+    # -- what the plugins and the views ask ----------------------------------------------------
+
+    def last_report_at(self, job_id: str) -> float | None:
+        watch = self.watches.get(job_id)
+        return None if watch is None else watch.last_report_at
+
+    def reported(self, job_id: str) -> bool:
+        watch = self.watches.get(job_id)
+        return watch is not None and watch.reports > 0
+
+    def rate(self, job_id: str) -> float | None:
+        watch = self.watches.get(job_id)
+        return None if watch is None else watch.rate()
+
+    def curve(self, job_id: str) -> JobCurve:
+        """The job's curve, from the store if this manager has not read it yet (a restart)."""
+        curve = self.curves.get(job_id)
+        if curve is None:
+            curve = self.curves[job_id] = JobCurve()
+            for point in self.store.progress(job_id):
+                curve.add(point.step, point.loss)
+        return curve
+
+    def observe(self, job: Job, now: float) -> Progress:
+        """Optimus's view of a job: its step and its loss samples."""
+        curve = self.curve(job.id)
+        return Progress(steps_done=curve.step, samples=tuple(curve.samples))
