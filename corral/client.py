@@ -241,6 +241,10 @@ class Client:
         """Nodes and their GPUs (with the job holding each), and the VCs."""
         return self._request("GET", "/cluster")
 
+    def profiles(self) -> list[dict]:
+        """Measured throughput per model and placement shape (steps/s)."""
+        return self._request("GET", "/profiles")
+
     def scheduler_config(self) -> dict:
         """The scheduler config the manager runs with: {"scheduler": {...}}."""
         return self._request("GET", "/config")

@@ -1,4 +1,4 @@
-"""The client commands: submit, ls, describe, logs, cancel, vc ls, token create.
+"""The client commands: submit, ls, describe, logs, cancel, vc ls, token create, profile ls.
 
 They talk to a running `corral up` through corral.client (CORRAL_URL, CORRAL_TOKEN). With
 `-o json` a command prints only JSON on stdout, for scripts. A refusal (the server's, or a bad
@@ -127,10 +127,22 @@ def ls(
         err_console.print("no jobs", highlight=False)
         return
     table = Table(box=None, header_style="bold", pad_edge=False)
-    for column in ("ID", "NAME", "USER", "VC", "STATUS", "GPUS", "AGE", "REASON"):
+    for column in (
+        "ID",
+        "NAME",
+        "USER",
+        "VC",
+        "STATUS",
+        "GPUS",
+        "AGE",
+        "PROGRESS",
+        "ETA",
+        "REASON",
+    ):
         table.add_column(column, no_wrap=column != "REASON", overflow="ellipsis")
     now = time.time()
     for job in jobs:
+        progress = job.get("progress")
         table.add_row(
             job["id"],
             job["name"],
@@ -139,6 +151,8 @@ def ls(
             _status(job["status"]),
             str(job["gpus"]),
             _age(now - job["submitted_at"]),
+            _steps(progress),
+            _eta(progress),
             _escape(_truncate(job["reason"], REASON_WIDTH)),
         )
     console.print(table, highlight=False)
@@ -182,6 +196,10 @@ def describe(
     )
     if job["exit_code"] is not None:
         fields.append(("Exit code", str(job["exit_code"])))
+    if job.get("progress"):
+        fields.append(("Progress", _progress_line(job["progress"], job.get("progress_history"))))
+    for measured in job.get("throughput") or []:
+        fields.append(("Throughput", _throughput_line(measured)))
     if spec.get("command"):
         command = spec["command"]
         fields.append(
@@ -442,6 +460,67 @@ def parse_duration(option: str, text: str) -> float:
     return seconds
 
 
+# -- profile ------------------------------------------------------------------------------------
+
+profile_app = typer.Typer(
+    no_args_is_help=True, help="Throughput measured per model and placement (from job progress)."
+)
+
+
+@profile_app.command("ls")
+def profile_ls(
+    model: Annotated[str | None, typer.Option(help="only this model")] = None,
+    output: OutputOption = Output.table,
+) -> None:
+    """Steps/s each model ran at, per GPU type, GPU count, nodes spanned and sharing partner."""
+    with connected() as client:
+        profiles = client.profiles()
+    if model is not None:
+        profiles = [row for row in profiles if row["model"] == model]
+    if output is Output.json:
+        print_json(profiles)
+        return
+    if not profiles:
+        err_console.print(
+            "nothing measured yet: jobs report progress through $CORRAL_PROGRESS_FILE "
+            "(docs/progress.md)",
+            highlight=False,
+        )
+        return
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    for column in (
+        "MODEL",
+        "GPU TYPE",
+        "GPUS",
+        "NODES",
+        "SHARED WITH",
+        "STEPS/S",
+        "SAMPLES/S",
+        "MEASURED",
+        "RUNS",
+        "UPDATED",
+    ):
+        table.add_column(
+            column, justify="left" if column in ("MODEL", "GPU TYPE", "SHARED WITH") else "right"
+        )
+    now = time.time()
+    for row in profiles:
+        samples = row["samples_per_s"]
+        table.add_row(
+            _escape(row["model"]),
+            _escape(row["gpu_type"]),
+            str(row["gpus"]),
+            str(row["nodes"]),
+            _escape(row["colocated"]) or "-",
+            f"{row['steps_per_s']:.3g}",
+            "" if samples is None else f"{samples:.4g}",
+            _age(row["seconds"]),
+            str(row["runs"]),
+            f"{_age(now - row['updated_at'])} ago",
+        )
+    console.print(table, highlight=False)
+
+
 def register(app: typer.Typer) -> None:
     app.command("submit")(submit)
     app.command("ls")(ls)
@@ -450,6 +529,7 @@ def register(app: typer.Typer) -> None:
     app.command("cancel")(cancel)
     app.add_typer(vc_app, name="vc")
     app.add_typer(token_app, name="token")
+    app.add_typer(profile_app, name="profile")
 
 
 # -- formatting -------------------------------------------------------------------------------
@@ -483,6 +563,52 @@ def _escape(text: Any) -> str:
     from rich.markup import escape
 
     return escape(str(text))
+
+
+def _number(value: float) -> str:
+    return f"{value:.0f}" if value == int(value) else f"{value:.4g}"
+
+
+def _steps(progress: dict[str, Any] | None) -> str:
+    """`ls`'s PROGRESS: the step, of the total where declared, and the share done."""
+    if not progress:
+        return ""
+    step, total = progress["step"], progress.get("total_steps")
+    if not total:
+        return _number(step)
+    return f"{_number(step)}/{_number(total)} {min(step / total, 1.0):.0%}"
+
+
+def _eta(progress: dict[str, Any] | None) -> str:
+    eta = (progress or {}).get("eta_s")
+    return "" if eta is None else _age(eta)
+
+
+def _progress_line(progress: dict[str, Any], history: list[dict[str, Any]] | None) -> str:
+    """`describe`'s progress: step, rate, ETA and the loss with its trend over the history."""
+    parts = [f"step {_steps(progress)}"]
+    if progress.get("steps_per_s"):
+        parts.append(f"{progress['steps_per_s']:.3g} steps/s")
+    if progress.get("eta_s") is not None:
+        parts.append(f"ETA {_age(progress['eta_s'])}")
+    losses = [point["loss"] for point in history or [] if point.get("loss") is not None]
+    if progress.get("loss") is not None:
+        trend = ""
+        if len(losses) >= 2 and losses[0] != losses[-1]:
+            arrow = "down" if losses[-1] < losses[0] else "up"
+            trend = f" ({arrow} from {losses[0]:.4g})"
+        parts.append(f"loss {progress['loss']:.4g}{trend}")
+    parts.append(f"reported {_age(time.time() - progress['updated_at'])} ago")
+    return ", ".join(parts)
+
+
+def _throughput_line(measured: dict[str, Any]) -> str:
+    spread = f" over {measured['nodes']} nodes" if measured["nodes"] > 1 else ""
+    return (
+        f"{measured['steps_per_s']:.3g} steps/s on {measured['gpus']} x "
+        f"{_escape(measured['gpu_type'])}{spread} ({measured['runs']} run"
+        f"{'s' if measured['runs'] != 1 else ''}, {_age(measured['seconds'])} measured)"
+    )
 
 
 def _truncate(text: str, width: int) -> str:

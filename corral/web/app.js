@@ -345,6 +345,28 @@
     $("queue").replaceChildren(...items);
   }
 
+  // A job's progress as it reported it (docs/progress.md): a bar where it declared its
+  // total_steps, the step alone otherwise; the title says the rate and the ETA.
+  function progressBar(progress) {
+    if (!progress) return el("span", { class: "muted" }, "–");
+    const step = Math.round(progress.step);
+    const rate = progress.steps_per_s ? ` · ${progress.steps_per_s.toPrecision(3)} steps/s` : "";
+    const eta = progress.eta_s != null ? ` · ETA ${duration(progress.eta_s)}` : "";
+    const loss = progress.loss != null ? ` · loss ${progress.loss.toPrecision(4)}` : "";
+    const title = `step ${step}${progress.total_steps ? ` of ${progress.total_steps}` : ""}${rate}${eta}${loss}`;
+    if (!progress.total_steps) {
+      return el("span", { class: "progress-step", title }, `step ${step}`);
+    }
+    const share = Math.max(0, Math.min(1, progress.step / progress.total_steps));
+    const percent = `${Math.round(share * 100)}%`;
+    return el(
+      "div",
+      { class: "progress", title, role: "progressbar", data: { share: share.toFixed(3) } },
+      el("div", { class: "progress-fill", style: { width: percent } }),
+      el("span", { class: "progress-label" }, percent),
+    );
+  }
+
   function renderJobs(jobs, colours, truncated) {
     $("jobs-empty").hidden = jobs.length > 0;
     $("jobs").hidden = jobs.length === 0;
@@ -366,6 +388,7 @@
         el("td", { class: "vc-tag" }, swatch(colours.get(job.vc) || "#6b7280"), job.vc),
         el("td", {}, badge(job.status, job.reason || null)),
         el("td", { class: "num" }, job.gpus),
+        el("td", { class: "progress-cell" }, progressBar(job.progress)),
         el("td", { class: "num" }, job.attempts),
         el("td", { class: "num" }, job.preemptions),
         el("td", { class: "muted" }, clock(job.submitted_at)),
@@ -457,6 +480,13 @@
       ],
       ["exit code", job.exit_code ?? "–"],
       ["failures", job.failures],
+      ["progress", job.progress ? progressBar(job.progress) : "–"],
+      [
+        "throughput",
+        (job.throughput || [])
+          .map((t) => `${t.steps_per_s.toPrecision(3)} steps/s on ${t.gpus} × ${t.gpu_type}${t.nodes > 1 ? ` (${t.nodes} nodes)` : ""}`)
+          .join("; ") || "–",
+      ],
       ["command", command || "–"],
     ];
     $("detail-fields").replaceChildren(
