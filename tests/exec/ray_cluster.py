@@ -16,6 +16,7 @@ loaded 2-core machine (a whole cluster took 57 s to start there).
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import secrets
@@ -129,6 +130,8 @@ class RayCluster:
     node_names: tuple[str, ...] = ("a", "b")
     #: The head node: it declares no GPUs when set, as a CPU-only head would.
     head: str | None = None
+    #: Node name -> the GPU type it declares (Ray's `accelerator_type:X` resource); "gpu" else.
+    gpu_types: dict[str, str] = field(default_factory=dict)
     port: int = field(default_factory=_free_port)
     #: Marks every process of this cluster (CORRAL_TEST_CLUSTER), for `stop` to sweep.
     id: str = field(default_factory=lambda: secrets.token_hex(8))
@@ -204,7 +207,10 @@ class RayCluster:
             "--disable-usage-stats",
         ]
         if gpus and named:
-            argv.append(f'--resources={{"corral-node-{name}": 1}}')
+            resources = {f"corral-node-{name}": 1}
+            if name in self.gpu_types:
+                resources[f"accelerator_type:{self.gpu_types[name]}"] = 1
+            argv.append(f"--resources={json.dumps(resources)}")
         if rack is not None:
             argv.append(f"--labels=corral-rack={rack}")
         if head:
