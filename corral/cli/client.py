@@ -593,6 +593,7 @@ def _progress_line(progress: dict[str, Any], history: list[dict[str, Any]] | Non
         parts.append(f"ETA {_age(progress['eta_s'])}")
     losses = [point["loss"] for point in history or [] if point.get("loss") is not None]
     if progress.get("loss") is not None:
+        losses.append(progress["loss"])
         trend = ""
         if len(losses) >= 2 and losses[0] != losses[-1]:
             arrow = "down" if losses[-1] < losses[0] else "up"

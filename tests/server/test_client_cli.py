@@ -196,7 +196,18 @@ def test_ls_json_has_the_fields_and_filters(
     table = cli(server, "ls")
     assert table.exit_code == 0, table.output
     header, *rows = table.stdout.splitlines()
-    assert header.split() == ["ID", "NAME", "USER", "VC", "STATUS", "GPUS", "AGE", "REASON"]
+    assert header.split() == [
+        "ID",
+        "NAME",
+        "USER",
+        "VC",
+        "STATUS",
+        "GPUS",
+        "AGE",
+        "PROGRESS",
+        "ETA",
+        "REASON",
+    ]
     row = next(r for r in rows if r.split()[0] == running)
     assert row.split()[1:6] == ["ls-running", "admin", "default", "RUNNING", "3"]
 
@@ -501,6 +512,52 @@ def test_vc_ls(server: RunningServer, admin_client: Client):
     table = cli(server, "vc", "ls").stdout.splitlines()
     assert table[0].split() == ["VC", "GUARANTEED", "ALLOCATED", "PENDING", "RUNNING"]
     assert table[1].split() == ["default", "4", "3", "0", "1"]
+
+
+def test_ls_describe_and_profile_ls_show_what_a_job_reported(
+    server: RunningServer, admin_client: Client
+):
+    # 20 steps of 0.1 s, each reported; it waits at step 20 for the gate, so the test reads
+    # its progress while it runs and knows exactly where it is.
+    gate = server.manager.data_dir / "gate-progress"
+    code = (
+        "import os, pathlib, time\n"
+        "from corral.progress import report\n"
+        "for step in range(1, 21):\n"
+        "    time.sleep(0.1)\n"
+        "    report(step=step, loss=2.0 / step)\n"
+        f"while not pathlib.Path({str(gate)!r}).exists():\n"
+        "    time.sleep(0.05)\n"
+    )
+    job_id = admin_client.submit(
+        {
+            "name": "reporter",
+            "gpus": 1,
+            "model": "tiny",
+            "total_steps": 80,
+            "command": [sys.executable, "-c", code],
+        }
+    )["id"]
+    wait_until(
+        lambda: (admin_client.job(job_id).get("progress") or {}).get("step") == 20,
+        "the job's 20th report",
+    )
+    row = next(line for line in cli(server, "ls").stdout.splitlines() if "reporter" in line)
+    assert "20/80 25%" in row
+    described = cli(server, "describe", job_id).stdout
+    progress = next(line for line in described.splitlines() if "Progress:" in line)
+    assert "step 20/80 25%" in progress
+    assert "loss 0.1 (down from" in progress  # 2/20; the first stored point's loss was higher
+    gate.write_text("")
+    wait_status(admin_client, job_id, ("SUCCEEDED",))
+    listed = json.loads(cli(server, "profile", "ls", "-o", "json").stdout)
+    (tiny,) = [row for row in listed if row["model"] == "tiny"]
+    assert (tiny["gpu_type"], tiny["gpus"], tiny["nodes"], tiny["runs"]) == ("gpu", 1, 1, 1)
+    assert 0 < tiny["steps_per_s"] <= 10  # 0.1 s of sleep per step
+    table = cli(server, "profile", "ls", "--model", "tiny").stdout.splitlines()
+    assert table[0].split()[:3] == ["MODEL", "GPU", "TYPE"]
+    assert table[1].split()[:5] == ["tiny", "gpu", "1", "1", "-"]
+    assert "Throughput:" in cli(server, "describe", job_id).stdout
 
 
 def test_users_see_their_own_vc_only(tmp_path: Path):

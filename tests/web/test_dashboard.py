@@ -58,7 +58,11 @@ THIRD_COLOUR = (0x59, 0xA1, 0x4F)  # no third VC: must not appear
 FREE_GREY = (0xD6, 0xDA, 0xE0)
 GPU_CELL_AREA = 96 * 72  # style.css .gpu at device scale 1
 
-TICKS = "for i in $(seq 0 3000); do echo tick $i; sleep 0.2; done"
+# Each tick is also a progress report (docs/progress.md), appended by the shell.
+TICKS = (
+    "for i in $(seq 0 3000); do echo tick $i; "
+    'echo "{\\"step\\": $i}" >> "$CORRAL_PROGRESS_FILE"; sleep 0.2; done'
+)
 FINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
 #: Seconds to wait for what the server or the page does next: enough for a loaded 2-core machine
 #: (every wait polls, and ends as soon as its condition holds).
@@ -133,7 +137,9 @@ def submit_jobs(scenario: Scenario) -> None:
         assert response.status_code == 201, response.text
         return str(response.json()["id"])
 
-    scenario.ticker = submit(name="ticker", vc="vision", gpus=2, command=TICKS)
+    scenario.ticker = submit(
+        name="ticker", vc="vision", gpus=2, command=TICKS, total_steps=3000
+    )
     scenario.sleeper = submit(name="sleeper", vc="nlp", gpus=1, command="sleep 3600")
     # Q only after T and S run: submitted together, the queue could put Q before S
     for job_id in (scenario.ticker, scenario.sleeper):
@@ -326,6 +332,7 @@ def test_dump_shows_gpus_vcs_queue_jobs_and_the_detail(scenario: Scenario, tmp_p
     assert len(placement[ticker]) == 2 and len(placement[sleeper]) == 1
     queued_reason = scenario.job(queued)["reason"]
 
+    wait_until(lambda: scenario.job(ticker)["progress"], WAIT_S, "the ticker's first report")
     dom = dump_dom(tmp_path, f"{scenario.url}/#token={scenario.token}&job={ticker}")
 
     body = dom.one("data-polls", tag="body")
@@ -386,7 +393,7 @@ def test_dump_shows_gpus_vcs_queue_jobs_and_the_detail(scenario: Scenario, tmp_p
         (ticker, "RUNNING"),
     ]
     cols = [c for c in rows[2].children if isinstance(c, Element)]
-    assert [c.text() for c in cols[:8]] == [
+    assert [c.text() for c in cols[:6] + cols[7:9]] == [
         ticker,
         "ticker",
         "admin",
@@ -396,6 +403,11 @@ def test_dump_shows_gpus_vcs_queue_jobs_and_the_detail(scenario: Scenario, tmp_p
         "1",
         "0",
     ]
+    # The progress bar: a share of its 3,000 declared steps, a few ticks of 0.2 s in.
+    bar = cols[6].one("role", "progressbar")
+    assert 0 <= float(bar.attrs["data-share"]) < 0.1
+    assert bar.text().endswith("%") and "of 3000" in bar.attrs["title"]
+    assert [c.text() for c in rows[0].children if isinstance(c, Element)][6] == "–"  # queued
 
     detail = dom.by_id("detail")
     assert not detail.hidden and detail.attrs["data-job"] == ticker
