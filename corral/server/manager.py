@@ -202,6 +202,12 @@ class Manager(SubmissionCommitter, Recovery, ManagerViews, SchedulerFactory):
         for thread in (self._committer, self._thread):
             if thread is not None:
                 thread.join()
+        with self.lock:
+            try:
+                with self.store.batch():
+                    self.telemetry.fold_all(self.clock())
+            except Exception:  # the store may be what failed; what is lost is a measurement
+                log.exception("could not store the running jobs' measured throughput")
         self.executor.close()
         for release in self.on_stop:
             release()

@@ -141,6 +141,12 @@ class Telemetry:
         self._read(watch, now)
         self._fold(watch, now)
 
+    def fold_all(self, now: float) -> None:
+        """Fold every running attempt's measured rate into the profiles (the manager stops: a
+        restarted one reads on from the end of each file, `watch(resumed=True)`)."""
+        for watch in self.watches.values():
+            self._fold(watch, now)
+
     def forget(self, job_id: str) -> None:
         """The job ended: its curve is in the store, no longer needed in memory."""
         self.watches.pop(job_id, None)

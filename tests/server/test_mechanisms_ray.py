@@ -1,6 +1,6 @@
-"""Mechanisms that need nodes of their own on a live manager: a real Ray cluster on 127.0.0.1
-whose two nodes declare one GPU each of different types (V100, K80). The jobs report progress
-through corral's helper on the nodes; the reports travel to the manager with the logs."""
+"""Mechanisms that need several nodes on a live manager: a real Ray cluster on 127.0.0.1 whose
+nodes declare 2 GPUs each, of two types (v100-a, v100-b: V100; k80-a: K80). The jobs report
+progress through corral's helper on the nodes; the reports travel to the manager with the logs."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from tests.server.helpers import (
     run_server,
     submit,
     wait_for,
+    wait_until,
 )
 
 #: A job whose step takes STEP_V100 seconds on the V100 node and STEP_K80 on the K80 one (an
@@ -41,10 +42,10 @@ for step in range(1, int(os.environ["STEPS"]) + 1):
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[RayCluster]:
     ray_cluster = RayCluster(
-        gpus_per_node=1,
-        node_names=("v100-node", "k80-node"),
+        gpus_per_node=2,
+        node_names=("v100-a", "v100-b", "k80-a"),
         head="head",
-        gpu_types={"v100-node": "V100", "k80-node": "K80"},
+        gpu_types={"v100-a": "V100", "v100-b": "V100", "k80-a": "K80"},
     )
     try:
         ray_cluster.start()
@@ -53,15 +54,14 @@ def cluster() -> Iterator[RayCluster]:
         ray_cluster.stop()
 
 
-@pytest.fixture
-def hetero(cluster: RayCluster, tmp_path: Path) -> Iterator[tuple[RunningServer, httpx.Client]]:
-    data_dir = tmp_path / "state"
-    data_dir.mkdir()
+def serve(cluster: RayCluster, data_dir: Path, **settings: object) -> RunningServer:
+    """A manager on the cluster (again, on the same data dir, after a stop: it recovers)."""
+    data_dir.mkdir(exist_ok=True)
     options = ServerOptions(
         data_dir=data_dir,
         executor="ray",
         ray_address=cluster.address,
-        settings=fast_settings(placement="hetero", progress_check_s=0.1),
+        settings=fast_settings(progress_check_s=0.1, **settings),
         single_user=True,
     )
     executor = RayExecutor(cluster.address, ray_namespace(data_dir))
@@ -70,9 +70,14 @@ def hetero(cluster: RayCluster, tmp_path: Path) -> Iterator[tuple[RunningServer,
     except BaseException:
         executor.close()
         raise
-    running = run_server(manager)
+    return run_server(manager)
+
+
+@pytest.fixture
+def hetero(cluster: RayCluster, tmp_path: Path) -> Iterator[tuple[RunningServer, httpx.Client]]:
+    running = serve(cluster, tmp_path / "state", placement="hetero")
     try:
-        yield running, api(running.url, admin_token(data_dir))
+        yield running, api(running.url, admin_token(tmp_path / "state"))
     finally:
         running.stop()
 
@@ -118,7 +123,7 @@ def test_hetero_learns_each_models_speed_per_gpu_type_and_uses_it(
     # Both GPUs free: the matching now sends fussy where it was measured fastest.
     free = submit(client, **typed_job("fussy", 5, times["v100"], times["k80"]))
     assert wait_for(client, free)["status"] == "SUCCEEDED"
-    assert ran_on(client, free) == f"{fast}-node/0"
+    assert ran_on(client, free).startswith(fast)
     # A model measured on the slow type only is ranked on the fast one by fussy's ratio (the
     # prior), so it goes there too, though it never ran there.
     only = submit(client, **typed_job("other", 100, 0.02, 0.02, gpu_type=slow))
@@ -126,4 +131,105 @@ def test_hetero_learns_each_models_speed_per_gpu_type_and_uses_it(
     assert [row["gpu_type"] for row in job(client, only)["throughput"]] == [slow]
     placed = submit(client, **typed_job("other", 5, 0.02, 0.02))
     assert wait_for(client, placed)["status"] == "SUCCEEDED"
-    assert ran_on(client, placed) == f"{fast}-node/0"
+    assert ran_on(client, placed).startswith(fast)
+
+
+#: A 2-worker job that runs 4x slower when its workers are on different nodes (a model whose
+#: gradients are large: Tiresias's "skewed" models); it reports every step, and ends after
+#: STEPS steps or when the file GATE names exists.
+SPREAD_SENSITIVE = """\
+import os, pathlib, time
+from corral.progress import report
+packed = os.environ["LOCAL_WORLD_SIZE"] == os.environ["WORLD_SIZE"]
+gate = pathlib.Path(os.environ["GATE"])
+for step in range(1, int(os.environ["STEPS"]) + 1):
+    if gate.exists():
+        break
+    time.sleep(0.02 if packed else 0.08)
+    if os.environ["RANK"] == "0":
+        report(step=step)
+"""
+
+
+def test_profile_placement_consolidates_a_model_measured_to_slow_down_when_spread(
+    cluster: RayCluster, tmp_path: Path
+) -> None:
+    data_dir = tmp_path / "state"
+    gate = tmp_path / "gate"
+
+    def sensitive(name: str, **fields: object) -> dict:
+        return {
+            "name": name,
+            "model": "skewed",
+            "gpus": 2,
+            "workers": 2,
+            "gpu_type": "v100",
+            "command": [sys.executable, "-c", SPREAD_SENSITIVE],
+            "env": {"STEPS": 100000, "GATE": str(gate)},
+            **fields,
+        }
+
+    def runs_for(client: httpx.Client, job_id: str, reports: int) -> None:
+        wait_until(
+            lambda: (job(client, job_id)["progress"] or {}).get("step", 0) >= reports,
+            f"job {job_id}'s reports",
+        )
+
+    # Measured with `any` (the first free GPUs): packed on v100-a, then spread over both V100
+    # nodes behind a 1-GPU blocker on v100-a/0.
+    running = serve(cluster, data_dir, placement="any")
+    try:
+        client = api(running.url, admin_token(data_dir))
+        packed = submit(client, **sensitive("packed"))
+        runs_for(client, packed, 60)
+        client.post(f"/api/v1/jobs/{packed}/cancel")
+        wait_for(client, packed)
+        blocker = submit(client, name="blocker", gpus=1, gpu_type="v100", command="sleep 3600")
+        assert wait_for(client, blocker, ["RUNNING"])["placement"] == ["v100-a/0"]
+        spread = submit(client, **sensitive("spread"))
+        assert sorted(wait_for(client, spread, ["RUNNING"])["placement"]) == [
+            "v100-a/1",
+            "v100-b/0",
+        ]
+        runs_for(client, spread, 20)
+        # Both stay: v100-a and v100-b have one free GPU each. The blocker moves aside.
+        client.post(f"/api/v1/jobs/{blocker}/cancel")
+        wait_for(client, blocker)
+    finally:
+        running.stop()  # the spread job keeps running: the next manager finds it again
+
+    running = serve(cluster, data_dir, placement="profile")
+    try:
+        client = api(running.url, admin_token(data_dir))
+        # What the first manager measured (the spread job's rate folded in when it stopped).
+        rates = {
+            row["nodes"]: row["steps_per_s"]
+            for row in client.get("/api/v1/profiles").json()
+            if row["model"] == "skewed"
+        }
+        assert set(rates) == {1, 2} and rates[1] > 2 * rates[2]  # 50 vs 12.5 steps/s at most
+        assert sorted(wait_for(client, spread, ["RUNNING"])["placement"]) == [
+            "v100-a/1",
+            "v100-b/0",
+        ]
+        # Free now: v100-a/0 and v100-b/1, one per node. The measured model waits for a node of
+        # its own; an unmeasured one (taken as insensitive) spreads over both and runs.
+        waits = submit(client, **sensitive("waits"))
+        other = submit(
+            client, name="other", gpus=2, workers=2, gpu_type="v100", command="sleep 3600"
+        )
+        assert sorted(wait_for(client, other, ["RUNNING"])["placement"]) == [
+            "v100-a/0",
+            "v100-b/1",
+        ]
+        assert job(client, waits)["status"] == "PENDING"
+        assert (
+            "consolidate" in job(client, waits)["reason"]
+            or "one node" in job(client, waits)["reason"]
+        ), job(client, waits)["reason"]
+        gate.write_text("")  # the spread job ends; v100-a/1 and v100-b/0 come free
+        client.post(f"/api/v1/jobs/{other}/cancel")
+        placement = sorted(wait_for(client, waits, ["RUNNING", "SUCCEEDED"])["placement"] or [])
+        assert placement in ([], ["v100-a/0", "v100-a/1"], ["v100-b/0", "v100-b/1"])
+    finally:
+        running.stop()
