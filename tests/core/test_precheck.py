@@ -311,6 +311,35 @@ def test_hived_passes_a_pre_run_by_its_timer() -> None:
     assert len(due.actions[1].gpus) == 4 and s.cluster.free_gpus == 4
 
 
+def test_hived_lends_idle_gpus_to_a_pre_run_and_takes_it_back_when_it_passes() -> None:
+    # VC a's node holds the pre-runs of a0..a3 (one GPU each); a4's is lent GPU 4 of b's idle
+    # node. When a4 passes, it goes back to a's queue (GPU 4 is free again), and is lent b's
+    # whole node for its gang, a's own node being full.
+    parsed = parse_cluster_config(TWO_VCS)
+    s = HivedScheduler(
+        parsed.cluster,
+        parsed.virtual_clusters,
+        make_policy("fifo"),
+        make_placement("consolidate"),
+        spill=True,
+        precheck_s=300.0,
+    )
+    for i in range(5):
+        s.submit(JobSpec(id=f"a{i}", submit_time=0, gpus=4, vc="a", duration_s=100.0), 0)
+    assert [(a.job_id, a.gpus) for a in starts(s.decide(0).actions)] == [
+        ("a0", (0,)),
+        ("a1", (1,)),
+        ("a2", (2,)),
+        ("a3", (3,)),
+        ("a4", (4,)),
+    ]
+    assert s.vc_of("a4") == "opportunistic"
+    assert s.progressed("a4", 10) == Preempt("a4", (4,), PRECHECK_PASSED, precheck=True)
+    assert s.vc_of("a4") == "a" and s.cluster.free_gpus == 4
+    assert s.decide(10).actions == [Start("a4", (4, 5, 6, 7))]
+    assert s.cluster.free_gpus == 0
+
+
 def test_elasticflow_runs_no_pre_run_and_refuses_a_default() -> None:
     s = ElasticScheduler(
         Cluster.shorthand(1, 4), make_placement("consolidate"), lambda job, gpus: float(gpus)
