@@ -105,6 +105,14 @@ def simulate(
             "attempt keeps the work up to it [default: only when preempted]"
         ),
     ] = None,
+    precheck_report_s: Annotated[
+        float,
+        typer.Option(
+            help="with --precheck-s: seconds after an attempt's start and restore at which a job "
+            "first reports progress, which passes its pre-run (an assumption: the retry rule's "
+            "fast-failure window; see docs/failures.md)"
+        ),
+    ] = 60.0,
     arrival_scale: Annotated[
         float, typer.Option(help="multiply inter-arrival gaps (0.5 = twice the rate)")
     ] = 1.0,
@@ -179,6 +187,7 @@ def simulate(
             node_failures=NodeFailures.parse(node_failures) if node_failures else None,
             max_retries=max_retries,
             checkpoint_every_s=checkpoint_every_s,
+            precheck_report_s=precheck_report_s,
             arrival_scale=arrival_scale,
             window=parse_window(window),
             skip_oversized=skip_oversized,

@@ -11,7 +11,12 @@ class Start:
 
     `milli` below 1000: the job has a share of its one GPU, which other jobs' shares use too (the
     shell still makes that GPU the visible one, `CUDA_VISIBLE_DEVICES`); `node`: the node whose
-    CPU and memory it takes, -1 when it asks for none (a job without GPUs runs there)."""
+    CPU and memory it takes, -1 when it asks for none (a job without GPUs runs there).
+
+    `precheck`: this attempt is the job's pre-run (corral.core.precheck): the shell launches ONE
+    worker on these GPUs (`gpus_per_worker` of them) with WORLD_SIZE 1, and reports the first
+    progress it sees with `progressed`; a pre-run never restores a checkpoint (`resumed` False).
+    """
 
     job_id: str
     gpus: tuple[int, ...]
@@ -19,6 +24,7 @@ class Start:
     resumed: bool = False
     milli: int = 1000
     node: int = -1
+    precheck: bool = False
 
 
 @dataclass(slots=True, frozen=True)
@@ -27,11 +33,17 @@ class Preempt:
 
     The core already counts its GPUs as free: the shell must not start a job on them before the
     preempted job's processes are gone.
+
+    `by_job_id` names the job it makes room for, or the reason when none does (`PRECHECK_PASSED`,
+    "elasticflow resize"). `precheck`: the job's pre-run passed and this stops it: the job waits
+    again for its whole gang and starts over (not a preemption: `Job.preemptions` and the
+    scheduler's `preemptions` do not count it).
     """
 
     job_id: str
     gpus: tuple[int, ...]
     by_job_id: str
+    precheck: bool = False
 
 
 @dataclass(slots=True, frozen=True)

@@ -39,7 +39,7 @@ import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
-from corral.core.actions import Action, Decision
+from corral.core.actions import Action, Decision, Preempt
 from corral.core.cluster import Cluster
 from corral.core.job import Job, JobSpec, JobStatus
 from corral.core.migration import Migration
@@ -377,7 +377,8 @@ class ElasticScheduler:
                 self.tally.refusals[spec.id] = refusal
                 return probe
         self.tally.admitted += 1
-        job = self.inner.submit(replace(spec, gpus=curve.sizes[-1]), now)
+        # No pre-run: ElasticFlow sizes and restarts every gang itself (see `progressed`).
+        job = self.inner.submit(replace(spec, gpus=curve.sizes[-1], precheck_s=0.0), now)
         self.jobs[spec.id] = job
         self._elastic[spec.id] = _Elastic(curve, best_effort=no_plan)
         return job
@@ -437,6 +438,13 @@ class ElasticScheduler:
 
     def failed(self, job_id: str, now: float, report: FailureReport | str) -> Job:
         return self._ended(self.inner.failed(job_id, now, report))
+
+    def progressed(self, job_id: str, now: float) -> Preempt | None:
+        """A no-op (None): ElasticFlow runs no pre-runs. It chooses every job's GPU count and
+        restarts jobs to resize them, so a one-worker start would be one more size its plan does
+        not know; its jobs are submitted without one (`precheck_s` 0), and `build_scheduler`
+        refuses a `precheck_s` default with this admission."""
+        return self.inner.progressed(job_id, now)
 
     def node_failed(self, node: int, now: float) -> list[Job]:
         """As `Scheduler.node_failed`: the attempts on the node end as infrastructure failures
@@ -506,6 +514,10 @@ class ElasticScheduler:
             "grows": counters.grows,
             "shrinks": counters.shrinks,
             "suspensions": counters.suspensions,
+            **{
+                name: self.inner.counters()[name]
+                for name in ("prechecks", "precheck_passed", "precheck_failed")
+            },
             **({"migrations": self.migration.migrations} if self.migration is not None else {}),
         }
 

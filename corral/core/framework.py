@@ -52,6 +52,14 @@ class CoreOptions:
     restore_s: float = option(
         30.0, help="seconds a resumed job spends restoring its checkpoint before it works", low=0
     )
+    precheck_s: float | None = option(
+        None,
+        help="run each job of more than one worker first as one worker (a pre-run, to catch "
+        "early user errors before it holds its gang); it passes on its first progress report, "
+        "after this many seconds, or when it exits successfully; applies to jobs whose spec "
+        "names none (none or 0: off)",
+        low=0,
+    )
 
     def validate(self) -> str | None:
         for name, registry, kind in (
@@ -188,6 +196,11 @@ def check_config(
     scheme = ADMISSIONS[admission_name]
     if scheme.name == "elasticflow" and policy.admission != "elasticflow":
         raise PluginError("admission elasticflow: needs policy elasticflow")
+    if scheme.name == "elasticflow" and core.precheck_s:
+        raise PluginError(
+            "admission elasticflow does not run pre-runs (precheck_s): it sizes and restarts "
+            "every gang itself"
+        )
     for stage in [*core.stages, *(["cache"] if uses_cache else [])]:
         problem = scheme.unsupported(stage)
         if problem:
@@ -222,6 +235,7 @@ def build_scheduler(
         backfill=core.backfill,
         restore_s=core.restore_s,
         retry=RetryRule(config.section("retry")),
+        precheck_s=core.precheck_s or None,
         stages=stages,
         on_start=services.cache.on_start if uses_cache and services.cache is not None else None,
     )

@@ -89,6 +89,12 @@ class JobSpec:
     #: declare them (0: none, as before). A job with `gpus` 0 uses CPU only.
     cpu_milli: int = 0
     memory_mib: int = 0
+    #: Run a pre-run first (Philly's lesson: many user errors show in a job's first minutes): the
+    #: job starts as one worker (`gpus_per_worker` GPUs), and only once that attempt reports
+    #: progress, runs this many seconds, or exits successfully is it queued for its whole gang
+    #: (corral.core.precheck). None: the scheduler's default (`CoreOptions.precheck_s`); 0: no
+    #: pre-run. Ignored for a job of one worker (`gpus <= gpus_per_worker`).
+    precheck_s: float | None = None
     #: Whole GPUs and nothing else (no share, CPU or memory): what every placement gives. Set
     #: from the fields above (read on every round's hot paths, so kept, not computed).
     plain: bool = field(init=False, repr=False, compare=False)

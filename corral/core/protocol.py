@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from corral.core.actions import Decision
+    from corral.core.actions import Decision, Preempt
     from corral.core.cluster import Cluster
     from corral.core.job import Job, JobSpec
     from corral.core.placement.base import Placement
@@ -73,6 +73,14 @@ class SchedulerCore(Protocol):
         ...
 
     def cancel(self, job_id: str, now: float) -> Job: ...
+
+    def progressed(self, job_id: str, now: float) -> Preempt | None:
+        """The running job reported progress for the first time in its attempt (the live
+        manager: its first progress report; the simulator: `--precheck-report-s` after the start
+        and restore). If the attempt is the job's pre-run (corral.core.precheck), it has passed:
+        the returned `Preempt` (`precheck=True`, already committed) stops it and the job waits
+        for its whole gang. Else None, and nothing changes."""
+        ...
 
     def explain(self, job_id: str, now: float) -> str: ...
 

@@ -25,6 +25,13 @@ from corral.core.job import Job, JobSpec, JobStatus
 from corral.core.placement.base import Placed, Placement, whole_worker_gpus
 from corral.core.plugin import SpeedModel
 from corral.core.policy.base import Key, Policy
+from corral.core.precheck import (
+    PRECHECK_PASSED,
+    PrecheckState,
+    precheck_problem,
+    precheck_timeout,
+    prerun_spec,
+)
 from corral.core.protocol import Admission
 from corral.core.retry import Failure, FailureReport, RetryOptions, RetryRule, Verdict
 from corral.core.stages import Stage
@@ -92,9 +99,11 @@ class Scheduler:
         on_start: StartHook | None = None,
         stages: Sequence[Stage] = (),
         retry: RetryRule | None = None,
+        precheck_s: float | None = None,
     ) -> None:
         """`retry` judges failed attempts: the backoff before a retry and the user-error rule
-        (default: `RetryRule(RetryOptions())`)."""
+        (default: `RetryRule(RetryOptions())`). `precheck_s`: the pre-run of jobs whose spec
+        names none (corral.core.precheck; None or 0: none)."""
         if admission is not None and any(stage.shares_gpus for stage in stages):
             raise ValueError("jobs sharing GPUs (packing) are not supported with an admission")
         self.cluster = cluster
@@ -127,6 +136,12 @@ class Scheduler:
         #: Waiting jobs that ask for a share of a GPU, CPU or memory: with none free whole GPUs
         #: may still run them, so the round does not stop when no whole GPU is free.
         self._waiting_shares = 0
+        self.precheck_s = precheck_s
+        #: Jobs waiting for or running their pre-run (corral.core.precheck), by id.
+        self._prerun: dict[str, PrecheckState] = {}
+        self.prechecks = 0  # jobs whose pre-run started
+        self.precheck_passed = 0
+        self.precheck_failed = 0  # jobs ended by a failure in their pre-run
 
     # -- what the shell reports ---------------------------------------------------------------
 
@@ -151,6 +166,9 @@ class Scheduler:
                     f"asks for {spec.describe_request()}: shares of a GPU, CPU and memory are "
                     f"not supported with admission {self.admission.name}"
                 )
+        problem = precheck_problem(spec.precheck_s)
+        if problem is not None:
+            return problem
         if self.admission is not None and not self.admission.known(spec.vc):
             return f"unknown VC {spec.vc!r}"
         capacity = self.cluster.capacity_for(spec.gpu_types)
@@ -170,12 +188,18 @@ class Scheduler:
         job = Job(spec=spec, seq=len(self._by_seq), queued_since=now)
         self.jobs[spec.id] = job
         self._by_seq.append(job)
+        self._begin_precheck(job)
         self._enqueue(job, now)
         return job
 
     def finished(self, job_id: str, now: float) -> Job:
+        """The attempt exited successfully: the job succeeded, unless the attempt was its
+        pre-run, which has then passed (the job waits again for its whole gang)."""
         job = self._running_job(job_id)
         self._stop(job, now)
+        if self._prerun and job.id in self._prerun:
+            self._pass_precheck(job, now, "exited")
+            return job
         job.work_done_s = job.spec.duration_s or job.work_done_s
         self._finish(job, JobStatus.SUCCEEDED, now, "succeeded")
         return job
@@ -185,8 +209,12 @@ class Scheduler:
         `FailureReport`) joins the job's history and the `RetryRule` judges it: retry after its
         backoff, or end the job (the same fast failure repeated: a user error). A failure of the
         infrastructure (a node died) is counted apart and never uses up `max_retries`; other
-        failures end the job once they exceed it. The verdict is left in `job.verdict`."""
+        failures end the job once they exceed it. The verdict is left in `job.verdict`.
+
+        During the job's pre-run, a failure that is not the infrastructure's ends the job at once
+        (a user error, whatever `max_retries`); an infrastructure failure retries the pre-run."""
         job = self._running_job(job_id)
+        prerun = self._prerun.get(job.id) if self._prerun else None
         report = FailureReport.of(report)
         reason, infrastructure = report.reason, report.infrastructure
         ran_s = report.ran_s
@@ -196,7 +224,7 @@ class Scheduler:
         kept_work = job.work_done_s
         saved = 0.0  # work of this attempt up to its last periodic checkpoint
         every = job.spec.checkpoint_every_s
-        if every:
+        if every and prerun is None:  # a pre-run's work is never the job's
             saved = math.floor((job.work_done_at(now) - kept_work) / every) * every
         saved_wall = saved / job.speed if job.speed > 0 else 0.0
         self._stop(job, now)
@@ -214,6 +242,10 @@ class Scheduler:
             verdict = Verdict(True, verdict.retry_after_s, reason)
         if not verdict.give_up and job.failures > job.spec.max_retries:
             verdict = Verdict(True, verdict.retry_after_s, reason)  # retries used up
+        if prerun is not None and not infrastructure:
+            # It failed on one worker: a user error, before it ever held its gang.
+            self.precheck_failed += 1
+            verdict = Verdict(True, 0.0, f"user error: failed its pre-run on one worker ({reason})")
         job.verdict = verdict
         if verdict.give_up:
             self._finish(job, JobStatus.FAILED, now, f"failed: {verdict.reason}")
@@ -269,15 +301,25 @@ class Scheduler:
             raise ValueError(f"job {job_id} is {job.status.value}, not PENDING")
         self._dequeue(job, now)
         self._timer_version.pop(job.seq, None)
+        self._prerun.pop(job_id, None)  # its record goes with it
         del self.jobs[job_id]
         return job
 
     def adopt(self, job: Job, now: float) -> None:
-        """Queue a waiting job that another scheduler withdrew, keeping its history."""
+        """Queue a waiting job that another scheduler withdrew, keeping its history. A job in
+        the middle of its pre-run (its `PrecheckState.full` set, its spec one worker) goes on
+        with it; a job that never started begins one if it should (as at `submit`); any other
+        job runs its whole gang (a shell rebuilding the core gives a job found in its pre-run
+        that record: `full` its own spec, `job.spec` its `prerun_spec`)."""
         refuse_new(self.jobs, job.spec)
         job.seq = len(self._by_seq)
         self.jobs[job.id] = job
         self._by_seq.append(job)
+        state = job.peek(PrecheckState)
+        if state is not None and state.full is not None:
+            self._prerun[job.id] = state
+        elif job.attempts == 0 and state is None:
+            self._begin_precheck(job)
         self._enqueue(job, now)
 
     def restore_running(
@@ -305,6 +347,51 @@ class Scheduler:
             self.admission.on_start(job, now)
         self._index(self._running, job, now)
         return job
+
+    def progressed(self, job_id: str, now: float) -> Preempt | None:
+        """The running job reported progress for the first time in its attempt. If that
+        attempt is its pre-run, the pre-run has passed: the attempt is stopped (the returned
+        `Preempt`, `precheck=True`, already committed like a round's: its GPUs are free in the
+        core, and the shell must not start another job on them before its processes are gone)
+        and the job waits for its whole gang, in its place. Else nothing happens (None): a shell
+        may report every attempt's first progress."""
+        job = self.jobs[job_id]
+        if job.status is not JobStatus.RUNNING or not self._prerun or job_id not in self._prerun:
+            return None
+        gpus = job.placement
+        self._stop(job, now)
+        self._pass_precheck(job, now, "progress")
+        return Preempt(job.id, gpus, PRECHECK_PASSED, precheck=True)
+
+    def _begin_precheck(self, job: Job) -> None:
+        """A new job that should run a pre-run waits as one worker from now on."""
+        timeout = precheck_timeout(job.spec, self.precheck_s)
+        if timeout is None:
+            return
+        state = job.record(PrecheckState)
+        state.full = job.spec
+        state.timeout_s = timeout
+        state.work_before = job.work_done_s
+        job.spec = prerun_spec(job.spec)
+        self._prerun[job.id] = state
+
+    def _pass_precheck(self, job: Job, now: float, how: str) -> None:
+        """The stopped pre-run passed: the job waits again with its own spec, starting over."""
+        state = self._end_precheck(job)
+        state.passed_by = how
+        self.precheck_passed += 1
+        job.last_event = f"passed its pre-run ({how}); waits for its {job.spec.gpus} GPUs"
+        self._enqueue(job, now)
+
+    def _end_precheck(self, job: Job) -> PrecheckState:
+        """The job (not indexed) leaves its pre-run: its own spec back, the pre-run's work
+        dropped."""
+        state = self._prerun.pop(job.id)
+        assert state.full is not None
+        job.spec = state.full
+        state.full = None
+        job.work_done_s = state.work_before
+        return state
 
     # -- for a caller that sizes and places jobs itself (core.elastic) ------------------------
 
@@ -344,14 +431,14 @@ class Scheduler:
         """One scheduling round. With `preempt=False` it only starts jobs on free GPUs (a
         multi-tenant caller may first look for free GPUs elsewhere before preempting)."""
         self.rounds += 1
-        self._fire_timers(now)
+        actions: list[Action] = []
+        self._fire_timers(now, actions)  # a pre-run that passes by its timer is stopped first
         for stage in self.stages:
             stage.new_round()
         if self._placement_plans:  # a placement that decides for the round's jobs together
             self.placement.begin_round(
                 self.cluster, self.pending_jobs(), self.running_jobs(), self.speed_model, now
             )
-        actions: list[Action] = []
         admission = self.admission
         if admission is not None:
             admission.begin_round(now)
@@ -568,7 +655,16 @@ class Scheduler:
             self.cluster.allocate(placed.gpus)
         else:
             self._claim(job, placed.gpus, placed.node)
-        resumed = job.attempts > 0
+        prerun = self._prerun.get(job.id) if self._prerun else None
+        if prerun is not None:  # a pre-run runs the job's first steps: nothing to restore
+            resumed = False
+            prerun.attempts += 1
+            if prerun.attempts == 1:
+                self.prechecks += 1
+        elif job.records is not None and (done := job.peek(PrecheckState)) is not None:
+            resumed = job.attempts > done.attempts  # it starts over after its pre-run
+        else:
+            resumed = job.attempts > 0
         job.status = JobStatus.RUNNING
         job.placement = placed.gpus
         job.run_started_at = now
@@ -589,7 +685,7 @@ class Scheduler:
             else f"started on node {self.cluster.nodes[job.node].name} (no GPU)"
         )
         self._index(self._running, job, now)
-        if job.spec.plain:
+        if job.spec.plain and prerun is None:
             actions.append(Start(job.id, placed.gpus, relaxed=placed.relaxed, resumed=resumed))
         else:
             actions.append(
@@ -600,6 +696,7 @@ class Scheduler:
                     resumed=resumed,
                     milli=job.spec.gpu_milli,
                     node=job.node,
+                    precheck=prerun is not None,
                 )
             )
 
@@ -730,9 +827,13 @@ class Scheduler:
     def _account_run(self, job: Job, now: float) -> None:
         if self.admission is not None:
             self.admission.on_stop(job, now)
-        job.work_done_s = job.work_done_at(now)
-        job.attempt_work_s = 0.0
         ran = job.running_s(now)
+        prerun = self._prerun.get(job.id) if self._prerun else None
+        if prerun is None:
+            job.work_done_s = job.work_done_at(now)
+        else:  # a pre-run's work is not the job's; its GPU time is (and the pre-run's)
+            prerun.gpu_s += ran * job.spec.gpus
+        job.attempt_work_s = 0.0
         job.executed_s += ran
         job.attained_gpu_s += ran * job.spec.gpus
         self._unindex(self._running, job)
@@ -759,6 +860,8 @@ class Scheduler:
         self._unindex(self._pending, job)
 
     def _finish(self, job: Job, status: JobStatus, now: float, event: str) -> None:
+        if self._prerun and job.id in self._prerun:  # ended in its pre-run: reports its own spec
+            self._end_precheck(job)
         job.status = status
         job.finished_at = now
         job.last_event = event
@@ -787,18 +890,36 @@ class Scheduler:
             at = min(at, self.placement.changes_at(job, now))
             if job.hold_until > now:  # wake when its retry backoff ends
                 at = min(at, job.hold_until)
+        elif self._prerun and job.id in self._prerun:
+            at = min(at, self._prerun_ends_at(job))
         version = self._timer_version.get(job.seq, 0) + 1
         self._timer_version[job.seq] = version
         if at < math.inf:
             heapq.heappush(self._timers, (max(at, now), job.seq, version))
 
-    def _fire_timers(self, now: float) -> None:
+    def _prerun_ends_at(self, job: Job) -> float:
+        """When the running pre-run passes by its timer."""
+        assert job.run_started_at is not None
+        return job.run_started_at + self._prerun[job.id].timeout_s
+
+    def _fire_timers(self, now: float, actions: list[Action]) -> None:
         while self._timers and self._timers[0][0] <= now:
             _, seq, version = heapq.heappop(self._timers)
             if self._timer_version.get(seq) != version:
                 continue
             job = self._by_seq[seq]
             self.policy.on_key_change(job, now)
+            if (
+                job.status is JobStatus.RUNNING
+                and self._prerun
+                and job.id in self._prerun
+                and self._prerun_ends_at(job) <= now
+            ):  # its pre-run ran its `timeout_s`: passed
+                gpus = job.placement
+                self._stop(job, now)
+                self._pass_precheck(job, now, "timer")
+                actions.append(Preempt(job.id, gpus, PRECHECK_PASSED, precheck=True))
+                continue
             index = self._pending if job.status is JobStatus.PENDING else self._running
             self._unindex(index, job)
             self._index(index, job, now)
@@ -821,7 +942,12 @@ class Scheduler:
         return len(self._pending)
 
     def counters(self) -> dict[str, int]:
-        counters = {"preemptions": self.preemptions}
+        counters = {
+            "preemptions": self.preemptions,
+            "prechecks": self.prechecks,
+            "precheck_passed": self.precheck_passed,
+            "precheck_failed": self.precheck_failed,
+        }
         for stage in self.stages:
             counters.update(stage.counters())
         if self.admission is not None:

@@ -13,6 +13,12 @@ backoff before the retry and whether the job ends (`corral.core.retry`). Failure
 errors and infrastructure failures, `corral.sim.failures`); node failures by `NodeFailures`.
 Each has its own random stream from the seed, so turning on one leaves the others' draws as
 they were.
+
+A job's pre-run (`Start.precheck`, corral.core.precheck) is an attempt like any other: the
+failure models draw for it (on its one worker's GPUs), so a failure they place inside it happens
+there. The job reports its first progress `precheck_report_s` after the attempt's start and
+restore, and the simulator then calls `progressed`, which passes the pre-run (unless it failed,
+ended or passed by the core's timer before).
 """
 
 from __future__ import annotations
@@ -28,16 +34,22 @@ import numpy as np
 
 from corral.core.actions import Start
 from corral.core.job import Job, JobSpec, JobStatus
+from corral.core.precheck import PrecheckState
 from corral.core.protocol import SchedulerCore
 from corral.core.retry import FailureReport
 from corral.sim.failures import AttemptFailure, NodeFailures, PhillyFailures
 from corral.sim.result import SimResult, Timeline
 
-_FINISH, _FAIL, _TIMER, _NODE_DOWN, _NODE_UP = 0, 1, 2, 3, 4
+_FINISH, _FAIL, _TIMER, _NODE_DOWN, _NODE_UP, _PROGRESS = 0, 1, 2, 3, 4, 5
+
+#: Seconds after an attempt's start and restore at which a simulated job first reports progress
+#: (`--precheck-report-s`): the retry rule's `fast_fail_s` default, the window corral already
+#: counts a failure in as early. An assumption, not a measurement.
+DEFAULT_PRECHECK_REPORT_S = 60.0
 
 #: Spawn keys of the random streams drawn from the seed besides the job-failure one (which is
 #: `default_rng(seed)`, as it always was).
-_NODE_STREAM, _JOB_PROPERTY_STREAM = 1, 2
+_NODE_STREAM, _JOB_PROPERTY_STREAM, _PRERUN_STREAM = 1, 2, 3
 
 
 class RoundObserver(Protocol):
@@ -90,12 +102,18 @@ class Simulation:
         options: dict[str, object] | None = None,
         place_or_fail: bool = False,
         observer: RoundObserver | None = None,
+        precheck_report_s: float = DEFAULT_PRECHECK_REPORT_S,
     ) -> None:
         """Replay `jobs` through `scheduler` (any `SchedulerCore`: corral.core.framework builds
         them). `failures` draws the attempts that fail (and sets every job's `max_retries` to its
         own); `node_failures` makes nodes fail and recover. With `place_or_fail`, a job the
         round at its arrival does not start is given up at once (cancelled: FGD's experiment,
-        where a task is placed when it arrives or fails); `observer` looks at every round."""
+        where a task is placed when it arrives or fails); `observer` looks at every round.
+        `precheck_report_s`: when, after its start and restore, an attempt first reports
+        progress (`progressed`: what passes a pre-run)."""
+        if not precheck_report_s > 0:
+            raise ValueError(f"precheck_report_s must be positive, got {precheck_report_s}")
+        self.precheck_report_s = precheck_report_s
         if failures is not None:
             jobs = [replace(spec, max_retries=failures.max_retries) for spec in jobs]
         self.specs = sorted(jobs, key=lambda s: s.submit_time)
@@ -104,6 +122,11 @@ class Simulation:
         self.failures = failures
         self.node_failures = node_failures
         self.rng = np.random.default_rng(seed)  # job failures (the stream it always was)
+        # Failures of pre-run attempts: their own stream, so that turning pre-runs on leaves the
+        # draws of the other attempts a sequence of the same numbers.
+        self.prerun_rng = np.random.default_rng(
+            np.random.SeedSequence(seed, spawn_key=(_PRERUN_STREAM,))
+        )
         self.node_rng = np.random.default_rng(
             np.random.SeedSequence(seed, spawn_key=(_NODE_STREAM,))
         )
@@ -124,14 +147,17 @@ class Simulation:
         #: Jobs given up because they could not be placed when they arrived (place_or_fail).
         self.unplaced = 0
 
-    def _draw_failure(self, job: Job, runs_for: float) -> AttemptFailure | None:
+    def _draw_failure(self, job: Job, runs_for: float, prerun: bool) -> AttemptFailure | None:
+        """How the attempt the job just started fails, if it does (a pre-run: on its one
+        worker's GPUs, the job's spec during its pre-run)."""
         failures = self.failures
         if failures is None:
             return None
+        rng = self.prerun_rng if prerun else self.rng
         if isinstance(failures, PhillyFailures):
             user_error = self.user_errors.get(job.id)
-            return failures.draw(job.spec.gpus, job.attempts, runs_for, user_error, self.rng)
-        return failures.draw(job.spec.gpus, job.attempts, runs_for, self.rng)
+            return failures.draw(job.spec.gpus, job.attempts, runs_for, user_error, rng)
+        return failures.draw(job.spec.gpus, job.attempts, runs_for, rng)
 
     def run(self) -> SimResult:
         started = time.perf_counter()
@@ -151,6 +177,7 @@ class Simulation:
         down: set[int] = set()  # nodes that failed and have not recovered yet
         offline_gpus = 0
         failed_attempts = infra_failed_attempts = 0
+        lost_infra_s = 0.0  # GPU-seconds lost to failures of the infrastructure
         timeline = Timeline()
         next_arrival = 0
         ended = 0
@@ -172,11 +199,14 @@ class Simulation:
             if self.on_progress is not None and ended % progress_every == 0:
                 self.on_progress(ended, len(specs))
 
-        def lose_attempt(job: Job, now: float, infrastructure: bool) -> None:
-            """The attempt failed (the core counts the GPU time lost: `Job.lost_gpu_s`)."""
-            nonlocal failed_attempts, infra_failed_attempts
+        def lose_attempt(job: Job, infrastructure: bool, lost_before: float) -> None:
+            """The attempt failed and the core judged it (it counts the GPU time lost,
+            `Job.lost_gpu_s`, which was `lost_before` before)."""
+            nonlocal failed_attempts, infra_failed_attempts, lost_infra_s
             failed_attempts += 1
             infra_failed_attempts += infrastructure
+            if infrastructure:
+                lost_infra_s += job.lost_gpu_s - lost_before
 
         while True:
             arrival_at = specs[next_arrival].submit_time if next_arrival < len(specs) else math.inf
@@ -209,8 +239,9 @@ class Simulation:
                     down.add(node)
                     offline_gpus += len(cluster.node_gpus[node])
                     self.node_log.append((now, node, True))
+                    lost_before = {job.id: job.lost_gpu_s for job in scheduler.running_jobs()}
                     for job in scheduler.node_failed(node, now):
-                        lose_attempt(job, now, infrastructure=True)
+                        lose_attempt(job, True, lost_before[job.id])
                         if job.status.finished:  # the same fast failure again and again
                             count_end(job)
                     order += 1
@@ -235,13 +266,16 @@ class Simulation:
                 job = scheduler.jobs[job_id]
                 if job.status is not JobStatus.RUNNING or job.attempts != attempt:
                     continue  # the attempt this event belonged to was preempted
+                if kind == _PROGRESS:  # its first progress report: a pre-run passes
+                    scheduler.progressed(job_id, now)  # its Preempt needs nothing here
+                    continue
                 if end_order.get(job_id) != event_order:
                     continue  # re-timed after a speed change
                 if kind == _FINISH:
                     scheduler.finished(job_id, now)
                 else:
                     failure = failing.pop(job_id)
-                    lose_attempt(job, now, failure.infrastructure)
+                    lost_before = job.lost_gpu_s
                     scheduler.failed(
                         job_id,
                         now,
@@ -249,6 +283,7 @@ class Simulation:
                             failure.reason, failure.infrastructure, signature=failure.signature
                         ),
                     )
+                    lose_attempt(job, failure.infrastructure, lost_before)
                 if job.status.finished:
                     count_end(job)
 
@@ -258,7 +293,11 @@ class Simulation:
                     job = scheduler.jobs[action.job_id]
                     runs_for = job.remaining_wall_s(now)
                     kind = _FINISH
-                    failure = self._draw_failure(job, runs_for) if self.failures else None
+                    failure = (
+                        self._draw_failure(job, runs_for, action.precheck)
+                        if self.failures
+                        else None
+                    )
                     if failure is not None:
                         kind = _FAIL
                         runs_for = failure.after_s
@@ -272,6 +311,11 @@ class Simulation:
                     elif fails_at:
                         fails_at.pop(job.id, None)
                         failing.pop(job.id, None)
+                    if action.precheck:
+                        order += 1
+                        job_events += 1
+                        reports_at = max(now, job.stall_until) + self.precheck_report_s
+                        heapq.heappush(events, (reports_at, order, _PROGRESS, job.id, job.attempts))
                 # A Preempt needs nothing here: the end event of its attempt is now stale.
             for respeed in decision.respeeds:  # the work left now takes another time
                 job = scheduler.jobs[respeed.job_id]
@@ -326,7 +370,11 @@ class Simulation:
                 failed_attempts=failed_attempts,
                 infra_failed_attempts=infra_failed_attempts,
                 lost_gpu_s=sum(job.lost_gpu_s for job in jobs),
+                lost_infra_gpu_s=lost_infra_s,
             )
+        counters = scheduler.counters()
+        if counters.get("prechecks"):
+            annotations |= precheck_summary(jobs, counters)
         return SimResult(
             policy=scheduler.policy.name,
             placement=scheduler.placement.name,
@@ -343,6 +391,28 @@ class Simulation:
         )
 
 
+def failed_its_pre_run(job: Job) -> bool:
+    """The job ended in its pre-run, never having passed it."""
+    state = job.peek(PrecheckState)
+    return job.status is JobStatus.FAILED and state is not None and not state.passed_by
+
+
+def precheck_summary(jobs: Sequence[Job], counters: dict[str, int]) -> dict[str, object]:
+    """The summary entries of a run with pre-runs: jobs that started one, passed it, and were
+    ended by a failure in it, and the GPU-hours the pre-run attempts held (passed or failed)."""
+    gpu_s = 0.0
+    for job in jobs:
+        state = job.peek(PrecheckState)
+        if state is not None:
+            gpu_s += state.gpu_s
+    return {
+        "prechecks": counters["prechecks"],
+        "precheck_passed": counters["precheck_passed"],
+        "precheck_failed": counters["precheck_failed"],
+        "precheck_gpu_hours": gpu_s / 3600.0,
+    }
+
+
 def failure_summary(
     jobs: Sequence[Job],
     *,
@@ -350,23 +420,31 @@ def failure_summary(
     failed_attempts: int,
     infra_failed_attempts: int,
     lost_gpu_s: float,
+    lost_infra_gpu_s: float = 0.0,
 ) -> dict[str, object]:
     """The summary entries of a run with failures: node failures, failed attempts (those of
-    the infrastructure apart), the GPU-hours their attempts ran for nothing, and the jobs the
-    core's retry rule ended for failing the same way, fast, again and again (`user_error_jobs`;
-    `lost_jobs` when those failures were the infrastructure's)."""
+    the infrastructure apart), the GPU-hours their attempts ran for nothing (those lost to the
+    infrastructure's failures apart, `lost_infra_gpu_s`), and the jobs the
+    core's retry rule ended for failing the same way, fast, again and again, or for failing in
+    their pre-run (`user_error_jobs`; `lost_jobs` when those failures were the
+    infrastructure's)."""
     repeated = [
         job
         for job in jobs
         if job.status is JobStatus.FAILED
         and job.failure_history
-        and (job.failure_history[-1].infrastructure or job.failures <= job.spec.max_retries)
+        and (
+            job.failure_history[-1].infrastructure
+            or job.failures <= job.spec.max_retries
+            or failed_its_pre_run(job)
+        )
     ]
     return {
         "node_failures": node_failures,
         "failed_attempts": failed_attempts,
         "infra_failed_attempts": infra_failed_attempts,
         "gpu_hours_lost": lost_gpu_s / 3600.0,
+        "gpu_hours_lost_infra": lost_infra_gpu_s / 3600.0,
         "user_error_jobs": sum(not job.failure_history[-1].infrastructure for job in repeated),
         "lost_jobs": sum(job.failure_history[-1].infrastructure for job in repeated),
     }

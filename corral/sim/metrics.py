@@ -219,6 +219,8 @@ def summarize(result: SimResult) -> dict[str, object]:
         "makespan_s": makespan,
         "utilization": utilization(result.timeline, result.total_gpus),
         "useful_utilization": useful_utilization(result),
+        # GPU time every attempt of every job held (failed, preempted and pre-run ones too).
+        "gpu_hours": sum(job.attained_gpu_s for job in result.jobs) / 3600.0,
         "utilization_while_waiting": utilization_while_waiting(result.timeline, result.total_gpus),
         "preemptions": int(result.preemptions),
         "relaxed_jobs": sum(job.relaxed for job in jobs),

@@ -30,7 +30,7 @@ from corral.core.policy import POLICIES
 from corral.core.protocol import SchedulerCore
 from corral.sim.colocation import gandiva_line, gandiva_summary, load_pair_table
 from corral.sim.datasets import DATASET_SCOPES, cache_line, make_cache
-from corral.sim.engine import FailureModel, Simulation
+from corral.sim.engine import DEFAULT_PRECHECK_REPORT_S, FailureModel, Simulation
 from corral.sim.failures import NodeFailures, PhillyFailures
 from corral.sim.fragmentation import FragmentationProbe, fragmentation_line, grid_for
 from corral.sim.metrics import measured_jobs, per_vc
@@ -80,6 +80,8 @@ class RunSettings:
     arrival_scale: float = 1.0
     #: Every job checkpoints every this many seconds of work (None: only when preempted).
     checkpoint_every_s: float | None = None
+    #: An attempt's first progress report, after its start and restore (passes a pre-run).
+    precheck_report_s: float = DEFAULT_PRECHECK_REPORT_S
     window: tuple[int, int] | None = None
     skip_oversized: bool = False
     slowdowns: Path | None = None
@@ -207,6 +209,7 @@ def check_settings(settings: RunSettings) -> None:
             "must be positive",
         ),
         ("--racks", settings.racks <= 0, "must be positive"),
+        ("--precheck-report-s", not settings.precheck_report_s > 0, "must be positive"),
         (
             "--opportunistic-share",
             not 0 <= settings.opportunistic_share <= 1,
@@ -388,6 +391,7 @@ def private_baselines(
             failures=failures,
             node_failures=settings.node_failures,
             seed=settings.seed,
+            precheck_report_s=settings.precheck_report_s,
         ).run()
         baselines[name] = per_vc(result).get(name, {})
     return baselines
@@ -526,6 +530,7 @@ def _simulate(settings: RunSettings, console: Console) -> tuple[list[SimResult],
                 options=options | {"scheduler": resolved},
                 place_or_fail=trace.place_or_fail,
                 observer=probe,
+                precheck_report_s=settings.precheck_report_s,
             )
             result = simulation.run()
             if probe is not None:
@@ -568,6 +573,18 @@ def _simulate(settings: RunSettings, console: Console) -> tuple[list[SimResult],
     return results, multi_tenant
 
 
+def precheck_line(summary: dict[str, object]) -> str | None:
+    """What the pre-runs of a run did, in one line (None: it ran none)."""
+    prechecks = summary.get("prechecks")
+    if not isinstance(prechecks, int):
+        return None
+    return (
+        f"{summary['policy']}/{summary['placement']}: {prechecks:,} pre-runs, "
+        f"{summary['precheck_passed']:,} passed, {summary['precheck_failed']:,} failed "
+        f"(ended on one worker); {summary['precheck_gpu_hours']:,.1f} GPU-hours in pre-runs"
+    )
+
+
 def _run(
     settings: RunSettings, *, out: Path, plot: bool, console: Console
 ) -> list[dict[str, object]]:
@@ -585,6 +602,8 @@ def _run(
         for summary in summaries:
             console.print(cache_line(summary))
     for line in filter(None, map(gandiva_line, summaries)):
+        console.print(line)
+    for line in filter(None, map(precheck_line, summaries)):
         console.print(line)
     for line in filter(None, map(fragmentation_line, summaries)):
         console.print(line, soft_wrap=True)

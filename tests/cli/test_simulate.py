@@ -141,6 +141,8 @@ def test_job_larger_than_cluster_is_refused_with_one_line(tmp_path: Path):
         ),
         (["--policy", "elasticflow", "--deadline-factor", "2:1"], "--deadline-factor"),
         (["--policy", "timeslice", "--timeslice-quantum-s", "0"], "--timeslice-quantum-s: must be > 0"),
+        (["--precheck-s", "-1"], "--precheck-s: must be >= 0, got -1.0"),
+        (["--precheck-report-s", "0"], "--precheck-report-s: must be positive"),
     ],
 )
 def test_bad_options_exit_non_zero_with_a_clear_message(
@@ -151,6 +153,38 @@ def test_bad_options_exit_non_zero_with_a_clear_message(
     )
     assert result.exit_code == 2
     assert needle in result.output
+
+
+def test_precheck_runs_a_pre_run_for_every_job_of_more_than_one_worker(
+    small_trace: Path, tmp_path: Path
+):
+    # Jobs 0 and 1 (4 GPUs) and 2 (2 GPUs) each run a pre-run on one GPU first; job 3 (1 GPU)
+    # cannot. Every pre-run passes (no failures), and every job still succeeds.
+    out = tmp_path / "out"
+    result = CliRunner().invoke(
+        app,
+        [
+            "simulate",
+            "--trace",
+            f"tiresias:{small_trace}",
+            "--cluster",
+            "1x4",
+            "--policy",
+            "fifo",
+            "--precheck-s",
+            "300",
+            "--precheck-report-s",
+            "5",
+            "--out",
+            str(out),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    (run,) = json.loads((out / "summary.json").read_text())["runs"]
+    assert (run["prechecks"], run["precheck_passed"], run["precheck_failed"]) == (3, 3, 0)
+    assert run["jobs"] == 4 and run["options"]["scheduler"]["precheck_s"] == 300.0
+    assert run["options"]["precheck_report_s"] == 5.0
+    assert "3 pre-runs, 3 passed, 0 failed" in result.output
 
 
 def test_malformed_trace_names_file_line_and_field(tmp_path: Path):

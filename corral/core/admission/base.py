@@ -34,6 +34,8 @@ class Assembly:
     retry: RetryRule
     stages: list[Stage] = field(default_factory=list)
     on_start: StartHook | None = None
+    #: The pre-run of jobs whose spec names none (corral.core.precheck); None: none.
+    precheck_s: float | None = None
 
     def scheduler(
         self,
@@ -56,6 +58,7 @@ class Assembly:
             on_start=self.on_start,
             stages=self.stages,
             retry=self.retry,
+            precheck_s=self.precheck_s,
         )
 
 

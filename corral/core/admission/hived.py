@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from corral.core.actions import Action, Decision, Preempt, Start
@@ -35,6 +35,7 @@ from corral.core.options import option
 from corral.core.placement.base import Placement
 from corral.core.plugin import PluginError, SpeedModel
 from corral.core.policy.base import Policy
+from corral.core.precheck import precheck_problem
 from corral.core.protocol import SchedulerCore
 from corral.core.retry import FailureReport, RetryRule
 from corral.core.scheduler import Scheduler, refuse_new, worker_refusal
@@ -60,7 +61,10 @@ class HivedScheduler:
         backfill: bool = False,
         spill: bool = False,
         retry: RetryRule | None = None,
+        precheck_s: float | None = None,
     ) -> None:
+        """`precheck_s`: the pre-run of jobs whose spec names none (corral.core.precheck),
+        run by each VC's scheduler and the opportunistic one alike."""
         self.cluster = cluster
         self.spill = spill
         self._spilled: dict[str, str] = {}  # guaranteed job lent out -> its VC
@@ -86,6 +90,7 @@ class HivedScheduler:
                 speed_model=speed,
                 restore_s=restore_s,
                 retry=retry,
+                precheck_s=precheck_s,
             )
 
         for name in sorted(virtual_clusters):
@@ -121,6 +126,9 @@ class HivedScheduler:
         """Why `submit` would refuse this job, or None: an unknown VC, or more GPUs (or larger
         workers) than the VC's cells (than the cluster, for an opportunistic job) could hold.
         Depends on the shapes only."""
+        problem = precheck_problem(spec.precheck_s)
+        if problem is not None:
+            return problem
         if spec.priority is Priority.OPPORTUNISTIC:
             return self.opportunistic.refusal(spec)
         scheduler = self.schedulers.get(spec.vc)
@@ -256,6 +264,22 @@ class HivedScheduler:
         """As `Scheduler.failed`; a lent job that will retry goes back to its VC's queue."""
         return self._stopped(job_id, lambda scheduler: scheduler.failed(job_id, now, report))
 
+    def progressed(self, job_id: str, now: float) -> Preempt | None:
+        """As `Scheduler.progressed`: a pre-run that passed is stopped (its physical GPUs are
+        given back, its VC's idle cells unbound) and the job waits in its queue for its gang; a
+        lent job in its pre-run goes back to its VC's queue, as a lent job that waits again."""
+        job = self.jobs[job_id]
+        if job.status is not JobStatus.RUNNING:
+            return None
+        owner = self._owner[job_id]
+        placement = job.placement
+        stop = self._scheduler_of(job_id).progressed(job_id, now)
+        if stop is None:
+            return None
+        physical = self.physical_placement_of(owner, placement)
+        self._after_stop(owner, job_id, placement)
+        return replace(stop, gpus=physical)
+
     def cancel(self, job_id: str, now: float) -> Job:
         if self.jobs[job_id].status is not JobStatus.RUNNING:
             return self._scheduler_of(job_id).cancel(job_id, now)
@@ -276,11 +300,13 @@ class HivedScheduler:
             yield from scheduler.running_jobs()
 
     def physical_placement(self, job_id: str) -> tuple[int, ...]:
-        job = self.jobs[job_id]
-        owner = self._owner[job_id]
-        if owner == OPPORTUNISTIC or not job.placement:
-            return job.placement
-        return self.vcs[owner].to_physical(job.placement)
+        return self.physical_placement_of(self._owner[job_id], self.jobs[job_id].placement)
+
+    def physical_placement_of(self, owner: str, placement: tuple[int, ...]) -> tuple[int, ...]:
+        """The physical GPUs of a placement in the scheduler of `owner` (a VC, or opportunistic)."""
+        if owner == OPPORTUNISTIC or not placement:
+            return placement
+        return self.vcs[owner].to_physical(placement)
 
     def vc_of(self, job_id: str) -> str:
         return self._owner[job_id]
@@ -306,16 +332,14 @@ class HivedScheduler:
         ):
             actions.append(self._evict_opportunistic(victim_id, action.job_id, now))
         self.cluster.allocate(physical)
-        actions.append(
-            Start(action.job_id, physical, relaxed=action.relaxed, resumed=action.resumed)
-        )
+        actions.append(replace(action, gpus=physical))
         return actions
 
     def _release_guaranteed(self, vc: VirtualCluster, action: Preempt, now: float) -> Preempt:
         physical = vc.to_physical(action.gpus)
         self.cluster.release(physical)
         self._unbind_idle(vc, action.gpus)
-        return Preempt(action.job_id, physical, action.by_job_id)
+        return replace(action, gpus=physical)
 
     def _bind(self, vc: VirtualCluster, top: int, now: float) -> bool:
         cell_type = vc.top_types[top]
@@ -523,7 +547,10 @@ class HivedScheduler:
             self._virtual_back({g for node in healthy for g in self.cluster.node_gpus[node]})
 
     def counters(self) -> dict[str, int]:
-        return {"preemptions": self.preemptions, "reclaims": self.reclaims}
+        counters = {"preemptions": self.preemptions, "reclaims": self.reclaims}
+        for name in ("prechecks", "precheck_passed", "precheck_failed"):
+            counters[name] = sum(s.counters()[name] for s in self._all_schedulers())
+        return counters
 
     # -- opportunistic jobs -----------------------------------------------------------------
 
@@ -645,4 +672,5 @@ class Hived(AdmissionScheme):
             backfill=parts.backfill,
             spill=options.lend,
             retry=parts.retry,
+            precheck_s=parts.precheck_s,
         )
