@@ -247,6 +247,7 @@ class Manager(SubmissionCommitter, Recovery, ManagerViews, SchedulerFactory):
                 if now >= self._next_progress_check:
                     self._next_progress_check = now + self.settings.progress_check_s
                     stops.extend(self._check_progress(now))
+                    deciding = deciding or self._dirty  # a pre-run passed: its gang waits
             if self._nodes is not None and now >= self._next_node_check:
                 self._next_node_check = now + self.settings.node_check_s
                 self._refresh_nodes()
@@ -347,7 +348,7 @@ class Manager(SubmissionCommitter, Recovery, ManagerViews, SchedulerFactory):
         gpus = tuple(action.gpus)
         self._attempts[job.id] = Attempt(number, gpus, now)
         names = [self.gpu_name(g) for g in gpus]
-        self.store.add_attempt(job.id, number, names, now, "running")
+        self.store.add_attempt(job.id, number, names, now, "running", prerun=action.precheck)
         self.store.update_job(
             job.id,
             status="RUNNING",
@@ -359,6 +360,8 @@ class Manager(SubmissionCommitter, Recovery, ManagerViews, SchedulerFactory):
         if job.id in self._retrying:  # after a failure it starts over from its checkpoint
             self._retrying.discard(job.id)
             verb = "retried"
+        if action.precheck:
+            verb += " as its pre-run (one worker)"
         self.store.add_event(
             job.id, now, "started", f"attempt {number} {verb} on {', '.join(names)}"
         )
@@ -370,6 +373,9 @@ class Manager(SubmissionCommitter, Recovery, ManagerViews, SchedulerFactory):
         workers = len(gpus) // job.spec.gpus_per_worker  # an elastic job's count changes
         placement = self._worker_placement(gpus, workers)
         envs = placement_worker_envs(job.id, number, placement, checkpoint, spec_model.env)
+        if action.precheck:  # the job may want to know (e.g. to skip a long data load)
+            for env in envs:
+                env["CORRAL_PRECHECK"] = "1"
         command = argv(spec_model)
         workdir = spec_model.workdir or str(self.work_dir(job.id))
         return AttemptLaunch(
@@ -394,15 +400,20 @@ class Manager(SubmissionCommitter, Recovery, ManagerViews, SchedulerFactory):
         job's start was still deferred and nothing runs yet)."""
         job = self.scheduler.jobs[action.job_id]
         if self._drop_deferred_start(job):  # it never ran: neither an attempt nor a preemption
-            job.preemptions -= 1
+            if not action.precheck:  # (the core counts no pre-run's end as one)
+                job.preemptions -= 1
             return None
-        self._save_progress(job, status="PENDING", reason=f"preempted by job {action.by_job_id}")
-        self.store.add_event(job.id, now, "preempted", f"preempted by job {action.by_job_id}")
+        if action.precheck:
+            reason, kind, outcome = "its pre-run passed", "pre-run passed", "pre-run"
+        else:
+            reason, kind, outcome = f"preempted by job {action.by_job_id}", "preempted", "preempted"
+        self._save_progress(job, status="PENDING", reason=reason)
+        self.store.add_event(job.id, now, kind, reason)
         attempt = self._attempts.pop(job.id)
         self.telemetry.unwatch(job.id, now)
         self._ending.pop(job.id, None)
         self._draining[(job.id, attempt.number)] = attempt.gpus
-        self.store.update_attempt(job.id, attempt.number, state="stopping", outcome="preempted")
+        self.store.update_attempt(job.id, attempt.number, state="stopping", outcome=outcome)
         return job.id, attempt.number
 
     def _save_progress(self, job: Job, **fields: object) -> None:
@@ -426,13 +437,22 @@ class Manager(SubmissionCommitter, Recovery, ManagerViews, SchedulerFactory):
         return Shape(job.spec.model, gpu_type, len(gpus), nodes)
 
     def _check_progress(self, now: float) -> list[tuple[str, int]]:
-        """Read the running attempts' reports (corral.server.telemetry); stop those that hung
-        (no report for their `progress_timeout`: retried as the infrastructure's failure, as
-        Philly's hang detection does) or ran past their `time_limit` (they fail, as in Slurm).
-        Returns the attempts to stop."""
-        self.telemetry.poll(now)
+        """Read the running attempts' reports (corral.server.telemetry); a pre-run passes on its
+        first (the core's `progressed`); stop the attempts that hung (no report for their
+        `progress_timeout`: retried as the infrastructure's failure, as Philly's hang detection
+        does) or ran past their `time_limit` (they fail, as in Slurm). Returns the attempts to
+        stop."""
         stops = []
-        for job_id, attempt in self._attempts.items():
+        for job_id in self.telemetry.poll(now):  # first reports: a pre-run passes on its first
+            if job_id not in self.scheduler.jobs:
+                continue
+            passed = self.scheduler.progressed(job_id, now)
+            if passed is not None:
+                self._dirty = True
+                stop = self._record_preempt(passed, now)
+                if stop is not None:
+                    stops.append(stop)
+        for job_id, attempt in list(self._attempts.items()):
             model = self._spec_models.get(job_id)
             if model is None or job_id in self._ending:
                 continue
@@ -496,6 +516,13 @@ class Manager(SubmissionCommitter, Recovery, ManagerViews, SchedulerFactory):
             detail = outcome_fields["reason"] = judged.reason
         elif end.exit_code == 0 and not end.reason.startswith("lost"):
             self.scheduler.finished(job.id, now)
+            if job.status is JobStatus.PENDING:  # its pre-run exited 0: that is a pass
+                self.store.update_attempt(job.id, end.attempt, outcome="pre-run", **outcome_fields)
+                self._save_progress(job, status="PENDING", reason="its pre-run passed")
+                self.store.add_event(
+                    job.id, now, "pre-run passed", f"attempt {end.attempt} (its pre-run) exited 0"
+                )
+                return
             self.store.update_attempt(job.id, end.attempt, outcome="succeeded", **outcome_fields)
             self._save_progress(
                 job, status="SUCCEEDED", finished_at=now, exit_code=0, reason="succeeded"

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from corral.core.actions import Start
 from corral.core.cluster import Cluster, NodeDef
 from corral.core.job import Job, JobSpec
+from corral.core.precheck import PrecheckState, precheck_timeout, prerun_spec
 from corral.core.profiles import Shape
 from corral.core.protocol import SchedulerCore
 from corral.core.retry import Failure, RetryRule
@@ -281,6 +282,7 @@ class Recovery:
         )
         attempts = self.store.attempts(row.id)
         self._recover_failures(job, attempts)
+        self._recover_prerun(job, attempts)
         # A waiting job keeps the time it has waited (placement relaxes after a while), over a
         # restart and over a rebuild when nodes come or go.
         since = now
@@ -291,6 +293,19 @@ class Recovery:
         for attempt in attempts:
             if attempt.state != "ended":
                 self._recover_attempt(job, attempt, now)
+
+    def _recover_prerun(self, job: Job, attempts: list[AttemptRow]) -> None:
+        """A job whose pre-run was running goes on with it (corral.core.precheck): the core is
+        given the record it keeps, its own spec kept, the one-worker spec the job's. (A pre-run
+        that passed, or ended otherwise, leaves the job to run its whole gang.)"""
+        running = [a for a in attempts if a.prerun and a.state in ("starting", "running")]
+        default = self.settings.scheduler.core.precheck_s
+        timeout = precheck_timeout(job.spec, default)
+        if not running or timeout is None:
+            return
+        state = job.record(PrecheckState)
+        state.full, state.timeout_s, state.attempts = job.spec, timeout, 1
+        job.spec = prerun_spec(job.spec)
 
     def _recover_failures(self, job: Job, attempts: list[AttemptRow]) -> None:
         """The failure history the backoff and the user-error rule count, from the attempts the

@@ -66,6 +66,8 @@ MAX_WORKDIR_BYTES = 4095
 MAX_SIGNAL_CHARS = 32
 #: The whole spec as the JSON the store keeps: a command of MAX_ARGUMENT_BYTES and a large env.
 MAX_SPEC_BYTES = 256 * 1024
+#: The longest a pre-run (`precheck: true`) may take before the job gets its gang anyway.
+DEFAULT_PRECHECK_S = 300.0
 #: JSON schema patterns: no NUL; and, for text that must not be blank, a non-space character.
 NO_NUL = r"^[^\x00]*$"
 NOT_BLANK = r"^[^\x00]*[^\s\x00][^\x00]*$"
@@ -333,6 +335,23 @@ def _deadline(value: object) -> float | str | None:
     return _positive_seconds(value)
 
 
+def _precheck(value: object) -> bool | float | None:
+    if value is None or isinstance(value, bool):
+        return value
+    if not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+        raise _refuse("must be true, false or a positive number of seconds")
+    return float(value)
+
+
+def precheck_seconds(model: JobSpecModel) -> float | None:
+    """The core's `precheck_s`: None (the cluster's default), 0 (none) or the longest pre-run."""
+    if model.precheck is None:
+        return None
+    if isinstance(model.precheck, bool):
+        return DEFAULT_PRECHECK_S if model.precheck else 0.0
+    return model.precheck
+
+
 def deadline_instant(model: JobSpecModel, submit_time: float) -> float | None:
     """The spec's deadline as an instant of the manager's clock (epoch seconds)."""
     if model.deadline is None:
@@ -470,6 +489,19 @@ Deadline = Annotated[
         }
     ),
 ]
+Precheck = Annotated[
+    bool | float | None,
+    PlainValidator(_precheck),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "boolean"},
+                {"type": "number", "exclusiveMinimum": 0},
+                {"type": "null"},
+            ]
+        }
+    ),
+]
 OptionalText = Annotated[
     str | None,
     PlainValidator(lambda value: None if value is None else _non_empty_text(value)),
@@ -546,6 +578,12 @@ class JobSpecModel(BaseModel):
     )
     elastic: ElasticRange | None = Field(
         None, description="ElasticFlow: the range of GPU counts the job may be resized within"
+    )
+    precheck: Precheck = Field(
+        None,
+        description="run the job first as one worker until its first progress report, before "
+        f"it holds its whole gang (Philly's pre-run): true ({DEFAULT_PRECHECK_S:g} s at most), "
+        "false (none, whatever the cluster's default), or the most seconds it may take",
     )
 
     @model_validator(mode="after")
@@ -657,6 +695,7 @@ def to_core_spec(
         duration_s=duration,
         spread_slowdown=spread_slowdown or 1.0,
         deadline=deadline_instant(model, submit_time),
+        precheck_s=precheck_seconds(model),
         elastic=(
             None
             if model.elastic is None

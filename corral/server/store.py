@@ -88,6 +88,8 @@ attempts_table = sa.Table(
     sa.Column("outcome", sa.String),
     sa.Column("exit_code", sa.Integer),
     sa.Column("reason", sa.Text, nullable=False, default=""),
+    # The attempt is the job's pre-run (one worker, corral.core.precheck); None: stored before.
+    sa.Column("prerun", sa.Boolean),
 )
 
 events_table = sa.Table(
@@ -347,8 +349,10 @@ class AttemptRow:
     ended_at: float | None
     state: str  # starting | running | stopping | ended
     outcome: str | None  # None until ended: succeeded | failed | preempted | cancelled | lost
+    #                      | pre-run (a pre-run that passed)
     exit_code: int | None
     reason: str
+    prerun: bool = False
 
 
 @dataclass(slots=True)
@@ -440,6 +444,7 @@ def _attempt_row(row: RowMapping) -> AttemptRow:
         outcome=row["outcome"],
         exit_code=row["exit_code"],
         reason=row["reason"],
+        prerun=bool(row["prerun"]),
     )
 
 
@@ -883,7 +888,14 @@ class Store:
     # -- attempts ---------------------------------------------------------------------------------
 
     def add_attempt(
-        self, job_id: JobId, number: int, gpus: Iterable[str], started_at: float, state: str
+        self,
+        job_id: JobId,
+        number: int,
+        gpus: Iterable[str],
+        started_at: float,
+        state: str,
+        *,
+        prerun: bool = False,
     ) -> None:
         """`gpus` by name ("node/device"): ids change when the cluster's nodes do."""
         row = dict(
@@ -892,6 +904,7 @@ class Store:
             gpus=json.dumps([str(gpu) for gpu in gpus]),
             started_at=started_at,
             state=state,
+            prerun=prerun,
         )
         self._run(_INSERT_ATTEMPT, row)
 

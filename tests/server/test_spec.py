@@ -174,6 +174,7 @@ def test_a_minimal_spec_gets_every_default() -> None:
         "progress_timeout": None,
         "deadline": None,
         "elastic": None,
+        "precheck": None,
     }
 
 
@@ -193,6 +194,8 @@ TELEMETRY_REFUSALS = [
         "e.g. 2026-12-01T18:00:00Z",
     ),
     (spec_with(elastic={"min_gpus": 2}), "elastic.max_gpus: field required"),
+    (spec_with(precheck=0), "precheck: must be true, false or a positive number of seconds"),
+    (spec_with(precheck="yes"), "precheck: must be true, false or a positive number of seconds"),
     (spec_with(elastic={"min_gpus": 1, "max_gpus": 8, "x": 1}), "elastic.x: unknown field"),
     (
         spec_with(elastic={"min_gpus": 8, "max_gpus": 16}),
