@@ -24,6 +24,14 @@ def up(
         typer.Option(help="declare this many GPUs (a machine without GPUs); default: NVML's"),
     ] = None,
     gpu_type: Annotated[str, typer.Option(help="the type of declared GPUs")] = "gpu",
+    gpu_memory: Annotated[
+        str | None,
+        typer.Option(
+            help="the memory of this machine's GPUs (e.g. 16G, 80GiB), for shares of a GPU "
+            "(a spec's gpu_memory, MPS's memory limit); default: NVML's, unknown for declared "
+            "GPUs"
+        ),
+    ] = None,
     port: Annotated[
         int | None,
         typer.Option(help="the API and dashboard port [default: 8470; demo: a free one]"),
@@ -117,6 +125,8 @@ def up(
         fail("--executor ray: needs --ray-address HOST:PORT (the Ray head's address)")
     if executor == "ray" and (demo or gpus is not None):
         fail("--executor ray: the GPUs are the Ray nodes' (no --gpus, no --demo)")
+    if executor == "ray" and gpu_memory is not None:
+        fail("--gpu-memory: the local executor's GPUs only (the Ray executor runs no shares)")
     if port is None:
         port = 0 if demo else 8470
     if data_dir is None:
@@ -127,8 +137,13 @@ def up(
         check_port_free(host, port)
     try:
         log_cap_bytes = parse_size("--log-cap", log_cap)
+        gpu_memory_mib = (
+            None if gpu_memory is None else parse_size("--gpu-memory", gpu_memory) >> 20
+        )
     except UserError as error:
         fail(str(error))
+    if gpu_memory_mib is not None and gpu_memory_mib < 1:
+        fail(f"--gpu-memory: must be at least 1M, got {gpu_memory!r}")
     settings = ManagerSettings(
         scheduler=scheduler_settings,
         checkpoint_root=checkpoint_root.expanduser().resolve() if checkpoint_root else None,
@@ -147,6 +162,7 @@ def up(
         executor=executor,
         ray_address=ray_address,
         single_user=single_user,
+        gpu_memory_mib=gpu_memory_mib,
     )
     if demo:
         from corral.server.demo import run_demo

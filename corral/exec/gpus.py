@@ -22,6 +22,8 @@ class LocalGpu:
     uuid: str
     name: str  # the product name, e.g. "NVIDIA A100-SXM4-80GB"
     gpu_type: str  # the short lower-case type a job spec asks for, e.g. "a100"
+    #: Its memory in MiB (NVML's total), None when not known (declared GPUs).
+    memory_mib: int | None = None
 
 
 @dataclass(slots=True)
@@ -88,8 +90,26 @@ def _nvml_gpus(pynvml: Any) -> list[LocalGpu]:
         handle = pynvml.nvmlDeviceGetHandleByIndex(index)
         name = _text(pynvml.nvmlDeviceGetName(handle))
         uuid = _text(pynvml.nvmlDeviceGetUUID(handle))
-        gpus.append(LocalGpu(index, uuid, name, gpu_type_from_name(name)))
+        memory = _memory_mib(pynvml, handle)
+        gpus.append(LocalGpu(index, uuid, name, gpu_type_from_name(name), memory))
     return gpus
+
+
+def _memory_mib(pynvml: Any, handle: Any) -> int | None:
+    """The device's memory in MiB (nvmlDeviceGetMemoryInfo's total, in bytes), None if NVML
+    cannot tell."""
+    try:
+        return int(pynvml.nvmlDeviceGetMemoryInfo(handle).total) >> 20
+    except (pynvml.NVMLError, AttributeError, TypeError, ValueError):
+        return None
+
+
+def smallest_memory_mib(gpus: list[LocalGpu]) -> int | None:
+    """The smallest of these GPUs' memory in MiB; None when one of them is not known."""
+    sizes = [gpu.memory_mib for gpu in gpus]
+    if not sizes or any(size is None for size in sizes):
+        return None
+    return min(size for size in sizes if size is not None)
 
 
 def discover_gpus(declared: int | None, gpu_type: str = "gpu") -> list[LocalGpu]:

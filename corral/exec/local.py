@@ -192,6 +192,24 @@ def placement_worker_envs(
     return envs
 
 
+def share_env(milli: int, memory_mib: int | None = None, device: int = 0) -> dict[str, str]:
+    """What a worker holding a share of one GPU (`milli` of 1000) gets besides the GPU itself:
+    CORRAL_GPU_SHARE (0.5), and NVIDIA MPS's per-client limits from the share, which an MPS
+    server on the node enforces (docs/fgd.md#live): CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, the
+    share of the GPU's threads in percent (rounded down, at least 1), and, when the GPU's memory
+    is known, CUDA_MPS_PINNED_DEVICE_MEM_LIMIT, the share of its memory as `DEVICE=NM` (MiB,
+    rounded down), DEVICE being the index the job sees (0: its one visible GPU)."""
+    if not 0 < milli < 1000:
+        raise ValueError(f"a share of a GPU is 1..999 milli-GPU, got {milli}")
+    env = {
+        "CORRAL_GPU_SHARE": f"{milli / 1000:.3f}".rstrip("0"),
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(max(1, milli * 100 // 1000)),
+    }
+    if memory_mib:
+        env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"{device}={max(1, memory_mib * milli // 1000)}M"
+    return env
+
+
 #: The manager's own variables that its jobs must not inherit (an admin's token above all).
 PRIVATE_VARIABLES = ("CORRAL_TOKEN", "CORRAL_URL")
 
@@ -315,6 +333,9 @@ class LocalExecutor:
     mechanism (corral.exec.contain.MECHANISMS; None: $CORRAL_CONTAIN in the shim's environment,
     else the best available); `end_timeout_s` bounds how long a shim tries to end its attempt's
     processes."""
+
+    #: Several attempts may run on one GPU at once (shares of it: `share_env`).
+    shares_gpus = True
 
     def __init__(
         self,

@@ -528,6 +528,10 @@ class _Attempt:
 class RayExecutor:
     """Launches, stops, polls and recovers attempts on a Ray cluster. Thread-safe."""
 
+    #: No shares of a GPU: each worker's actor asks Ray for whole GPUs, so two jobs on one GPU
+    #: would wait for each other in Ray's accounting (the manager refuses shares here).
+    shares_gpus = False
+
     def __init__(
         self, address: str, namespace: str = NAMESPACE, containment: str | None = None
     ) -> None:

@@ -26,6 +26,7 @@ from corral.server.manager import Manager, SubmitError
 from corral.server.metrics import metrics_text
 from corral.server.spec import JobSpecModel, SpecError, one_line, parse_job_spec
 from corral.server.store import TOKEN_ID_CHARS, JobListRow, JobProgress, JobRow, TokenRow
+from corral.server.views import GpuHolder
 
 WEB_DIR = Path(__file__).resolve().parent.parent / "web"
 STATUSES = ("PENDING", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED")
@@ -307,39 +308,43 @@ def create_app(manager: Manager) -> FastAPI:
 
     @app.get("/api/v1/cluster", tags=["cluster"], response_model=schemas.ClusterView)
     def cluster_view(who: Caller) -> dict[str, Any]:
-        owners = manager.gpu_owners()
-        jobs = {row.id: row for row in store.list_jobs(ids=set(owners.values()))}
+        """Every node and GPU with the jobs on it: `jobs` lists each (several where shares of
+        the GPU run), `share` is how much of the GPU they take, `job` the first of them."""
+        holders = manager.gpu_holders()
+        ids = {held.job_id for on_gpu in holders.values() for held in on_gpu}
+        jobs = {row.id: row for row in store.list_jobs(ids=ids)}
         cluster = manager.cluster
+
+        def holder_view(held: GpuHolder) -> dict[str, Any]:
+            row = jobs.get(held.job_id)
+            hidden = row is not None and not auth.can_read_job(who, row.user, row.vc)
+            return {  # a job the caller may not see: busy, and whose VC, but not whose job
+                "job": None if hidden else held.job_id,
+                "job_name": row.name if row is not None and not hidden else None,
+                "vc": row.vc if row is not None else None,
+                "user": row.user if row is not None and not hidden else None,
+                "share": held.milli / 1000,
+                "stopping": held.stopping,
+            }
+
         nodes = []
         for node_index, node in enumerate(cluster.nodes):
             gpus = []
             for device, gpu in enumerate(cluster.node_gpus[node_index]):
-                owner = owners.get(gpu)
-                row = jobs.get(owner) if owner else None
-                if row is not None and not auth.can_read_job(who, row.user, row.vc):
-                    gpus.append(  # busy, and whose VC: but not whose job
-                        {
-                            "index": device,
-                            "global": gpu,
-                            "type": cluster.gpus[gpu].gpu_type,
-                            "job": None,
-                            "job_name": None,
-                            "vc": row.vc,
-                            "user": None,
-                            "busy": True,
-                        }
-                    )
-                    continue
+                on_gpu = [holder_view(held) for held in holders.get(gpu, [])]
+                first = on_gpu[0] if on_gpu else {}
                 gpus.append(
                     {
                         "index": device,
                         "global": gpu,
                         "type": cluster.gpus[gpu].gpu_type,
-                        "job": owner,
-                        "job_name": row.name if row else None,
-                        "vc": row.vc if row else None,
-                        "user": row.user if row else None,
-                        "busy": owner is not None,
+                        "job": first.get("job"),
+                        "job_name": first.get("job_name"),
+                        "vc": first.get("vc"),
+                        "user": first.get("user"),
+                        "busy": bool(on_gpu),
+                        "jobs": on_gpu,
+                        "share": min(1.0, sum(held["share"] for held in on_gpu)),
                     }
                 )
             rack = cluster.racks[cluster.node_rack[node_index]].name

@@ -18,7 +18,13 @@ import uvicorn
 
 from corral.core.cluster import Cluster, ClusterError, NodeDef
 from corral.core.config import ConfigError, vc_gpu_quota
-from corral.exec.gpus import NoGpusError, discover_gpus, nvml_topology, uniform_group_size
+from corral.exec.gpus import (
+    NoGpusError,
+    discover_gpus,
+    nvml_topology,
+    smallest_memory_mib,
+    uniform_group_size,
+)
 from corral.exec.local import LocalExecutor
 from corral.exec.shim import write_json_atomic
 from corral.server import auth, identity
@@ -48,6 +54,8 @@ class ServerOptions:
     ray_address: str | None = None  # HOST:PORT of the Ray cluster's head (GCS)
     #: Run every job as the manager's own user even when it runs as root.
     single_user: bool = False
+    #: The memory (MiB) of this machine's GPUs (`--gpu-memory`); None: NVML's, where it tells.
+    gpu_memory_mib: int | None = None
 
 
 EXECUTORS = ("local", "ray")
@@ -246,7 +254,23 @@ def _build_manager(options: ServerOptions, executor: Executor | None) -> Manager
             ray_executor.close()
             raise
     cluster, quota, cells = build_cluster(options)
+    learn_gpu_memory(options, cluster)
     return _build_with(options, executor or LocalExecutor(), cluster, quota, cells)
+
+
+def learn_gpu_memory(options: ServerOptions, cluster: Cluster) -> None:
+    """The memory of this machine's GPUs, for shares (`ManagerSettings.gpu_memory_mib`): the
+    declared `--gpu-memory`, else NVML's (the smallest GPU's), else none known. Settings that
+    already name it (a test's) are kept."""
+    settings = options.settings
+    size = options.gpu_memory_mib
+    if size is None and not settings.gpu_memory_mib and options.gpus is None:
+        try:
+            size = smallest_memory_mib(discover_gpus(None))
+        except NoGpusError:  # a config run on a machine without GPUs
+            size = None
+    if size is not None:
+        settings.gpu_memory_mib = dict.fromkeys(cluster.gpu_types, size)
 
 
 def _build_with(

@@ -22,7 +22,7 @@ from corral.core.job import JobSpec
 from corral.core.protocol import SchedulerCore
 from corral.server import identity
 from corral.server.identity import AccountError
-from corral.server.spec import JobSpecModel
+from corral.server.spec import JobSpecModel, SpecError
 from corral.server.state import ManagerSettings, SubmitError
 from corral.server.store import JobRow, Store
 
@@ -70,6 +70,8 @@ class SubmissionCommitter:
             self, model: JobSpecModel, job_id: str, submit_time: float, user: str
         ) -> JobSpec: ...
         def length_refusal(self, spec: JobSpec) -> str | None: ...
+        def share_refusal(self, spec: JobSpec) -> str | None: ...
+        def learn_workload(self, specs: list[JobSpec]) -> None: ...
 
     def submit(self, model: JobSpecModel, user: str, unix_user: str | None = None) -> JobRow:
         """Accept a validated job: stored, then queued (the stored row is returned), or
@@ -121,12 +123,18 @@ class SubmissionCommitter:
         """`unix_user`: the account the user's token names (default: the user's name)."""
         now = self.clock()
         account = self._account_for(model, user, unix_user)
-        spec = self.core_spec(model, "new", now, user)
+        try:
+            spec = self.core_spec(model, "new", now, user)
+        except SpecError as error:  # gpu_memory that this manager cannot size
+            raise SubmitError(str(error)) from None
         if spec.vc not in self.vc_quota:
             raise SubmitError(
                 f"vc: unknown VC {spec.vc!r}; this cluster has {', '.join(sorted(self.vc_quota))}"
             )
-        refusal = self.scheduler.refusal(spec) or self.length_refusal(spec)  # (no lock needed)
+        share_refusal = self.share_refusal(spec)  # (no lock needed)
+        if share_refusal is not None:
+            raise SubmitError(share_refusal)
+        refusal = self.scheduler.refusal(spec) or self.length_refusal(spec)
         if refusal is not None:
             raise SubmitError(_field_message(refusal))
         with self._inbox_lock:  # ids in the order the core will queue the jobs
@@ -181,6 +189,7 @@ class SubmissionCommitter:
                 submission.finish(error)
             return
         outcomes: list[BaseException | None] = []
+        queued: list[JobSpec] = []
         with self.lock:
             for submission in batch:
                 job_id = submission.row.id
@@ -198,9 +207,11 @@ class SubmissionCommitter:
                         outcomes.append(error)
                         continue
                 outcomes.append(None)
+                queued.append(submission.spec)
                 if job_id in self._cancel_on_arrival:  # cancelled between store and queue
                     self._cancel_on_arrival.discard(job_id)
                     self._cancel_locked(job_id)
+            self.learn_workload(queued)  # FGD's target workload, live
             self._dirty = True
         for submission, outcome in zip(batch, outcomes, strict=True):
             try:

@@ -6,21 +6,27 @@ offers the plugins: the cluster and its VCs; Gittins's job sizes from the jobs i
 the jobs' progress reports taught it (corral.server.telemetry): the speeds measured per model and
 placement shape (`hetero`, `profile`, ElasticFlow's scaling curves), the loss curves (`optimus`);
 and the users' estimates of their jobs' lengths (`time_limit`, `total_steps`: sjf and srtf, as
-Slurm orders by time limits). A plugin that needs what a live manager cannot give (a pair table
-for packing, FGD's target workload) refuses to build, in one line, and `corral up` stops with it.
+Slurm orders by time limits); FGD's target workload, learnt from the jobs it was given (the
+task shapes of the latest `workload_jobs` submitted, kept up to date as jobs arrive:
+`learn_workload`). A plugin that needs what a live manager cannot give (a pair table for packing)
+refuses to build, in one line, and `corral up` stops with it.
 """
 
 from __future__ import annotations
 
 import json
+from collections import deque
+from collections.abc import Iterable
 
-from corral.core.cluster import Cluster
+from corral.core.cluster import MILLI, Cluster
+from corral.core.fragmentation import TaskShape, Workload
 from corral.core.framework import build_scheduler
 from corral.core.job import JobSpec
+from corral.core.placement import PLACEMENTS
 from corral.core.plugin import Services
 from corral.core.protocol import SchedulerCore
-from corral.server.spec import JobSpecModel, model_key, to_core_spec
-from corral.server.state import ManagerSettings
+from corral.server.spec import JobSpecModel, model_key, parse_job_spec, to_core_spec, whole_gpus
+from corral.server.state import Executor, ManagerSettings
 from corral.server.store import Store
 from corral.server.telemetry import Telemetry
 
@@ -29,6 +35,9 @@ CONFIG_KEY = "scheduler_config"
 
 #: Finished jobs needed before Gittins takes its job-size distribution from this manager's own.
 MIN_GITTINS_HISTORY = 20
+
+#: FGD's target workload before this manager has been given any job: one-GPU jobs.
+DEFAULT_TASK = TaskShape(cpu_milli=0, memory_mib=0, num_gpu=1, gpu_milli=MILLI)
 
 
 class SchedulerFactory:
@@ -43,6 +52,10 @@ class SchedulerFactory:
     store: Store
     telemetry: Telemetry
     scheduler: SchedulerCore
+    executor: Executor
+    #: The task shapes of the latest jobs submitted, when the placement shares GPUs (FGD's
+    #: target workload); set by `_make_scheduler`, extended by `learn_workload`.
+    _workload_shapes: deque[TaskShape] | None
 
     def _vc_cells(self) -> dict[str, dict[str, int]]:
         return self.vc_cells or {vc: {} for vc in self.vc_quota}
@@ -59,7 +72,67 @@ class SchedulerFactory:
             durations_known=True,
             observe=self.telemetry.observe,
             throughput=self.telemetry.profiles.throughput,
+            workload=self._target_workload(),
         )
+
+    def gpu_memory(self) -> dict[str, int | None]:
+        """Each GPU type of the cluster with its memory in MiB, None where not known."""
+        known = self.settings.gpu_memory_mib
+        return {gpu_type: known.get(gpu_type) for gpu_type in self.cluster.gpu_types}
+
+    # -- FGD's target workload, learnt live --------------------------------------------------
+
+    def _target_workload(self) -> Workload | None:
+        """The task shapes of the latest `workload_jobs` jobs in the store (any status), when the
+        placement shares GPUs (the others take no workload); until there is one, one-GPU jobs."""
+        self._workload_shapes = None
+        if not PLACEMENTS[self.settings.scheduler.core.placement].shares:
+            return None
+        shapes: deque[TaskShape] = deque(maxlen=max(1, self.settings.workload_jobs))
+        memory = self.gpu_memory()
+        for row in self.store.recent_jobs(self.settings.workload_jobs):
+            try:
+                model = parse_job_spec(row.spec)
+                spec = to_core_spec(model, row.id, row.submitted_at, row.user, gpu_memory=memory)
+            except ValueError:  # a spec this manager can no longer read: not part of it
+                continue
+            shapes.append(TaskShape.of(spec))
+        self._workload_shapes = shapes
+        return self._workload_from(shapes)
+
+    @staticmethod
+    def _workload_from(shapes: Iterable[TaskShape]) -> Workload:
+        found = list(shapes)
+        return Workload.from_shapes(found or [DEFAULT_TASK])
+
+    def learn_workload(self, specs: Iterable[JobSpec]) -> None:
+        """Jobs were queued: their shapes join the target workload (the oldest leave it), and a
+        placement that measures against it (`retarget`, FGD's) measures against the new one."""
+        shapes = self._workload_shapes
+        new = [TaskShape.of(spec) for spec in specs]
+        if shapes is None or not new:
+            return
+        shapes.extend(new)
+        retarget = getattr(self.scheduler.placement, "retarget", None)
+        if retarget is not None:
+            retarget(self._workload_from(shapes))
+
+    def share_refusal(self, spec: JobSpec) -> str | None:
+        """Why a share of one GPU cannot run here (None for other jobs): a placement that gives
+        whole GPUs only, or an executor that cannot put two jobs on one GPU (Ray's)."""
+        if not spec.shares_gpu:
+            return None
+        share = f"a share of one GPU ({spec.gpu_milli / MILLI:g})"
+        placement = self.scheduler.placement
+        if not placement.shares:
+            sharing = ", ".join(sorted(name for name, cls in PLACEMENTS.items() if cls.shares))
+            return (
+                f"gpus: {share} needs a placement that shares GPUs ({sharing}); this manager "
+                f"runs placement {placement.name}"
+            )
+        if not getattr(self.executor, "shares_gpus", True):
+            return f"gpus: {share} runs under the local executor only"
+        return None
 
     def core_spec(self, model: JobSpecModel, job_id: str, submit_time: float, user: str) -> JobSpec:
         """The core's view of a job, with what this manager measured of its model: steps/s (its
@@ -71,8 +144,9 @@ class SchedulerFactory:
             job_id,
             submit_time,
             user,
-            rate=profiles.best_rate(key, model.gpus),
-            spread_slowdown=profiles.spread_slowdown(key, model.gpus),
+            rate=profiles.best_rate(key, whole_gpus(model)),
+            spread_slowdown=profiles.spread_slowdown(key, whole_gpus(model)),
+            gpu_memory=self.gpu_memory(),
         )
 
     def length_refusal(self, spec: JobSpec) -> str | None:

@@ -41,6 +41,7 @@ from corral.exec.local import (
     WorkerLaunch,
     own_directory,
     placement_worker_envs,
+    share_env,
 )
 from corral.server import identity
 from corral.server.committer import Submission, SubmissionCommitter
@@ -305,6 +306,9 @@ class Manager(SubmissionCommitter, Recovery, ManagerViews, SchedulerFactory):
         if not self._deferred:
             return []
         held = {gpu for gpus in self._draining.values() for gpu in gpus}
+        # A share may start on a GPU other shares run on, but not while a stopping attempt, or
+        # an ended one's leftover processes, still hold it (the core has handed its part on).
+        held.update(gpu for gpus in self._tainted.values() for gpu in gpus)
         # A preemption can free GPUs of a node that left (held out): what the core started there
         # waits until the node is dropped (the rebuild requeues it) or comes back.
         held.update(
@@ -362,8 +366,9 @@ class Manager(SubmissionCommitter, Recovery, ManagerViews, SchedulerFactory):
             verb = "retried"
         if action.precheck:
             verb += " as its pre-run (one worker)"
+        share = f" ({action.milli / 1000:g} of the GPU)" if action.milli < 1000 else ""
         self.store.add_event(
-            job.id, now, "started", f"attempt {number} {verb} on {', '.join(names)}"
+            job.id, now, "started", f"attempt {number} {verb} on {', '.join(names)}{share}"
         )
         checkpoint = self.checkpoint_dir(job.id)
         attempt_dir = self.attempt_dir(job.id, number)
@@ -376,6 +381,11 @@ class Manager(SubmissionCommitter, Recovery, ManagerViews, SchedulerFactory):
         if action.precheck:  # the job may want to know (e.g. to skip a long data load)
             for env in envs:
                 env["CORRAL_PRECHECK"] = "1"
+        if action.milli < 1000:  # a share of its one GPU: MPS's limits from the share
+            gpu_type = self.cluster.gpus[gpus[0]].gpu_type
+            limits = share_env(action.milli, self.settings.gpu_memory_mib.get(gpu_type))
+            for env in envs:
+                env.update(limits)
         command = argv(spec_model)
         workdir = spec_model.workdir or str(self.work_dir(job.id))
         return AttemptLaunch(

@@ -146,7 +146,22 @@ class VcView(BaseModel):
     running: int
 
 
+class GpuJobView(BaseModel):
+    """A job on a GPU (its id, name and user are null where the caller may not see it)."""
+
+    model_config = _OPEN
+
+    job: str | None
+    job_name: str | None
+    vc: str | None
+    user: str | None
+    share: float = Field(description="the part of the GPU it holds: 1 for a whole GPU, 0.5 ...")
+    stopping: bool = Field(description="preempted or cancelled, its processes not yet gone")
+
+
 class GpuView(BaseModel):
+    """A GPU; `job`, `job_name`, `vc` and `user` are those of the first of `jobs`."""
+
     model_config = ConfigDict(extra="allow", populate_by_name=True)
 
     index: int
@@ -157,6 +172,11 @@ class GpuView(BaseModel):
     vc: str | None
     user: str | None
     busy: bool
+    jobs: list[GpuJobView] = Field(
+        default_factory=list,
+        description="every job on the GPU: several where shares of it run at once",
+    )
+    share: float = Field(0.0, description="the part of the GPU its jobs hold (0 to 1)")
 
 
 class NodeView(BaseModel):

@@ -5,7 +5,8 @@ first problem found: an unknown field first (it often explains a "missing" one: 
 ``gpus``), then the declared fields in order, then the checks across fields (workers divide gpus).
 
     name: train-resnet          # required; 1-63 of [A-Za-z0-9._-]
-    gpus: 4                     # required
+    gpus: 4                     # required; or a share of one GPU: 0.5 (at most 3 decimals)
+    gpu_memory: 8GiB            # GPU memory it needs (a share may grow to hold it)
     command: python train.py    # required; a string runs through /bin/sh -c, a list is argv
     workers: 2                  # each worker gets gpus/workers GPUs
     gpu_type: [a100, h100]      # acceptable GPU types, any case
@@ -16,6 +17,14 @@ manager or fail at exec time: a command string or argument, and each NAME=value 
 the kernel's MAX_ARG_STRLEN; the whole spec, as the JSON the store keeps, at most MAX_SPEC_BYTES.
 No string may hold a NUL character (the kernel and PostgreSQL refuse it) or a lone surrogate (it
 is not UTF-8).
+
+**A share of one GPU.** `gpus` below 1 (0.001 to 0.999) asks for that share of one GPU, in
+milli-GPU (0.5 is 500; the core's `JobSpec(gpus=1, gpu_milli=500)`), with one worker; other jobs'
+shares may run on the same GPU. `gpu_memory` (`8GiB`, `512MiB`, or an integer of MiB) is the GPU
+memory the job needs: with the memory of the GPU types it may run on known to the manager, a share
+becomes max(gpus, gpu_memory / the smallest such GPU's memory), rounded up to a milli-GPU (a whole
+GPU at most), and a job asking for more memory than such a GPU has is refused; with any of them
+unknown, `gpu_memory` is refused (`share_milli`, `to_core_spec`).
 """
 
 from __future__ import annotations
@@ -42,6 +51,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from corral.config_file import YamlFileError, read_yaml_file
+from corral.core.cluster import MILLI  # milli-GPU in one GPU: a share is given in thousandths
 from corral.core.job import Elastic, JobSpec, Priority
 
 NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-")
@@ -68,6 +78,11 @@ MAX_SIGNAL_CHARS = 32
 MAX_SPEC_BYTES = 256 * 1024
 #: The longest a pre-run (`precheck: true`) may take before the job gets its gang anyway.
 DEFAULT_PRECHECK_S = 300.0
+#: `gpu_memory` in MiB: 1 TiB is beyond any GPU.
+MAX_GPU_MEMORY_MIB = 1 << 20
+_MEMORY_UNITS = {"mib": 1, "gib": 1 << 10, "tib": 1 << 20}
+_MEMORY = re.compile(r"^\s*([0-9]{1,9}(?:\.[0-9]{1,9})?)\s*([MmGgTt][Ii][Bb])\s*$")
+GPU_MEMORY_RULE = "must be a size such as 8GiB or 512MiB, or a whole number of MiB"
 #: JSON schema patterns: no NUL; and, for text that must not be blank, a non-space character.
 NO_NUL = r"^[^\x00]*$"
 NOT_BLANK = r"^[^\x00]*[^\s\x00][^\x00]*$"
@@ -161,6 +176,46 @@ def _count(least: int, wording: str) -> Any:
         return value
 
     return check
+
+
+def _gpus(value: object) -> int | float:
+    """A positive integer (whole GPUs), or a share of one GPU: 0 < gpus < 1, in thousandths."""
+    if isinstance(value, float) and 0 < value < 1:
+        milli = round(value * MILLI)
+        if milli < 1 or milli >= MILLI or abs(value * MILLI - milli) > 1e-6:
+            raise _refuse(
+                f"a share of one GPU has at most 3 decimals (0.001 to 0.999), got {value!r}"
+            )
+        return milli / MILLI
+    if isinstance(value, float) and math.isfinite(value) and value > 1 and not value.is_integer():
+        raise _refuse(
+            f"must be a positive integer, or a share of one GPU between 0 and 1 (got {value!r})"
+        )
+    whole: int = _count(1, "positive")(value)
+    return whole
+
+
+def gpu_memory_mib(value: object) -> int | None:
+    """`gpu_memory` in MiB: "8GiB", "1.5GiB", "512MiB" (MiB, GiB, TiB, any case), or an integer
+    of MiB; a whole number of MiB, at least 1 and at most 1 TiB."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise _refuse(GPU_MEMORY_RULE)
+    if isinstance(value, int):
+        mib: float = value
+    else:
+        found = _MEMORY.match(value) if len(value) <= 32 else None
+        if found is None:
+            raise _refuse(f"{GPU_MEMORY_RULE} (got {one_line(repr(value), 40)})")
+        mib = float(found.group(1)) * _MEMORY_UNITS[found.group(2).lower()]
+        if not mib.is_integer():
+            raise _refuse(f"must be a whole number of MiB (got {one_line(repr(value), 40)})")
+    if mib < 1:
+        raise _refuse("must be at least 1MiB")
+    if mib > MAX_GPU_MEMORY_MIB:
+        raise _refuse(f"must be at most 1TiB ({MAX_GPU_MEMORY_MIB} MiB)")
+    return int(mib)
 
 
 def _name(value: object) -> str:
@@ -400,6 +455,40 @@ Positive = Annotated[
     PlainValidator(_count(1, "positive")),
     WithJsonSchema({"type": "integer", "minimum": 1, "maximum": MAX_COUNT}),
 ]
+GpuCount = Annotated[
+    int | float,
+    PlainValidator(_gpus),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "integer", "minimum": 1, "maximum": MAX_COUNT},
+                {
+                    "type": "number",
+                    "exclusiveMinimum": 0,
+                    "exclusiveMaximum": 1,
+                    "description": "a share of one GPU, at most 3 decimals (0.001 to 0.999)",
+                },
+            ]
+        }
+    ),
+]
+GpuMemory = Annotated[
+    int | None,
+    PlainValidator(gpu_memory_mib),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "integer", "minimum": 1, "maximum": MAX_GPU_MEMORY_MIB},
+                {
+                    "type": "string",
+                    "maxLength": 32,
+                    "pattern": r"^\s*[0-9]{1,9}(\.[0-9]{1,9})?\s*[MmGgTt][Ii][Bb]\s*$",
+                },
+                {"type": "null"},
+            ]
+        }
+    ),
+]
 NonNegative = Annotated[
     int,
     PlainValidator(_count(0, "non-negative")),
@@ -532,7 +621,15 @@ class JobSpecModel(BaseModel):
         "guaranteed",
         description="guaranteed jobs use their VC's GPUs; opportunistic ones borrow idle GPUs",
     )
-    gpus: Positive = Field(description="total GPUs, all held at once")
+    gpus: GpuCount = Field(
+        description="total GPUs, all held at once; or a share of one GPU below 1 (0.5: half "
+        "of one GPU, which other jobs' shares may use too; at most 3 decimals, one worker)"
+    )
+    gpu_memory: GpuMemory = Field(
+        None,
+        description="GPU memory the job needs on each of its GPUs: 8GiB, 512MiB, or MiB as an "
+        "integer; a share grows to hold it (needs the GPU type's memory known)",
+    )
     workers: Positive = Field(1, description="processes; each gets gpus/workers GPUs")
     gpu_type: GpuTypes = Field(None, description="acceptable GPU types (any case)")
     locality: Locality = Field("node", description="preferred spread, relaxed after waiting")
@@ -588,6 +685,17 @@ class JobSpecModel(BaseModel):
 
     @model_validator(mode="after")
     def _workers_divide_gpus(self) -> JobSpecModel:
+        if isinstance(self.gpus, float):  # a share of one GPU: one process
+            if self.workers != 1:
+                raise PydanticCustomError(
+                    "spec",
+                    "{reason}",
+                    {
+                        "field": "workers",
+                        "reason": f"must be 1 for a share of one GPU (gpus {self.gpus:g})",
+                    },
+                )
+            return self
         if self.gpus % self.workers:
             raise PydanticCustomError(
                 "spec",
@@ -603,6 +711,15 @@ class JobSpecModel(BaseModel):
     def _elastic_range(self) -> JobSpecModel:
         if self.elastic is None:
             return self
+        if isinstance(self.gpus, float):
+            raise PydanticCustomError(
+                "spec",
+                "{reason}",
+                {
+                    "field": "elastic",
+                    "reason": f"a share of one GPU (gpus {self.gpus:g}) is not resized",
+                },
+            )
         unit = self.gpus // self.workers
         low, high = self.elastic.min_gpus, self.elastic.max_gpus
         problem = None
@@ -657,6 +774,67 @@ def model_key(model: JobSpecModel) -> str:
     return model.model or model.name
 
 
+def whole_gpus(model: JobSpecModel) -> int:
+    """The GPUs the job holds: `gpus`, or the one GPU a share is on."""
+    return model.gpus if isinstance(model.gpus, int) else 1
+
+
+def _gpu_types(model: JobSpecModel) -> frozenset[str] | None:
+    if model.gpu_type is None:
+        return None
+    if isinstance(model.gpu_type, str):
+        return frozenset({model.gpu_type.lower()})
+    return frozenset(kind.lower() for kind in model.gpu_type)
+
+
+def _mib(mib: int) -> str:
+    return f"{mib // 1024}GiB" if mib % 1024 == 0 else f"{mib}MiB"
+
+
+def share_milli(
+    model: JobSpecModel,
+    gpu_memory: Mapping[str, int | None] | None = None,
+) -> int:
+    """Milli-GPU on each of the job's GPUs: 1000 for whole GPUs; for a share, `gpus` in
+    thousandths, raised to hold `gpu_memory` on the smallest GPU it may run on.
+
+    `gpu_memory` maps each GPU type of the cluster to its memory in MiB (None: not known). A
+    job asking for `gpu_memory` is refused (SpecError, field `gpu_memory`) when the memory of a
+    type it may run on is not known, or is smaller than it asks. The types it may run on are
+    those of the cluster it accepts; with none of them, nothing is checked here (the cluster's
+    refusal names the types)."""
+    milli = MILLI if isinstance(model.gpus, int) else round(model.gpus * MILLI)
+    if model.gpu_memory is None:
+        return milli
+    known = dict(gpu_memory or {})
+    accepted = _gpu_types(model)
+    types = sorted(t for t in known if accepted is None or t in accepted)
+    if not known:
+        raise SpecError(
+            "gpu_memory",
+            "this manager does not know its GPUs' memory (declare it: corral up --gpu-memory SIZE)",
+        )
+    unknown = [t for t in types if known[t] is None]
+    if unknown:
+        raise SpecError(
+            "gpu_memory",
+            f"the memory of GPU type {unknown[0]} is not known here (declare it: corral up "
+            "--gpu-memory SIZE)",
+        )
+    sized = [(known[t] or 0, t) for t in types]
+    if not sized:
+        return milli
+    smallest, kind = min(sized)
+    if model.gpu_memory > smallest:
+        raise SpecError(
+            "gpu_memory",
+            f"asks for {_mib(model.gpu_memory)} but a GPU of type {kind} has {_mib(smallest)}",
+        )
+    if milli < MILLI:
+        milli = max(milli, -(-model.gpu_memory * MILLI // smallest))  # rounded up
+    return min(milli, MILLI)
+
+
 def to_core_spec(
     model: JobSpecModel,
     job_id: str,
@@ -665,31 +843,30 @@ def to_core_spec(
     *,
     rate: float | None = None,
     spread_slowdown: float | None = None,
+    gpu_memory: Mapping[str, int | None] | None = None,
 ) -> JobSpec:
     """The scheduling core's view of the job (the core needs no command, env or signal).
 
     Its length (`duration_s`, what sjf and srtf order by) is the user's estimate: `time_limit`,
     else `total_steps` at `rate`, the steps/s measured for its model; `spread_slowdown` is the
-    one measured for it (Tiresias's profile placement), 1.0 when not known."""
-    if model.gpu_type is None:
-        gpu_types = None
-    elif isinstance(model.gpu_type, str):
-        gpu_types = frozenset({model.gpu_type.lower()})
-    else:
-        gpu_types = frozenset(kind.lower() for kind in model.gpu_type)
+    one measured for it (Tiresias's profile placement), 1.0 when not known. A share of one GPU
+    is `gpus` 1 with `gpu_milli` below 1000 (`share_milli`, with the GPU types' memory)."""
+    gpu_types = _gpu_types(model)
+    gpus = whole_gpus(model)
+    milli = share_milli(model, gpu_memory)
     duration = model.time_limit
     if duration is None and model.total_steps is not None and rate:
         duration = model.total_steps / rate
     return JobSpec(
         id=job_id,
         submit_time=submit_time,
-        gpus=model.gpus,
+        gpus=gpus,
         user=user,
         vc=model.vc,
         gpu_types=gpu_types,
         priority=Priority(model.priority),
         max_retries=model.max_retries,
-        gpus_per_worker=model.gpus // model.workers,
+        gpus_per_worker=gpus // model.workers,
         model=model_key(model),
         total_steps=model.total_steps,
         duration_s=duration,
@@ -699,8 +876,9 @@ def to_core_spec(
         elastic=(
             None
             if model.elastic is None
-            else Elastic(model.elastic.min_gpus, model.elastic.max_gpus, model.gpus)
+            else Elastic(model.elastic.min_gpus, model.elastic.max_gpus, gpus)
         ),
+        gpu_milli=milli,
     )
 
 

@@ -55,6 +55,11 @@ class ManagerSettings:
     log_cap_bytes: int = DEFAULT_CAP_BYTES
     #: The API refuses (413) a request body longer than this (corral.server.limits).
     max_body_bytes: int = 1 << 20
+    #: Each GPU type's memory in MiB, where known (NVML's, or `corral up --gpu-memory`): what a
+    #: spec's `gpu_memory` is a share of, and a share's MPS memory limit (docs/fgd.md#live).
+    gpu_memory_mib: dict[str, int] = field(default_factory=dict)
+    #: FGD's target workload live: the task shapes of the latest this many jobs submitted.
+    workload_jobs: int = 1000
 
 
 @dataclass(slots=True)

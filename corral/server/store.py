@@ -870,6 +870,14 @@ class Store:
         with self._reading() as connection:
             return [_job_row(row) for row in connection.execute(query).mappings()]
 
+    def recent_jobs(self, limit: int) -> list[JobRow]:
+        """The latest `limit` jobs submitted, whatever their status, oldest first (with specs:
+        what FGD's target workload is learnt from live)."""
+        query = sa.select(jobs_table).order_by(jobs_table.c.id.desc()).limit(limit)
+        with self._reading() as connection:
+            rows = [_job_row(row) for row in connection.execute(query).mappings()]
+        return rows[::-1]
+
     def job_counts(self) -> dict[str, int]:
         """How many jobs are in each status."""
         query = sa.select(jobs_table.c.status, sa.func.count()).group_by(jobs_table.c.status)

@@ -7,12 +7,21 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from corral.core.actions import Start
 from corral.core.job import JobStatus
 from corral.core.protocol import SchedulerCore
 from corral.server.state import Attempt
+
+
+class GpuHolder(NamedTuple):
+    """A job holding a GPU: its share (milli-GPU, 1000 for a whole GPU), and whether it is
+    stopping (preempted or cancelled, its processes not yet gone)."""
+
+    job_id: str
+    milli: int
+    stopping: bool
 
 
 class ManagerViews:
@@ -71,12 +80,23 @@ class ManagerViews:
             return [self.gpu_name(g) for g in attempt.gpus] if attempt else []
 
     def gpu_owners(self) -> dict[int, str]:
-        """GPU -> the job whose processes hold it (running, or still stopping)."""
+        """GPU -> a job whose processes hold it (running, or still stopping): the first of
+        `gpu_holders` (one of the jobs sharing a GPU)."""
+        return {gpu: held[0].job_id for gpu, held in self.gpu_holders().items()}
+
+    def gpu_holders(self) -> dict[int, list[GpuHolder]]:
+        """GPU -> every job whose processes hold it, with its share: the running ones (several
+        on a GPU shared by fractions) in the order they started, then those still stopping."""
         with self.lock:
-            owners = {g: job_id for job_id, a in self._attempts.items() for g in a.gpus}
-            for (job_id, _), gpus in self._draining.items():
-                owners.update(dict.fromkeys(gpus, job_id))
-            return owners
+            holders: dict[int, list[GpuHolder]] = {}
+            running = sorted(self._attempts.items(), key=lambda item: item[1].started_at)
+            stopping = [(job_id, gpus, True) for (job_id, _), gpus in self._draining.items()]
+            for job_id, gpus, draining in [(j, a.gpus, False) for j, a in running] + stopping:
+                job = self.scheduler.jobs.get(job_id)
+                milli = job.spec.gpu_milli if job is not None and job.spec.gpus else 1000
+                for gpu in gpus:
+                    holders.setdefault(gpu, []).append(GpuHolder(job_id, milli, draining))
+            return holders
 
     def counts_by_vc(self) -> dict[str, dict[str, int]]:
         """Per VC: pending and running jobs, and GPUs allocated."""

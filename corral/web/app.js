@@ -264,18 +264,23 @@
     }
     const colour = colours.get(gpu.vc) || "#6b7280";
     const who = gpu.user ? `, user ${gpu.user}` : "";
+    // Shares of the GPU: every job on it in the title, the first one's number on the cell.
+    const sharers = (gpu.jobs || []).length > 1 ? gpu.jobs : [];
+    const shared = sharers.length
+      ? ` · shared: ${sharers.map((j) => `${j.job ? `#${j.job}` : "a job"} (${j.share})`).join(", ")}`
+      : "";
     return el(
       "div",
       {
         class: "gpu busy",
         data: { gpu: name, vc: gpu.vc || "", job: gpu.job },
-        title: `${name} (${gpu.type}): job ${gpu.job} ${gpu.job_name || ""} · vc ${gpu.vc}${who}`,
+        title: `${name} (${gpu.type}): job ${gpu.job} ${gpu.job_name || ""} · vc ${gpu.vc}${who}${shared}`,
         style: { background: colour, color: textColourFor(colour) },
         role: "button",
         tabindex: "0",
       },
       el("span", { class: "gpu-index" }, gpu.index),
-      el("span", { class: "gpu-job" }, `#${gpu.job}`),
+      el("span", { class: "gpu-job" }, `#${gpu.job}${sharers.length ? ` +${sharers.length - 1}` : ""}`),
       el("span", { class: "gpu-name" }, gpu.job_name || ""),
     );
   }

@@ -451,6 +451,22 @@ def test_fgd_needs_a_workload_and_no_admission():
         build_scheduler(quota, Services(cluster, workload=Workload([(shape(share(5)), 1)])))
 
 
+def test_fgd_retargeted_measures_against_the_new_workload():
+    # A 400-milli share, a node with 500 free on its GPU and one with a free GPU. Against
+    # 600-milli tasks the 500 left is useless already: filling it costs nothing (node 0).
+    # Against 500-milli tasks it is still usable, and 100 left would not be (node 1).
+    cluster = cluster_of(node("half", 1), node("free", 1))
+    use(cluster, 0, 0, 500)
+    fgd = Fgd(Workload([(shape(share(600)), 1)]))
+    assert where(cluster, fgd, share(400)) == (0, (0,))
+    fgd.retarget(Workload([(shape(share(500)), 3)]))
+    assert where(cluster, fgd, share(400)) == (1, (0,))
+    assert fgd.workload.types == ((shape(share(500)), 3),)
+    covering = Fgd(Workload([(shape(share(500)), 3), (shape(share(600)), 1)]), coverage=0.5)
+    covering.retarget(Workload([(shape(share(600)), 3), (shape(share(500)), 1)]))
+    assert covering.workload.types == ((shape(share(600)), 3),)  # the coverage is kept
+
+
 def test_random_fit_takes_the_run_s_seed():
     cluster = cluster_of(node("n", 2))
     config = config_from_mapping({"policy": "fifo", "placement": "random-fit"})

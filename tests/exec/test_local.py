@@ -20,6 +20,7 @@ from corral.exec.local import (
     LocalExecutor,
     command_argv,
     free_port,
+    share_env,
     worker_envs,
 )
 from corral.exec.shim import is_alive
@@ -372,6 +373,25 @@ def test_worker_envs_split_the_gpus_in_rank_order(tmp_path: Path) -> None:
         worker_envs("5", 1, [0, 1, 2, 3], 3, tmp_path, 1234)
     with pytest.raises(ValueError, match="workers: must be at least 1"):
         worker_envs("5", 1, [0], 0, tmp_path, 1234)
+
+
+def test_a_share_gets_its_mps_limits_rounded_down() -> None:
+    assert share_env(500, 16384) == {
+        "CORRAL_GPU_SHARE": "0.5",
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "50",
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=8192M",
+    }
+    assert share_env(333, 24576) == {
+        "CORRAL_GPU_SHARE": "0.333",
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "33",
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=8183M",  # 24576 x 0.333 = 8183.8
+    }
+    tiny = share_env(1)  # the GPU's memory not known: no memory limit
+    assert tiny == {"CORRAL_GPU_SHARE": "0.001", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "1"}
+    assert share_env(250, 81920, device=2)["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "2=20480M"
+    for whole in (0, 1000):
+        with pytest.raises(ValueError, match="a share of a GPU is 1..999 milli-GPU"):
+            share_env(whole)
 
 
 def test_command_argv_and_free_port() -> None:

@@ -511,7 +511,11 @@ def test_the_job_spec_schema_carries_its_constraints(client: httpx.Client) -> No
     fields = spec["properties"]
     assert spec["additionalProperties"] is False
     assert fields["name"]["pattern"] == "^[A-Za-z0-9._-]+$" and fields["name"]["maxLength"] == 63
-    assert (fields["gpus"]["minimum"], fields["gpus"]["maximum"]) == (1, 1_000_000)
+    whole, share = fields["gpus"]["anyOf"]  # whole GPUs, or a share of one GPU
+    assert (whole["type"], whole["minimum"], whole["maximum"]) == ("integer", 1, 1_000_000)
+    assert (share["exclusiveMinimum"], share["exclusiveMaximum"]) == (0, 1)
+    sized, _, _ = fields["gpu_memory"]["anyOf"]
+    assert (sized["minimum"], sized["maximum"]) == (1, 1 << 20)
     string, listed = fields["command"]["anyOf"]
     assert string["maxLength"] == MAX_ARGUMENT_BYTES and listed["maxItems"] == MAX_ARGUMENTS
     assert fields["env"]["maxProperties"] == MAX_ENV_VARS

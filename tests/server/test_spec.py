@@ -25,6 +25,9 @@ BASE = {"name": "train", "gpus": 4, "command": "python train.py"}
 NAME_RULE = "name: must be 1-63 characters of letters, digits, '.', '_' and '-'"
 GRACE_RULE = "grace_seconds: must be a non-negative number of seconds"
 DROP = object()  # an override value that removes the key from BASE
+SHARE_RULE = "gpus: must be a positive integer, or a share of one GPU between 0 and 1"
+DECIMALS_RULE = "gpus: a share of one GPU has at most 3 decimals (0.001 to 0.999), got "
+MEMORY_RULE = "gpu_memory: must be a size such as 8GiB or 512MiB, or a whole number of MiB"
 
 
 def spec_with(**overrides: object) -> dict[str, object]:
@@ -52,6 +55,31 @@ BAD_SPECS = [
     (spec_with(max_retries=-1), "max_retries: must be a non-negative integer"),
     (spec_with(max_retries=False), "max_retries: must be a non-negative integer"),
     (spec_with(max_retries=1.5), "max_retries: must be a non-negative integer"),
+    # a share of one GPU: below 1, at most 3 decimals, one worker
+    (spec_with(gpus=0.0), "gpus: must be a positive integer"),
+    (spec_with(gpus=-0.5), "gpus: must be a positive integer"),
+    (spec_with(gpus=1.0), "gpus: must be a positive integer"),
+    (spec_with(gpus=1.5), SHARE_RULE + " (got 1.5)"),
+    (spec_with(gpus=0.0001), DECIMALS_RULE + "0.0001"),
+    (spec_with(gpus=0.9999), DECIMALS_RULE + "0.9999"),
+    (spec_with(gpus=math.nan), "gpus: must be a positive integer"),
+    (spec_with(gpus=0.5, workers=2), "workers: must be 1 for a share of one GPU (gpus 0.5)"),
+    (
+        spec_with(gpus=0.5, elastic={"min_gpus": 1, "max_gpus": 2}),
+        "elastic: a share of one GPU (gpus 0.5) is not resized",
+    ),
+    # gpu_memory
+    (spec_with(gpu_memory="8GB"), MEMORY_RULE + " (got '8GB')"),
+    (spec_with(gpu_memory="8"), MEMORY_RULE + " (got '8')"),
+    (spec_with(gpu_memory="-1GiB"), MEMORY_RULE + " (got '-1GiB')"),
+    (spec_with(gpu_memory="lots"), MEMORY_RULE + " (got 'lots')"),
+    (spec_with(gpu_memory=8.5), MEMORY_RULE),
+    (spec_with(gpu_memory=True), MEMORY_RULE),
+    (spec_with(gpu_memory=[8]), MEMORY_RULE),
+    (spec_with(gpu_memory="0.5MiB"), "gpu_memory: must be a whole number of MiB (got '0.5MiB')"),
+    (spec_with(gpu_memory=0), "gpu_memory: must be at least 1MiB"),
+    (spec_with(gpu_memory="0GiB"), "gpu_memory: must be at least 1MiB"),
+    (spec_with(gpu_memory="2TiB"), "gpu_memory: must be at most 1TiB (1048576 MiB)"),
     # unknown and missing fields
     (spec_with(colour="red"), "colour: unknown field"),
     (spec_with(gpus=DROP, gpu=4), "gpu: unknown field (did you mean 'gpus'?)"),
@@ -159,6 +187,7 @@ def test_a_minimal_spec_gets_every_default() -> None:
         "vc": "default",
         "priority": "guaranteed",
         "gpus": 4,
+        "gpu_memory": None,
         "workers": 1,
         "gpu_type": None,
         "locality": "node",
@@ -303,6 +332,83 @@ def test_to_core_spec_converts_types_and_priority() -> None:
     plain = to_core_spec(parse_job_spec(BASE), "2", 0.0, "bob")
     assert plain.gpu_types is None and plain.priority is Priority.GUARANTEED
     assert plain.accepts("anything")
+
+
+@pytest.mark.parametrize(
+    ("fields", "memory", "milli"),
+    [
+        ({"gpus": 0.5}, {}, 500),  # the share as given; no memory needed
+        ({"gpus": 0.5}, {"v100": None}, 500),
+        ({"gpus": 0.25, "gpu_memory": "6GiB"}, {"v100": 16384}, 375),  # 6 of 16 GiB
+        ({"gpus": 0.5, "gpu_memory": "6GiB"}, {"v100": 16384}, 500),  # the larger of the two
+        ({"gpus": 0.001, "gpu_memory": 1}, {"v100": 16384}, 1),  # rounded up to a milli-GPU
+        ({"gpus": 0.001, "gpu_memory": 17}, {"v100": 16384}, 2),
+        ({"gpus": 0.5, "gpu_memory": "16GiB"}, {"v100": 16384}, 1000),  # all of it: whole
+        # the smallest GPU it may run on, of the types it accepts
+        ({"gpus": 0.1, "gpu_memory": "8GiB"}, {"v100": 16384, "a100": 81920}, 500),
+        (
+            {"gpus": 0.1, "gpu_memory": "8GiB", "gpu_type": "a100"},
+            {"v100": 16384, "a100": 81920},
+            100,
+        ),
+        ({"gpus": 0.1, "gpu_memory": "8GiB", "gpu_type": "t4"}, {"v100": None}, 100),  # none here
+        ({"gpus": 2, "gpu_memory": "8GiB"}, {"v100": 16384}, 1000),  # whole GPUs: only checked
+    ],
+)
+def test_a_share_is_the_larger_of_gpus_and_gpu_memory_over_the_gpus_memory(
+    fields: dict[str, object], memory: dict[str, int | None], milli: int
+) -> None:
+    model = parse_job_spec(spec_with(**fields))
+    core = to_core_spec(model, "1", 0.0, "bob", gpu_memory=memory)
+    assert core.gpu_milli == milli
+    assert core.gpus == (1 if isinstance(fields["gpus"], float) else fields["gpus"])
+    assert core.shares_gpu == (milli < 1000)
+    assert core.gpus_per_worker == core.gpus
+
+
+@pytest.mark.parametrize(
+    ("fields", "memory", "message"),
+    [
+        (
+            {"gpus": 0.5, "gpu_memory": "8GiB"},
+            {},
+            "gpu_memory: this manager does not know its GPUs' memory (declare it: corral up "
+            "--gpu-memory SIZE)",
+        ),
+        (
+            {"gpus": 1, "gpu_memory": "8GiB"},
+            {"gpu": None},
+            "gpu_memory: the memory of GPU type gpu is not known here (declare it: corral up "
+            "--gpu-memory SIZE)",
+        ),
+        (
+            {"gpus": 0.5, "gpu_memory": "20GiB"},
+            {"v100": 16384, "a100": 81920},
+            "gpu_memory: asks for 20GiB but a GPU of type v100 has 16GiB",
+        ),
+        (
+            {"gpus": 0.5, "gpu_memory": 1000},
+            {"t4": 512},
+            "gpu_memory: asks for 1000MiB but a GPU of type t4 has 512MiB",
+        ),
+    ],
+)
+def test_gpu_memory_the_manager_cannot_size_is_refused(
+    fields: dict[str, object], memory: dict[str, int | None], message: str
+) -> None:
+    model = parse_job_spec(spec_with(**fields))
+    with pytest.raises(SpecError) as caught:
+        to_core_spec(model, "1", 0.0, "bob", gpu_memory=memory)
+    assert str(caught.value) == message
+
+
+def test_a_share_and_gpu_memory_are_stored_as_given_and_read_back() -> None:
+    model = parse_job_spec(spec_with(gpus=0.25, gpu_memory="1.5GiB"))
+    assert (model.gpus, model.gpu_memory) == (0.25, 1536)
+    stored = json.loads(json.dumps(model.model_dump(mode="json")))
+    assert parse_job_spec(stored) == model  # what recovery reads back
+    assert parse_job_spec(spec_with(gpu_memory=" 512 mib ")).gpu_memory == 512
+    assert parse_job_spec(spec_with(gpu_memory=2048)).gpu_memory == 2048
 
 
 def test_signal_number_and_argv() -> None:

@@ -28,7 +28,12 @@ physical_cells:
         (["--gpus", "1", "--las-thresholds-gpu-s", "a,b"], "--las-thresholds-gpu-s: must be a finite"),
         (["--gpus", "1", "--timeslice-quantum-s", "0"], "--timeslice-quantum-s: must be > 0"),
         (["--gpus", "1", "--policy", "optimus"], "policy optimus: needs progress reports"),
-        (["--gpus", "1", "--placement", "fgd"], "placement fgd: needs a target workload"),
+        (
+            ["--gpus", "1", "--placement", "fgd", "--admission", "quota"],
+            "admission quota does not run with placement fgd: it counts whole GPUs",
+        ),
+        (["--gpus", "1", "--gpu-memory", "lots"], "--gpu-memory: expected a size such as 1G"),
+        (["--gpus", "1", "--gpu-memory", "0"], "--gpu-memory: must be at least 1M, got '0'"),
         (
             ["--gpus", "2", "--config", "/nonexistent.yaml"],
             "/nonexistent.yaml: cannot read the file",

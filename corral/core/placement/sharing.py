@@ -237,15 +237,22 @@ class Fgd(SharingPlacement):
     summary = "FGD: where the target workload's GPU fragmentation grows the least (shares too)"
     Options = FgdOptions
 
-    def __init__(self, workload: Workload) -> None:
+    def __init__(self, workload: Workload, coverage: float = 1.0) -> None:
         super().__init__()
-        self.workload = workload
+        self.coverage = coverage
+        self.workload = workload.covering(coverage)
 
     @classmethod
     def from_options(cls, options: Any, services: Services) -> Placement:
         needs(services.workload, "placement fgd", "a target workload (task types and counts)")
         assert services.workload is not None
-        return cls(services.workload.covering(options.coverage))
+        return cls(services.workload, options.coverage)
+
+    def retarget(self, workload: Workload) -> None:
+        """Measure fragmentation against another target workload from now on (a live shell
+        learns it from the jobs it is given); the verdicts on the old one are forgotten."""
+        self.workload = workload.covering(self.coverage)
+        self._memo.clear()
 
     def verdict(self, index: NodeIndex, state: NodeState, shape: TaskShape) -> Verdict:
         if not fits(state, shape):
