@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import os
 import socket
 import threading
@@ -31,6 +32,8 @@ from corral.server import auth, identity
 from corral.server.api import create_app
 from corral.server.manager import Executor, Manager, ManagerSettings
 from corral.server.store import Store, StoreError
+
+log = logging.getLogger("corral.boot")
 
 if TYPE_CHECKING:
     from corral.exec.ray import RayExecutor
@@ -219,27 +222,42 @@ def connect_ray(options: ServerOptions) -> RayExecutor:
 
 def build_ray_cluster(
     options: ServerOptions, executor: RayExecutor
-) -> tuple[Cluster, dict[str, int] | None]:
-    """The Ray cluster's GPU nodes as the core's cluster; the config, if any, gives the VCs."""
-    if options.settings.scheduler.core.admission == "hived":
+) -> tuple[Cluster, dict[str, int] | None, dict[str, dict[str, int]] | None, bool]:
+    """The core's cluster on Ray, the VCs' guaranteed GPUs and cells, and whether the cluster
+    is fixed. Without hived: the Ray nodes that declare GPUs (rebuilt as they come and go); the
+    config, if any, gives the VCs. With hived: the config's cluster itself, whose physical cells
+    name the Ray nodes (`corral-node-NAME`): HiveD binds VCs to cells of a fixed topology, so a
+    node that is missing is held out of allocation until it joins, never rebuilt away."""
+    hived = options.settings.scheduler.core.admission == "hived"
+    if hived and options.config is None:
         raise BootError(
-            "--admission hived: not with --executor ray yet (HiveD's cells need a fixed cluster)"
+            "--admission hived: needs --config FILE whose physical cells name the Ray nodes "
+            "(their corral-node-NAME resources)"
         )
     nodes = ray_node_defs(executor)
-    if not nodes:
+    if not nodes and not hived:
         raise BootError(
             f"--ray-address {options.ray_address}: no node declares GPUs "
             "(start them with `ray start --num-gpus=N`)"
         )
-    quota = None
-    if options.config is not None:
-        from corral.config_file import load_cluster_config
+    if options.config is None:
+        return Cluster.from_nodes(nodes), None, None, False
+    from corral.config_file import load_cluster_config
 
-        try:
-            quota = vc_gpu_quota(load_cluster_config(options.config))
-        except ConfigError as error:
-            raise BootError(str(error)) from None
-    return Cluster.from_nodes(nodes), quota
+    try:
+        config = load_cluster_config(options.config)
+    except ConfigError as error:
+        raise BootError(str(error)) from None
+    if not hived:
+        return Cluster.from_nodes(nodes), vc_gpu_quota(config), None, False
+    named = {node.name for node in config.cluster.nodes}
+    if not named & {node.name for node in nodes}:
+        log.warning(
+            "no Ray node is one of %s's nodes (%s) yet: nothing starts until one joins",
+            options.config,
+            ", ".join(sorted(named)),
+        )
+    return config.cluster, vc_gpu_quota(config), config.virtual_clusters, True
 
 
 def _build_manager(options: ServerOptions, executor: Executor | None) -> Manager:
@@ -249,7 +267,8 @@ def _build_manager(options: ServerOptions, executor: Executor | None) -> Manager
         # Given one (tests), it is a RayExecutor already connected.
         ray_executor = cast("RayExecutor", executor) if executor else connect_ray(options)
         try:
-            return _build_with(options, ray_executor, *build_ray_cluster(options, ray_executor))
+            cluster, quota, cells, fixed = build_ray_cluster(options, ray_executor)
+            return _build_with(options, ray_executor, cluster, quota, cells, fixed_cluster=fixed)
         except BaseException:
             ray_executor.close()
             raise
@@ -279,6 +298,8 @@ def _build_with(
     cluster: Cluster,
     quota: dict[str, int] | None,
     cells: dict[str, dict[str, int]] | None = None,
+    *,
+    fixed_cluster: bool = False,
 ) -> Manager:
     nodes = partial(ray_node_defs, executor) if options.executor == "ray" else None
     try:
@@ -301,6 +322,7 @@ def _build_with(
             vc_cells=cells,
             settings=options.settings,
             nodes=nodes,
+            fixed_cluster=fixed_cluster,
         )
     except (StoreError, ValueError) as error:
         store.close()

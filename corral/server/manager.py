@@ -86,9 +86,12 @@ class Manager(SubmissionCommitter, Recovery, ManagerViews, SchedulerFactory):
         settings: ManagerSettings | None = None,
         clock: Callable[[], float] = time.time,
         nodes: Callable[[], list[NodeDef]] | None = None,
+        fixed_cluster: bool = False,
     ) -> None:
         """`nodes`, for a cluster whose machines come and go (Ray): the live nodes, read again
-        every `node_check_s`; the cluster is rebuilt when they change."""
+        every `node_check_s`; the cluster is rebuilt when they change, unless `fixed_cluster`
+        (HiveD's cells on Ray): then the nodes of `cluster` that are not live are held out of
+        allocation until they are."""
         self.store = store
         self.executor = executor
         self.cluster = cluster
@@ -98,6 +101,7 @@ class Manager(SubmissionCommitter, Recovery, ManagerViews, SchedulerFactory):
         self._quota_follows_cluster = not vc_quota
         self.vc_quota = dict(vc_quota) if vc_quota else {"default": cluster.total_gpus}
         self._nodes = nodes
+        self._fixed_cluster = fixed_cluster
         self._rebuilding = False
         self._unusable: set[str] = set()  # nodes that left, held out until they can be dropped
         self._next_node_check = 0.0

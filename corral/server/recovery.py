@@ -52,6 +52,7 @@ class Recovery:
     _quota_follows_cluster: bool
     _pristine_cluster: Cluster
     _nodes: Callable[[], list[NodeDef]] | None
+    _fixed_cluster: bool
     _gpu_ids: dict[str, int]
     _rebuilding: bool
     _unusable: set[str]
@@ -93,6 +94,15 @@ class Recovery:
             return
         known = {c.name: (c.total_gpus, c.gpu_type) for c in self._pristine_cluster.nodes}
         shape = {node.name: (node.gpus, node.gpu_type) for node in live}
+        if self._fixed_cluster:  # its nodes are held out while they are not live as declared
+            missing = {name for name, declared in known.items() if shape.get(name) != declared}
+            if missing != self._unusable:
+                if missing:
+                    log.warning("nodes not live as declared: %s", ", ".join(sorted(missing)))
+                self._bring_back()
+                self._unusable = missing
+                self._hold_unusable()
+            return
         if shape == known:
             self._bring_back()  # nodes held out came back before they were dropped
             return

@@ -233,3 +233,61 @@ def test_profile_placement_consolidates_a_model_measured_to_slow_down_when_sprea
         assert placement in ([], ["v100-a/0", "v100-a/1"], ["v100-b/0", "v100-b/1"])
     finally:
         running.stop()
+
+
+#: HiveD on the cluster above: VC `a` is guaranteed one V100 node, `b` one V100 node and the
+#: K80 node; the physical cells name the Ray nodes.
+HIVED = """\
+cell_types:
+  V100-NODE: {child: v100, count: 2, node: true}
+  K80-NODE: {child: k80, count: 2, node: true}
+physical_cells:
+  - {type: V100-NODE, names: [v100-a, v100-b]}
+  - {type: K80-NODE, names: [k80-a]}
+virtual_clusters:
+  a: {V100-NODE: 1}
+  b: {V100-NODE: 1, K80-NODE: 1}
+"""
+
+
+def test_hived_binds_vcs_to_cells_of_the_ray_nodes_and_lends_idle_ones(
+    cluster: RayCluster, tmp_path: Path
+) -> None:
+    config = tmp_path / "cluster.yaml"
+    config.write_text(HIVED)
+    data_dir = tmp_path / "state"
+    data_dir.mkdir()
+    options = ServerOptions(
+        data_dir=data_dir,
+        executor="ray",
+        ray_address=cluster.address,
+        config=config,
+        settings=fast_settings(admission="hived"),
+        single_user=True,
+    )
+    executor = RayExecutor(cluster.address, ray_namespace(data_dir))
+    try:
+        manager = build_manager(options, executor)
+    except BaseException:
+        executor.close()
+        raise
+    running = run_server(manager)
+    try:
+        client = api(running.url, admin_token(data_dir))
+        sleeper = {"gpus": 2, "gpu_type": "v100", "command": "sleep 3600", "grace_seconds": 1}
+        first = submit(client, name="a-first", vc="a", **sleeper)
+        node_of_first = wait_for(client, first, ["RUNNING"])["placement"][0].split("/")[0]
+        # a's second job borrows b's idle V100 node (hived lends idle cells) ...
+        second = submit(client, name="a-second", vc="a", **sleeper)
+        lent = wait_for(client, second, ["RUNNING"])["placement"][0].split("/")[0]
+        assert {node_of_first, lent} == {"v100-a", "v100-b"}
+        # ... until b needs its cell: the borrower is preempted, b's job runs there.
+        mine = submit(client, name="b-own", vc="b", **sleeper)
+        assert wait_for(client, mine, ["RUNNING"])["placement"][0].startswith(lent)
+        preempted = wait_for(client, second, ["PENDING"])
+        assert preempted["preemptions"] == 1
+        assert job(client, first)["status"] == "RUNNING"
+        vcs = {vc["name"]: vc for vc in client.get("/api/v1/vcs").json()}
+        assert (vcs["a"]["guaranteed_gpus"], vcs["b"]["guaranteed_gpus"]) == (2, 4)
+    finally:
+        running.stop()

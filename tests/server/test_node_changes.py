@@ -196,3 +196,37 @@ def test_a_waiting_job_keeps_its_wait_over_a_rebuild(tmp_path: Path) -> None:
     manager.step()
     assert ("3", 1) in executor.running
     assert len(set(where(executor.running[("3", 1)]))) == 2
+
+
+def test_a_fixed_cluster_holds_its_missing_nodes_out_and_never_rebuilds(tmp_path: Path) -> None:
+    # HiveD's cells on Ray: the cluster is the config's (n1, n2); only n1 is live at first.
+    nodes = Nodes("n1")
+    executor = HeldExecutor()
+    manager = Manager(
+        Store(Store.sqlite_url(tmp_path)),
+        executor,
+        Cluster.from_nodes([NodeDef("n1", 4, "gpu"), NodeDef("n2", 4, "gpu")]),
+        tmp_path,
+        settings=manager_settings(node_check_s=0.0, relax_after_s=0.0),
+        nodes=nodes,
+        fixed_cluster=True,
+    )
+    for name in ("first", "second"):
+        manager.submit(parse_job_spec(python_job(name, "pass", gpus=4)), "u")
+    manager.step()
+    # n2 is held out: one 4-GPU job starts, on n1; the other waits (never fails: n2 is known).
+    assert [where(a) for a in executor.running.values()] == [["n1"]]
+    nodes.live.append(NodeDef("n2", 4, "gpu"))  # n2 joins as declared
+    manager.step()
+    manager.step()
+    assert sorted(where(a)[0] for a in executor.running.values()) == ["n1", "n2"]
+    nodes.live = [NodeDef("n1", 4, "gpu"), NodeDef("n3", 4, "gpu")]  # n2 goes, n3 is unknown
+    manager.step()
+    assert [node.name for node in manager.cluster.nodes] == ["n1", "n2"]  # not rebuilt
+    executor.end("2", 1, "lost: rank 0's Ray actor died (its node died)")
+    manager.step()
+    manager.step()
+    # The lost job waits for n2 (n1 is busy, n3 is no node of the config's).
+    assert [where(a) for a in executor.running.values()] == [["n1"]]
+    second = manager.store.get_job("2")
+    assert second is not None and second.status == "PENDING"
