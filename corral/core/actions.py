@@ -27,11 +27,17 @@ class Preempt:
 
     The core already counts its GPUs as free: the shell must not start a job on them before the
     preempted job's processes are gone.
+
+    `kind` says why, in the word the shell records (an event, the attempt's outcome):
+    "preempted" (by the waiting job `by_job_id`), "migrated" (moved to make room for
+    `by_job_id`, its `Start` elsewhere follows in the same decision) or "unpacked" (a packing
+    stage split it from `by_job_id`, whose GPUs they shared, as the pair did not gain).
     """
 
     job_id: str
     gpus: tuple[int, ...]
     by_job_id: str
+    kind: str = "preempted"
 
 
 @dataclass(slots=True, frozen=True)

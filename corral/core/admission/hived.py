@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from corral.core.actions import Action, Decision, Preempt, Start
@@ -315,7 +315,7 @@ class HivedScheduler:
         physical = vc.to_physical(action.gpus)
         self.cluster.release(physical)
         self._unbind_idle(vc, action.gpus)
-        return Preempt(action.job_id, physical, action.by_job_id)
+        return replace(action, gpus=physical)
 
     def _bind(self, vc: VirtualCluster, top: int, now: float) -> bool:
         cell_type = vc.top_types[top]
