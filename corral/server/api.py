@@ -305,6 +305,21 @@ def create_app(manager: Manager) -> FastAPI:
             if who.admin or who.vc is None or who.vc == vc
         ]
 
+    def with_sharing(nodes: list[dict[str, Any]], who: Principal) -> list[dict[str, Any]]:
+        """Each GPU's `jobs`: every job on it the caller may read (two where packing made two
+        jobs share it; `job` names one of them, as before)."""
+        on_gpu = manager.gpu_jobs()
+        ids = {job_id for jobs in on_gpu.values() for job_id in jobs}
+        rows = {row.id: row for row in store.list_jobs(ids=ids)} if ids else {}
+        for node in nodes:
+            for gpu in node["gpus"]:
+                gpu["jobs"] = [
+                    job_id
+                    for job_id in on_gpu.get(gpu["global"], [])
+                    if job_id in rows and auth.can_read_job(who, rows[job_id].user, rows[job_id].vc)
+                ]
+        return nodes
+
     @app.get("/api/v1/cluster", tags=["cluster"], response_model=schemas.ClusterView)
     def cluster_view(who: Caller) -> dict[str, Any]:
         owners = manager.gpu_owners()
@@ -345,7 +360,7 @@ def create_app(manager: Manager) -> FastAPI:
             rack = cluster.racks[cluster.node_rack[node_index]].name
             nodes.append({"name": node.name, "rack": rack, "gpus": gpus})
         return {
-            "nodes": nodes,
+            "nodes": with_sharing(nodes, who),
             "vcs": list_vcs(who),
             "policy": manager.settings.scheduler.core.policy,
         }

@@ -4,10 +4,11 @@ framework (corral.core.framework) from what a live manager knows.
 `Manager` builds its scheduler here when it is made and again on each rebuild (`resync`). What it
 offers the plugins: the cluster and its VCs; Gittins's job sizes from the jobs it finished; what
 the jobs' progress reports taught it (corral.server.telemetry): the speeds measured per model and
-placement shape (`hetero`, `profile`, ElasticFlow's scaling curves), the loss curves (`optimus`);
-and the users' estimates of their jobs' lengths (`time_limit`, `total_steps`: sjf and srtf, as
-Slurm orders by time limits). A plugin that needs what a live manager cannot give (a pair table
-for packing, FGD's target workload) refuses to build, in one line, and `corral up` stops with it.
+placement shape (`hetero`, `profile`, ElasticFlow's scaling curves), the pairs' co-location
+speeds (Gandiva's `packing`), the loss curves (`optimus`); and the users' estimates of their jobs'
+lengths (`time_limit`, `total_steps`: sjf and srtf, as Slurm orders by time limits). A plugin that
+needs what a live manager cannot give (FGD's target workload) refuses to build, in one line, and
+`corral up` stops with it.
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ class SchedulerFactory:
             durations_known=True,
             observe=self.telemetry.observe,
             throughput=self.telemetry.profiles.throughput,
+            pair_table=self.telemetry.profiles.pair_speeds,
         )
 
     def core_spec(self, model: JobSpecModel, job_id: str, submit_time: float, user: str) -> JobSpec:

@@ -100,7 +100,9 @@ class AttemptInfo(BaseModel):
     started_at: float
     ended_at: float | None
     state: str
-    outcome: str | None = Field(description="succeeded, failed, preempted, cancelled or lost")
+    outcome: str | None = Field(
+        description="succeeded, failed, preempted, migrated, unpacked, cancelled or lost"
+    )
     exit_code: int | None
     reason: str
 
@@ -157,6 +159,10 @@ class GpuView(BaseModel):
     vc: str | None
     user: str | None
     busy: bool
+    jobs: list[str] = Field(
+        default_factory=list,
+        description="every job on the GPU the caller may read: two where packing shares it",
+    )
 
 
 class NodeView(BaseModel):

@@ -346,7 +346,8 @@ class AttemptRow:
     started_at: float
     ended_at: float | None
     state: str  # starting | running | stopping | ended
-    outcome: str | None  # None until ended: succeeded | failed | preempted | cancelled | lost
+    #: None until ended: succeeded | failed | preempted | migrated | unpacked | cancelled | lost
+    outcome: str | None
     exit_code: int | None
     reason: str
 

@@ -78,6 +78,21 @@ class ManagerViews:
                 owners.update(dict.fromkeys(gpus, job_id))
             return owners
 
+    def gpu_jobs(self) -> dict[int, list[str]]:
+        """GPU -> every job whose processes hold it (running first, then stopping): two where
+        Gandiva's packing made two jobs share it (`gpu_owners` names one of them)."""
+        with self.lock:
+            jobs: dict[int, list[str]] = {}
+            for job_id, attempt in self._attempts.items():
+                for gpu in attempt.gpus:
+                    jobs.setdefault(gpu, []).append(job_id)
+            for (job_id, _), gpus in self._draining.items():
+                for gpu in gpus:
+                    held = jobs.setdefault(gpu, [])
+                    if job_id not in held:
+                        held.append(job_id)
+            return jobs
+
     def counts_by_vc(self) -> dict[str, dict[str, int]]:
         """Per VC: pending and running jobs, and GPUs allocated."""
         with self.lock:

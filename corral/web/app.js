@@ -248,6 +248,12 @@
     $("nodes").replaceChildren(...boxes);
   }
 
+  // "#3" for a GPU one job holds; "#3 #5" where packing made two jobs share it.
+  function jobLabel(gpu) {
+    const jobs = gpu.jobs && gpu.jobs.length > 1 ? gpu.jobs : [gpu.job];
+    return jobs.map((id) => `#${id}`).join(" ");
+  }
+
   function gpuCell(node, gpu, colours) {
     const name = `${node.name}/${gpu.index}`;
     if (!gpu.job) {
@@ -275,7 +281,7 @@
         tabindex: "0",
       },
       el("span", { class: "gpu-index" }, gpu.index),
-      el("span", { class: "gpu-job" }, `#${gpu.job}`),
+      el("span", { class: "gpu-job" }, jobLabel(gpu)),
       el("span", { class: "gpu-name" }, gpu.job_name || ""),
     );
   }

@@ -24,8 +24,14 @@ physical_cells:
     [
         (["--gpus", "0"], "--gpus: must be a positive integer"),
         (["--gpus", "1", "--policy", "srtf"], "policy srtf: needs every job's length"),
-        (["--gpus", "1", "--policy", "lottery"], "--policy: unknown policy 'lottery'; choose one of"),
-        (["--gpus", "1", "--las-thresholds-gpu-s", "a,b"], "--las-thresholds-gpu-s: must be a finite"),
+        (
+            ["--gpus", "1", "--policy", "lottery"],
+            "--policy: unknown policy 'lottery'; choose one of",
+        ),
+        (
+            ["--gpus", "1", "--las-thresholds-gpu-s", "a,b"],
+            "--las-thresholds-gpu-s: must be a finite",
+        ),
         (["--gpus", "1", "--timeslice-quantum-s", "0"], "--timeslice-quantum-s: must be > 0"),
         (["--gpus", "1", "--policy", "optimus"], "policy optimus: needs progress reports"),
         (["--gpus", "1", "--placement", "fgd"], "placement fgd: needs a target workload"),
@@ -99,6 +105,10 @@ def test_a_port_in_use_is_refused(tmp_path: Path) -> None:
         (
             ["--executor", "ray", "--ray-address", "127.0.0.1:1", "--gpus", "2"],
             "--executor ray: the GPUs are the Ray nodes' (no --gpus, no --demo)",
+        ),
+        (
+            ["--executor", "ray", "--ray-address", "127.0.0.1:1", "--stages", "packing"],
+            "--stages packing: runs with the local executor only",
         ),
     ],
 )
