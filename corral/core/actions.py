@@ -38,12 +38,18 @@ class Preempt:
     "elasticflow resize"). `precheck`: the job's pre-run passed and this stops it: the job waits
     again for its whole gang and starts over (not a preemption: `Job.preemptions` and the
     scheduler's `preemptions` do not count it).
+
+    `kind` says why, in the word the shell records (an event, the attempt's outcome):
+    "preempted" (by the waiting job `by_job_id`), "migrated" (moved to make room for
+    `by_job_id`, its `Start` elsewhere follows in the same decision) or "unpacked" (a packing
+    stage split it from `by_job_id`, whose GPUs they shared, as the pair did not gain).
     """
 
     job_id: str
     gpus: tuple[int, ...]
     by_job_id: str
     precheck: bool = False
+    kind: str = "preempted"
 
 
 @dataclass(slots=True, frozen=True)

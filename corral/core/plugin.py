@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from corral.core.cache import DataCache
     from corral.core.fragmentation import Workload
     from corral.core.job import Job
-    from corral.core.packing import PairTable
+    from corral.core.packing import PairSpeeds
     from corral.core.policy.optimus import Observe
 
 #: Given a job and the GPUs chosen for it, its speed in ideal seconds per wall second.
@@ -58,8 +58,9 @@ class Services:
     throughput: Throughput | None = None
     #: The nodes' data caches (SiloD).
     cache: DataCache | None = None
-    #: Gandiva's co-location throughputs (packing).
-    pair_table: PairTable | None = None
+    #: Gandiva's co-location speeds (packing): a table (the simulator's Gavel table) or what
+    #: the live manager measured (Profiles.pair_speeds).
+    pair_table: PairSpeeds | None = None
     #: The target workload: task types and their counts (FGD's placement measures the
     #: fragmentation it would suffer).
     workload: Workload | None = None

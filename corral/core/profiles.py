@@ -12,14 +12,17 @@ answers from them what the scheduler's plugins ask:
   the `hetero` placement and every start;
 * `throughput(job, gpus)`: ElasticFlow's scaling curve (steps/s at a GPU count);
 * `spread_slowdown(model, gpus)`: Tiresias's sensitivity (consolidated over spread steps/s);
-* `best_rate(model)`: steps/s on the model's best measured shape (a length from `total_steps`).
+* `best_rate(model)`: steps/s on the model's best measured shape (a length from `total_steps`);
+* `pair_speeds(guest, host, gpu_type)`: Gandiva's co-location speeds, each job's steps/s while the
+  two shared their GPUs over its steps/s alone there (the packing stage's table).
 
 Where nothing was measured, a prior stands in (documented on each method): a model never seen
 on a GPU type is ranked there by the ratio other models showed between that type and the types it
 was measured on (Gavel profiles a new job on each type first; a prior lets the scheduler decide before
 that); a count never measured scales linearly from the nearest measured count below it, as the
 simulator's Gavel table does. A model measured nowhere runs at speed 1.0 everywhere, which is
-what the live manager assumed before it measured anything.
+what the live manager assumed before it measured anything. A pair is known only once both of its
+models were measured alone and sharing (no prior here: the packing stage has its own).
 
 The live manager fills it from the jobs' progress reports (corral.server.telemetry) and stores
 it; `to_gavel` writes it in the format of Gavel's `simulation_throughputs.json`, which `corral
@@ -187,7 +190,10 @@ class Profiles:
         spread = sorted(
             (shape, measure)
             for shape, measure in self._snapshot()
-            if shape.model == model and shape.gpus == gpus and shape.nodes > 1
+            if shape.model == model
+            and shape.gpus == gpus
+            and shape.nodes > 1
+            and not shape.colocated
         )
         for shape, measure in spread:
             packed = self.rate(model, shape.gpu_type, gpus, 1)
@@ -213,6 +219,31 @@ class Profiles:
         measured)."""
         rate = self.best_rate(job.spec.model, gpus) if job.spec.model else None
         return float(gpus) if rate is None else rate
+
+    def pair(
+        self, model: str, partner: str, gpu_type: str, gpus: int
+    ) -> tuple[float, float] | None:
+        """Gandiva's co-location speeds: `model`'s and `partner`'s steps/s while they shared
+        `gpus` GPUs of `gpu_type` on one node, each over its own steps/s alone on that shape;
+        None unless all four were measured."""
+
+        def relative(own: str, other: str) -> float | None:
+            together = self._measures.get(Shape(own, gpu_type, gpus, 1, other))
+            alone = self._measures.get(Shape(own, gpu_type, gpus, 1))
+            if together is None or alone is None:
+                return None
+            return together.steps_per_s / alone.steps_per_s
+
+        mine = relative(model, partner)
+        theirs = relative(partner, model)
+        return None if mine is None or theirs is None else (mine, theirs)
+
+    def pair_speeds(self, guest: Job, host: Job, gpu_type: str) -> tuple[float, float] | None:
+        """`pair` for two jobs of one GPU count (corral.core.packing.PairSpeeds): the live
+        manager's co-location table, following what it measures."""
+        if guest.spec.gpus != host.spec.gpus or not guest.spec.model or not host.spec.model:
+            return None
+        return self.pair(guest.spec.model, host.spec.model, gpu_type, guest.spec.gpus)
 
     def speed_model(self, cluster: Cluster) -> SpeedModel:
         """A job's speed on a set of GPUs (see the module's docstring). A gang on mixed types runs

@@ -332,8 +332,10 @@ class Scheduler:
             raise ValueError(f"job {job_id} is {job.status.value}, not PENDING")
         if not job.spec.plain and not gpus:
             raise ValueError(f"job {job_id}: a job without GPUs cannot be restored (no node)")
+        holder, sharer = self._shared_holder(job, gpus)
         self._dequeue(job, now)
-        self._claim(job, gpus, -1)  # CPU and memory, if any, on the node of its GPUs
+        if holder is None:
+            self._claim(job, gpus, -1)  # CPU and memory, if any, on the node of its GPUs
         job.status = JobStatus.RUNNING
         job.placement = gpus
         job.run_started_at = started_at
@@ -346,6 +348,8 @@ class Scheduler:
         if self.admission is not None:
             self.admission.on_start(job, now)
         self._index(self._running, job, now)
+        if holder is not None and sharer is not None:
+            sharer.restore_shared(self, job, holder, now)
         return job
 
     def progressed(self, job_id: str, now: float) -> Preempt | None:
@@ -393,6 +397,18 @@ class Scheduler:
         job.work_done_s = state.work_before
         return state
 
+    def _shared_holder(self, job: Job, gpus: tuple[int, ...]) -> tuple[Job | None, Stage | None]:
+        """A job restored on GPUs that a running job already holds: that job and the stage under
+        which they share them (packing), or ValueError when no stage lets them share."""
+        if not job.spec.plain or all(self.cluster.gpu_free[g] for g in gpus):
+            return None, None
+        holder = next((other for other in self.running_jobs() if other.placement == gpus), None)
+        if holder is not None:
+            for stage in self._shared:
+                if not stage.shares(holder):
+                    return holder, stage
+        raise ValueError(f"job {job.id}: its GPUs are held by another running job")
+
     # -- for a caller that sizes and places jobs itself (core.elastic) ------------------------
 
     def set_gpus(self, job_id: str, gpus: int, now: float) -> Job:
@@ -435,6 +451,8 @@ class Scheduler:
         self._fire_timers(now, actions)  # a pre-run that passes by its timer is stopped first
         for stage in self.stages:
             stage.new_round()
+        for stage in self.stages:  # e.g. packing splits the pairs it measured not to gain
+            stage.begin_round(self, now, actions)
         if self._placement_plans:  # a placement that decides for the round's jobs together
             self.placement.begin_round(
                 self.cluster, self.pending_jobs(), self.running_jobs(), self.speed_model, now
@@ -805,12 +823,21 @@ class Scheduler:
         self.cluster.release(gpus)
         self._account_run(job, now)
         self._enqueue(job, now)
-        actions.append(Preempt(job.id, gpus, by))
+        actions.append(Preempt(job.id, gpus, by, kind="migrated"))
         self._start(
             job, Placed(tuple(self.cluster.pick_in_node(node, job.spec.gpus))), now, actions
         )
         job.migrations += 1
         job.last_event = f"migrated to make room for job {by}"
+
+    def requeue(
+        self, job: Job, by: str, now: float, actions: list[Action], *, kind: str = "preempted"
+    ) -> None:
+        """Stop a running job through its checkpoint contract and queue it again, for a stage's
+        reason (`kind`: a packing stage "unpacked" it); a partner it shared its GPUs with keeps
+        them, at its speed alone. Counted as a preemption."""
+        self._release(job, now)
+        actions.append(replace(self._requeue_preempted(job, by, now), kind=kind))
 
     def stage(self, name: str) -> Stage | None:
         """The round stage of that name, if this scheduler runs it."""

@@ -9,9 +9,12 @@ stage is a small plugin that builds itself from its own options (`Options`, `fro
 is chosen by name (`corral.core.framework.STAGES`).
 
 What a stage may do to the round goes through `RoundHost`, a narrow view of the scheduler: start a
-job on GPUs, move a running job, change a running job's speed. A stage that lets jobs share GPUs
-also answers the questions preemption and release ask of shared GPUs (`partner_release`,
-`frees_gpus`, `shares`).
+job on GPUs, move a running job, stop one and queue it again, change a running job's speed. Besides
+the waiting jobs it is consulted for, a stage may act on the running ones once as the round
+begins (`begin_round`: packing splits the pairs it has measured not to gain). A stage that lets
+jobs share GPUs also answers the questions preemption and release ask of shared GPUs
+(`partner_release`, `frees_gpus`, `shares`), and takes back a pair a shell found running after a
+restart (`restore_shared`).
 """
 
 from __future__ import annotations
@@ -47,6 +50,13 @@ class RoundHost(Protocol):
         """Migrate a running job to free GPUs of `node` (a stop and a start, restore paid)."""
         ...
 
+    def requeue(
+        self, job: Job, by: str, now: float, actions: list[Action], *, kind: str = "preempted"
+    ) -> None:
+        """Stop a running job and queue it again (`Preempt` of that `kind`); a partner it shared
+        its GPUs with keeps them."""
+        ...
+
     def change_speed(self, job: Job, speed: float, now: float) -> None: ...
 
     def is_shared(self, job: Job) -> bool:
@@ -64,6 +74,9 @@ class Stage(OptionsMixin):
 
     def new_round(self) -> None:
         """A round begins (bounds on a round's work reset here)."""
+
+    def begin_round(self, host: RoundHost, now: float, actions: list[Action]) -> None:
+        """Act on the running jobs before the round walks the waiting ones (after `new_round`)."""
 
     def keeps_walking(self) -> bool:
         """May it still start a job when no GPU is free (so the round walks on)?"""
@@ -84,6 +97,12 @@ class Stage(OptionsMixin):
     def partner_release(self, job: Job, now: float) -> tuple[Job, float] | None:
         """The job stops: the job that keeps running on its GPUs, at its speed alone, if any."""
         return None
+
+    def restore_shared(self, host: RoundHost, job: Job, holder: Job, now: float) -> None:
+        """After a shell's restart, `job` was found running on the GPUs of `holder` (both already
+        running in the scheduler, the GPUs held once): take them back as sharing, speeds set.
+        Asked only of a stage that `shares_gpus`, and only while `holder` shares with no one."""
+        raise NotImplementedError(f"stage {self.name} does not let jobs share GPUs")
 
     def counters(self) -> dict[str, int]:
         return {}

@@ -263,6 +263,11 @@ def build_ray_cluster(
 def _build_manager(options: ServerOptions, executor: Executor | None) -> Manager:
     if options.executor not in EXECUTORS:
         raise BootError(f"--executor: unknown {options.executor!r}; choose local or ray")
+    if options.executor == "ray" and "packing" in options.settings.scheduler.core.stages:
+        # Ray gives each GPU to one actor: a packed guest's workers would never be scheduled.
+        raise BootError(
+            "--stages packing: runs with the local executor only (Ray lets one actor hold a GPU)"
+        )
     if options.executor == "ray":
         # Given one (tests), it is a RayExecutor already connected.
         ray_executor = cast("RayExecutor", executor) if executor else connect_ray(options)

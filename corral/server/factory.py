@@ -4,12 +4,11 @@ framework (corral.core.framework) from what a live manager knows.
 `Manager` builds its scheduler here when it is made and again on each rebuild (`resync`). What it
 offers the plugins: the cluster and its VCs; Gittins's job sizes from the jobs it finished; what
 the jobs' progress reports taught it (corral.server.telemetry): the speeds measured per model and
-placement shape (`hetero`, `profile`, ElasticFlow's scaling curves), the loss curves (`optimus`);
-and the users' estimates of their jobs' lengths (`time_limit`, `total_steps`: sjf and srtf, as
-Slurm orders by time limits); FGD's target workload, learnt from the jobs it was given (the
-task shapes of the latest `workload_jobs` submitted, kept up to date as jobs arrive:
-`learn_workload`). A plugin that needs what a live manager cannot give (a pair table for packing)
-refuses to build, in one line, and `corral up` stops with it.
+placement shape (`hetero`, `profile`, ElasticFlow's scaling curves), the pairs' co-location
+speeds (Gandiva's `packing`), the loss curves (`optimus`); the users' estimates of their jobs'
+lengths (`time_limit`, `total_steps`: sjf and srtf, as Slurm orders by time limits); and FGD's
+target workload, learnt from the jobs it was given (the task shapes of the latest
+`workload_jobs` submitted, kept up to date as jobs arrive: `learn_workload`).
 """
 
 from __future__ import annotations
@@ -73,6 +72,7 @@ class SchedulerFactory:
             observe=self.telemetry.observe,
             throughput=self.telemetry.profiles.throughput,
             workload=self._target_workload(),
+            pair_table=self.telemetry.profiles.pair_speeds,
         )
 
     def gpu_memory(self) -> dict[str, int | None]:

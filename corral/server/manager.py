@@ -8,7 +8,9 @@ crash at any point recoverable: an attempt the store calls running either has a 
 
 The API's threads call `submit`, `cancel` and the read methods under the same lock. A preempted
 job's GPUs are free in the core at once, but its processes may take the grace period to leave:
-a start on those GPUs waits (deferred) until they are gone, so two jobs never share a GPU.
+a start on those GPUs waits (deferred) until they are gone, so two jobs never share a GPU unless
+the core packed them there (Gandiva's packing: the guest starts beside the running host, and
+each one's measurements are recorded under the shape "sharing with the other's model").
 
 `Manager` is one object, the one owner of that state (set in `Manager.__init__`), composed of
 parts, one module each, that each declare the state they use: this module keeps the control loop
@@ -29,7 +31,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import replace
 from pathlib import Path
 
-from corral.core.actions import Preempt, Start
+from corral.core.actions import Preempt, Respeed, Start
 from corral.core.cluster import Cluster, NodeDef
 from corral.core.job import Job, JobStatus
 from corral.core.profiles import Shape
@@ -108,7 +110,7 @@ class Manager(SubmissionCommitter, Recovery, ManagerViews, SchedulerFactory):
         self._gpu_ids = gpu_ids_by_name(cluster)
         #: Each VC's guaranteed cells ({cell type: count}, as the config gives them), for hived.
         self.vc_cells = {vc: dict(cells) for vc, cells in (vc_cells or {}).items()}
-        self.telemetry = Telemetry(store)  # the plugins' measured speeds and progress
+        self.telemetry = Telemetry(store, self.settings.profile_fold_s)  # speeds, progress
         self.scheduler = self._make_scheduler()
         self.record_config()
         self.lock = threading.RLock()
@@ -252,7 +254,7 @@ class Manager(SubmissionCommitter, Recovery, ManagerViews, SchedulerFactory):
                 if now >= self._next_progress_check:
                     self._next_progress_check = now + self.settings.progress_check_s
                     stops.extend(self._check_progress(now))
-                    deciding = deciding or self._dirty  # a pre-run passed: its gang waits
+                    deciding = deciding or self._dirty  # a pre-run passed, a pair measured
             if self._nodes is not None and now >= self._next_node_check:
                 self._next_node_check = now + self.settings.node_check_s
                 self._refresh_nodes()
@@ -271,7 +273,11 @@ class Manager(SubmissionCommitter, Recovery, ManagerViews, SchedulerFactory):
                         stop = self._record_preempt(action, now)
                         if stop is not None:
                             stops.append(stop)
+                    for respeed in decision.respeeds:
+                        self._record_respeed(respeed, now)
                 launches = self._record_ready_starts(now)
+                if deciding or ended:  # attempts began or ended: who shares which GPUs
+                    self._follow_partners(now)
             for job_id, attempt in stops:
                 self.executor.stop(job_id, attempt)
             for launch in launches:
@@ -372,7 +378,11 @@ class Manager(SubmissionCommitter, Recovery, ManagerViews, SchedulerFactory):
             verb += " as its pre-run (one worker)"
         share = f" ({action.milli / 1000:g} of the GPU)" if action.milli < 1000 else ""
         self.store.add_event(
-            job.id, now, "started", f"attempt {number} {verb} on {', '.join(names)}{share}"
+            job.id,
+            now,
+            "started",
+            f"attempt {number} {verb} on {', '.join(names)}{share}"
+            f"{self._sharing_note(job.id, gpus)}",
         )
         checkpoint = self.checkpoint_dir(job.id)
         attempt_dir = self.attempt_dir(job.id, number)
@@ -414,13 +424,13 @@ class Manager(SubmissionCommitter, Recovery, ManagerViews, SchedulerFactory):
         job's start was still deferred and nothing runs yet)."""
         job = self.scheduler.jobs[action.job_id]
         if self._drop_deferred_start(job):  # it never ran: neither an attempt nor a preemption
-            if not action.precheck:  # (the core counts no pre-run's end as one)
+            if not action.precheck and action.kind != "migrated":  # (not counted as one)
                 job.preemptions -= 1
             return None
         if action.precheck:
             reason, kind, outcome = "its pre-run passed", "pre-run passed", "pre-run"
         else:
-            reason, kind, outcome = f"preempted by job {action.by_job_id}", "preempted", "preempted"
+            reason, kind, outcome = self._stop_reason(job, action), action.kind, action.kind
         self._save_progress(job, status="PENDING", reason=reason)
         self.store.add_event(job.id, now, kind, reason)
         attempt = self._attempts.pop(job.id)
@@ -429,6 +439,29 @@ class Manager(SubmissionCommitter, Recovery, ManagerViews, SchedulerFactory):
         self._draining[(job.id, attempt.number)] = attempt.gpus
         self.store.update_attempt(job.id, attempt.number, state="stopping", outcome=outcome)
         return job.id, attempt.number
+
+    @staticmethod
+    def _stop_reason(job: Job, action: Preempt) -> str:
+        """Why the core stopped the job, in the words of its `kind`: preempted, migrated (to make
+        room for a job), unpacked (split from the job whose GPUs it shared)."""
+        by = action.by_job_id
+        if action.kind == "migrated":
+            return f"migrated to make room for job {by}"
+        if action.kind == "unpacked":
+            if job.last_event.startswith("unpacked"):  # the stage's words, with the speeds
+                return job.last_event
+            return f"unpacked from job {by}: sharing its GPUs did not gain"
+        return f"preempted by job {by}"
+
+    def _record_respeed(self, respeed: Respeed, now: float) -> None:
+        """The core changed a running job's speed (it started or stopped sharing its GPUs, or
+        the pair was measured): nothing to carry out, the core keeps the work done; recorded."""
+        self.store.add_event(
+            respeed.job_id,
+            now,
+            "speed",
+            f"speed {respeed.speed:.2f}: the jobs on its GPUs or their measured speeds changed",
+        )
 
     def _save_progress(self, job: Job, **fields: object) -> None:
         self.store.update_job(
@@ -455,9 +488,20 @@ class Manager(SubmissionCommitter, Recovery, ManagerViews, SchedulerFactory):
         first (the core's `progressed`); stop the attempts that hung (no report for their
         `progress_timeout`: retried as the infrastructure's failure, as Philly's hang detection
         does) or ran past their `time_limit` (they fail, as in Slurm). Returns the attempts to
-        stop."""
+        stop. A job sharing GPUs whose partner reported for the first time is measured from then
+        on (not while the partner started up); a new measurement of a pair makes the next round
+        judge it again (packing)."""
+        first = self.telemetry.poll(now)
+        if first:
+            partners = self._partners()
+            for job_id in first:
+                for other in partners.get(job_id, ()):
+                    self.telemetry.rebase(other)
+        if self.telemetry.shared_measured:
+            self.telemetry.shared_measured = False
+            self._dirty = True
         stops = []
-        for job_id in self.telemetry.poll(now):  # first reports: a pre-run passes on its first
+        for job_id in first:  # first reports: a pre-run passes on its first
             if job_id not in self.scheduler.jobs:
                 continue
             passed = self.scheduler.progressed(job_id, now)
@@ -491,6 +535,39 @@ class Manager(SubmissionCommitter, Recovery, ManagerViews, SchedulerFactory):
             self.store.add_event(job_id, now, "stopping", report.reason)
             stops.append((job_id, attempt.number))
         return stops
+
+    # -- jobs sharing GPUs (Gandiva's packing) -------------------------------------------------
+
+    def _partners(self) -> dict[str, set[str]]:
+        """Each job whose processes share a GPU with other jobs' (running or stopping): those."""
+        partners: dict[str, set[str]] = {}
+        for held in self.gpu_holders().values():
+            jobs = {holder.job_id for holder in held}
+            if len(jobs) > 1:
+                for job_id in jobs:
+                    partners.setdefault(job_id, set()).update(j for j in jobs if j != job_id)
+        return partners
+
+    def _follow_partners(self, now: float) -> None:
+        """Measure each running attempt under the shape it runs in now: sharing with the models
+        of the jobs on its GPUs (joined by "+"), or alone (telemetry folds what came before)."""
+        partners = self._partners()
+        jobs = self.scheduler.jobs
+        for job_id, watch in list(self.telemetry.watches.items()):
+            models = sorted({jobs[o].spec.model for o in partners.get(job_id, ()) if o in jobs})
+            colocated = "+".join(models)
+            if watch.shape.colocated != colocated:
+                self.telemetry.reshape(job_id, replace(watch.shape, colocated=colocated), now)
+
+    def _sharing_note(self, job_id: str, gpus: tuple[int, ...]) -> str:
+        """The note ", sharing with job N" when other running jobs hold these GPUs (packing)."""
+        mine = set(gpus)
+        others = [
+            other
+            for other, attempt in self._attempts.items()
+            if other != job_id and not mine.isdisjoint(attempt.gpus)
+        ]
+        return f", sharing with job {', '.join(others)}" if others else ""
 
     # -- attempts that ended ------------------------------------------------------------------
 

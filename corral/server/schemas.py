@@ -100,7 +100,9 @@ class AttemptInfo(BaseModel):
     started_at: float
     ended_at: float | None
     state: str
-    outcome: str | None = Field(description="succeeded, failed, preempted, cancelled or lost")
+    outcome: str | None = Field(
+        description="succeeded, failed, preempted, migrated, unpacked, cancelled or lost"
+    )
     exit_code: int | None
     reason: str
 

@@ -43,6 +43,9 @@ class ManagerSettings:
     round_gap_s: float = 0.02
     #: How often the running jobs' progress reports are read (and hangs and time limits checked).
     progress_check_s: float = 1.0
+    #: An attempt's measured rate is folded into its shape's profile after this many seconds of
+    #: its reports (and when it ends, or starts or stops sharing its GPUs).
+    profile_fold_s: float = 30.0
     #: How often a cluster whose nodes come and go (Ray) is read again.
     node_check_s: float = 1.0
     #: Where jobs' checkpoint dirs go (one per job); storage every node sees. Default: the

@@ -348,8 +348,9 @@ class AttemptRow:
     started_at: float
     ended_at: float | None
     state: str  # starting | running | stopping | ended
-    outcome: str | None  # None until ended: succeeded | failed | preempted | cancelled | lost
-    #                      | pre-run (a pre-run that passed)
+    #: None until ended: succeeded | failed | preempted | migrated | unpacked | cancelled | lost
+    #: | pre-run (a pre-run that passed)
+    outcome: str | None
     exit_code: int | None
     reason: str
     prerun: bool = False

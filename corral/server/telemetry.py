@@ -12,8 +12,12 @@ it) every `progress_check_s` and learns, per attempt:
 
 and per placement shape (corral.core.profiles.Shape: model, GPU type and count, nodes, the
 partner's model when a GPU is shared) the measured steps/s, folded into `Profiles` every
-`FOLD_EVERY_S` of an attempt's reports and when it ends, and stored: the speeds `hetero`,
-`profile`, ElasticFlow and the jobs' lengths come from. The store keeps a job's progress (its
+`FOLD_EVERY_S` (the manager's `profile_fold_s`) of an attempt's reports and when it ends, and
+stored: the speeds `hetero`, `profile`, ElasticFlow and the jobs' lengths come from, and the pairs
+Gandiva's packing judges.
+An attempt's shape changes when another job starts or stops sharing its GPUs (`reshape`): what it
+measured so far is folded under the old shape first; and the span until a new partner's first
+report (its start-up) is measured under neither (`rebase`). The store keeps a job's progress (its
 row's step, steps/s, loss), a thinned series of points (one per `POINT_EVERY_S` at most) and the
 profiles, all written inside the control loop's transaction.
 """
@@ -99,8 +103,12 @@ class JobCurve:
 class Telemetry:
     """The reports of the running attempts, the jobs' curves and the cluster's profiles."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, fold_every_s: float = FOLD_EVERY_S) -> None:
         self.store = store
+        self.fold_every_s = fold_every_s
+        #: Set when a measurement of jobs sharing GPUs was folded in (the manager then lets the
+        #: scheduler judge its pairs again); the manager clears it.
+        self.shared_measured = False
         self.profiles = Profiles()
         self.watches: dict[str, Watch] = {}  # job id -> its running attempt's
         self.curves: dict[str, JobCurve] = {}
@@ -133,6 +141,28 @@ class Telemetry:
             tail.skip_to_end()
         self.watches[job_id] = watch
 
+    def reshape(self, job_id: str, shape: Shape, now: float) -> None:
+        """The attempt's shape changed (a job started or stopped sharing its GPUs): its reports
+        so far are folded under the old shape, and its rate starts again from its latest one."""
+        watch = self.watches.get(job_id)
+        if watch is None or watch.shape == shape:
+            return
+        self._read(watch, now)
+        self._fold(watch, now)
+        watch.shape = shape
+        watch.counted_run = False  # its first measurement of the new shape is a run of it
+        self.rebase(job_id)
+
+    def rebase(self, job_id: str) -> None:
+        """Measure the attempt's rate from its latest report on, dropping what it reported since
+        its last fold (e.g. while a new partner on its GPUs was still starting up)."""
+        watch = self.watches.get(job_id)
+        if watch is None or watch.last is None:
+            return
+        watch.folded = watch.last
+        watch.recent.clear()
+        watch.recent.append(watch.last)
+
     def unwatch(self, job_id: str, now: float) -> None:
         """The attempt ended: read what it wrote last and fold its rate into its profile."""
         watch = self.watches.pop(job_id, None)
@@ -162,7 +192,7 @@ class Telemetry:
             if self._read(watch, now) and silent:
                 first.append(watch.job_id)
             if watch.folded is not None and watch.last is not None:
-                if watch.last.time - watch.folded.time >= FOLD_EVERY_S:
+                if watch.last.time - watch.folded.time >= self.fold_every_s:
                     self._fold(watch, now)
         return first
 
@@ -220,6 +250,8 @@ class Telemetry:
             return
         watch.counted_run = True
         shape = watch.shape
+        if shape.colocated:
+            self.shared_measured = True
         self.store.save_profile(
             ProfileRow(
                 model=shape.model,

@@ -4,7 +4,10 @@ In the table, the entry of `('<model A>', g)` on GPU type T holds, besides its `
 alone, `"('<model B>', g)": [a, b]`: the steps/s of A and of B while they share the same g GPUs.
 `load_pair_table` turns that into each job's speed relative to alone, `(a / alone_A, b / alone_B)`,
 keyed by (T, g, A, B). Pairs with a zero (the two did not fit together) are left out, and so are
-the `<type>_unconsolidated` tables (pairs were measured on one server).
+the `<type>_unconsolidated` tables (pairs were measured on one server). The table is complete: the
+simulator measures nothing, so a pair it lacks (a zero, a GPU count Gavel measured no pairs at, a
+model it does not list) cannot share: the packing stage's prior for pairs never measured
+(`packing.unmeasured`, which the live manager tries once and then measures) never applies.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from corral.sim.perfmodel import PerfModelError, read_throughput_table
 
 def load_pair_table(path: str | Path) -> PairTable:
     path = Path(path)
-    return PairTable(pair_speeds(read_throughput_table(path), str(path)))
+    return PairTable(pair_speeds(read_throughput_table(path), str(path)), complete=True)
 
 
 def pair_speeds(
@@ -90,6 +93,8 @@ def gandiva_summary(scheduler: object) -> dict[str, object]:
     if packing is not None:
         entries["packed_gpu_hours"] = packing.packed_gpu_s / 3600.0
         entries["packed_pairs"] = packing.pairs_formed
+        if packing.pairs_unpacked:
+            entries["unpacked_pairs"] = packing.pairs_unpacked
     migration = getattr(scheduler, "migration", None)
     if migration is not None:
         entries["migrations"] = migration.migrations

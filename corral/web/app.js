@@ -248,6 +248,7 @@
     $("nodes").replaceChildren(...boxes);
   }
 
+  // "#3" for a GPU one job holds; "#3 #5" where packing made two jobs share it.
   function gpuCell(node, gpu, colours) {
     const name = `${node.name}/${gpu.index}`;
     if (!gpu.job) {

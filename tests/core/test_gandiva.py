@@ -108,7 +108,8 @@ def test_pair_speeds_come_from_the_table(tmp_path):
     host = Job(spec("h", 1, model="A"))
     assert table(Job(spec("g", 1, model="B")), host, "v100") == pytest.approx((0.6, 0.7))
     assert table(Job(spec("g", 1, model="C")), host, "v100") == pytest.approx((0.5, 0.5))
-    assert table(Job(spec("g", 2, model="B")), Job(spec("h", 2, model="A")), "v100") is None
+    # The table is complete: a pair it lacks (no 2-GPU pairs were measured) cannot share.
+    assert table(Job(spec("g", 2, model="B")), Job(spec("h", 2, model="A")), "v100") == (0, 0)
 
 
 def test_a_waiting_job_shares_the_gpu_when_the_pair_beats_the_threshold(tmp_path):
@@ -192,6 +193,124 @@ def test_preempting_a_packed_job_frees_its_gpu_only_with_its_partner(tmp_path):
     assert s.packing.packed_gpu_s == pytest.approx(110)  # one GPU shared from 50 to 160
 
 
+def test_pairs_that_did_not_fit_are_known_not_to_share(tmp_path):
+    # B+C are zeros in the table: (0, 0), as every pair it lacks, so no prior for pairs never
+    # measured applies in the simulator.
+    table = load_pair_table(write_table(tmp_path))
+    host = Job(spec("h", 1, model="B"))
+    assert table(Job(spec("g", 1, model="C")), host, "v100") == (0.0, 0.0)
+    s = scheduler(1, 1, stages=[Packing(table, unmeasured=1.0)])
+    s.submit(spec("h", 1, model="B"), 0)
+    s.decide(0)
+    s.submit(spec("g", 1, model="C"), 0)
+    assert s.decide(10).actions == []
+
+
+class Measured:
+    """A pair table the test changes, as the live manager's measurements do."""
+
+    def __init__(self) -> None:
+        self.pairs: dict[tuple[str, str], tuple[float, float]] = {}
+
+    def __call__(self, guest: Job, host: Job, gpu_type: str) -> tuple[float, float] | None:
+        return self.pairs.get((guest.spec.model, host.spec.model))
+
+
+def test_an_unmeasured_pair_is_tried_once_on_the_prior():
+    # One GPU, nothing measured, prior 0.6 each (1.2 > 1.1). h (A) runs from 0; g (B) arrives
+    # at 10 and packs on the prior: both run at 0.6. g ends at 20; k (B) arrives: A+B was tried
+    # and is still unmeasured, so k waits. A pair of other models (A+C) is tried in its turn
+    # (once k, at the head of fifo's queue, is gone).
+    s = scheduler(1, 1, stages=[Packing(Measured(), unmeasured=0.6)])
+    s.submit(spec("h", 1, model="A"), 0)
+    s.decide(0)
+    s.submit(spec("g", 1, submit=10, model="B"), 10)
+    decision = s.decide(10)
+    assert list(started(decision.actions)) == ["g"]
+    assert {r.job_id: r.speed for r in decision.respeeds} == pytest.approx({"h": 0.6, "g": 0.6})
+    s.finished("g", 20)
+    s.submit(spec("k", 1, submit=20, model="B"), 20)
+    assert s.decide(20).actions == [] and s.jobs["k"].status is JobStatus.PENDING
+    s.cancel("k", 30)
+    s.submit(spec("c", 1, submit=30, model="C"), 30)
+    assert list(started(s.decide(30).actions)) == ["c"]
+    # Without a prior an unmeasured pair is never packed (the simulator's tables' rule).
+    s = scheduler(1, 1, stages=[Packing(Measured())])
+    s.submit(spec("h", 1, model="A"), 0)
+    s.decide(0)
+    s.submit(spec("g", 1, model="B"), 0)
+    assert s.decide(10).actions == []
+
+
+def test_a_running_pair_follows_its_measurement_and_is_split_when_it_loses():
+    # h (A) and g (B) pack on the prior at 10 (0.6 + 0.6). At 20 the pair is measured at 0.9 and
+    # 0.8 (1.7 > 1.1): both run on at those speeds (not at 0.92 and 0.78 measured at 25: within
+    # 5 % of them). At 30 it is measured at 0.5 + 0.4 = 0.9: the round splits it, stopping the
+    # guest g ("unpacked", counted as a preemption); h gets its speed alone back and g waits:
+    # the pair it would form is measured to lose.
+    table = Measured()
+    s = scheduler(1, 1, stages=[Packing(table, unmeasured=0.6)])
+    s.submit(spec("h", 1, model="A"), 0)
+    s.decide(0)
+    s.submit(spec("g", 1, submit=10, model="B"), 10)
+    s.decide(10)
+    assert s.decide(15).respeeds == []  # nothing measured: the pair keeps its prior speeds
+    table.pairs = {("B", "A"): (0.9, 0.8), ("A", "B"): (0.8, 0.9)}
+    gain = s.decide(20)
+    assert gain.actions == []
+    assert {r.job_id: r.speed for r in gain.respeeds} == pytest.approx({"g": 0.9, "h": 0.8})
+    assert s.jobs["g"].work_done_at(30) == pytest.approx(0.6 * 10 + 0.9 * 10)
+    # A measurement refined by a few percent (within 5 %) leaves the speeds as they are.
+    table.pairs = {("B", "A"): (0.92, 0.78), ("A", "B"): (0.78, 0.92)}
+    assert s.decide(25).respeeds == [] and s.jobs["g"].speed == 0.9
+    table.pairs = {("B", "A"): (0.5, 0.4), ("A", "B"): (0.4, 0.5)}
+    split = s.decide(30)
+    (stop,) = split.actions
+    assert isinstance(stop, Preempt)
+    assert (stop.job_id, stop.by_job_id, stop.kind) == ("g", "h", "unpacked")
+    assert {r.job_id: r.speed for r in split.respeeds} == {"h": 1.0}
+    g = s.jobs["g"]
+    assert g.status is JobStatus.PENDING and g.preemptions == 1
+    assert g.last_event.startswith("unpacked from job h: sharing, they ran at 0.50 and 0.40")
+    assert s.counters()["unpacked_pairs"] == 1 and s.cluster.free_gpus == 0
+    assert s.decide(40).actions == []  # not packed again
+
+
+def test_a_packed_pair_found_running_after_a_restart_shares_again():
+    # The shell restores h (started at 0) and g (started at 5) on the same GPU: g, the later,
+    # is the guest; unmeasured, both run at the prior. Without a sharing stage it is refused.
+    s = scheduler(1, 2, stages=[Packing(Measured(), unmeasured=0.6)])
+    for name, model in (("h", "A"), ("g", "B")):
+        s.submit(spec(name, 1, model=model), 0)
+    s.restore_running("h", (0,), 0.0, 10.0)
+    s.restore_running("g", (0,), 5.0, 10.0)
+    assert s.packing.partner["g"] is s.jobs["h"] and s.packing.shares(s.jobs["h"])
+    assert (s.jobs["h"].speed, s.jobs["g"].speed) == (0.6, 0.6)
+    assert s.cluster.free_gpus == 1
+    s.finished("h", 20)
+    assert s.jobs["g"].speed == 1.0 and s.cluster.free_gpus == 1
+    # A pair restored with a measurement that loses (0.5 + 0.4) is split by the next round; g
+    # then starts at once on the free GPU (the shell starts it once its stop is done).
+    table = Measured()
+    table.pairs = {("B", "A"): (0.5, 0.4)}
+    s = scheduler(1, 2, stages=[Packing(table, unmeasured=0.6)])
+    for name, model in (("h", "A"), ("g", "B")):
+        s.submit(spec(name, 1, model=model), 0)
+    s.restore_running("g", (0,), 5.0, 10.0)  # the order the shell finds them in is no matter
+    s.restore_running("h", (0,), 0.0, 10.0)
+    assert (s.jobs["h"].speed, s.jobs["g"].speed) == (0.4, 0.5)
+    split = s.decide(11)
+    (stop, start) = split.actions
+    assert isinstance(stop, Preempt) and (stop.job_id, stop.kind) == ("g", "unpacked")
+    assert isinstance(start, Start) and (start.job_id, start.gpus) == ("g", (1,))
+    plain = scheduler(1, 2)
+    for name in "hg":
+        plain.submit(spec(name, 1), 0)
+    plain.restore_running("h", (0,), 0.0, 10.0)
+    with pytest.raises(ValueError, match="held by another running job"):
+        plain.restore_running("g", (0,), 5.0, 10.0)
+
+
 def test_packing_refuses_an_admission():
     from corral.core.admission.quota import QuotaAdmission
 
@@ -230,6 +349,7 @@ def test_migration_frees_a_whole_node_for_an_eight_gpu_job():
     decision = s.decide(100)
     p = s.jobs["p"]
     assert preempted(decision.actions) == ["p"]
+    assert [a.kind for a in decision.actions if isinstance(a, Preempt)] == ["migrated"]
     assert [(a.job_id, a.resumed) for a in decision.actions if isinstance(a, Start)] == [
         ("p", True),
         ("W", False),

@@ -8,6 +8,7 @@ import pytest
 
 from corral.core import Cluster, Job, JobSpec, NodeDef
 from corral.core.profiles import Profiles, Shape
+from corral.sim.colocation import load_pair_table
 from corral.sim.perfmodel import PerfModel
 
 
@@ -131,3 +132,27 @@ def test_gavel_table_round_trip(tmp_path):
     perf = PerfModel.from_gavel_table(path)
     assert perf.throughput("resnet", 2, "v100") == 18.0
     assert perf.throughput("resnet", 1, "k80") == 2.5
+
+
+def test_pair_speeds_are_each_models_rate_sharing_over_its_rate_alone(tmp_path):
+    # resnet: 10 steps/s alone on one v100, 6 beside lm; lm: 4 alone, 3 beside resnet. So the
+    # pair runs at 0.6 and 0.75 of alone (1.35 together); the same as the simulator reads from
+    # the Gavel table these measurements are written as.
+    profiles = Profiles()
+    profiles.add(Shape("resnet", "v100", 1), 10.0, 60.0)
+    profiles.add(Shape("resnet", "v100", 1, colocated="lm"), 6.0, 60.0)
+    profiles.add(Shape("lm", "v100", 1, colocated="resnet"), 3.0, 60.0)
+    # lm never ran alone: the pair is not known yet (the packing stage's prior decides).
+    guest, host = job("lm"), job("resnet")
+    assert profiles.pair_speeds(guest, host, "v100") is None
+    profiles.add(Shape("lm", "v100", 1), 4.0, 60.0)
+    assert profiles.pair_speeds(guest, host, "v100") == pytest.approx((0.75, 0.6))
+    assert profiles.pair_speeds(host, guest, "v100") == pytest.approx((0.6, 0.75))
+    assert profiles.pair_speeds(guest, host, "k80") is None
+    assert profiles.pair_speeds(job("lm", 2), job("resnet", 2), "v100") is None
+    # Measurements of a job sharing its GPUs never count as its speed alone.
+    assert profiles.rate("resnet", "v100", 1) == 10.0
+    assert profiles.best_rate("lm") == 4.0
+    path = tmp_path / "throughputs.json"
+    path.write_text(json.dumps(profiles.to_gavel()))
+    assert load_pair_table(path)(guest, host, "v100") == pytest.approx((0.75, 0.6))

@@ -52,6 +52,9 @@ SCHEDULER_OPTIONS = {
     "fast_fail_repeats": ("retry", "fast_fail_repeats"),
     "optimus_refit_min_s": ("optimus", "refit_min_s"),
     "optimus_prior_s": ("optimus", "prior_s"),
+    "stages": (None, "stages"),
+    "packing_threshold": ("packing", "threshold"),
+    "packing_unmeasured": ("packing", "unmeasured"),
 }
 
 

@@ -103,6 +103,10 @@ def test_a_port_in_use_is_refused(tmp_path: Path) -> None:
             ["--executor", "ray", "--ray-address", "127.0.0.1:1", "--gpus", "2"],
             "--executor ray: the GPUs are the Ray nodes' (no --gpus, no --demo)",
         ),
+        (
+            ["--executor", "ray", "--ray-address", "127.0.0.1:1", "--stages", "packing"],
+            "--stages packing: runs with the local executor only",
+        ),
     ],
 )
 def test_bad_ray_settings_are_refused_in_one_line(
