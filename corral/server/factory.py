@@ -13,7 +13,9 @@ for packing, FGD's target workload) refuses to build, in one line, and `corral u
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
+from corral.core.cache import DataCache
 from corral.core.cluster import Cluster
 from corral.core.framework import build_scheduler
 from corral.core.job import JobSpec
@@ -43,6 +45,11 @@ class SchedulerFactory:
     store: Store
     telemetry: Telemetry
     scheduler: SchedulerCore
+    data_cache: DataCache | None
+
+    if TYPE_CHECKING:  # the data caches' part (corral.server.datacache)
+
+        def _new_data_cache(self) -> DataCache | None: ...
 
     def _vc_cells(self) -> dict[str, dict[str, int]]:
         return self.vc_cells or {vc: {} for vc in self.vc_quota}
@@ -59,6 +66,7 @@ class SchedulerFactory:
             durations_known=True,
             observe=self.telemetry.observe,
             throughput=self.telemetry.profiles.throughput,
+            cache=self.data_cache,
         )
 
     def core_spec(self, model: JobSpecModel, job_id: str, submit_time: float, user: str) -> JobSpec:
@@ -88,7 +96,9 @@ class SchedulerFactory:
         )
 
     def _make_scheduler(self) -> SchedulerCore:
-        return build_scheduler(self.settings.scheduler, self.services())
+        self.data_cache = self._new_data_cache()  # its start hook allocates the caches
+        uses_cache = self.data_cache is not None
+        return build_scheduler(self.settings.scheduler, self.services(), uses_cache=uses_cache)
 
     def effective_config(self) -> dict[str, object]:
         """The config this manager runs with, `auto` resolved (what `config show --url` and

@@ -174,6 +174,7 @@ def test_a_minimal_spec_gets_every_default() -> None:
         "progress_timeout": None,
         "deadline": None,
         "elastic": None,
+        "dataset": None,
     }
 
 
