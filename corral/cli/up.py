@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from corral.cli.common import UserError, console, fail
+
+if TYPE_CHECKING:
+    from corral.server.state import CacheSettings
 
 # root's manager is a system service whose jobs run as other accounts: its state goes where they
 # can reach their own directories (root's home is closed to them).
@@ -80,6 +84,36 @@ def up(
             "storage) [default: DATA_DIR/jobs/JOB/checkpoint]"
         ),
     ] = None,
+    cache_gb_per_node: Annotated[
+        float | None,
+        typer.Option(
+            help="SiloD: a data-set cache of this many GB per node, scheduled with the GPUs, "
+            "for jobs whose spec names a `dataset` (docs/silod.md#live)",
+            rich_help_panel="Data caches",
+        ),
+    ] = None,
+    storage_gbps: Annotated[
+        float | None,
+        typer.Option(
+            help="with a cache: remote-storage Gbit/s per node, shared by its GPUs [default: 1]",
+            rich_help_panel="Data caches",
+        ),
+    ] = None,
+    cache_policy: Annotated[
+        str | None,
+        typer.Option(
+            help="with a cache: lru (cache-oblivious) or silod (gain per GB) [default: lru]",
+            rich_help_panel="Data caches",
+        ),
+    ] = None,
+    cache_dir: Annotated[
+        Path | None,
+        typer.Option(
+            help="with a cache: each node's cache directories go under this path, on the "
+            "node's own disk (NODE/DATASET) [default: DATA_DIR/cache]",
+            rich_help_panel="Data caches",
+        ),
+    ] = None,
     single_user: Annotated[
         bool,
         typer.Option(
@@ -144,9 +178,14 @@ def up(
         fail(str(error))
     if gpu_memory_mib is not None and gpu_memory_mib < 1:
         fail(f"--gpu-memory: must be at least 1M, got {gpu_memory!r}")
+    try:
+        cache = cache_settings(cache_gb_per_node, storage_gbps, cache_policy, cache_dir)
+    except UserError as error:
+        fail(str(error))
     settings = ManagerSettings(
         scheduler=scheduler_settings,
         checkpoint_root=checkpoint_root.expanduser().resolve() if checkpoint_root else None,
+        cache=cache,
         log_cap_bytes=log_cap_bytes,
         max_body_bytes=max_body_bytes,
     )
@@ -177,6 +216,42 @@ def up(
     except BootError as error:
         fail(str(error))
     serve(manager, options)
+
+
+def cache_settings(
+    gb_per_node: float | None,
+    storage_gbps: float | None,
+    policy: str | None,
+    directory: Path | None,
+) -> CacheSettings | None:
+    """The data caches `--cache-gb-per-node` asks for (None without it); UserError naming the
+    flag, in the simulator's words."""
+    from corral.core.cache import CACHE_POLICIES
+    from corral.server.state import CacheSettings
+
+    if gb_per_node is None:
+        given = [
+            flag
+            for flag, value in (
+                ("--storage-gbps", storage_gbps),
+                ("--cache-policy", policy),
+                ("--cache-dir", directory),
+            )
+            if value is not None
+        ]
+        if given:
+            raise UserError(f"{given[0]}: needs --cache-gb-per-node")
+        return None
+    if not math.isfinite(gb_per_node) or gb_per_node < 0:
+        raise UserError("--cache-gb-per-node: must not be negative")
+    storage = 1.0 if storage_gbps is None else storage_gbps
+    if not math.isfinite(storage) or storage <= 0:
+        raise UserError("--storage-gbps: must be positive")
+    policy = "lru" if policy is None else policy.lower()
+    if policy not in CACHE_POLICIES:
+        raise UserError(f"--cache-policy: unknown {policy!r}; choose {', '.join(CACHE_POLICIES)}")
+    root = directory.expanduser().resolve() if directory is not None else None
+    return CacheSettings(gb_per_node, storage, policy, root)
 
 
 SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}

@@ -230,7 +230,7 @@ class DataCache:
             self._forget_stopped(cache, now)
             before = self.hit_ratio(self.cached_fraction(node, read))
             uncached = io_bound_speed(share, read.gb_s_per_gpu, 0.0)  # what storage alone allows
-            need_gb = read.size_gb * max(0.0, 1.0 - uncached / compute)  # hits for full speed
+            need_gb = self._need_gb(node, read, compute)
             gain = count * (compute - min(compute, uncached))
             gain_per_gb = gain / need_gb if need_gb > 0 else 0.0
             self._allocate(node, read, need_gb, gain_per_gb, now)
@@ -251,6 +251,46 @@ class DataCache:
                 job.work_done_s, epoch_s, hit_first, hit, rate, max(0.0, stall), job.spec.gpus
             )
         )
+
+    def on_restore(self, job: Job, now: float) -> None:
+        """A running job found again after the shell rebuilt its scheduler (a restart, nodes that
+        came or went): it reads from what its nodes hold, which stays pinned while it runs, and
+        its speed is what IO allows with that. Nothing is allocated and no first epoch is
+        charged: the attempt started before."""
+        read = self.reads(job.spec)
+        if read is None or read.size_gb <= 0 or read.gb_s_per_gpu <= 0 or not job.placement:
+            return
+        compute = job.speed
+        speed = compute
+        for node in sorted({self.cluster.gpu_node[g] for g in job.placement}):
+            cache = self.nodes[node]
+            self._forget_stopped(cache, now)
+            cache.readers[job.id] = (
+                job,
+                job.attempts,
+                read.dataset,
+                self._need_gb(node, read, compute),
+            )
+            hit = self.hit_ratio(self.cached_fraction(node, read))
+            speed = min(speed, io_bound_speed(self.share_gb_s(node), read.gb_s_per_gpu, hit))
+        job.speed = speed
+
+    def adopt(self, node: int, dataset: str, gb: float, last_used: float) -> None:
+        """Record that a node's cache holds `gb` of a data set, last read at `last_used` (a shell
+        carrying its caches over a rebuild of its scheduler, or a restart)."""
+        if not math.isfinite(gb) or gb <= 1e-9:
+            return
+        self.nodes[node].held[dataset] = Holding(gb, last_used)
+        self._holders.setdefault(dataset, set()).add(node)
+
+    def forget(self, job_id: str) -> None:
+        """Drop a finished job's statistics (a shell that runs for ever keeps no history)."""
+        self.attempts.pop(job_id, None)
+
+    def _need_gb(self, node: int, read: DataRead, compute: float) -> float:
+        """GB of the data set that must hit on this node for the job to run at `compute`."""
+        uncached = io_bound_speed(self.share_gb_s(node), read.gb_s_per_gpu, 0.0)
+        return read.size_gb * max(0.0, 1.0 - uncached / compute) if compute > 0 else 0.0
 
     def _forget_stopped(self, cache: NodeCache, now: float) -> None:
         """Readers whose attempt ended no longer pin their data set; it was last used now (the

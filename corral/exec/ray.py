@@ -50,7 +50,7 @@ import ray
 from ray.exceptions import GetTimeoutError, RayError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from corral.exec import contain, logcap
+from corral.exec import cachedir, contain, logcap
 from corral.exec.guard import KILL_REQUEST
 from corral.exec.local import PRIVATE_VARIABLES, AttemptEnded, AttemptLaunch, WorkerLaunch
 from corral.exec.shim import PROGRESS_VARIABLE, last_line, signal_name, write_json_atomic
@@ -312,6 +312,9 @@ class WorkerActor:
                         Path(spec["workdir"]).mkdir(parents=True, exist_ok=True)
                         if env.get("CORRAL_CHECKPOINT_DIR"):
                             Path(env["CORRAL_CHECKPOINT_DIR"]).mkdir(parents=True, exist_ok=True)
+                        if env.get("CORRAL_DATASET_CACHE"):  # this node's cache of its data
+                            cache = Path(env["CORRAL_DATASET_CACHE"])
+                            cache.mkdir(mode=0o700, parents=True, exist_ok=True)
                         # The guard leads the worker's group, contains everything it starts,
                         # and ends it all if this actor dies (its node's Ray died, the machine
                         # lives on): its stdin is a pipe from here, which ends with the actor.
@@ -494,6 +497,45 @@ class WorkerActor:
 
 
 _RemoteWorker = ray.remote(WorkerActor)
+_remote_trim = ray.remote(num_cpus=0, max_retries=0)(cachedir.trim)
+
+
+class RayCacheDirs:
+    """Trims and removes data-set cache directories on the Ray nodes (corral.exec.cachedir):
+    `cachedir.trim` as a task pinned to the node; a directory is `busy` until its task is done.
+    The worker actors make the directories they are given (`CORRAL_DATASET_CACHE`)."""
+
+    local = False
+
+    def __init__(self, executor: RayExecutor) -> None:
+        self._executor = executor
+        self._running: dict[tuple[str, Path], Any] = {}
+
+    def trim(self, node: str, path: Path, keep_bytes: int) -> None:
+        node_ids = {known.name: known.node_id for known in self._executor.nodes()}
+        if node not in node_ids:  # gone: its disk is no longer the cluster's
+            return
+        strategy = NodeAffinitySchedulingStrategy(node_ids[node], soft=False)
+        self._running[(node, path)] = _remote_trim.options(scheduling_strategy=strategy).remote(
+            str(path), keep_bytes
+        )
+
+    def busy(self, node: str, path: Path) -> bool:
+        ref = self._running.get((node, path))
+        if ref is None:
+            return False
+        ready, _ = ray.wait([ref], timeout=0)
+        if not ready:
+            return True
+        del self._running[(node, path)]
+        try:
+            ray.get(ref)
+        except RayError as error:
+            log.warning("cache directory %s on %s: %s", path, node, _first_line(error))
+        return False
+
+    def clear_evicted(self, node_dir: Path) -> None:
+        """(What removals left half-done stays on the nodes: they are not listed from here.)"""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -886,6 +928,10 @@ class RayExecutor:
             if actor is not None:
                 ray.kill(actor, no_restart=True)
         return _attempt_ended(tracked)
+
+    def cache_dirs(self) -> RayCacheDirs:
+        """What trims the nodes' data-set cache directories (SiloD live)."""
+        return RayCacheDirs(self)
 
     def active(self) -> set[tuple[str, int]]:
         with self._lock:

@@ -30,6 +30,7 @@ from corral.exec.local import LocalExecutor
 from corral.exec.shim import write_json_atomic
 from corral.server import auth, identity
 from corral.server.api import create_app
+from corral.server.datacache import cache_root
 from corral.server.manager import Executor, Manager, ManagerSettings
 from corral.server.store import Store, StoreError
 
@@ -172,6 +173,15 @@ def prepare_multi_user(options: ServerOptions) -> None:
         )
     os.umask(0o077)
     options.data_dir.chmod(0o711)
+    cache = options.settings.cache
+    root = None if cache is None else cache_root(cache, options.data_dir)
+    blocked = None if root is None else identity.check_reachable(root)
+    if blocked is not None:
+        raise BootError(
+            f"--cache-dir: jobs run under their users' accounts and could not reach their data "
+            f"sets' caches there ({blocked} is closed to others); choose a directory others may "
+            "pass through"
+        )
     options.settings.multi_user = True
 
 

@@ -16,7 +16,9 @@ from __future__ import annotations
 import json
 from collections import deque
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
+from corral.core.cache import DataCache
 from corral.core.cluster import MILLI, Cluster
 from corral.core.fragmentation import TaskShape, Workload
 from corral.core.framework import build_scheduler
@@ -55,6 +57,11 @@ class SchedulerFactory:
     #: The task shapes of the latest jobs submitted, when the placement shares GPUs (FGD's
     #: target workload); set by `_make_scheduler`, extended by `learn_workload`.
     _workload_shapes: deque[TaskShape] | None
+    data_cache: DataCache | None
+
+    if TYPE_CHECKING:  # the data caches' part (corral.server.datacache)
+
+        def _new_data_cache(self) -> DataCache | None: ...
 
     def _vc_cells(self) -> dict[str, dict[str, int]]:
         return self.vc_cells or {vc: {} for vc in self.vc_quota}
@@ -73,6 +80,7 @@ class SchedulerFactory:
             throughput=self.telemetry.profiles.throughput,
             workload=self._target_workload(),
             pair_table=self.telemetry.profiles.pair_speeds,
+            cache=self.data_cache,
         )
 
     def gpu_memory(self) -> dict[str, int | None]:
@@ -162,7 +170,9 @@ class SchedulerFactory:
         )
 
     def _make_scheduler(self) -> SchedulerCore:
-        return build_scheduler(self.settings.scheduler, self.services())
+        self.data_cache = self._new_data_cache()  # its start hook allocates the caches
+        uses_cache = self.data_cache is not None
+        return build_scheduler(self.settings.scheduler, self.services(), uses_cache=uses_cache)
 
     def effective_config(self) -> dict[str, object]:
         """The config this manager runs with, `auto` resolved (what `config show --url` and

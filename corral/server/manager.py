@@ -47,6 +47,7 @@ from corral.exec.local import (
 )
 from corral.server import identity
 from corral.server.committer import Submission, SubmissionCommitter
+from corral.server.datacache import LiveCache
 from corral.server.factory import MIN_GITTINS_HISTORY, SchedulerFactory
 from corral.server.recovery import Recovery
 from corral.server.spec import JobSpecModel, argv, signal_number
@@ -72,7 +73,7 @@ __all__ = [
 log = logging.getLogger("corral.manager")
 
 
-class Manager(SubmissionCommitter, Recovery, ManagerViews, SchedulerFactory):
+class Manager(SubmissionCommitter, Recovery, ManagerViews, SchedulerFactory, LiveCache):
     """The live manager: its state, the control loop and the attempts; the parts it is composed
     of (its bases) each hold one concern (see the module's docstring)."""
 
@@ -111,6 +112,7 @@ class Manager(SubmissionCommitter, Recovery, ManagerViews, SchedulerFactory):
         #: Each VC's guaranteed cells ({cell type: count}, as the config gives them), for hived.
         self.vc_cells = {vc: dict(cells) for vc, cells in (vc_cells or {}).items()}
         self.telemetry = Telemetry(store, self.settings.profile_fold_s)  # speeds, progress
+        self._init_data_cache()  # the nodes' data caches, if any (corral.server.datacache)
         self.scheduler = self._make_scheduler()
         self.record_config()
         self.lock = threading.RLock()
@@ -288,6 +290,7 @@ class Manager(SubmissionCommitter, Recovery, ManagerViews, SchedulerFactory):
                 self.round_seconds.append(took)
                 self.round_seconds_total += took
                 del self.round_seconds[:-1000]
+            self._cache_sweep()
             return deciding
 
     def _launch(self, launch: AttemptLaunch, now: float) -> None:
@@ -295,6 +298,7 @@ class Manager(SubmissionCommitter, Recovery, ManagerViews, SchedulerFactory):
         In multi-user mode it runs as its user's account, which must still exist."""
         try:
             launch.run_as = self._prepare_job_dirs(launch.job_id)
+            self._prepare_cache_dirs(launch)
         except (OSError, ValueError) as error:  # AccountError is a ValueError
             reason = f"cannot start: {error}"
             ended = AttemptEnded(launch.job_id, launch.attempt, None, None, False, reason, "", now)
@@ -333,6 +337,7 @@ class Manager(SubmissionCommitter, Recovery, ManagerViews, SchedulerFactory):
             for start in self._deferred.values()
             if held.isdisjoint(start.gpus) and start.job_id not in stopping_jobs
         ]
+        ready = [start for start in ready if not self._cache_busy(start)]  # a dir being trimmed
         for start in ready:
             del self._deferred[start.job_id]
         return [self._record_start(start, now) for start in ready]
@@ -400,6 +405,7 @@ class Manager(SubmissionCommitter, Recovery, ManagerViews, SchedulerFactory):
             limits = share_env(action.milli, self.settings.gpu_memory_mib.get(gpu_type))
             for env in envs:
                 env.update(limits)
+        self._cache_env(job.id, number, placement, envs, now)
         command = argv(spec_model)
         workdir = spec_model.workdir or str(self.work_dir(job.id))
         return AttemptLaunch(
@@ -711,3 +717,4 @@ class Manager(SubmissionCommitter, Recovery, ManagerViews, SchedulerFactory):
         self._retrying.discard(job_id)
         self._ending.pop(job_id, None)
         self.telemetry.forget(job_id)
+        self._cache_forget(job_id)

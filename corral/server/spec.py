@@ -41,6 +41,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     PlainValidator,
@@ -605,6 +606,87 @@ OptionalPositive = Annotated[
 ]
 
 
+# -- dataset: what the job reads, for the node caches (docs/silod.md#live) ------------------------
+
+#: GB/s a job reads per GPU at full speed when its spec does not say: ImageNet's ~110 KB images at
+#: ~900 images/s per GPU (ResNet-50 on a recent GPU). A job that reads slower than its share of
+#: the storage bandwidth never waits for storage (the cache then only holds what nobody wants).
+DEFAULT_READ_GB_S = 0.1
+#: Caps: a data set of a petabyte, a terabyte per second per GPU.
+MAX_DATASET_GB = 1e6
+MAX_READ_GB_S = 1e3
+DATASET_NAME_RULE = (
+    f"must be 1-{MAX_NAME_LENGTH} characters of letters, digits, '.', '_' and '-', "
+    "starting with a letter or digit"
+)
+
+
+def _dataset_name(value: object) -> str:
+    # It names a directory of every node's cache: never "..", never hidden.
+    if (
+        not isinstance(value, str)
+        or not 1 <= len(value) <= MAX_NAME_LENGTH
+        or not NAME_CHARS.issuperset(value)
+        or not value[0].isalnum()
+    ):
+        raise _refuse(DATASET_NAME_RULE)
+    return value
+
+
+def _positive_number(most: float) -> Any:
+    def check(value: object) -> float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise _refuse("must be a positive number")
+        if not math.isfinite(value) or value <= 0:
+            raise _refuse("must be a positive number")
+        if value > most:
+            raise _refuse(f"must be at most {most:,.0f}")
+        return float(value)
+
+    return check
+
+
+def _dataset(value: object) -> object:
+    if value is not None and not isinstance(value, Mapping):
+        raise _refuse("must be a mapping: {name, size_gb, read_gb_s (optional)}")
+    return value
+
+
+class DatasetSpec(BaseModel):
+    """The data set the job reads (SiloD's node caches, `corral up --cache-gb-per-node`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: Annotated[
+        str,
+        PlainValidator(_dataset_name),
+        WithJsonSchema(_string(MAX_NAME_LENGTH, r"^[A-Za-z0-9][A-Za-z0-9._-]*$", 1)),
+    ] = Field(description="names the data set, and its directory in every node's cache")
+    size_gb: Annotated[
+        float,
+        PlainValidator(_positive_number(MAX_DATASET_GB)),
+        WithJsonSchema({"type": "number", "exclusiveMinimum": 0, "maximum": MAX_DATASET_GB}),
+    ] = Field(description="its size in GB (1e9 bytes)")
+    read_gb_s: Annotated[
+        float | None,
+        PlainValidator(lambda v: None if v is None else _positive_number(MAX_READ_GB_S)(v)),
+        WithJsonSchema(
+            {
+                "anyOf": [
+                    {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_READ_GB_S},
+                    {"type": "null"},
+                ]
+            }
+        ),
+    ] = Field(
+        None,
+        description=f"GB/s the job reads per GPU at full speed (default {DEFAULT_READ_GB_S:g})",
+    )
+
+
+Dataset = Annotated[DatasetSpec | None, BeforeValidator(_dataset)]
+
+
 class JobSpecModel(BaseModel):
     """A job as the user submits it: a gang of `workers` processes sharing `gpus` GPUs.
 
@@ -681,6 +763,11 @@ class JobSpecModel(BaseModel):
         description="run the job first as one worker until its first progress report, before "
         f"it holds its whole gang (Philly's pre-run): true ({DEFAULT_PRECHECK_S:g} s at most), "
         "false (none, whatever the cluster's default), or the most seconds it may take",
+    )
+    dataset: Dataset = Field(
+        None,
+        description="the data set the job reads, cached on the nodes it runs on: "
+        "{name, size_gb, read_gb_s} (docs/silod.md#live)",
     )
 
     @model_validator(mode="after")

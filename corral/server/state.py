@@ -29,6 +29,19 @@ class SubmitError(ValueError):
     """A job the manager refuses (unknown VC, too big for the cluster); nothing is stored."""
 
 
+@dataclass(slots=True, frozen=True)
+class CacheSettings:
+    """SiloD's node caches live (`corral up --cache-gb-per-node`; docs/silod.md#live)."""
+
+    gb_per_node: float
+    #: Remote-storage bandwidth per node, Gbit/s, shared equally by its GPUs.
+    storage_gbps: float = 1.0
+    #: lru (cache-oblivious) or silod (gain per GB): corral.core.cache.CACHE_POLICIES.
+    policy: str = "lru"
+    #: The root of every node's cache directories (NODE/DATASET below it); None: DATA_DIR/cache.
+    root: Path | None = None
+
+
 @dataclass(slots=True)
 class ManagerSettings:
     #: The scheduler: policy, placement, admission, stages and every plugin's options, the same
@@ -51,6 +64,8 @@ class ManagerSettings:
     #: Where jobs' checkpoint dirs go (one per job); storage every node sees. Default: the
     #: data dir's jobs/JOB/checkpoint.
     checkpoint_root: Path | None = None
+    #: The nodes' data caches (SiloD); None: jobs' data sets are not modelled.
+    cache: CacheSettings | None = None
     #: Run each user's jobs under their own Unix account (the manager runs as root); False: every
     #: job runs as the manager's own user (single-user mode).
     multi_user: bool = False

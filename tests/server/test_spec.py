@@ -204,6 +204,7 @@ def test_a_minimal_spec_gets_every_default() -> None:
         "deadline": None,
         "elastic": None,
         "precheck": None,
+        "dataset": None,
     }
 
 
