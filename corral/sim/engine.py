@@ -26,7 +26,7 @@ from typing import Protocol
 
 import numpy as np
 
-from corral.core.actions import Start
+from corral.core.actions import Action, Start
 from corral.core.job import Job, JobSpec, JobStatus
 from corral.core.protocol import SchedulerCore
 from corral.core.retry import FailureReport
@@ -152,6 +152,7 @@ class Simulation:
         offline_gpus = 0
         failed_attempts = infra_failed_attempts = 0
         timeline = Timeline()
+        decisions: list[tuple[float, Action]] = []  # every Start and Preempt, in order
         next_arrival = 0
         ended = 0
         measured_left = len(self.measured) if self.measured is not None else -1
@@ -254,6 +255,7 @@ class Simulation:
 
             decision = scheduler.decide(now)
             for action in decision.actions:
+                decisions.append((now, action))
                 if isinstance(action, Start):
                     job = scheduler.jobs[action.job_id]
                     runs_for = job.remaining_wall_s(now)
@@ -340,6 +342,8 @@ class Simulation:
             wall_s=time.perf_counter() - started,
             options=self.options,
             annotations=annotations,
+            decisions=decisions,
+            gpu_names=cluster.gpu_names(),
         )
 
 
