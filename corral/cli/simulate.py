@@ -50,7 +50,7 @@ def simulate(
         str,
         typer.Option(
             help="FORMAT:PATH, FORMAT one of philly, tiresias, gavel, alibaba, openb, "
-            "helios, synthetic (synthetic:jobs=N,load=L,gpus=G; openb:NODES_CSV,PODS_CSV)"
+            "helios, corral, synthetic (synthetic:jobs=N,load=L,gpus=G; openb:NODES_CSV,PODS_CSV)"
         ),
     ],
     cluster: Annotated[str, typer.Option(help="NODESxGPUS, e.g. 64x8")] = "16x8",
@@ -125,6 +125,13 @@ def simulate(
     slowdowns: Annotated[
         Path | None, typer.Option(help="YAML/JSON {model_prefix: slowdown when spread}")
     ] = None,
+    throughputs: Annotated[
+        Path | None,
+        typer.Option(
+            help="measured throughputs (Gavel's JSON, as `corral export-trace` writes a live "
+            "manager's): the jobs' speeds, as the live manager's [default: the trace's own]"
+        ),
+    ] = None,
     seed: Annotated[int, typer.Option()] = 0,
     private_baseline: Annotated[
         bool,
@@ -192,6 +199,7 @@ def simulate(
             window=parse_window(window),
             skip_oversized=skip_oversized,
             slowdowns=slowdowns,
+            throughputs=throughputs,
             seed=seed,
             private_baseline=private_baseline,
             opportunistic_share=opportunistic_share,

@@ -341,34 +341,68 @@ def serve(manager: object, options: object) -> None:
 
 
 def export_trace(
-    out: Annotated[Path, typer.Option(help="the CSV to write (Helios's cluster_log format)")],
+    out: Annotated[
+        Path,
+        typer.Option(
+            help="the trace to write: NAME.corral.jsonl (corral's own format) or NAME.csv "
+            "(Helios's cluster_log)"
+        ),
+    ],
     data_dir: Annotated[Path, typer.Option(help="the manager's data directory")] = DEFAULT_DATA_DIR,
     db: Annotated[
         str | None, typer.Option(help="a database URL instead of DATA_DIR's SQLite")
     ] = None,
+    fmt: Annotated[
+        str | None,
+        typer.Option(
+            "--format",
+            help="corral (lossless: every job's spec and work, the nodes, the measured "
+            "throughputs) or helios; by default helios for a .csv --out, else corral",
+        ),
+    ] = None,
 ) -> None:
-    """Write the manager's job history as a trace: `corral simulate --trace helios:FILE`."""
-    from corral.server.export import export_config
+    """Write the manager's job history as a trace that `corral simulate` replays."""
+    from corral.server.export import export_config, export_corral
     from corral.server.export import export_trace as write_trace
     from corral.server.store import Store, StoreError
 
+    chosen = fmt or ("helios" if out.suffix.lower() == ".csv" else "corral")
+    if chosen not in ("corral", "helios"):
+        fail(f"--format: unknown {fmt!r}; choose corral or helios")
     data_dir = data_dir.expanduser()
     if db is None and not (data_dir / "corral.db").is_file():
         fail(f"{data_dir / 'corral.db'}: no corral database here (--data-dir or --db)")
     try:
         store = Store(db or Store.sqlite_url(data_dir))
-        written, skipped = write_trace(store, out)
+        if chosen == "helios":
+            written, skipped = write_trace(store, out)
+        else:
+            corral = export_corral(store, out)
         config = export_config(store, out)
-    except (StoreError, OSError) as error:
-        fail(str(error))
-    where = "--cluster 1x8"
-    if config is not None and "admission: none" not in config.read_text():
-        where = "--config CLUSTER.yaml"  # its VCs: the manager's own cluster config
-    replay = where + (f" --scheduler-config {config}" if config is not None else "")
+    except (StoreError, OSError, ValueError) as error:
+        fail(str(error).splitlines()[0] if str(error) else type(error).__name__)
+    admission = config is not None and "admission: none" not in config.read_text()
+    setting = f" --scheduler-config {config}" if config is not None else ""
+    saved = f" and its scheduler config to {config}" if config is not None else ""
+    if chosen == "helios":
+        where = "--config CLUSTER.yaml" if admission else "--cluster 1x8"
+        console.print(
+            f"wrote {written} jobs to {out} ({skipped} that never ran left out){saved}; "
+            f"replay with:\n  corral simulate --trace helios:{out} {where}{setting}",
+            highlight=False,
+            soft_wrap=True,
+        )
+        return
+    # The trace brings its nodes and its throughputs; a cluster file brings the VCs too.
+    where = " --config CLUSTER.yaml" if admission else "" if corral.nodes else " --cluster 1x8"
+    left = f"{corral.never_ran} that never ran, {corral.unfinished} unfinished"
+    if corral.no_work:
+        left += f", {corral.no_work} that did no work"
     console.print(
-        f"wrote {written} jobs to {out} ({skipped} that never ran left out)"
-        + (f" and its scheduler config to {config}" if config is not None else "")
-        + f"; replay with:\n  corral simulate --trace helios:{out} {replay}",
+        f"wrote {corral.written} jobs and {corral.nodes} nodes to {out} ({left} left out), "
+        f"the throughputs the manager measured to {corral.throughputs}, its decisions to "
+        f"{corral.decisions}{saved}; replay with:\n"
+        f"  corral simulate --trace corral:{out}{where}{setting}",
         highlight=False,
         soft_wrap=True,
     )

@@ -429,6 +429,37 @@ class Cluster:
         for changed in self._watchers:
             changed.add(node)
 
+    def gpu_names(self) -> list[str]:
+        """Each GPU's name as the live manager stores it, `node/device` (the device its index
+        among its node's GPUs), indexed by GPU id."""
+        names = [""] * len(self.gpus)
+        for node in self.nodes:
+            for device, gpu in enumerate(self.node_gpus[node.index]):
+                names[gpu] = f"{node.name}/{device}"
+        return names
+
+    def node_defs(self) -> list[NodeDef]:
+        """The nodes as `from_nodes` takes them, in order, so that it rebuilds this cluster with
+        the same GPU ids: name, GPUs, type, rack (the node's parent cell, or the node itself at
+        the top), CPU and memory, and the switch size where the node has one level of equal
+        groups under it (a deeper or uneven tree is described by its GPUs alone)."""
+        defs = []
+        for node in self.nodes:
+            parent = node.parent
+            rack = parent.name if parent is not None and parent is not self.root else node.name
+            defs.append(
+                NodeDef(
+                    name=node.name,
+                    gpus=node.total_gpus,
+                    gpu_type=node.gpu_type,
+                    rack=rack,
+                    gpus_per_switch=_switch_size(node),
+                    cpu_milli=node.cpu_milli,
+                    memory_mib=node.memory_mib,
+                )
+            )
+        return defs
+
     def describe(self) -> str:
         sizes = Counter((n.total_gpus, n.gpu_type) for n in self.nodes)
         parts = [f"{count}x{size} {gpu_type}" for (size, gpu_type), count in sorted(sizes.items())]
@@ -494,6 +525,22 @@ class Cluster:
 
     def nodes_of(self, gpu_ids: Iterable[int]) -> set[int]:
         return {self.gpu_node[g] for g in gpu_ids}
+
+
+def _switch_size(node: Cell) -> int | None:
+    """The group size `NodeDef.gpus_per_switch` gives this node's children, or None: GPUs right
+    under the node, or groups `from_nodes` would not build (uneven, or more than one level)."""
+    if all(child.is_gpu for child in node.children):
+        return None
+    sizes = [len(child.children) for child in node.children]
+    if not all(
+        child.children and all(leaf.is_gpu for leaf in child.children) for child in node.children
+    ):
+        return None
+    size = sizes[0]
+    if any(n != size for n in sizes[:-1]) or sizes[-1] > size:
+        return None
+    return size
 
 
 def _has_node_ancestor(cell: Cell) -> bool:

@@ -25,13 +25,14 @@ what the live manager assumed before it measured anything. A pair is known only 
 models were measured alone and sharing (no prior here: the packing stage has its own).
 
 The live manager fills it from the jobs' progress reports (corral.server.telemetry) and stores
-it; `to_gavel` writes it in the format of Gavel's `simulation_throughputs.json`, which `corral
-simulate` reads back, so the simulator replays a cluster's history with its measured speeds.
-Pure: no I/O, no clock.
+it; `to_gavel` writes it in the format of Gavel's `simulation_throughputs.json` and `from_gavel`
+reads such a table back, so `corral simulate --throughputs` replays a cluster's history with the
+speeds this same class gave the live manager. Pure: no I/O, no clock.
 """
 
 from __future__ import annotations
 
+import ast
 import math
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -72,6 +73,15 @@ class Measure:
 
 def _finite_positive(value: float) -> bool:
     return isinstance(value, int | float) and math.isfinite(value) and value > 0
+
+
+class ProfilesError(ValueError):
+    """A throughput table `Profiles.from_gavel` cannot read; the message is one line naming the
+    entry."""
+
+
+#: The suffix of a Gavel table section measured spread over several servers.
+SPREAD_SUFFIX = "_unconsolidated"
 
 
 class Profiles:
@@ -313,3 +323,73 @@ class Profiles:
             for pair in entries.values():
                 pair.setdefault("null", 0.0)
         return table
+
+    @classmethod
+    def from_gavel(cls, table: Mapping[str, Any]) -> Profiles:
+        """The measurements of a table in Gavel's format (what `to_gavel` writes): `type` holds
+        consolidated shapes, `type_unconsolidated` spread ones, each key `"('model', gpus)"`
+        with `"null"` (steps/s alone; 0: not measured) and, per partner, `"('partner', n)":
+        [own, partner's]` for a pair sharing the GPUs (0: not measured).
+
+        Gavel's format does not say over how many nodes a spread shape ran: it is read as 2
+        (`to_gavel` writes one spread measurement per model, type and count). Nor does it keep
+        how long each shape was measured: `seconds` and `runs` are 1, so that these values
+        weigh little once measurements are added to them. ProfilesError names a bad entry."""
+        if not isinstance(table, Mapping):
+            raise ProfilesError("expected an object of GPU types at the top level")
+        measures: dict[Shape, Measure] = {}
+        for section, entries in table.items():
+            spread = str(section).endswith(SPREAD_SUFFIX)
+            gpu_type = str(section).removesuffix(SPREAD_SUFFIX).lower()
+            if not gpu_type:
+                raise ProfilesError(f"{section!r}: not a GPU type")
+            if not isinstance(entries, Mapping):
+                raise ProfilesError(f"{section}: expected an object of '(model, gpus)' keys")
+            for key, entry in entries.items():
+                where = f"{section}: {key}"
+                model, gpus = _gavel_key(key, where)
+                if not isinstance(entry, Mapping):
+                    raise ProfilesError(f'{where}: expected an object with "null"')
+                for partner_key, value in entry.items():
+                    if partner_key == "null":
+                        rate = _gavel_rate(value, f"{where}: null")
+                        partner = ""
+                    else:
+                        partner, _ = _gavel_key(partner_key, f"{where}: {partner_key}")
+                        if spread:
+                            raise ProfilesError(f"{where}: {partner_key}: a pair cannot be spread")
+                        if not isinstance(value, list | tuple) or len(value) != 2:
+                            raise ProfilesError(
+                                f"{where}: {partner_key}: expected [own, partner's] steps/s"
+                            )
+                        rate = _gavel_rate(value[0], f"{where}: {partner_key}")
+                        _gavel_rate(value[1], f"{where}: {partner_key}")
+                    if rate > 0:  # 0: not measured (Gavel's own zeros, or to_gavel's filler)
+                        shape = Shape(model, gpu_type, gpus, 2 if spread else 1, partner)
+                        measures[shape] = Measure(rate, 1.0)
+        return cls(measures)
+
+
+def _gavel_key(key: object, where: str) -> tuple[str, int]:
+    """`"('model', gpus)"` as (model, gpus)."""
+    try:
+        model, gpus = ast.literal_eval(str(key))
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        raise ProfilesError(f"{where}: bad key (expected \"('<model>', <gpus>)\")") from None
+    if not isinstance(model, str) or isinstance(gpus, bool) or not isinstance(gpus, int):
+        raise ProfilesError(f"{where}: bad key (expected \"('<model>', <gpus>)\")")
+    if gpus <= 0:
+        raise ProfilesError(f"{where}: the GPU count must be positive")
+    return model, gpus
+
+
+def _gavel_rate(value: object, where: str) -> float:
+    """A steps/s value of the table: a finite number >= 0."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value < 0
+    ):
+        raise ProfilesError(f"{where}: steps/s must be a finite number >= 0, got {value!r}")
+    return float(value)

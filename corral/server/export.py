@@ -1,21 +1,44 @@
 """`corral export-trace`: the manager's own job history as a trace `corral simulate` replays.
 
-The format is Helios's `cluster_log.csv` (corral.sim.traces.helios reads it), one row per job that
-ran: its GPUs, VC, user, submit time and run time. The run time is the seconds its attempts ran
-(`executed_s`: preempted attempts included, so work a job redid after a checkpoint counts too);
-jobs that never ran (cancelled while waiting) have nothing to replay and are left out.
+Two formats:
+
+* corral's own (`*.corral.jsonl`, corral.core.tracefile), lossless: the cluster's nodes, and each
+  job that ran as the core's JobSpec the manager queued (its model, GPU types, workers' unit,
+  priority, deadline, elastic range, ...), its `duration_s` the work it did in ideal seconds
+  (`job_work`). Beside it the store's measured throughputs (`NAME.throughputs.json`, Gavel's
+  format: `Profiles.to_gavel`), which the replay's speeds come from, and the decisions the
+  manager made (`NAME.decisions.jsonl`: `decision_log`), to compare with the replay's.
+* Helios's `cluster_log.csv` (corral.sim.traces.helios reads it), one row per job that ran: its
+  GPUs, VC, user, submit time and run time, the seconds its attempts ran (`executed_s`:
+  preempted attempts included, so work a job redid after a checkpoint counts too).
+
+Both leave out the jobs that never ran (cancelled while waiting: nothing to replay) and those
+not finished yet. Beside either, `NAME.scheduler.yaml`: the scheduler config the manager ran with.
 """
 
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
-from corral.server.factory import CONFIG_KEY
-from corral.server.store import Store
+from corral.core.cluster import Cluster
+from corral.core.framework import CoreOptions, config_from_mapping
+from corral.core.job import Job, JobSpec
+from corral.core.tracefile import decision_order, header_record, job_record, node_record
+from corral.server.factory import CONFIG_KEY, measured_spec, stored_nodes
+from corral.server.spec import SpecError, parse_job_spec
+from corral.server.store import AttemptRow, JobRow, Store
+from corral.server.telemetry import stored_profiles
+
+#: What an `--out` of corral's format ends with; the files beside it drop it from their names.
+CORRAL_SUFFIX = ".corral.jsonl"
 
 COLUMNS = (
     "job_id",
@@ -34,9 +57,16 @@ COLUMNS = (
 HELIOS_STATE = {"SUCCEEDED": "COMPLETED", "FAILED": "FAILED", "CANCELLED": "CANCELLED"}
 
 
+def beside(out: Path, suffix: str) -> Path:
+    """A file beside a trace: `h.corral.jsonl` or `h.csv` -> `h<suffix>`."""
+    name = out.name
+    stem = name[: -len(CORRAL_SUFFIX)] if name.endswith(CORRAL_SUFFIX) else out.stem
+    return out.with_name(stem + suffix)
+
+
 def config_path(out: Path) -> Path:
     """Where the scheduler config goes beside a trace: `trace.csv` -> `trace.scheduler.yaml`."""
-    return out.with_name(out.stem + ".scheduler.yaml")
+    return beside(out, ".scheduler.yaml")
 
 
 def export_config(store: Store, out: Path) -> Path | None:
@@ -84,3 +114,176 @@ def export_trace(store: Store, out: Path) -> tuple[int, int]:
             written += 1
     temporary.replace(out)
     return written, skipped
+
+
+# -- corral's own format --------------------------------------------------------------------------
+
+#: Attempt outcomes whose work the job kept: a checkpoint on preemption, the attempt that
+#: succeeded, the one running when the job was cancelled. Failed and lost attempts lose theirs.
+KEPT = ("succeeded", "preempted", "cancelled")
+
+
+@dataclass(slots=True)
+class CorralExport:
+    """What `export_corral` wrote."""
+
+    trace: Path
+    throughputs: Path
+    decisions: Path
+    written: int = 0
+    #: Jobs left out: never ran, not finished, or did no work (in their kept attempts).
+    never_ran: int = 0
+    unfinished: int = 0
+    no_work: int = 0
+    nodes: int = 0
+    #: Jobs by final status, as written.
+    statuses: dict[str, int] = field(default_factory=dict)
+    #: When the first job written was submitted (the trace's times count from it).
+    time_origin: float = 0.0
+
+
+def restore_s_of(store: Store) -> float:
+    """The restore stall (`restore_s`) of the config the manager ran with."""
+    stored = store.get_meta(CONFIG_KEY)
+    if stored is None:
+        return CoreOptions().restore_s
+    return config_from_mapping(json.loads(stored)).core.restore_s
+
+
+def job_work(
+    row: JobRow,
+    spec: JobSpec,
+    attempts: list[AttemptRow],
+    speed: Callable[[Job, tuple[int, ...]], float],
+    gpu_ids: dict[str, int],
+    restore_s: float,
+) -> float:
+    """The work the job did, in the core's ideal seconds: each attempt's seconds of work (from its
+    start to its end, less the restore stall the core gives every start after the first) at the
+    speed `Profiles.speed_model` gives it on its GPUs, summed over the attempts whose work the job
+    kept (KEPT): for a job that SUCCEEDED, the work it needed; for one CANCELLED, the work it did
+    before. A job that FAILED kept none, and the replay (which draws no failures) runs it as the
+    work of all its attempts, so that it holds GPUs about as long as it did."""
+    job = Job(spec=spec)
+    total = 0.0
+    for attempt in attempts:
+        if row.status != "FAILED" and attempt.outcome not in KEPT:
+            continue
+        end = attempt.ended_at if attempt.ended_at is not None else row.finished_at
+        if end is None:
+            continue
+        working = end - attempt.started_at - (restore_s if attempt.number > 1 else 0.0)
+        gpus = [gpu_ids.get(str(name)) for name in attempt.gpus]
+        known = tuple(g for g in gpus if g is not None)
+        rate = speed(job, known) if len(known) == len(gpus) else 1.0
+        total += rate * max(0.0, working)
+    return total
+
+
+def export_corral(store: Store, out: Path) -> CorralExport:
+    """Write the finished jobs that ran in corral's format, the throughputs and the live
+    decisions beside it (see the module's docstring)."""
+    result = CorralExport(out, beside(out, ".throughputs.json"), beside(out, ".decisions.jsonl"))
+    profiles = stored_profiles(store)
+    nodes = stored_nodes(store)
+    cluster = Cluster.from_nodes(nodes) if nodes else None
+    speed = profiles.speed_model(cluster) if cluster is not None else (lambda job, gpus: 1.0)
+    gpu_ids = {} if cluster is None else {n: g for g, n in enumerate(cluster.gpu_names())}
+    restore_s = restore_s_of(store)
+    specs: list[tuple[JobSpec, JobRow]] = []
+    for row in sorted(store.finished_jobs(), key=lambda j: (j.submitted_at, int(j.id))):
+        attempts = store.attempts(row.id)
+        if not attempts or row.started_at is None:
+            result.never_ran += 1
+            continue
+        try:
+            model = parse_job_spec(row.spec)
+        except SpecError:
+            result.no_work += 1  # a spec this version no longer reads: nothing to replay from
+            continue
+        if model.gpu_memory is not None:  # its share was settled when it ran: from `gpus`
+            model = model.model_copy(update={"gpu_memory": None})
+        spec = measured_spec(profiles, model, row.id, row.submitted_at, row.user)
+        work = job_work(row, spec, attempts, speed, gpu_ids, restore_s)
+        if work <= 0:
+            result.no_work += 1
+            continue
+        specs.append((dataclasses.replace(spec, duration_s=work), row))
+    result.unfinished = sum(
+        count for status, count in store.job_counts().items() if status in ("PENDING", "RUNNING")
+    )
+    origin = min((spec.submit_time for spec, _ in specs), default=0.0)
+    result.time_origin = origin
+    out.parent.mkdir(parents=True, exist_ok=True)
+    lines = [
+        header_record(origin, throughputs=result.throughputs.name, source="corral export-trace")
+    ]
+    lines += [node_record(node) for node in nodes]
+    for spec, row in specs:
+        shifted = dataclasses.replace(
+            spec,
+            submit_time=spec.submit_time - origin,
+            deadline=None if spec.deadline is None else spec.deadline - origin,
+        )
+        lines.append(job_record(shifted, status=row.status, name=row.name))
+        result.statuses[row.status] = result.statuses.get(row.status, 0) + 1
+    result.written, result.nodes = len(specs), len(nodes)
+    _write_lines(out, lines)
+    _write_text(
+        result.throughputs, json.dumps(profiles.to_gavel(), indent=1, sort_keys=True) + "\n"
+    )
+    _write_lines(result.decisions, decision_log(store, origin, [row.id for _, row in specs]))
+    return result
+
+
+_PREEMPTED_BY = re.compile(r"preempted by job (\S+)")
+
+
+def decision_log(store: Store, origin: float, job_ids: list[str]) -> list[dict[str, object]]:
+    """The manager's decisions about these jobs, from the store: each attempt's start (`at` its
+    start, GPUs by name, `resumed` after the first) and each preemption (`at` the instant decided,
+    the preempted attempt's GPUs, `by` the job it made room for), times since `origin`, in
+    `decision_order`: the records `corral simulate` writes in
+    `decisions-<policy>-<placement>.jsonl` (`SimResult.decision_records`)."""
+    records: list[dict[str, object]] = []
+    for job_id in job_ids:
+        attempts = store.attempts(job_id)
+        for attempt in attempts:
+            records.append(
+                {
+                    "at": attempt.started_at - origin,
+                    "action": "start",
+                    "job": job_id,
+                    "gpus": [str(name) for name in attempt.gpus],
+                    "resumed": attempt.number > 1,
+                }
+            )
+        # Each preemption stopped one attempt, in order (a start preempted before it ran was
+        # never an attempt, and is no event either).
+        stopped = iter([a for a in attempts if a.outcome == "preempted"])
+        for event in store.events(job_id):
+            if event.kind != "preempted":
+                continue
+            attempt = next(stopped, None)
+            found = _PREEMPTED_BY.search(event.message)
+            records.append(
+                {
+                    "at": event.at - origin,
+                    "action": "preempt",
+                    "job": job_id,
+                    "gpus": [] if attempt is None else [str(name) for name in attempt.gpus],
+                    "by": found.group(1) if found else None,
+                }
+            )
+    return sorted(records, key=decision_order)
+
+
+def _write_lines(path: Path, records: list[dict[str, object]]) -> None:
+    _write_text(path, "".join(json.dumps(record) + "\n" for record in records))
+
+
+def _write_text(path: Path, text: str) -> None:
+    """Whole or not at all: a reader never sees half a file."""
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_text(text)
+    temporary.replace(path)

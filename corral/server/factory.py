@@ -19,13 +19,15 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from corral.core.cache import DataCache
-from corral.core.cluster import MILLI, Cluster
+from corral.core.cluster import MILLI, Cluster, NodeDef
 from corral.core.fragmentation import TaskShape, Workload
 from corral.core.framework import build_scheduler
 from corral.core.job import JobSpec
 from corral.core.placement import PLACEMENTS
 from corral.core.plugin import Services
+from corral.core.profiles import Profiles
 from corral.core.protocol import SchedulerCore
+from corral.core.tracefile import node_record, read_node
 from corral.server.spec import JobSpecModel, model_key, parse_job_spec, to_core_spec, whole_gpus
 from corral.server.state import Executor, ManagerSettings
 from corral.server.store import Store
@@ -33,6 +35,9 @@ from corral.server.telemetry import Telemetry
 
 #: The store's meta key under which the manager keeps the scheduler config it runs with.
 CONFIG_KEY = "scheduler_config"
+#: The store's meta key under which the manager keeps its cluster's nodes (corral.core.tracefile's
+#: node records; every node it has had, the latest of each name), for `export-trace`.
+NODES_KEY = "cluster_nodes"
 
 #: Finished jobs needed before Gittins takes its job-size distribution from this manager's own.
 MIN_GITTINS_HISTORY = 20
@@ -143,18 +148,9 @@ class SchedulerFactory:
         return None
 
     def core_spec(self, model: JobSpecModel, job_id: str, submit_time: float, user: str) -> JobSpec:
-        """The core's view of a job, with what this manager measured of its model: steps/s (its
-        length, from `total_steps`) and its slowdown when spread over nodes (`profile`)."""
-        profiles = self.telemetry.profiles
-        key = model_key(model)
-        return to_core_spec(
-            model,
-            job_id,
-            submit_time,
-            user,
-            rate=profiles.best_rate(key, whole_gpus(model)),
-            spread_slowdown=profiles.spread_slowdown(key, whole_gpus(model)),
-            gpu_memory=self.gpu_memory(),
+        """The core's view of a job, with what this manager measured of its model (`measured_spec`)."""
+        return measured_spec(
+            self.telemetry.profiles, model, job_id, submit_time, user, self.gpu_memory()
         )
 
     def length_refusal(self, spec: JobSpec) -> str | None:
@@ -180,8 +176,21 @@ class SchedulerFactory:
         return self.settings.scheduler.resolved(self._vc_cells())
 
     def record_config(self) -> None:
-        """Store the config this manager runs with, so a replay can use the same settings."""
+        """Store the config this manager runs with, so a replay can use the same settings, and
+        the cluster it runs on (`record_nodes`)."""
         self.store.set_meta(CONFIG_KEY, json.dumps(self.effective_config(), sort_keys=True))
+        self.record_nodes()
+
+    def record_nodes(self) -> None:
+        """Add the cluster's nodes to those the store keeps (NODES_KEY), so that `export-trace`
+        gives a replay the cluster its jobs ran on: a node that left stays (jobs ran there), a
+        node whose definition changed is kept as it is now."""
+        kept = {node.name: node for node in stored_nodes(self.store)}
+        for node in self.cluster.node_defs():
+            kept[node.name] = node
+        value = json.dumps([node_record(node) for node in kept.values()])
+        if value != self.store.get_meta(NODES_KEY):
+            self.store.set_meta(NODES_KEY, value)
 
     def admission_name(self) -> str:
         """The admission the config's `auto` resolves to on this cluster."""
@@ -198,3 +207,33 @@ class SchedulerFactory:
             if job.status == "SUCCEEDED" and job.attained_gpu_s > 0
         ]
         return finished if len(finished) >= MIN_GITTINS_HISTORY else [60.0, 600.0, 3600.0, 86400.0]
+
+
+def measured_spec(
+    profiles: Profiles,
+    model: JobSpecModel,
+    job_id: str,
+    submit_time: float,
+    user: str,
+    gpu_memory: dict[str, int | None] | None = None,
+) -> JobSpec:
+    """The core's view of a job with what `profiles` measured of its model: steps/s (its length,
+    from `total_steps`) and its slowdown when spread over nodes (`profile`); `gpu_memory`: each
+    GPU type's memory, for a share asked in GPU memory. The live manager queues this;
+    `export-trace` writes it."""
+    key = model_key(model)
+    return to_core_spec(
+        model,
+        job_id,
+        submit_time,
+        user,
+        rate=profiles.best_rate(key, whole_gpus(model)),
+        spread_slowdown=profiles.spread_slowdown(key, whole_gpus(model)),
+        gpu_memory=gpu_memory,
+    )
+
+
+def stored_nodes(store: Store) -> list[NodeDef]:
+    """The nodes `record_nodes` kept (none from a store written before it did)."""
+    raw = store.get_meta(NODES_KEY)
+    return [] if raw is None else [read_node(record) for record in json.loads(raw)]

@@ -54,6 +54,19 @@ def progress_file(attempt_dir: Path, rank: int = 0) -> Path:
     return attempt_dir / f"rank-{rank}.progress"
 
 
+def stored_profiles(store: Store) -> Profiles:
+    """The measured throughputs the store holds (what the manager's plugins and `export-trace`
+    read)."""
+    return Profiles(
+        {
+            Shape(row.model, row.gpu_type, row.gpus, row.nodes, row.colocated): Measure(
+                row.steps_per_s, row.seconds, row.runs, row.samples_per_s
+            )
+            for row in store.profiles()
+        }
+    )
+
+
 @dataclass(slots=True)
 class Watch:
     """One running attempt whose reports the manager reads."""
@@ -118,14 +131,7 @@ class Telemetry:
 
     def load(self) -> None:
         """The profiles the store holds (at start, and on a rebuild)."""
-        self.profiles = Profiles(
-            {
-                Shape(row.model, row.gpu_type, row.gpus, row.nodes, row.colocated): Measure(
-                    row.steps_per_s, row.seconds, row.runs, row.samples_per_s
-                )
-                for row in self.store.profiles()
-            }
-        )
+        self.profiles = stored_profiles(self.store)
 
     # -- attempts ------------------------------------------------------------------------------
 

@@ -36,10 +36,17 @@ class ManagerViews:
     _attempts: dict[str, Attempt]
     _draining: dict[tuple[str, int], tuple[int, ...]]
     _deferred: dict[str, Start]
+    _wake_at: float | None
 
     if TYPE_CHECKING:  # the manager's own
 
         def gpu_name(self, gpu: int) -> str: ...
+
+    def next_round_at(self) -> float | None:
+        """When the control loop decides next though nothing else happens: the core's next timer
+        (a LAS queue crossing, a relax deadline, a retry's backoff), or None."""
+        with self.lock:
+            return self._wake_at
 
     def why(self, job_id: str) -> str:
         """Why the job is where it is (the core's explanation, plus a deferred start)."""

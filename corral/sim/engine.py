@@ -32,7 +32,7 @@ from typing import Protocol
 
 import numpy as np
 
-from corral.core.actions import Start
+from corral.core.actions import Action, Start
 from corral.core.job import Job, JobSpec, JobStatus
 from corral.core.precheck import PrecheckState
 from corral.core.protocol import SchedulerCore
@@ -179,6 +179,7 @@ class Simulation:
         failed_attempts = infra_failed_attempts = 0
         lost_infra_s = 0.0  # GPU-seconds lost to failures of the infrastructure
         timeline = Timeline()
+        decisions: list[tuple[float, Action]] = []  # every Start and Preempt, in order
         next_arrival = 0
         ended = 0
         measured_left = len(self.measured) if self.measured is not None else -1
@@ -289,6 +290,7 @@ class Simulation:
 
             decision = scheduler.decide(now)
             for action in decision.actions:
+                decisions.append((now, action))
                 if isinstance(action, Start):
                     job = scheduler.jobs[action.job_id]
                     runs_for = job.remaining_wall_s(now)
@@ -388,6 +390,8 @@ class Simulation:
             wall_s=time.perf_counter() - started,
             options=self.options,
             annotations=annotations,
+            decisions=decisions,
+            gpu_names=cluster.gpu_names(),
         )
 
 

@@ -25,6 +25,7 @@ import yaml
 
 from corral.core.cluster import Cluster
 from corral.core.job import Job
+from corral.core.profiles import Profiles, ProfilesError
 
 
 class PerfModelError(ValueError):
@@ -241,6 +242,19 @@ def read_throughput_table(path: Path) -> dict[str, object]:
     if not isinstance(raw, dict):
         raise PerfModelError(f"{path}: expected a JSON object of GPU types at the top level")
     return raw
+
+
+def load_throughputs(path: str | Path) -> Profiles:
+    """A table of measured throughputs in Gavel's format (`corral export-trace` writes one from
+    the live manager's profiles) as the `Profiles` the live manager measured: the simulator then
+    gives its jobs the speeds `Profiles.speed_model` gave them live. PerfModelError on one line
+    naming the file and the entry."""
+    path = Path(path)
+    raw = read_throughput_table(path)
+    try:
+        return Profiles.from_gavel(raw)
+    except ProfilesError as exc:
+        raise PerfModelError(f"{path}: {exc}") from None
 
 
 def load_slowdowns(path: str | Path) -> dict[str, float]:

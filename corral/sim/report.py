@@ -91,8 +91,17 @@ def _write_jobs_csv(result: SimResult, path: Path) -> None:
         writer.writerows(job_rows(result))
 
 
+def _write_decisions(result: SimResult, path: Path) -> None:
+    """One JSON line per Start and Preempt (`SimResult.decision_records`): what `corral
+    export-trace` writes from a live manager's history, to compare line by line."""
+    with path.open("w") as handle:
+        for record in result.decision_records():
+            handle.write(json.dumps(record) + "\n")
+
+
 def write_outputs(results: list[SimResult], out_dir: Path, plot: bool) -> list[dict[str, object]]:
-    """Write summary.json, jobs-<policy>-<placement>.csv per run and (plot=True) the PNGs."""
+    """Write summary.json, jobs-<policy>-<placement>.csv and decisions-<policy>-<placement>.jsonl
+    per run and (plot=True) the PNGs."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     summaries = [summarize(result) for result in results]
@@ -104,6 +113,7 @@ def write_outputs(results: list[SimResult], out_dir: Path, plot: bool) -> list[d
     for result in results:
         name = _csv_name(result, taken)
         _write_jobs_csv(result, out_dir / name)
+        _write_decisions(result, out_dir / f"decisions-{name[len('jobs-') : -len('.csv')]}.jsonl")
         if result.curves:
             write_curves(result.curves, out_dir / f"curves-{name.removeprefix('jobs-')}")
     if plot:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from corral.core.actions import Action, Preempt, Start
 from corral.core.job import Job
+from corral.core.tracefile import decision_order
 
 
 @dataclass(slots=True)
@@ -52,3 +54,38 @@ class SimResult:
     #: Curves over arrived workload (corral.sim.fragmentation: `arrived_share` and a list per
     #: metric), when the run was probed; written as curves-<policy>-<placement>.csv.
     curves: dict[str, list[float]] = field(default_factory=dict)
+    #: Every Start and Preempt the scheduler decided, with its instant, in order; written as
+    #: decisions-<policy>-<placement>.jsonl (`decision_records`).
+    decisions: list[tuple[float, Action]] = field(default_factory=list)
+    #: Each GPU's name (`node/device`, as the live manager names it), by GPU id.
+    gpu_names: list[str] = field(default_factory=list)
+
+    def decision_records(self) -> list[dict[str, object]]:
+        """The decisions as records of corral.core.tracefile (the live manager's history gives the
+        same: corral.server.export's `decision_log`), GPUs by name in the core's order, in
+        `decision_order` (in time; at one instant, preemptions first, then by job)."""
+        names = self.gpu_names
+        records: list[dict[str, object]] = []
+        for at, action in self.decisions:
+            gpus = [names[g] if g < len(names) else str(g) for g in action.gpus]
+            if isinstance(action, Start):
+                records.append(
+                    {
+                        "at": at,
+                        "action": "start",
+                        "job": action.job_id,
+                        "gpus": gpus,
+                        "resumed": action.resumed,
+                    }
+                )
+            elif isinstance(action, Preempt):
+                records.append(
+                    {
+                        "at": at,
+                        "action": "preempt",
+                        "job": action.job_id,
+                        "gpus": gpus,
+                        "by": action.by_job_id,
+                    }
+                )
+        return sorted(records, key=decision_order)

@@ -34,7 +34,13 @@ from corral.sim.engine import DEFAULT_PRECHECK_REPORT_S, FailureModel, Simulatio
 from corral.sim.failures import NodeFailures, PhillyFailures
 from corral.sim.fragmentation import FragmentationProbe, fragmentation_line, grid_for
 from corral.sim.metrics import measured_jobs, per_vc
-from corral.sim.perfmodel import GAVEL_REFERENCE_TYPE, PerfModel, PerfModelError, load_slowdowns
+from corral.sim.perfmodel import (
+    GAVEL_REFERENCE_TYPE,
+    PerfModel,
+    PerfModelError,
+    load_slowdowns,
+    load_throughputs,
+)
 from corral.sim.progress import LossCurveModel
 from corral.sim.report import progress_bar, summary_table, vc_table, write_outputs
 from corral.sim.result import SimResult
@@ -85,6 +91,9 @@ class RunSettings:
     window: tuple[int, int] | None = None
     skip_oversized: bool = False
     slowdowns: Path | None = None
+    #: Measured throughputs (Gavel's format, as `corral export-trace` writes the live manager's):
+    #: the jobs' speeds come from them, as live (`Profiles.speed_model`); default: the trace's.
+    throughputs: Path | None = None
     seed: int = 0
     private_baseline: bool = False
     opportunistic_share: float = 0.0
@@ -106,8 +115,9 @@ def build_cluster(
     settings: RunSettings, trace: Trace | None = None
 ) -> tuple[Cluster, dict[str, dict[str, int]], dict[str, int]]:
     """The cluster, its VCs' cells and their GPU quotas (one VC `default` for the shorthand and
-    for a trace that brings its nodes, such as openb's)."""
-    if trace is not None and trace.nodes is not None:
+    for a trace that brings its nodes, such as openb's; `--config` replaces a corral trace's)."""
+    replaced = trace is not None and trace.config_replaces_nodes and settings.config is not None
+    if trace is not None and trace.nodes is not None and not replaced:
         if settings.config is not None:
             raise SimulationError(
                 f"--config: {trace.source} brings its own nodes; leave out --config"
@@ -430,6 +440,12 @@ def _simulate(settings: RunSettings, console: Console) -> tuple[list[SimResult],
         settings.trace, perf=perf, seed=settings.seed, arrival_scale=settings.arrival_scale
     )
     speed_for = (trace.perf or perf).speed_model
+    profiles = trace.profiles
+    if settings.throughputs is not None:
+        profiles = load_throughputs(settings.throughputs)
+        trace.notes.append(f"speeds from {settings.throughputs} ({len(profiles)} measured shapes)")
+    if profiles is not None:  # the live manager's speed model, on the same measurements
+        speed_for = profiles.speed_model
     pair_table = None
     if "packing" in settings.scheduler.core.stages:
         if trace.perf is None or not trace.perf.has_throughputs:
@@ -510,7 +526,9 @@ def _simulate(settings: RunSettings, console: Console) -> tuple[list[SimResult],
                 jobs,
                 cache=cache,
                 pair_table=pair_table,
-                throughput=table_throughput(table) if table is not None else None,
+                throughput=table_throughput(table)
+                if table is not None
+                else (profiles.throughput if profiles is not None else None),
                 workload=workload,
             )
             probe = (

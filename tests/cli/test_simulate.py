@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import subprocess
 import sys
@@ -134,13 +135,19 @@ def test_job_larger_than_cluster_is_refused_with_one_line(tmp_path: Path):
         (["--las-thresholds-gpu-s", "9,3"], "--las-* options: thresholds_gpu_s must be strictly"),
         (["--relax-after-s", "-1"], "--relax-after-s: must be >= 0, got -1.0"),
         (["--stages", "packing,defrag"], "--stages: unknown stage 'defrag'"),
-        (["--admission", "quota", "--stages", "packing"], "admission quota does not run with packing"),
+        (
+            ["--admission", "quota", "--stages", "packing"],
+            "admission quota does not run with packing",
+        ),
         (
             ["--placement", "hetero", "--hetero-fairness", "1.5"],
             "--hetero-fairness: must be in (0, 1], got 1.5",
         ),
         (["--policy", "elasticflow", "--deadline-factor", "2:1"], "--deadline-factor"),
-        (["--policy", "timeslice", "--timeslice-quantum-s", "0"], "--timeslice-quantum-s: must be > 0"),
+        (
+            ["--policy", "timeslice", "--timeslice-quantum-s", "0"],
+            "--timeslice-quantum-s: must be > 0",
+        ),
         (["--precheck-s", "-1"], "--precheck-s: must be >= 0, got -1.0"),
         (["--precheck-report-s", "0"], "--precheck-report-s: must be positive"),
     ],
@@ -194,3 +201,51 @@ def test_malformed_trace_names_file_line_and_field(tmp_path: Path):
     )
     assert result.exit_code == 2
     assert "bad.csv" in result.output and "line 3" in result.output and "num_gpu" in result.output
+
+
+def test_a_corral_trace_runs_on_its_nodes_at_its_measured_speeds(tmp_path: Path):
+    """The trace's nodes are the cluster, its throughput table the speeds (`Profiles`, as live);
+    `--throughputs` replaces the table, `--config` the nodes; every start and preemption is in
+    decisions-<policy>-<placement>.jsonl, GPUs named as the live manager names them."""
+    fast = {"('bert', 2)": {"null": 8.0}}
+    (tmp_path / "t.json").write_text(
+        json.dumps({"a100": fast, "v100": {"('bert', 2)": {"null": 2.0}}})
+    )
+    trace = tmp_path / "h.corral.jsonl"
+    trace.write_text(
+        '{"kind": "trace", "version": 1, "throughputs": "t.json"}\n'
+        '{"kind": "node", "name": "v1", "gpus": 2, "gpu_type": "v100"}\n'
+        '{"kind": "node", "name": "a1", "gpus": 2, "gpu_type": "a100"}\n'
+        '{"kind": "job", "id": "1", "submit_time": 0, "gpus": 2, "duration_s": 100, "model": "bert"}\n'
+        '{"kind": "job", "id": "2", "submit_time": 1, "gpus": 2, "duration_s": 100, "model": "bert"}\n'
+    )
+
+    def run(*more: str) -> tuple[str, list[dict[str, object]], dict[str, str]]:
+        out = tmp_path / f"out{len(more)}"
+        args = ["simulate", "--trace", f"corral:{trace}", "--policy", "fifo", "--out", str(out)]
+        result = CliRunner().invoke(app, [*args, *more])
+        assert result.exit_code == 0, result.output
+        lines = (out / "decisions-fifo-relax.jsonl").read_text().splitlines()
+        with (out / "jobs-fifo-relax.csv").open() as handle:
+            finish = {row["job_id"]: row["finish_s"] for row in csv.DictReader(handle)}
+        return result.output, [json.loads(line) for line in lines], finish
+
+    output, decisions, finish = run()
+    assert "2 nodes (1x2 a100, 1x2 v100), 4 GPUs" in output
+    # The first job gets the type with the most free GPUs (a tie: by name), the second the other.
+    assert decisions == [
+        {"at": 0.0, "action": "start", "job": "1", "gpus": ["a1/0", "a1/1"], "resumed": False},
+        {"at": 1.0, "action": "start", "job": "2", "gpus": ["v1/0", "v1/1"], "resumed": False},
+    ]
+    assert finish == {"1": "100.0", "2": "401.0"}  # on v100 at a quarter of a100's speed
+    (tmp_path / "same.json").write_text(json.dumps({"a100": fast, "v100": fast}))
+    _, _, finish = run("--throughputs", str(tmp_path / "same.json"))
+    assert finish == {"1": "100.0", "2": "101.0"}
+    config = tmp_path / "cluster.yaml"
+    config.write_text(
+        "cell_types:\n  NODE: {child: a100, count: 4, node: true}\n"
+        "physical_cells:\n  - {type: NODE, names: [big]}\n"
+    )
+    output, decisions, _ = run("--config", str(config), "--admission", "none")
+    assert "1 nodes (1x4 a100), 4 GPUs" in output
+    assert decisions[1]["gpus"] == ["big/2", "big/3"]

@@ -74,3 +74,41 @@ def test_free_counts_stay_exact_under_any_allocation_sequence(ops):
             cluster.release([gpu])
     recount(cluster)
     assert cluster.free_gpus == sum(cluster.gpu_free)
+
+
+def structure(cluster: Cluster) -> list[tuple[str, str, int, int, list[int]]]:
+    """Each node's name, type, rack index, GPU count and switch groups' sizes, in order."""
+    return [
+        (
+            node.name,
+            node.gpu_type,
+            cluster.node_rack[node.index],
+            node.total_gpus,
+            [child.total_gpus for child in node.children if not child.is_gpu],
+        )
+        for node in cluster.nodes
+    ]
+
+
+def test_node_defs_rebuild_the_same_cluster_with_the_same_gpu_names():
+    from corral.core.config import parse_cluster_config
+
+    config = parse_cluster_config(
+        {
+            "cell_types": {
+                "PAIR": {"child": "V100", "count": 2},
+                "NODE": {"child": "PAIR", "count": 3, "node": True},
+                "RACK": {"child": "NODE", "count": 2},
+                "K80-NODE": {"child": "K80", "count": 4, "node": True},
+            },
+            "physical_cells": [{"type": "RACK", "count": 2}, {"type": "K80-NODE", "names": ["k"]}],
+        }
+    )
+    cluster = config.cluster
+    again = Cluster.from_nodes(cluster.node_defs())
+    assert structure(again) == structure(cluster)
+    assert again.gpu_names() == cluster.gpu_names()
+    assert cluster.gpu_names()[:2] == [f"{cluster.nodes[0].name}/0", f"{cluster.nodes[0].name}/1"]
+    assert [d.gpus_per_switch for d in cluster.node_defs()] == [2, 2, 2, 2, None]
+    shorthand = Cluster.shorthand(5, 8, racks=2, gpu_type="a100", gpus_per_switch=3)
+    assert structure(Cluster.from_nodes(shorthand.node_defs())) == structure(shorthand)

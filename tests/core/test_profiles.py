@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
 from corral.core import Cluster, Job, JobSpec, NodeDef
-from corral.core.profiles import Profiles, Shape
+from corral.core.profiles import Profiles, ProfilesError, Shape
 from corral.sim.colocation import load_pair_table
 from corral.sim.perfmodel import PerfModel
 
@@ -156,3 +157,48 @@ def test_pair_speeds_are_each_models_rate_sharing_over_its_rate_alone(tmp_path):
     path = tmp_path / "throughputs.json"
     path.write_text(json.dumps(profiles.to_gavel()))
     assert load_pair_table(path)(guest, host, "v100") == pytest.approx((0.75, 0.6))
+
+
+def test_from_gavel_reads_back_what_to_gavel_wrote_and_gives_the_same_speeds():
+    profiles = Profiles()
+    profiles.add(Shape("resnet", "v100", 1), 10.0, 60.0)
+    profiles.add(Shape("resnet", "v100", 4), 36.0, 60.0)
+    profiles.add(Shape("resnet", "k80", 1), 2.5, 60.0)
+    profiles.add(Shape("bert", "v100", 4, nodes=2), 12.0, 60.0)
+    profiles.add(Shape("bert", "v100", 4), 20.0, 60.0)
+    profiles.add(Shape("resnet", "v100", 1, colocated="lm"), 6.0, 60.0)
+    profiles.add(Shape("lm", "v100", 1, colocated="resnet"), 3.0, 60.0)
+    back = Profiles.from_gavel(json.loads(json.dumps(profiles.to_gavel())))
+    # Every shape and rate, a spread one as 2 nodes (as it was); a pair's partner without a solo
+    # rate ("null": 0) is not invented.
+    assert {s: m.steps_per_s for s, m in back.items()} == {
+        s: m.steps_per_s for s, m in profiles.items()
+    }
+    speed, again = profiles.speed_model(cluster()), back.speed_model(cluster())
+    for model, gpus in [
+        ("resnet", (0,)),
+        ("resnet", (8,)),
+        ("resnet", (0, 1, 2, 3)),
+        ("bert", (0, 1, 4, 5)),
+    ]:
+        assert again(job(model, len(gpus)), gpus) == speed(job(model, len(gpus)), gpus)
+    # Gavel's own zeros (a model that did not run at that size) are no measurement.
+    table = {"K80": {"('a3c', 1)": {"null": 0.0}, "('a3c', 2)": {"null": 3.0}}}
+    assert [(s.gpu_type, s.gpus) for s, _ in Profiles.from_gavel(table).items()] == [("k80", 2)]
+
+
+@pytest.mark.parametrize(
+    ("table", "message"),
+    [
+        ([1], "expected an object of GPU types at the top level"),
+        ({"v100": []}, "v100: expected an object of '(model, gpus)' keys"),
+        ({"v100": {"resnet": {"null": 1.0}}}, "v100: resnet: bad key"),
+        ({"v100": {"('resnet', 0)": {"null": 1.0}}}, "the GPU count must be positive"),
+        ({"v100": {"('resnet', 1)": {"null": -1}}}, "null: steps/s must be a finite number >= 0"),
+        ({"v100": {"('resnet', 1)": {"null": 1, "('lm', 1)": 2}}}, "expected [own, partner's]"),
+        ({"v100": {"('resnet', 1)": 5}}, 'expected an object with "null"'),
+    ],
+)
+def test_from_gavel_names_the_bad_entry(table, message):
+    with pytest.raises(ProfilesError, match=re.escape(message)):
+        Profiles.from_gavel(table)

@@ -1,8 +1,13 @@
-"""A manager that runs nothing: for tests of what the API accepts and answers (the fuzzer's
-random commands, large numbers of jobs), where a job's processes do not matter."""
+"""Executors that run nothing: a manager whose jobs end as soon as they start (for tests of what
+the API accepts and answers: the fuzzer's random commands, large numbers of jobs), one whose
+attempts end when the test says (`HeldExecutor`), and one whose attempts do scripted work on the
+manager's own (fake) clock and report it (`PacedExecutor`)."""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +65,102 @@ class HeldExecutor:
 
     def recover(self, job_id: str, attempt: int, attempt_dir: Path) -> str:
         return "running" if (job_id, attempt) in self.running else "never-started"
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass(slots=True)
+class _Run:
+    launch: AttemptLaunch
+    steps_at_start: float
+    rate: float
+    #: When its restore ends (its start for a first attempt) and when its steps are done.
+    working_from: float
+    ends_at: float
+    reported_at: float = -1.0
+
+    def step_at(self, now: float) -> float:
+        return self.steps_at_start + self.rate * max(0.0, now - self.working_from)
+
+
+class PacedExecutor:
+    """Attempts that run as training jobs do, on the manager's clock (a test's fake one): job J
+    needs `steps[J]` steps and makes `rate(launch)` steps/s on the GPUs it was given; every attempt
+    after the first restores its checkpoint for `restore_s` first, making none. From then on it
+    appends its step to its rank-0 progress file (corral.server.telemetry measures the rate from
+    it) each time it is polled, it exits 0 at the instant its steps are done (`poll` reports it
+    once the clock has passed that instant, with that instant as its end), and it ends at once
+    when stopped, its steps so far kept, as a checkpoint taken on the signal would keep them."""
+
+    def __init__(
+        self,
+        clock: Callable[[], float],
+        steps: dict[str, float],
+        rate: Callable[[AttemptLaunch], float],
+        restore_s: float,
+    ) -> None:
+        self.clock = clock
+        self.steps = steps
+        self.rate = rate
+        self.restore_s = restore_s
+        self.done: dict[str, float] = {}  # job id -> steps its checkpoint holds
+        self.running: dict[tuple[str, int], _Run] = {}
+        self.stopped: list[AttemptEnded] = []
+        self.launched: list[AttemptLaunch] = []
+
+    def launch(self, launch: AttemptLaunch) -> None:
+        now = self.clock()
+        launch.attempt_dir.mkdir(parents=True, exist_ok=True)
+        rate = self.rate(launch)
+        start = self.done.get(launch.job_id, 0.0)
+        working_from = now + (self.restore_s if launch.attempt > 1 else 0.0)
+        ends_at = working_from + (self.steps[launch.job_id] - start) / rate
+        self.running[(launch.job_id, launch.attempt)] = _Run(
+            launch, start, rate, working_from, ends_at
+        )
+        self.launched.append(launch)
+
+    def next_end(self) -> float | None:
+        """When the next running attempt exits on its own (None: none runs)."""
+        return min((run.ends_at for run in self.running.values()), default=None)
+
+    def _report(self, run: _Run, at: float) -> None:
+        if at < run.working_from or at <= run.reported_at:
+            return
+        run.reported_at = at
+        line = json.dumps({"step": run.step_at(at), "time": at})
+        with (run.launch.attempt_dir / "rank-0.progress").open("a") as handle:
+            handle.write(line + "\n")
+
+    def stop(self, job_id: str, attempt: int) -> None:
+        run = self.running.pop((job_id, attempt), None)
+        if run is None:
+            return
+        now = self.clock()
+        self.done[job_id] = run.step_at(now)
+        self.stopped.append(
+            AttemptEnded(job_id, attempt, None, 15, True, "stopped (signal 15)", "", now)
+        )
+
+    def poll(self) -> list[AttemptEnded]:
+        now = self.clock()
+        ended, self.stopped = self.stopped, []
+        for key, run in list(self.running.items()):
+            if run.ends_at > now:
+                self._report(run, now)
+                continue
+            self._report(run, run.ends_at)
+            del self.running[key]
+            self.done[key[0]] = self.steps[key[0]]
+            ended.append(AttemptEnded(key[0], key[1], 0, None, False, "exit 0", "", run.ends_at))
+        return ended
+
+    def recover(self, job_id: str, attempt: int, attempt_dir: Path) -> str:
+        return "running" if (job_id, attempt) in self.running else "never-started"
+
+    def leftover(self, job_id: str, attempt: int, attempt_dir: Path) -> int:
+        return 0
 
     def close(self) -> None:
         pass

@@ -311,3 +311,13 @@ def test_simulate_runs_an_openb_trace_and_reports_fragmentation(tmp_path: Path):
         ["simulate", "--trace", f"openb:{nodes},{pods}", "--policy", "fifo", "--out", str(out)],
     )
     assert refused.exit_code == 2 and "placement relax gives whole GPUs only" in refused.output
+
+
+def test_openbs_nodes_are_the_experiment_and_refuse_a_cluster_config(tmp_path):
+    from corral.sim.runner import RunSettings, SimulationError, build_cluster
+    from corral.sim.traces import Trace
+
+    trace = Trace(jobs=[], source="openb:pods.csv", nodes=[NodeDef("n", 2)])
+    settings = RunSettings(trace="openb:pods.csv", config=tmp_path / "cluster.yaml")
+    with pytest.raises(SimulationError, match="brings its own nodes; leave out --config"):
+        build_cluster(settings, trace)

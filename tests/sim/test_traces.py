@@ -468,6 +468,109 @@ def test_helios_errors(tmp_path):
     )
 
 
+# -- corral -------------------------------------------------------------------------------------
+
+CORRAL_HEADER = '{"kind": "trace", "version": 1, "time_origin": 1000.0}\n'
+
+
+def test_corral_reads_nodes_jobs_and_its_throughput_table(tmp_path):
+    (tmp_path / "h.throughputs.json").write_text(
+        json.dumps(
+            {"a100": {"('resnet', 1)": {"null": 8.0}}, "v100": {"('resnet', 1)": {"null": 2.0}}}
+        )
+    )
+    file = write(
+        tmp_path / "h.corral.jsonl",
+        '{"kind": "trace", "version": 1, "time_origin": 1000.0, "throughputs": "h.throughputs.json"}\n'
+        '{"kind": "node", "name": "a1", "gpus": 4, "gpu_type": "A100", "rack": "r0"}\n'
+        "\n"
+        '{"kind": "job", "id": "2", "submit_time": 30, "gpus": 2, "duration_s": 50, '
+        '"deadline": 130, "model": "resnet", "status": "CANCELLED"}\n'
+        '{"kind": "node", "name": "v1", "gpus": 2, "gpu_type": "v100", "rack": "r1"}\n'
+        '{"kind": "job", "id": "1", "submit_time": 10, "gpus": 1, "duration_s": 20.5, '
+        '"user": "alice", "vc": "vision", "gpu_types": ["V100"], "status": "SUCCEEDED"}\n',
+    )
+    for spec in (f"corral:{file}", str(file)):  # a .corral.jsonl path needs no format
+        trace = load_trace(spec, arrival_scale=2.0)
+        assert [j.id for j in trace.jobs] == ["1", "2"]
+        first, second = trace.jobs
+        assert (first.submit_time, first.duration_s, first.user, first.vc) == (
+            0.0,
+            20.5,
+            "alice",
+            "vision",
+        )
+        assert first.gpu_types == frozenset({"v100"})
+        # Shifted and scaled like any trace; the deadline keeps its distance from its submission.
+        assert (second.submit_time, second.deadline, second.model) == (40.0, 140.0, "resnet")
+        assert [(n.name, n.gpus, n.gpu_type, n.rack) for n in trace.nodes] == [
+            ("a1", 4, "a100", "r0"),
+            ("v1", 2, "v100", "r1"),
+        ]
+        assert trace.config_replaces_nodes
+        assert trace.profiles is not None and trace.profiles.rate("resnet", "v100", 1) == 2.0
+        assert "jobs by status where they ran: 1 CANCELLED, 1 SUCCEEDED" in trace.notes
+    bare = write(
+        tmp_path / "bare.corral.jsonl",
+        CORRAL_HEADER + '{"kind": "job", "id": "a", "submit_time": 0, "gpus": 1}\n',
+    )
+    trace = load_trace(f"corral:{bare}")
+    assert trace.nodes is None and trace.profiles is None and trace.jobs[0].duration_s is None
+
+
+@pytest.mark.parametrize(
+    ("lines", "expected"),
+    [
+        (
+            '{"kind": "job", "id": "a", "submit_time": 0, "gpus": 1}\n',
+            'line 1: kind: the first line must be the header {"kind": "trace"}',
+        ),
+        (
+            CORRAL_HEADER + '{"kind": "job", "id": "a", "submit_time": 0, "gpus": -1}\n',
+            "line 2: gpus: must be an integer >= 0, got -1",
+        ),
+        (
+            CORRAL_HEADER + '{"kind": "job", "id": "a", "submit_time": 0, "gpus": 1, "gpus": 2}\n',
+            "line 2: gpus: given twice",
+        ),
+        (
+            CORRAL_HEADER + '{"kind": "job", "id": "a", "submit_time": NaN, "gpus": 1}\n',
+            "line 2: not a JSON object: NaN is not a JSON number",
+        ),
+        (CORRAL_HEADER + "[1, 2]\n", "line 2: record: expected a JSON object, got [1, 2]"),
+        (CORRAL_HEADER + '{"kind": "job"\n', "line 2: not a JSON object: Expecting"),
+        (
+            CORRAL_HEADER
+            + '{"kind": "node", "name": "n", "gpus": 2}\n{"kind": "node", "name": "n", "gpus": 4}\n',
+            "line 3: name: duplicate node 'n' (first at line 2)",
+        ),
+        (
+            CORRAL_HEADER + '{"kind": "job", "id": "a", "submit_time": 0, "gpus": 1}\n'
+            '{"kind": "job", "id": "a", "submit_time": 5, "gpus": 1}\n',
+            "line 3: id: duplicate job id 'a' (first at line 2)",
+        ),
+        (
+            '{"kind": "trace", "version": 1, "throughputs": "gone.json"}\n',
+            "line 1: throughputs: no such file",
+        ),
+        ("\n", 'empty (expected a header line {"kind": "trace", ...})'),
+    ],
+)
+def test_corral_errors_name_file_line_and_field(tmp_path, lines, expected):
+    file = write(tmp_path / "bad.corral.jsonl", lines)
+    assert error_of(f"corral:{file}").startswith(f"{file}: {expected}")
+
+
+def test_corral_refuses_a_bad_throughput_table_naming_it(tmp_path):
+    table = write(tmp_path / "t.json", json.dumps({"v100": {"('resnet', 1)": {"null": "fast"}}}))
+    file = write(
+        tmp_path / "x.corral.jsonl", '{"kind": "trace", "version": 1, "throughputs": "t.json"}\n'
+    )
+    assert error_of(f"corral:{file}") == (
+        f"{table}: v100: ('resnet', 1): null: steps/s must be a finite number >= 0, got 'fast'"
+    )
+
+
 # -- synthetic ----------------------------------------------------------------------------------
 
 

@@ -9,7 +9,16 @@ from __future__ import annotations
 from typing import Any
 
 from corral.sim.perfmodel import PerfModel
-from corral.sim.traces import alibaba, gavel, helios, openb, philly, synthetic, tiresias
+from corral.sim.traces import (
+    alibaba,
+    corral,
+    gavel,
+    helios,
+    openb,
+    philly,
+    synthetic,
+    tiresias,
+)
 from corral.sim.traces.base import Reader, Trace, TraceError, finish
 
 READERS: dict[str, Reader] = {
@@ -20,6 +29,7 @@ READERS: dict[str, Reader] = {
     "openb": openb.read,
     "helios": helios.read,
     "synthetic": synthetic.read,
+    "corral": corral.read,
 }
 
 
@@ -31,7 +41,8 @@ def load_trace(
     arrival_scale: float = 1.0,
     **options: Any,
 ) -> Trace:
-    """Read a trace named "FORMAT:PATH" ("synthetic:KEY=VAL,..." for the generator).
+    """Read a trace named "FORMAT:PATH" ("synthetic:KEY=VAL,..." for the generator; a bare path
+    ending `.corral.jsonl` is corral's own format).
 
     The jobs come back sorted by submit time (file order breaks ties), the first submitted at 0,
     with every gap between arrivals multiplied by `arrival_scale` (0.5: twice the arrival rate).
@@ -41,6 +52,8 @@ def load_trace(
     fmt, _, location = spec.partition(":")
     fmt = fmt.strip().lower()
     reader = READERS.get(fmt)
+    if reader is None and corral.is_corral_path(spec):
+        reader, location = corral.read, spec
     if reader is None:
         raise TraceError(
             f"unknown trace format {fmt!r} in {spec!r}; known formats: "

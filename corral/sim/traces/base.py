@@ -13,6 +13,7 @@ from pathlib import Path
 from corral.core.cluster import NodeDef
 from corral.core.fragmentation import Workload
 from corral.core.job import JobSpec
+from corral.core.profiles import Profiles
 from corral.sim.perfmodel import PerfModel
 
 TIMESTAMP_FORMAT = "%Y-%m-%d %H:%M:%S"
@@ -34,6 +35,12 @@ class Trace:
     perf: PerfModel | None = None
     #: The cluster the trace ran on (openb's node list): it replaces `--cluster`.
     nodes: list[NodeDef] | None = None
+    #: `--config` may replace `nodes` (a corral trace's record of the cluster it ran on; a
+    #: config brings VCs too); openb's nodes are the experiment itself and refuse it.
+    config_replaces_nodes: bool = False
+    #: Measured throughputs the jobs' speeds come from (a corral trace's table): the simulator
+    #: gives their `speed_model`, as the live manager's, instead of `perf`'s.
+    profiles: Profiles | None = None
     #: The task types and their counts the jobs were drawn from (FGD's target workload); the
     #: simulator learns them from the jobs when None.
     workload: Workload | None = None
@@ -51,7 +58,8 @@ Reader = Callable[..., Trace]
 
 
 def finish(trace: Trace, arrival_scale: float) -> Trace:
-    """Sort by submit time (stable: file order breaks ties), start at 0, scale the gaps."""
+    """Sort by submit time (stable: file order breaks ties), start at 0, scale the gaps. A
+    deadline keeps its distance from its job's submission."""
     if not trace.jobs:
         skipped = f" ({'; '.join(trace.notes)})" if trace.notes else ""
         raise TraceError(f"{trace.source}: the trace has no jobs{skipped}")
@@ -64,11 +72,15 @@ def finish(trace: Trace, arrival_scale: float) -> Trace:
     jobs = sorted(trace.jobs, key=lambda spec: spec.submit_time)
     first = jobs[0].submit_time
     if first != 0.0 or arrival_scale != 1.0:
-        jobs = [
-            dataclasses.replace(spec, submit_time=(spec.submit_time - first) * arrival_scale)
-            for spec in jobs
-        ]
+        jobs = [_moved(spec, (spec.submit_time - first) * arrival_scale) for spec in jobs]
     return dataclasses.replace(trace, jobs=jobs, notes=list(trace.notes))
+
+
+def _moved(spec: JobSpec, submit_time: float) -> JobSpec:
+    if spec.deadline is None:
+        return dataclasses.replace(spec, submit_time=submit_time)
+    deadline = submit_time + (spec.deadline - spec.submit_time)
+    return dataclasses.replace(spec, submit_time=submit_time, deadline=deadline)
 
 
 def check_unique_ids(jobs: list[JobSpec], where: list[str], file: str) -> None:

@@ -1,0 +1,118 @@
+"""corral's own trace format (`corral:PATH`, or any path ending `.corral.jsonl`): JSON lines holding
+a header, the cluster's nodes and every job as the core's `JobSpec` (corral.core.tracefile has the
+fields). `corral export-trace` writes it from a live manager's history, so that `corral simulate`
+replays it losslessly:
+
+- the nodes are the cluster (`Trace.nodes`; `--config` may replace them, to bring its VCs);
+- each job keeps every field the live manager gave the core, its `duration_s` being the work the
+  job did there, in ideal seconds;
+- the header's `throughputs` (a Gavel-format table beside the trace: the live manager's measured
+  profiles) gives the jobs the speeds the live manager's `Profiles` gave them (`Trace.profiles`).
+
+Errors are one line naming the file, the line and the field.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from corral.core.cluster import NodeDef
+from corral.core.job import JobSpec
+from corral.core.tracefile import RecordError, kind_of, read_header, read_job, read_node
+from corral.sim.perfmodel import PerfModel, PerfModelError, load_throughputs
+from corral.sim.traces.base import Trace, TraceError, check_unique_ids, existing_path, no_options
+
+SUFFIX = ".corral.jsonl"
+
+
+def read(location: str, *, perf: PerfModel | None = None, seed: int = 0, **options: Any) -> Trace:
+    no_options("corral", options)
+    path = existing_path(location, "corral")
+    name = str(location)
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TraceError(f"{name}: cannot read: {' '.join(str(exc).split())}") from None
+    jobs: list[JobSpec] = []
+    where_of: list[str] = []
+    nodes: list[NodeDef] = []
+    node_line: dict[str, int] = {}
+    statuses: Counter[str] = Counter()
+    throughputs: str | None = None
+    origin: float | None = None
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        where = f"{name}: line {number}"
+        try:
+            record = json.loads(line, object_pairs_hook=_unique_keys, parse_constant=_no_constant)
+            kind = kind_of(record)
+            if origin is None:
+                if kind != "trace":
+                    raise RecordError('kind: the first line must be the header {"kind": "trace"}')
+                origin, throughputs = read_header(record)
+            elif kind == "trace":
+                raise RecordError("kind: a second header")
+            elif kind == "node":
+                node = read_node(record)
+                if node.name in node_line:
+                    raise RecordError(
+                        f"name: duplicate node {node.name!r} (first at line {node_line[node.name]})"
+                    )
+                node_line[node.name] = number
+                nodes.append(node)
+            else:
+                jobs.append(read_job(record))
+                where_of.append(f"line {number}")
+                statuses[record.get("status") or "(no status)"] += 1
+        except RecordError as exc:
+            raise TraceError(f"{where}: {exc}") from None
+        except (ValueError, RecursionError) as exc:
+            raise TraceError(f"{where}: not a JSON object: {' '.join(str(exc).split())}") from None
+    if origin is None:
+        raise TraceError(f'{name}: empty (expected a header line {{"kind": "trace", ...}})')
+    check_unique_ids(jobs, where_of, name)
+    notes = []
+    if statuses:
+        notes.append(
+            "jobs by status where they ran: "
+            + ", ".join(f"{n} {status}" for status, n in statuses.most_common())
+        )
+    profiles = None
+    if throughputs is not None:
+        table = path.parent / throughputs
+        if not table.is_file():
+            raise TraceError(f"{name}: line 1: throughputs: no such file {table}")
+        try:
+            profiles = load_throughputs(table)
+        except PerfModelError as exc:
+            raise TraceError(str(exc)) from None
+        notes.append(f"speeds from {table} ({len(profiles)} measured shapes)")
+    return Trace(
+        jobs=jobs,
+        source=f"corral:{location}",
+        notes=notes,
+        nodes=nodes or None,
+        config_replaces_nodes=True,
+        profiles=profiles,
+    )
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    record: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in record:
+            raise RecordError(f"{key}: given twice")
+        record[key] = value
+    return record
+
+
+def _no_constant(name: str) -> None:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def is_corral_path(location: str) -> bool:
+    return Path(location).name.endswith(SUFFIX)

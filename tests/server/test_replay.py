@@ -1,0 +1,330 @@
+"""A live manager's history, exported by `corral export-trace` and replayed by `corral simulate`,
+gives the same decisions: the same jobs started on the same GPUs and preempted by the same jobs,
+at the same instants, and every job ends when it ended live.
+
+The live side is a `Manager` on a fake clock over three nodes of two GPU types (a1: 4 x a100,
+a2: 2 x a100, v1: 4 x v100) with `PacedExecutor` (tests/server/inert.py): each job needs a number
+of training steps and makes them at its model's rate on the GPU type it got (resnet 8 steps/s per
+a100, 4 per v100; bert 4 and 1), restores for `restore_s` on every resume, and reports its steps
+to its progress file, from which the manager's telemetry measures the throughputs it stores. The
+scheduler is LAS with a 64 GPU-s queue boundary and `consolidate`: nine jobs of 1 to 4 GPUs
+preempt each other at queue crossings, resume on the other GPU type (a bert job at a quarter of
+its speed on v100, then at full speed on a100), one only runs on v100, one is cancelled while it
+runs. The replay's speeds come from the throughputs the export writes, through the live
+manager's own `Profiles.speed_model`; replayed at speed 1 everywhere (a table with nothing in
+it), the decisions differ.
+
+What may legitimately differ, and how this scenario makes it equal:
+
+* The clock: the manager's (epoch seconds; here a fake clock from 1000) against the replay's,
+  which starts at the first job's submission. The export counts every time from that instant
+  (the trace's `time_origin`), its decision log included.
+* When a round runs: the live control loop decides once per pass, over everything that happened
+  since the last; the simulator once per instant where something happens. The test steps the
+  manager at exactly those instants (an arrival, an attempt's end, the core's next timer, the
+  cancel) and steps again while it decides.
+* Draining: live, a start on GPUs that a preempted job holds waits until that job's processes
+  have exited (its grace period); the simulator starts it at once. The paced executor's stopped
+  attempts exit at once, and the next step, at the same instant, records the start. For the
+  same reason, records of one instant are compared in one order (preemptions first, then by job):
+  live, a start is recorded when its GPUs have drained, not in the round's order.
+* Restores: both stall a resumed job `restore_s`; the paced job takes exactly that long.
+* Speeds: the export and the replay compute every job's work and speed from the same final
+  profiles. The store starts with each model's 1-GPU rate on each GPU type (an earlier period of
+  the cluster measured them) and the jobs report the same rates, so no speed the manager used
+  changes as it measures, and every rate is a power of two: floating-point arithmetic is exact,
+  and events that coincide live coincide in the replay.
+
+Not replayed (docs/server.md, export-trace): failures, a job cancelled while it waits after it
+ran (the replay ends it when it was stopped), the user's estimates live srtf orders by.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import shlex
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from corral.cli.main import app
+from corral.core.cluster import Cluster, NodeDef
+from corral.core.framework import config_from_mapping
+from corral.core.job import JobSpec
+from corral.core.profiles import Profiles
+from corral.exec.local import AttemptLaunch
+from corral.server.export import job_work
+from corral.server.manager import Manager, ManagerSettings
+from corral.server.spec import parse_job_spec
+from corral.server.store import AttemptRow, JobRow, ProfileRow, Store
+from corral.server.telemetry import stored_profiles
+from tests.server.inert import PacedExecutor
+
+NODES = [
+    NodeDef("a1", 4, "a100", "r0"),
+    NodeDef("a2", 2, "a100", "r0"),
+    NodeDef("v1", 4, "v100", "r1"),
+]
+TYPE_OF = {node.name: node.gpu_type for node in NODES}
+#: Steps/s per GPU of each model on each type (a job on n GPUs of one type makes n times it).
+RATE = {"resnet": {"a100": 8.0, "v100": 4.0}, "bert": {"a100": 4.0, "v100": 1.0}}
+RESTORE_S = 4.0
+SCHEDULER = {
+    "policy": "las",
+    "placement": "consolidate",
+    "restore_s": RESTORE_S,
+    "las": {"thresholds_gpu_s": [64.0]},
+}
+#: (seconds after the first, name, model, GPUs, steps, other spec fields)
+JOBS = [
+    (0.0, "r4", "resnet", 4, 3200, {}),
+    (0.0, "b2", "bert", 2, 1024, {}),
+    (2.0, "b4v", "bert", 4, 512, {"gpu_type": "v100"}),
+    (5.0, "r2", "resnet", 2, 2048, {}),
+    (12.0, "b4", "bert", 4, 2048, {}),
+    (20.0, "r1", "resnet", 1, 640, {}),
+    (26.0, "b1", "bert", 1, 256, {}),
+    (40.0, "r4b", "resnet", 4, 1536, {}),
+    (44.0, "r2b", "resnet", 2, 768, {}),
+]
+CANCEL = (60.0, "r1")  # while it runs
+ORIGIN = 1000.0
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = ORIGIN
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass
+class LiveRun:
+    data_dir: Path
+    store: Store
+    executor: PacedExecutor
+    ids: dict[str, str]  # job name -> id
+    gpus: dict[str, int]  # job id -> GPUs
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveRun]:
+    """The scenario run to its end on the live manager."""
+    data_dir = tmp_path_factory.mktemp("live")
+    store = Store(Store.sqlite_url(data_dir))
+    manager = None
+    try:
+        for model, rates in RATE.items():
+            for gpu_type, rate in rates.items():
+                store.save_profile(ProfileRow(model, gpu_type, 1, 1, "", rate, None, 60.0, 1, 0.0))
+        clock = Clock()
+        steps: dict[str, float] = {}
+        models: dict[str, str] = {}
+        gpus: dict[str, int] = {}
+
+        def rate(launch: AttemptLaunch) -> float:
+            gpu_type = TYPE_OF[launch.workers[0].node]
+            return RATE[models[launch.job_id]][gpu_type] * gpus[launch.job_id]
+
+        executor = PacedExecutor(clock, steps, rate, RESTORE_S)
+        settings = ManagerSettings(scheduler=config_from_mapping(SCHEDULER))
+        manager = Manager(
+            store, executor, Cluster.from_nodes(NODES), data_dir, settings=settings, clock=clock
+        )
+        ids: dict[str, str] = {}
+        arrivals = list(JOBS)
+        for _ in range(1000):
+            while arrivals and ORIGIN + arrivals[0][0] <= clock.now:
+                _, name, model, count, total, extra = arrivals.pop(0)
+                spec = {"name": name, "command": "true", "gpus": count, "model": model, **extra}
+                job_id = manager.submit(parse_job_spec(spec), "alice").id
+                ids[name], steps[job_id], models[job_id], gpus[job_id] = job_id, total, model, count
+            if clock.now == ORIGIN + CANCEL[0]:
+                manager.cancel(ids[CANCEL[1]])
+            for _ in range(10):  # again while it decides: a start waits for its GPUs to drain
+                if not manager.step():
+                    break
+            counts = store.job_counts()
+            if not arrivals and not counts.get("PENDING") and not counts.get("RUNNING"):
+                break
+            upcoming = [
+                ORIGIN + arrivals[0][0] if arrivals else None,
+                executor.next_end(),
+                manager.next_round_at(),
+                ORIGIN + CANCEL[0],
+            ]
+            clock.now = min(at for at in upcoming if at is not None and at > clock.now)
+        else:
+            pytest.fail("the live run did not end")
+        yield LiveRun(data_dir, store, executor, ids, gpus)
+    finally:
+        if manager is not None:
+            manager.stop()
+        store.close()
+
+
+@pytest.fixture(scope="module")
+def exported(live: LiveRun, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """`corral export-trace` of the live run: the trace, and the replay command it printed."""
+    out = tmp_path_factory.mktemp("export") / "history.corral.jsonl"
+    result = CliRunner().invoke(
+        app, ["export-trace", "--data-dir", str(live.data_dir), "--out", str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    printed = " ".join(result.output.split())
+    assert "wrote 9 jobs and 3 nodes" in printed
+    command = printed.split("replay with: ", 1)[1]
+    assert command.startswith("corral simulate --trace corral:")
+    return out, command
+
+
+def replay(command: str, out: Path, *more: str) -> list[str]:
+    """Run the printed command (plus `more`); its decisions' lines."""
+    args = [*shlex.split(command)[1:], "--out", str(out), *more]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    return (out / "decisions-las-consolidate.jsonl").read_text().splitlines()
+
+
+def test_the_replay_makes_the_decisions_the_live_manager_made(
+    live: LiveRun, exported: tuple[Path, str], tmp_path: Path
+) -> None:
+    trace, command = exported
+    lines = trace.with_name("history.decisions.jsonl").read_text().splitlines()
+    recorded = [json.loads(line) for line in lines]
+    # What the manager did: LAS preempted jobs at queue crossings and resumed them, some on the
+    # other GPU type, in an order that is not the arrivals'.
+    starts = [r for r in recorded if r["action"] == "start"]
+    preemptions = [r for r in recorded if r["action"] == "preempt"]
+    assert len(starts) == 17 and len(preemptions) == 8
+
+    def nodes_of(name: str) -> list[str]:
+        return [str(r["gpus"][0]).split("/")[0] for r in starts if r["job"] == live.ids[name]]
+
+    assert nodes_of("b4") == ["v1", "a1"]  # bert at a quarter of its speed, then at full speed
+    assert nodes_of("r4") == ["a1", "v1", "v1"]
+    first = live.ids["r4"]
+    assert [r["by"] for r in preemptions if r["job"] == first] == [live.ids["r2"], live.ids["r4b"]]
+
+    # The replay's decisions file is the live one, line for line.
+    assert replay(command, tmp_path / "sim") == lines
+
+    # Every job ends in the replay when it ended live (the cancelled one: when it was cancelled).
+    with (tmp_path / "sim" / "jobs-las-consolidate.csv").open() as handle:
+        ended = {row["job_id"]: float(row["finish_s"]) for row in csv.DictReader(handle)}
+    assert len(ended) == len(JOBS)
+    for row in live.store.finished_jobs():
+        assert row.finished_at is not None
+        assert ended[row.id] == pytest.approx(row.finished_at - ORIGIN, abs=1e-9), row.name
+
+    # The measured speeds are what makes it so: at speed 1 everywhere, it goes otherwise.
+    empty = tmp_path / "empty.json"
+    empty.write_text("{}")
+    assert replay(command, tmp_path / "speed-1", "--throughputs", str(empty)) != lines
+
+
+def test_the_trace_holds_each_jobs_work_its_spec_and_the_measured_throughputs(
+    live: LiveRun, exported: tuple[Path, str]
+) -> None:
+    trace, _ = exported
+    lines = [json.loads(line) for line in trace.read_text().splitlines()]
+    header, nodes, jobs = lines[0], lines[1:4], {r["id"]: r for r in lines[4:]}
+    assert header == {
+        "kind": "trace",
+        "version": 1,
+        "time_origin": ORIGIN,
+        "throughputs": "history.throughputs.json",
+        "source": "corral export-trace",
+    }
+    assert [(n["name"], n["gpus"], n["gpu_type"], n["rack"]) for n in nodes] == [
+        ("a1", 4, "a100", "r0"),
+        ("a2", 2, "a100", "r0"),
+        ("v1", 4, "v100", "r1"),
+    ]
+    # A job's work is the steps it made over its best rate (a100's): what the manager accounted
+    # from its attempts' times and speeds agrees with the executor's own count of steps.
+    for job_id, record in jobs.items():
+        model, count = record["model"], live.gpus[job_id]
+        assert record["duration_s"] == live.executor.done[job_id] / (RATE[model]["a100"] * count)
+    cancelled = live.ids[CANCEL[1]]
+    assert jobs[cancelled]["status"] == "CANCELLED"
+    assert jobs[cancelled]["duration_s"] == CANCEL[0] - 20.0  # ran on an a100 from 20 s to 60 s
+    restricted = jobs[live.ids["b4v"]]
+    assert (restricted["gpu_types"], restricted["gpus"], restricted["user"]) == (
+        ["v100"],
+        4,
+        "alice",
+    )
+    assert [r["submit_time"] for r in jobs.values()] == [job[0] for job in JOBS]
+
+    # The throughputs: the store's profiles, which telemetry measured from the progress reports
+    # (shapes of 2 and 4 GPUs that nothing seeded), at the rates the jobs ran.
+    table = json.loads(trace.with_name("history.throughputs.json").read_text())
+    profiles = stored_profiles(live.store)
+    assert table == json.loads(json.dumps(profiles.to_gavel()))
+    measured = {(s.model, s.gpu_type, s.gpus): m for s, m in profiles.items()}
+    assert measured[("bert", "v100", 4)].steps_per_s == 4.0
+    assert measured[("resnet", "a100", 2)].steps_per_s == 16.0
+    assert measured[("resnet", "a100", 1)].seconds > 60.0
+    read_back = Profiles.from_gavel(table)
+    assert {s: m.steps_per_s for s, m in read_back.items()} == {
+        s: m.steps_per_s for s, m in profiles.items()
+    }
+
+
+def test_a_jobs_work_counts_the_attempts_whose_work_it_kept() -> None:
+    """A failed attempt's work is lost (the job did it again); a job that ended FAILED is
+    replayed, without its failures, as the work of all its attempts. Every attempt after the
+    first restores first (no work for `restore_s`), at its GPUs' speed."""
+    cluster = Cluster.from_nodes(NODES)
+    ids = {name: gpu for gpu, name in enumerate(cluster.gpu_names())}
+    profiles = Profiles.from_gavel(
+        {"a100": {"('bert', 1)": {"null": 4.0}}, "v100": {"('bert', 1)": {"null": 1.0}}}
+    )
+    speed = profiles.speed_model(cluster)
+    spec = JobSpec("1", 0.0, 1, model="bert")
+
+    def attempt(number: int, gpu: str, start: float, end: float, outcome: str) -> AttemptRow:
+        return AttemptRow("1", number, [gpu], start, end, "ended", outcome, None, "")
+
+    def work(status: str, *attempts: AttemptRow) -> float:
+        row = JobRow.new(
+            "1",
+            name="j",
+            user="u",
+            vc="default",
+            priority="guaranteed",
+            gpus=1,
+            spec={},
+            submitted_at=0.0,
+        )
+        row.status, row.finished_at = status, attempts[-1].ended_at
+        return job_work(row, spec, list(attempts), speed, ids, restore_s=4.0)
+
+    failed = attempt(1, "a1/0", 0.0, 30.0, "failed")
+    again = attempt(2, "v1/0", 40.0, 84.0, "succeeded")  # 44 s, 4 of them restoring, at 1/4
+    assert work("SUCCEEDED", failed, again) == 10.0
+    preempted = attempt(1, "a1/0", 0.0, 30.0, "preempted")
+    assert work("SUCCEEDED", preempted, again) == 40.0
+    lost = attempt(2, "v1/0", 40.0, 84.0, "lost")
+    assert work("FAILED", failed, lost) == 40.0
+    assert work("CANCELLED", preempted, attempt(2, "a1/0", 40.0, 44.0, "cancelled")) == 30.0
+
+
+def test_export_trace_writes_helios_when_asked_and_refuses_an_unknown_format(
+    live: LiveRun, tmp_path: Path
+) -> None:
+    out = tmp_path / "h.jsonl"
+    args = ["export-trace", "--data-dir", str(live.data_dir), "--out", str(out)]
+    result = CliRunner().invoke(app, [*args, "--format", "helios"])
+    assert result.exit_code == 0, result.output
+    assert out.read_text().startswith("job_id,user,vc,gpu_num,")
+    assert "corral simulate --trace helios:" in " ".join(result.output.split())
+    refused = CliRunner().invoke(app, [*args, "--format", "slurm"])
+    assert refused.exit_code == 2
+    assert "--format: unknown 'slurm'; choose corral or helios" in refused.output
