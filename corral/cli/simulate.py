@@ -138,7 +138,10 @@ def simulate(
         typer.Option(help="also run each VC alone on its own cells, to detect sharing anomaly"),
     ] = False,
     opportunistic_share: Annotated[
-        float, typer.Option(help="hived: mark this share of jobs opportunistic (seeded)")
+        float,
+        typer.Option(
+            help="hived, quota, fairshare: mark this share of jobs opportunistic (seeded)"
+        ),
     ] = 0.0,
     cache_gb_per_node: Annotated[
         float | None,

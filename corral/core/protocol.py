@@ -12,7 +12,7 @@ it (`corral.core.admission` assigns each to a `SchedulerCore` variable), so they
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
@@ -124,28 +124,43 @@ class Admission(Protocol):
     name: str
     #: A job may start beyond its VC's share on idle GPUs (borrowed; reclaimable).
     oversubscribe: bool
-    #: Each round first places jobs within their shares, and lends idle GPUs after.
-    lend_last: bool
-    #: False during a round's first walk when `lend_last` (the scheduler sets it).
-    lending: bool
 
     def known(self, vc: str) -> bool: ...
 
-    def capacity(self, vc: str) -> int:
-        """The most GPUs one job of the VC may ask for without oversubscription."""
+    def capacity(self, spec: JobSpec) -> int | None:
+        """The most GPUs the job may ask for without oversubscription (None: the cluster's)."""
+        ...
+
+    def walks(self) -> Iterator[None]:
+        """The round's queue walks before its last one: before each, the admission narrows what
+        `check` admits (quota: jobs within quotas first, then borrowers, opportunistic jobs
+        last); once exhausted it admits everything again for the last walk."""
         ...
 
     def check(self, job: Job) -> str | None:
         """Why the job may not start now, or None."""
         ...
 
+    def queue(self, job: Job) -> str:
+        """The queue the job waits in (`VC a`): a blocking policy's head blocks only its queue."""
+        ...
+
     def may_preempt(self, victim: Job, job: Job) -> bool: ...
 
-    def reclaimable(self, victim: Job, job: Job) -> bool: ...
+    def reclaim(self, job: Job, running: Iterable[Job]) -> Iterator[Job]:
+        """Of the running jobs (given lowest priority first), those the job may take GPUs back
+        from whatever their priority, in the order to take them."""
+        ...
 
-    def someone_over_share(self) -> bool: ...
+    def someone_over_share(self) -> bool:
+        """Some running job's GPUs may be reclaimed (a job further back may preempt)."""
+        ...
 
     def can_reclaim(self, job: Job) -> bool: ...
+
+    def describe(self, job: Job) -> str | None:
+        """What the job's class means under this admission, for `explain` (None: nothing)."""
+        ...
 
     def on_start(self, job: Job, now: float) -> None: ...
 

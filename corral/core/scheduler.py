@@ -173,7 +173,8 @@ class Scheduler:
             return f"unknown VC {spec.vc!r}"
         capacity = self.cluster.capacity_for(spec.gpu_types)
         if self.admission is not None and not self.admission.oversubscribe:
-            capacity = min(capacity, self.admission.capacity(spec.vc))
+            bound = self.admission.capacity(spec)  # None: an opportunistic job, idle GPUs only
+            capacity = capacity if bound is None else min(capacity, bound)
         if spec.gpus > capacity:
             kind = "" if spec.gpu_types is None else f" of type {'|'.join(sorted(spec.gpu_types))}"
             return f"asks for {spec.gpus} GPUs but the cluster has only {capacity} GPUs{kind}"
@@ -460,11 +461,10 @@ class Scheduler:
         admission = self.admission
         if admission is not None:
             admission.begin_round(now)
-        if admission is not None and admission.lend_last:
-            # First only what fits within the VCs' quotas; lend what is left after that.
-            admission.lending = False
-            self._walk_queue(now, preempt, actions)
-            admission.lending = True
+            # Quota: first only what fits within the VCs' quotas, then borrowers, then
+            # opportunistic jobs on what is still idle (each walk narrowed by the admission).
+            for _ in admission.walks():
+                self._walk_queue(now, preempt, actions)
         self._walk_queue(now, preempt, actions)
         return Decision(actions, self._next_wake(), self._respeeds())
 
@@ -478,11 +478,12 @@ class Scheduler:
         # The kind includes the GPUs per worker: a job of smaller workers fits where larger did not.
         # A job asking for a share, CPU or memory is of the same kind only with the same request.
         no_fit: dict[tuple[object, ...], int] = {}
+        # Both bounds on preempting hold for the later jobs with the same victims: of those GPU
+        # types, and of that queue when a quota decides who may be preempted (another VC's job,
+        # or one beyond its share, may take back other jobs).
         no_room: dict[tuple[object, ...], int] = {}
-        # Too few GPUs held by lower-priority jobs is a bound for every later job of those types
-        # (and of that VC, when a quota decides who may be preempted).
         too_few_victims: dict[tuple[frozenset[str] | None, str], int] = {}
-        blocked_vcs: set[str] = set()
+        blocked_queues: set[str] = set()
         admission = self.admission
         position = 0
         while position < len(self._pending):
@@ -508,8 +509,8 @@ class Scheduler:
                 position += 1
                 continue
             if admission is not None:
-                if job.spec.vc in blocked_vcs:
-                    job.pending_reason = f"blocked behind the head job of VC {job.spec.vc}"
+                if admission.queue(job) in blocked_queues:
+                    job.pending_reason = f"blocked behind the head job of {admission.queue(job)}"
                     position += 1
                     continue
                 refusal = admission.check(job)
@@ -538,10 +539,13 @@ class Scheduler:
                 job.pending_reason = (
                     "no room: a job of the same kind needing fewer GPUs did not fit"
                 )
-            victims_kind = (job.spec.gpu_types, job.spec.vc if admission is not None else "")
+            victims_kind = (
+                job.spec.gpu_types,
+                admission.queue(job) if admission is not None else "",
+            )
             if (
                 can_preempt
-                and job.spec.gpus < no_room.get(kind, math.inf)
+                and job.spec.gpus < no_room.get((kind, victims_kind), math.inf)
                 and job.spec.gpus < too_few_victims.get(victims_kind, math.inf)
             ):
                 outcome = self._make_room(job, now, actions)
@@ -550,14 +554,14 @@ class Scheduler:
                 if outcome == "too few victims":
                     too_few_victims[victims_kind] = job.spec.gpus
                 else:
-                    no_room[kind] = job.spec.gpus
+                    no_room[(kind, victims_kind)] = job.spec.gpus
             if any(stage.try_start(self, job, now, actions) for stage in self._sharers):
                 continue
             if self.policy.blocking and not self.backfill:
                 if admission is None:
                     self.blocked_by = job.id
                     break
-                blocked_vcs.add(job.spec.vc)  # YARN-CS: each VC's queue blocks only itself
+                blocked_queues.add(admission.queue(job))  # YARN-CS: a VC's queue blocks itself
             position += 1
 
     def _current_key(self, job: Job, now: float) -> Key:
@@ -580,11 +584,10 @@ class Scheduler:
         job_key = self._current_key(job, now)
         offered: set[str] = set()
         if admission is not None and admission.can_reclaim(job):
-            for _, seq in reversed(self._running):
-                victim = self._by_seq[seq]
-                if admission.reclaimable(victim, job):
-                    offered.add(victim.id)
-                    yield victim
+            lowest_first = (self._by_seq[seq] for _, seq in reversed(self._running))
+            for victim in admission.reclaim(job, lowest_first):
+                offered.add(victim.id)
+                yield victim
         if not self.policy.preemptive:
             return
         for index in range(len(self._running) - 1, -1, -1):
@@ -995,6 +998,9 @@ class Scheduler:
         parts = [f"PENDING, position {position + 1} of {len(self._pending)} in the queue"]
         if priority:
             parts.append(priority)
+        note = self.admission.describe(job) if self.admission is not None else None
+        if note:
+            parts.append(note)
         if self.blocked_by is not None and self.blocked_by != job.id and position > 0:
             parts.append(
                 f"blocked behind job {self.blocked_by} ({self.policy.name} without backfill)"

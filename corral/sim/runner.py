@@ -261,13 +261,19 @@ def check_cache_settings(settings: RunSettings) -> None:
         )
 
 
+#: Admissions that act on `priority: opportunistic` (the others schedule both classes alike).
+OPPORTUNISTIC_ADMISSIONS = frozenset({"hived", "quota", "fairshare"})
+
+
 def assign_tenants(
     jobs: list[JobSpec], settings: RunSettings, vcs: dict[str, dict[str, int]]
 ) -> list[JobSpec]:
     """Map jobs to the configured VCs and mark a share of them opportunistic (seeded)."""
     admissions = {admission_of(settings, vcs, name) for name in settings.policies}
-    if settings.opportunistic_share > 0 and admissions != {"hived"}:
-        raise SimulationError("--opportunistic-share: opportunistic jobs need admission hived")
+    if settings.opportunistic_share > 0 and admissions - OPPORTUNISTIC_ADMISSIONS:
+        raise SimulationError(
+            "--opportunistic-share: opportunistic jobs need admission hived, quota or fairshare"
+        )
     if admissions - {"none", "elasticflow"}:
         if vcs == DEFAULT_VCS:
             jobs = [replace(spec, vc="default") for spec in jobs]

@@ -11,6 +11,14 @@ over every VC's. A VC that used more than its weight in the recent past gets les
 others more, so fairness holds over time and not only at one instant. With `half_life_s` 0 no
 usage is remembered and every factor is 1: shares are the weights alone.
 
+Opportunistic jobs (`priority: opportunistic`) are treated as under `quota` (idle GPUs only,
+preempted by any guaranteed job before any guaranteed borrower, never preempting) and are not
+charged, as HiveD does not charge them to a VC: their GPU-seconds add nothing to the VC's decayed
+usage, and a VC whose only work is opportunistic takes no share (it is not active). Uncharged work
+is safe because it never holds a GPU a guaranteed job wants. Fair share has no `lend_last`
+(guaranteed jobs are lent idle GPUs in the queue's order); opportunistic jobs are always placed
+after the round's guaranteed ones.
+
 Decayed usage is exact between events: a VC running r GPUs since t0 with usage U0 has, at t,
 `U0 2^-(t-t0)/H + r H/ln2 (1 - 2^-(t-t0)/H)`. Shares are settled at the start of each round
 (`begin_round`) and at each start and stop, so one round sees one set of shares.
@@ -66,7 +74,9 @@ class FairShareAdmission(QuotaAdmission):
     def __init__(
         self, weights: dict[str, float], total_gpus: int, half_life_s: float = 0.0
     ) -> None:
-        super().__init__({vc: total_gpus for vc in weights}, oversubscribe=True)
+        super().__init__(
+            {vc: total_gpus for vc in weights}, oversubscribe=True, opportunistic_last=True
+        )
         if half_life_s < 0:
             raise ValueError("half_life_s must not be negative")
         self.weights = dict(weights)
