@@ -198,6 +198,17 @@ def describe(
         fields.append(("Exit code", str(job["exit_code"])))
     if job.get("progress"):
         fields.append(("Progress", _progress_line(job["progress"], job.get("progress_history"))))
+    problems = job.get("progress_problems")
+    if problems:
+        fields.append(
+            (
+                "Reports",
+                _escape(
+                    f"{problems['malformed_lines']} line(s) were not progress reports "
+                    f"(latest: {problems['last_error']})"
+                ),
+            )
+        )
     for measured in job.get("throughput") or []:
         fields.append(("Throughput", _throughput_line(measured)))
     if spec.get("command"):

@@ -225,6 +225,7 @@ def create_app(manager: Manager) -> FastAPI:
         ]
         detail["events"] = [asdict(e) for e in store.events(job_id)]
         detail["progress_history"] = [asdict(p) for p in store.progress(job_id, limit=500)]
+        detail["progress_problems"] = manager.progress_problems(job_id)
         model = row.spec.get("model") or row.name
         detail["throughput"] = [
             asdict(p) for p in store.profiles() if p.model == model and not p.colocated

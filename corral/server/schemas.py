@@ -126,6 +126,11 @@ class JobDetail(JobSummary):
     progress_history: list[ProgressPoint] = Field(
         default_factory=list, description="the job's progress, thinned (the latest 500 points)"
     )
+    progress_problems: dict[str, Any] | None = Field(
+        None,
+        description="the running attempt's progress file: lines that were not reports "
+        "(`malformed_lines`) and the latest problem (`last_error`); null when none",
+    )
     throughput: list[ProfileInfo] = Field(
         default_factory=list, description="its model's measured throughput per shape"
     )

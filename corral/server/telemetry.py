@@ -125,8 +125,9 @@ class Telemetry:
         self.profiles = Profiles()
         self.watches: dict[str, Watch] = {}  # job id -> its running attempt's
         self.curves: dict[str, JobCurve] = {}
-        #: Malformed report lines seen, per job (the API shows them; the job is not stopped).
-        self.malformed: dict[str, int] = {}
+        #: Per job, report lines its running attempt wrote that were not reports, and the latest
+        #: problem (`GET /api/v1/jobs/ID` shows them; the job is not stopped for them).
+        self.malformed: dict[str, tuple[int, str]] = {}
         self.load()
 
     def load(self) -> None:
@@ -204,8 +205,8 @@ class Telemetry:
 
     def _read(self, watch: Watch, now: float) -> bool:
         reports = watch.tail.read(now)
-        if watch.tail.malformed:
-            self.malformed[watch.job_id] = watch.tail.malformed
+        if watch.tail.malformed or watch.tail.last_error:
+            self.malformed[watch.job_id] = (watch.tail.malformed, watch.tail.last_error)
         if not reports:
             return False
         curve = self.curve(watch.job_id)

@@ -13,6 +13,7 @@ from corral.core.actions import Start
 from corral.core.job import JobStatus
 from corral.core.protocol import SchedulerCore
 from corral.server.state import Attempt
+from corral.server.telemetry import Telemetry
 
 
 class GpuHolder(NamedTuple):
@@ -36,6 +37,7 @@ class ManagerViews:
     _attempts: dict[str, Attempt]
     _draining: dict[tuple[str, int], tuple[int, ...]]
     _deferred: dict[str, Start]
+    telemetry: Telemetry
     _wake_at: float | None
 
     if TYPE_CHECKING:  # the manager's own
@@ -80,6 +82,15 @@ class ManagerViews:
     def pending_reasons(self, job_ids: Iterable[str]) -> dict[str, str]:
         with self.lock:
             return {job_id: self.why(job_id) for job_id in job_ids}
+
+    def progress_problems(self, job_id: str) -> dict[str, object] | None:
+        """What was wrong with the running attempt's progress file, if anything: lines that
+        were not reports, and the latest problem (one line)."""
+        with self.lock:
+            found = self.telemetry.malformed.get(job_id)
+        if found is None:
+            return None
+        return {"malformed_lines": found[0], "last_error": found[1]}
 
     def placement_of(self, job_id: str) -> list[str]:
         with self.lock:

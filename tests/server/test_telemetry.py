@@ -133,3 +133,33 @@ def test_sjf_orders_by_the_declared_time_limit_and_refuses_jobs_without_one(
         assert job(client, long)["started_at"] >= job(client, short)["finished_at"]
     finally:
         server.stop()
+
+
+def test_lines_that_are_not_reports_are_counted_and_shown_not_fatal(data_dir: Path) -> None:
+    server = serve(data_dir, gpus=1)
+    try:
+        client = api(server.url, admin_token(data_dir))
+        # Two bad lines among good ones, then it waits for the test to let it end.
+        lines = 'not json\\n{"step": "x"}\\n{"step": 1}\\n{"step": 2, "loss": 0.5}\\n'
+        gate = data_dir / "gate"
+        command = (
+            f"printf '{lines}' >> \"$CORRAL_PROGRESS_FILE\"; "
+            f"while [ ! -e {gate} ]; do sleep 0.05; done"
+        )
+        job_id = submit(client, name="sloppy", gpus=1, command=command)
+        found = wait_until(
+            lambda: (
+                (d := job(client, job_id))["progress_problems"]
+                and (d["progress"] or {}).get("step") == 2
+                and d
+            ),
+            "the reports read",
+        )
+        problems = found["progress_problems"]
+        assert problems["malformed_lines"] == 2
+        assert "line 2" in problems["last_error"]  # the latest problem: step is not a number
+        assert found["progress"]["loss"] == 0.5
+        gate.write_text("")
+        assert wait_for(client, job_id)["status"] == "SUCCEEDED"
+    finally:
+        server.stop()
