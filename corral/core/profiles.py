@@ -89,6 +89,8 @@ class Profiles:
 
     def __init__(self, measures: Mapping[Shape, Measure] | None = None) -> None:
         self._measures: dict[Shape, Measure] = dict(measures or {})
+        #: Counts the changes, so that a speed model's memo knows when to forget.
+        self.version = 0
 
     def __len__(self) -> int:
         return len(self._measures)
@@ -134,6 +136,7 @@ class Profiles:
                 )
             measure = Measure(rate, total, old.runs + int(new_run), samples)
         self._measures[shape] = measure
+        self.version += 1
         return measure
 
     # -- what the plugins ask -----------------------------------------------------------------
@@ -272,19 +275,36 @@ class Profiles:
                     rate = alone / slowdown
             return rate
 
+        # Memo of the answers (a round asks for the same shapes again and again), forgotten
+        # when a measurement changes the table.
+        memo: dict[tuple[str, int, int, frozenset[str], float], float] = {}
+        memo_version = [self.version]
+
         def speed(job: Job, gpus: tuple[int, ...]) -> float:
+            if memo_version[0] != self.version:
+                memo.clear()
+                memo_version[0] = self.version
             model = job.spec.model
             nodes = len({gpu_node[g] for g in gpus})
-            penalty = 1.0 / job.spec.spread_slowdown if nodes > 1 else 1.0
-            if not gpus or not model or not self.knows(model):
+            kinds = frozenset(gpu_cells[g].gpu_type for g in gpus)
+            key = (model, len(gpus), nodes, kinds, job.spec.spread_slowdown)
+            found = memo.get(key)
+            if found is None:
+                found = memo[key] = measured(model, len(gpus), nodes, kinds, key[4])
+            return found
+
+        def measured(
+            model: str, count: int, nodes: int, kinds: frozenset[str], slowdown: float
+        ) -> float:
+            penalty = 1.0 / slowdown if nodes > 1 else 1.0
+            if not count or not model or not self.knows(model):
                 return penalty
-            count = len(gpus)
             rates = self.type_rates(model, count, types)
             if not rates:
                 return penalty
             best = max(rates.values())
             slowest = math.inf
-            for gpu_type in {gpu_cells[g].gpu_type for g in gpus}:
+            for gpu_type in kinds:
                 spread = on_type(model, gpu_type, count, nodes) if nodes > 1 else None
                 if spread is not None:
                     slowest = min(slowest, spread / best)

@@ -202,3 +202,19 @@ def test_from_gavel_reads_back_what_to_gavel_wrote_and_gives_the_same_speeds():
 def test_from_gavel_names_the_bad_entry(table, message):
     with pytest.raises(ProfilesError, match=re.escape(message)):
         Profiles.from_gavel(table)
+
+
+def test_a_speed_model_answers_from_what_was_measured_by_the_time_it_is_asked():
+    # The model keeps its answers between measurements: one that arrives later is seen at once.
+    profiles = Profiles()
+    profiles.add(Shape("resnet", "v100", 1), 10.0, 60.0)
+    speed = profiles.speed_model(cluster())
+    assert speed(job("resnet"), (8,)) == 1.0  # k80 unknown, no other model: as the best
+    profiles.add(Shape("resnet", "k80", 1), 2.5, 60.0)
+    assert speed(job("resnet"), (8,)) == pytest.approx(0.25)
+    profiles.add(Shape("resnet", "k80", 1), 7.5, 60.0)  # (2.5 + 7.5) / 2 = 5 steps/s
+    assert speed(job("resnet"), (8,)) == pytest.approx(0.5)
+    # The job's own spread slowdown is part of the question.
+    spread = (0, 4)  # v1 and v2
+    assert speed(job("resnet", 2, spread_slowdown=2.0), spread) == pytest.approx(0.5)
+    assert speed(job("resnet", 2, spread_slowdown=4.0), spread) == pytest.approx(0.25)
