@@ -132,6 +132,14 @@ def simulate(
             "manager's): the jobs' speeds, as the live manager's [default: the trace's own]"
         ),
     ] = None,
+    decisions: Annotated[
+        bool,
+        typer.Option(
+            "--decisions",
+            help="also write each run's decisions (decisions-POLICY-PLACEMENT.jsonl), every start "
+            "and preemption, as `corral export-trace` writes a live manager's",
+        ),
+    ] = False,
     seed: Annotated[int, typer.Option()] = 0,
     private_baseline: Annotated[
         bool,
@@ -203,6 +211,7 @@ def simulate(
             skip_oversized=skip_oversized,
             slowdowns=slowdowns,
             throughputs=throughputs,
+            decisions=decisions,
             seed=seed,
             private_baseline=private_baseline,
             opportunistic_share=opportunistic_share,

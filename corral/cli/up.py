@@ -402,7 +402,7 @@ def export_trace(
         f"wrote {corral.written} jobs and {corral.nodes} nodes to {out} ({left} left out), "
         f"the throughputs the manager measured to {corral.throughputs}, its decisions to "
         f"{corral.decisions}{saved}; replay with:\n"
-        f"  corral simulate --trace corral:{out}{where}{setting}",
+        f"  corral simulate --trace corral:{out}{where}{setting} --decisions",
         highlight=False,
         soft_wrap=True,
     )

@@ -103,6 +103,7 @@ class Simulation:
         place_or_fail: bool = False,
         observer: RoundObserver | None = None,
         precheck_report_s: float = DEFAULT_PRECHECK_REPORT_S,
+        record_decisions: bool = False,
     ) -> None:
         """Replay `jobs` through `scheduler` (any `SchedulerCore`: corral.core.framework builds
         them). `failures` draws the attempts that fail (and sets every job's `max_retries` to its
@@ -110,10 +111,13 @@ class Simulation:
         round at its arrival does not start is given up at once (cancelled: FGD's experiment,
         where a task is placed when it arrives or fails); `observer` looks at every round.
         `precheck_report_s`: when, after its start and restore, an attempt first reports
-        progress (`progressed`: what passes a pre-run)."""
+        progress (`progressed`: what passes a pre-run). `record_decisions`: keep every Start and
+        Preempt in the result (`SimResult.decisions`, to compare with a live manager's; off by
+        default: a long trace's decisions cost memory)."""
         if not precheck_report_s > 0:
             raise ValueError(f"precheck_report_s must be positive, got {precheck_report_s}")
         self.precheck_report_s = precheck_report_s
+        self.record_decisions = record_decisions
         if failures is not None:
             jobs = [replace(spec, max_retries=failures.max_retries) for spec in jobs]
         self.specs = sorted(jobs, key=lambda s: s.submit_time)
@@ -290,7 +294,8 @@ class Simulation:
 
             decision = scheduler.decide(now)
             for action in decision.actions:
-                decisions.append((now, action))
+                if self.record_decisions:
+                    decisions.append((now, action))
                 if isinstance(action, Start):
                     job = scheduler.jobs[action.job_id]
                     runs_for = job.remaining_wall_s(now)

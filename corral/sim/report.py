@@ -113,7 +113,9 @@ def write_outputs(results: list[SimResult], out_dir: Path, plot: bool) -> list[d
     for result in results:
         name = _csv_name(result, taken)
         _write_jobs_csv(result, out_dir / name)
-        _write_decisions(result, out_dir / f"decisions-{name[len('jobs-') : -len('.csv')]}.jsonl")
+        if result.options.get("decisions"):
+            stem = name[len("jobs-") : -len(".csv")]
+            _write_decisions(result, out_dir / f"decisions-{stem}.jsonl")
         if result.curves:
             write_curves(result.curves, out_dir / f"curves-{name.removeprefix('jobs-')}")
     if plot:

@@ -94,6 +94,8 @@ class RunSettings:
     #: Measured throughputs (Gavel's format, as `corral export-trace` writes the live manager's):
     #: the jobs' speeds come from them, as live (`Profiles.speed_model`); default: the trace's.
     throughputs: Path | None = None
+    #: Write every run's decisions (decisions-POLICY-PLACEMENT.jsonl), as export-trace does.
+    decisions: bool = False
     seed: int = 0
     private_baseline: bool = False
     opportunistic_share: float = 0.0
@@ -555,6 +557,7 @@ def _simulate(settings: RunSettings, console: Console) -> tuple[list[SimResult],
                 place_or_fail=trace.place_or_fail,
                 observer=probe,
                 precheck_report_s=settings.precheck_report_s,
+                record_decisions=settings.decisions,
             )
             result = simulation.run()
             if probe is not None:

@@ -55,6 +55,7 @@ def test_compare_writes_summary_csv_and_plots(small_trace: Path, tmp_path: Path)
     assert result.exit_code == 0, result.output
     runs = json.loads((out / "summary.json").read_text())["runs"]
     assert [r["policy"] for r in runs] == ["fifo", "las", "srtf"]
+    assert not list(out.glob("decisions-*"))  # only with --decisions (they cost memory)
     for run in runs:
         for key in (
             "policy",
@@ -222,7 +223,16 @@ def test_a_corral_trace_runs_on_its_nodes_at_its_measured_speeds(tmp_path: Path)
 
     def run(*more: str) -> tuple[str, list[dict[str, object]], dict[str, str]]:
         out = tmp_path / f"out{len(more)}"
-        args = ["simulate", "--trace", f"corral:{trace}", "--policy", "fifo", "--out", str(out)]
+        args = [
+            "simulate",
+            "--trace",
+            f"corral:{trace}",
+            "--policy",
+            "fifo",
+            "--out",
+            str(out),
+            "--decisions",
+        ]
         result = CliRunner().invoke(app, [*args, *more])
         assert result.exit_code == 0, result.output
         lines = (out / "decisions-fifo-relax.jsonl").read_text().splitlines()
