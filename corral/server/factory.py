@@ -156,7 +156,7 @@ class SchedulerFactory:
     def length_refusal(self, spec: JobSpec) -> str | None:
         """Why a job cannot be queued under a policy that orders jobs by their length."""
         policy = self.scheduler.policy
-        if not getattr(policy, "needs_lengths", False) or spec.duration_s is not None:
+        if not policy.needs_lengths or spec.duration_s is not None:
             return None
         if spec.total_steps is not None:
             return None  # its model's speed is not known yet: it sorts after those with lengths

@@ -522,7 +522,6 @@ class Manager(SubmissionCommitter, Recovery, ManagerViews, SchedulerFactory, Liv
                 continue
             report = None
             last = self.telemetry.last_report_at(job_id) or attempt.started_at
-            ran = self.scheduler.jobs[job_id].executed_at(now)
             if model.progress_timeout is not None and now - last > model.progress_timeout:
                 report = FailureReport(
                     f"hung: no progress report for {now - last:.0f} s "
@@ -530,7 +529,10 @@ class Manager(SubmissionCommitter, Recovery, ManagerViews, SchedulerFactory, Liv
                     infrastructure=True,
                     signature="hung",
                 )
-            elif model.time_limit is not None and ran > model.time_limit:
+            elif (
+                model.time_limit is not None
+                and (ran := self.scheduler.jobs[job_id].executed_at(now)) > model.time_limit
+            ):
                 report = FailureReport(
                     f"time limit: ran {ran:.0f} s (time_limit {model.time_limit:g} s)",
                     give_up=True,

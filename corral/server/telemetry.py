@@ -92,10 +92,16 @@ class Watch:
         if last is None or not self.recent:
             return None
         base = next((r for r in self.recent if r.time >= last.time - RATE_WINDOW_S), self.recent[0])
-        span = last.time - base.time
-        if span < MIN_SPAN_S or last.step <= base.step:
-            return None
-        return (last.step - base.step) / span
+        return steps_per_s(base, last)
+
+
+def steps_per_s(base: Report, last: Report) -> float | None:
+    """Steps/s from one report to a later one; None over less than MIN_SPAN_S (noise) or when
+    the steps did not advance."""
+    span = last.time - base.time
+    if span < MIN_SPAN_S or last.step <= base.step:
+        return None
+    return (last.step - base.step) / span
 
 
 @dataclass(slots=True)
@@ -237,17 +243,17 @@ class Telemetry:
 
     def _fold(self, watch: Watch, now: float) -> None:
         base, last = watch.folded, watch.last
-        if base is None or last is None:
+        rate = None if base is None or last is None else steps_per_s(base, last)
+        if rate is None:
             return
+        assert base is not None and last is not None
         span = last.time - base.time
-        if span < MIN_SPAN_S or last.step <= base.step:
-            return
         samples = None
         if base.samples is not None and last.samples is not None and last.samples > base.samples:
             samples = (last.samples - base.samples) / span
         measure = self.profiles.add(
             watch.shape,
-            (last.step - base.step) / span,
+            rate,
             span,
             samples_per_s=samples,
             new_run=not watch.counted_run,
@@ -279,14 +285,6 @@ class Telemetry:
     def last_report_at(self, job_id: str) -> float | None:
         watch = self.watches.get(job_id)
         return None if watch is None else watch.last_report_at
-
-    def reported(self, job_id: str) -> bool:
-        watch = self.watches.get(job_id)
-        return watch is not None and watch.reports > 0
-
-    def rate(self, job_id: str) -> float | None:
-        watch = self.watches.get(job_id)
-        return None if watch is None else watch.rate()
 
     def curve(self, job_id: str) -> JobCurve:
         """The job's curve, from the store if this manager has not read it yet (a restart)."""

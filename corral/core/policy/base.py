@@ -29,6 +29,8 @@ class Policy(OptionsMixin):
     preemptive = False
     #: A head job that cannot be placed blocks the jobs behind it (YARN-CS in Philly).
     blocking = False
+    #: Orders jobs by `JobSpec.duration_s`: a live shell queues only jobs that declare one.
+    needs_lengths = False
     #: `stored_key` equals `key` at every instant (true when keys only change at announced
     #: instants); lets the scheduler compare indexed keys without recomputing them.
     stored_is_key = True

@@ -15,7 +15,6 @@ from corral.core.policy.base import Key, Policy, tie_break
 class ShortestJobFirst(Policy):
     name = "sjf"
     summary = "shortest job first, by the job's declared length (an oracle baseline)"
-    #: Orders jobs by `JobSpec.duration_s`: a live shell queues only jobs that declare one.
     needs_lengths = True
 
     @classmethod
