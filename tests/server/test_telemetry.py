@@ -108,6 +108,29 @@ def test_a_job_past_its_time_limit_fails_without_a_retry(data_dir: Path) -> None
         server.stop()
 
 
+def test_srtf_preempts_for_a_shorter_declared_length_and_refuses_jobs_without_one(
+    data_dir: Path,
+) -> None:
+    server = serve(data_dir, gpus=1, policy="srtf")
+    try:
+        client = api(server.url, admin_token(data_dir))
+        refused = client.post("/api/v1/jobs", json=train_job("vague", 5))
+        assert refused.status_code == 422
+        assert refused.json()["detail"].startswith("time_limit: policy srtf orders jobs by")
+        # 3600 s declared against 60 s: srtf preempts the long job for the short one.
+        long = submit(client, **train_job("long", 100000, 0.05, time_limit=3600))
+        wait_for(client, long, ["RUNNING"])
+        short = submit(client, **train_job("short", 5, 0.01, time_limit=60))
+        assert wait_for(client, short)["status"] == "SUCCEEDED"
+        found = job(client, long)
+        assert found["preemptions"] == 1
+        assert any(e["message"] == f"preempted by job {short}" for e in found["events"])
+        client.post(f"/api/v1/jobs/{long}/cancel")
+        assert wait_for(client, long)["status"] == "CANCELLED"
+    finally:
+        server.stop()
+
+
 def test_sjf_orders_by_the_declared_time_limit_and_refuses_jobs_without_one(
     data_dir: Path,
 ) -> None:
