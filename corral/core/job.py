@@ -95,6 +95,10 @@ class JobSpec:
     #: (corral.core.precheck). None: the scheduler's default (`CoreOptions.precheck_s`); 0: no
     #: pre-run. Ignored for a job of one worker (`gpus <= gpus_per_worker`).
     precheck_s: float | None = None
+    #: An integer priority (Slurm's priority, Kueue's WorkloadPriorityClass value): the first
+    #: part of the job's key in the scheduler's queues, before the policy's own order (which
+    #: breaks ties). Higher runs first; 0 for every job that names none.
+    level: int = 0
     #: Whole GPUs and nothing else (no share, CPU or memory): what every placement gives. Set
     #: from the fields above (read on every round's hot paths, so kept, not computed).
     plain: bool = field(init=False, repr=False, compare=False)

@@ -567,7 +567,7 @@ class Scheduler:
     def _current_key(self, job: Job, now: float) -> Key:
         if self.policy.stored_is_key:
             return self._stored[job.seq]
-        return self.policy.key(job, now)
+        return (-job.spec.level, *self.policy.key(job, now))
 
     def _may_preempt_for(self, job: Job, now: float) -> bool:
         if self.admission is not None and self.admission.can_reclaim(job):
@@ -906,7 +906,9 @@ class Scheduler:
     # -- sorted indexes and timers ------------------------------------------------------------
 
     def _index(self, index: SortedList, job: Job, now: float) -> None:
-        key = self.policy.stored_key(job, now)
+        # The job's integer level comes first (higher first), the policy's order breaks ties:
+        # in both queues, so where the policy preempts, a higher level may preempt a lower one.
+        key = (-job.spec.level, *self.policy.stored_key(job, now))
         self._stored[job.seq] = key
         index.add((key, job.seq))
         self._set_timer(job, now)
@@ -996,6 +998,8 @@ class Scheduler:
         position = self._pending.index((self._stored[job.seq], job.seq))
         priority = self.policy.describe_key(job, now)
         parts = [f"PENDING, position {position + 1} of {len(self._pending)} in the queue"]
+        if job.spec.level:
+            parts.append(f"level {job.spec.level}")
         if priority:
             parts.append(priority)
         note = self.admission.describe(job) if self.admission is not None else None
