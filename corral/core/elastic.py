@@ -487,6 +487,13 @@ class ElasticScheduler:
         no_plan = job.spec.deadline is None or job.spec.duration_s is None
         self._elastic[job.id] = _Elastic(curve, best_effort=no_plan)
 
+    def withdraw(self, job_id: str, now: float) -> Job:
+        """Take a job out (see SchedulerCore.withdraw); adopted again, it is planned anew."""
+        job = self.inner.withdraw(job_id, now)
+        del self.jobs[job_id]
+        self._elastic.pop(job_id, None)
+        return job
+
     def restore_running(
         self, job_id: str, gpus: tuple[int, ...], started_at: float, now: float
     ) -> Job:

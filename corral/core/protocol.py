@@ -88,6 +88,12 @@ class SchedulerCore(Protocol):
         """Queue a job with its history (a shell rebuilding the core after a restart)."""
         ...
 
+    def withdraw(self, job_id: str, now: float) -> Job:
+        """Take a waiting or running job out of the core (a running one's GPUs freed, its run
+        accounted, no preemption counted), to be adopted again later with its history: what a
+        shell's gate uses (a job held, or requeued by its owner)."""
+        ...
+
     def restore_running(
         self, job_id: str, gpus: tuple[int, ...], started_at: float, now: float
     ) -> Job:

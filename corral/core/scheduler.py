@@ -296,11 +296,19 @@ class Scheduler:
         self.cluster.release(back)
 
     def withdraw(self, job_id: str, now: float) -> Job:
-        """Take a waiting job out of this scheduler (to be adopted by another one)."""
+        """Take a waiting or running job out of this scheduler, to be adopted again with its
+        history (by another scheduler, or by this one once a shell's gate opens: a job held, or
+        requeued by its owner). A running job's GPUs are freed and its run accounted, as at a
+        preemption, but nothing counts it as one; the job is PENDING, in no queue."""
         job = self.jobs[job_id]
-        if job.status is not JobStatus.PENDING:
-            raise ValueError(f"job {job_id} is {job.status.value}, not PENDING")
-        self._dequeue(job, now)
+        if job.status is JobStatus.RUNNING:
+            self._stop(job, now)
+            job.status = JobStatus.PENDING
+            job.queued_since = now
+        elif job.status is JobStatus.PENDING:
+            self._dequeue(job, now)
+        else:
+            raise ValueError(f"job {job_id} is {job.status.value}, not PENDING or RUNNING")
         self._timer_version.pop(job.seq, None)
         self._prerun.pop(job_id, None)  # its record goes with it
         del self.jobs[job_id]

@@ -161,6 +161,19 @@ class HivedScheduler:
         self.jobs[job.id] = job
         self._owner[job.id] = owner
 
+    def withdraw(self, job_id: str, now: float) -> Job:
+        """Take a job out (see SchedulerCore.withdraw): a running one through its scheduler,
+        its cells given back as at any stop; adopted again, it goes to its own VC's queue."""
+        job = self.jobs[job_id]
+        self._spilled.pop(job_id, None)
+        if job.status is JobStatus.RUNNING:
+            self._stopped(job_id, lambda scheduler: scheduler.withdraw(job_id, now))
+        else:
+            self._scheduler_of(job_id).withdraw(job_id, now)
+        del self.jobs[job_id]
+        del self._owner[job_id]
+        return job
+
     def restore_running(
         self, job_id: str, gpus: tuple[int, ...], started_at: float, now: float
     ) -> Job:
