@@ -133,8 +133,24 @@ class Client:
         """One job's detail: the summary plus spec, attempts, events."""
         return self._request("GET", f"/jobs/{_segment(job_id)}")
 
-    def cancel(self, job_id: str | int) -> dict:
-        return self._request("POST", f"/jobs/{_segment(job_id)}/cancel")
+    def cancel(self, job_id: str | int, *, array: bool = False) -> dict:
+        """Cancel the job; `array`: every unfinished task of the array `job_id` names."""
+        params = {"array": "true"} if array else None
+        return self._request("POST", f"/jobs/{_segment(job_id)}/cancel", params=params)
+
+    def hold(self, job_id: str | int, *, array: bool = False) -> dict:
+        """Keep a pending job (or every task of an array) from starting until released."""
+        params = {"array": "true"} if array else None
+        return self._request("POST", f"/jobs/{_segment(job_id)}/hold", params=params)
+
+    def release(self, job_id: str | int, *, array: bool = False) -> dict:
+        """Let a held job (or every task of an array) start again."""
+        params = {"array": "true"} if array else None
+        return self._request("POST", f"/jobs/{_segment(job_id)}/release", params=params)
+
+    def requeue(self, job_id: str | int) -> dict:
+        """Stop a running job and queue it again, or queue a failed or cancelled job again."""
+        return self._request("POST", f"/jobs/{_segment(job_id)}/requeue")
 
     def wait(self, job_id: str | int, timeout: float, poll_s: float = POLL_SECONDS) -> dict:
         """The job's detail once it is SUCCEEDED, FAILED or CANCELLED; ClientError after

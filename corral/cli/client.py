@@ -316,12 +316,19 @@ def logs(
 def cancel(
     job_id: Annotated[str, typer.Argument(metavar="JOB", help="the job id")],
     output: OutputOption = Output.table,
+    array: Annotated[
+        bool, typer.Option("--array", help="JOB is an array's id: cancel each unfinished task")
+    ] = False,
 ) -> None:
     """Cancel a pending or running job (its processes get their signal, then SIGKILL)."""
     with connected() as client:
-        job = client.cancel(job_id)
+        job = client.cancel(job_id, array=array)
     if output is Output.json:
         print_json(job)
+    if array:
+        if output is Output.table:
+            typer.echo(f"array {job_id} cancelled")
+        return
     if job["status"] != "CANCELLED":
         refuse(f"job {job_id} already ended ({job['status']}); nothing to cancel")
     if output is Output.table:
@@ -538,6 +545,9 @@ def register(app: typer.Typer) -> None:
     app.command("describe")(describe)
     app.command("logs")(logs)
     app.command("cancel")(cancel)
+    from corral.cli import controls  # hold, release, requeue
+
+    controls.register(app)
     app.add_typer(vc_app, name="vc")
     app.add_typer(token_app, name="token")
     app.add_typer(profile_app, name="profile")

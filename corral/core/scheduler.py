@@ -299,7 +299,8 @@ class Scheduler:
         """Take a waiting or running job out of this scheduler, to be adopted again with its
         history (by another scheduler, or by this one once a shell's gate opens: a job held, or
         requeued by its owner). A running job's GPUs are freed and its run accounted, as at a
-        preemption, but nothing counts it as one; the job is PENDING, in no queue."""
+        preemption, but nothing counts it as one; the job is PENDING, in no queue. An ended job is
+        only forgotten (its status kept), so that it may be adopted again under its id."""
         job = self.jobs[job_id]
         if job.status is JobStatus.RUNNING:
             self._stop(job, now)
@@ -307,8 +308,9 @@ class Scheduler:
             job.queued_since = now
         elif job.status is JobStatus.PENDING:
             self._dequeue(job, now)
-        else:
-            raise ValueError(f"job {job_id} is {job.status.value}, not PENDING or RUNNING")
+        else:  # ended: forgotten (a shell queues it again under its id: a requeue)
+            del self.jobs[job_id]
+            return job
         self._timer_version.pop(job.seq, None)
         self._prerun.pop(job_id, None)  # its record goes with it
         del self.jobs[job_id]

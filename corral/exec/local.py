@@ -27,6 +27,8 @@ from typing import Any, Literal
 
 from corral.exec import contain, logcap
 from corral.exec.shim import (
+    FORWARD_FILE,
+    FORWARD_SIGNAL,
     is_alive,
     last_line,
     process_start_time,
@@ -401,7 +403,7 @@ class LocalExecutor:
             # SIGTERM stays blocked in the shim until its handler is installed, so a stop()
             # right after launch() is a clean stop, not a dead shim. The mask is per thread and
             # inherited by the child.
-            old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+            old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, FORWARD_SIGNAL})
             try:
                 log_fd = os.open(
                     attempt_dir / "shim.log",
@@ -446,6 +448,22 @@ class LocalExecutor:
             elif tracked.start_time is not None and is_alive(tracked.pid, tracked.start_time):
                 try:
                     os.kill(tracked.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+
+    def signal(self, job_id: str, attempt: int, number: int) -> None:
+        """Send the attempt's workers `number` without stopping them (a warning before the time
+        limit): the shim forwards it to their process group. A no-op once the shim is gone."""
+        with self._lock:
+            tracked = self._tracked.get((job_id, attempt))
+            if tracked is None:
+                return
+            write_json_atomic(tracked.attempt_dir / FORWARD_FILE, {"signal": int(number)})
+            if tracked.popen is not None:
+                tracked.popen.send_signal(FORWARD_SIGNAL)
+            elif tracked.start_time is not None and is_alive(tracked.pid, tracked.start_time):
+                try:
+                    os.kill(tracked.pid, FORWARD_SIGNAL)
                 except ProcessLookupError:
                     pass
 

@@ -473,6 +473,13 @@ class WorkerActor:
             self.killed_after_grace = True
             self._kill_all()
 
+    def signal(self, number: int) -> None:
+        """`number` to the worker's group without a stop (the guard outlives it; the command
+        gets it): a job's warning before its time limit. A no-op before the start or after."""
+        if self.stop_requested or not self.started.is_set():
+            return
+        self._signal_group(number)
+
     def _kill_all(self) -> None:
         """Ask the guard to kill everything of the worker; SIGKILL the group (the guard
         included) only if it does not end in good time."""
@@ -700,6 +707,16 @@ class RayExecutor:
                 return
             tracked.stop_requested = True
             self._stop_workers(tracked)
+
+    def signal(self, job_id: str, attempt: int, number: int) -> None:
+        """Send every running worker of the attempt `number`, without stopping it."""
+        with self._lock:
+            tracked = self._tracked.get((job_id, attempt))
+            if tracked is None or tracked.stop_requested:
+                return
+            for rank, actor in enumerate(tracked.actors):
+                if rank not in tracked.results and actor is not None:
+                    actor.signal.remote(number)
 
     @staticmethod
     def _stop_workers(tracked: _Attempt) -> None:

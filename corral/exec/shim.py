@@ -200,6 +200,12 @@ class AttemptResult:
     workers: list[dict[str, Any]] = field(default_factory=list)
 
 
+#: The executor's request to signal the workers without stopping them: FORWARD_SIGNAL to the
+#: shim, the signal's number in FORWARD_FILE of the attempt's directory.
+FORWARD_SIGNAL = signal.SIGUSR2
+FORWARD_FILE = "signal.json"
+
+
 def _ignore(signum: int, frame: object) -> None:
     # A Python-level handler (not SIG_IGN) so that the workers get the default action back on
     # exec; its only effect is to wake the wait loop through the wake-up fd.
@@ -222,6 +228,7 @@ class Shim:
         self.log_cap = logcap.DEFAULT_CAP_BYTES
         self.capper = LogCapper(self.log_fds, self.log_cap)
         self.leftover: list[int] = []
+        self.forward_requested = False
         self.wake_read, self.wake_write = os.pipe()
         os.set_blocking(self.wake_read, False)
         os.set_blocking(self.wake_write, False)
@@ -231,15 +238,34 @@ class Shim:
     def _on_sigterm(self, signum: int, frame: object) -> None:
         self.stop_requested = True
 
+    def _on_forward(self, signum: int, frame: object) -> None:
+        # The executor asks for a signal to the workers without a stop (a job's warning before
+        # its time limit): the number is in FORWARD_FILE; the wait loop sends it.
+        self.forward_requested = True
+
+    def forward_signal(self) -> None:
+        """Send the workers' group the signal the executor wrote to FORWARD_FILE (once)."""
+        self.forward_requested = False
+        try:
+            with open(self.attempt_dir / FORWARD_FILE, encoding="utf-8") as request:
+                number = int(json.load(request)["signal"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return
+        if number in (signal.SIGKILL, signal.SIGSTOP) or number not in signal.valid_signals():
+            return
+        self.signal_group(number)
+
     def install_signal_handlers(self) -> None:
         signal.set_wakeup_fd(self.wake_write, warn_on_full_buffer=False)
         signal.signal(signal.SIGTERM, self._on_sigterm)
         signal.signal(signal.SIGCHLD, _ignore)
         signal.signal(signal.SIGHUP, _ignore)
         signal.signal(signal.SIGINT, _ignore)
-        # The executor spawns the shim with SIGTERM blocked, so that a stop() arriving before
-        # this point stays pending instead of killing the shim with the default action.
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+        signal.signal(FORWARD_SIGNAL, self._on_forward)
+        # The executor spawns the shim with SIGTERM (and FORWARD_SIGNAL) blocked, so that a
+        # stop() arriving before this point stays pending instead of killing the shim with the
+        # default action.
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, FORWARD_SIGNAL})
 
     # -- the attempt ---------------------------------------------------------------------------
 
@@ -428,6 +454,8 @@ class Shim:
                 pass
             if signal.SIGCHLD in woken_by:
                 contain.reap_orphans(keep)  # orphans of the attempt, re-parented here
+            if self.forward_requested and not self.stop_requested:
+                self.forward_signal()
 
     def end_all(self) -> None:
         """End every process of the attempt and reap the workers: at every end, before

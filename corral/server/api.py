@@ -21,10 +21,11 @@ from starlette.concurrency import run_in_threadpool
 from corral.exec.local import LocalExecutor
 from corral.server import auth, limits, schemas
 from corral.server.auth import Principal
+from corral.server.controls import ControlError
 from corral.server.logread import LogRead, UnreadableLog, read_log
 from corral.server.manager import Manager, SubmitError
 from corral.server.metrics import metrics_text
-from corral.server.spec import JobSpecModel, SpecError, one_line, parse_job_spec
+from corral.server.spec import JobSpecModel, SpecError, array_tasks, one_line, parse_job_spec
 from corral.server.store import TOKEN_ID_CHARS, JobListRow, JobProgress, JobRow, TokenRow
 from corral.server.views import GpuHolder
 
@@ -103,6 +104,9 @@ def create_app(manager: Manager) -> FastAPI:
             "reason": (reason if live else row.reason) or "",
             "exit_code": row.exit_code,
             "progress": progress_view(row.progress, live),
+            "held_by": row.held_by,
+            "array_id": row.array_id,
+            "array_index": row.array_index,
         }
 
     def progress_view(progress: JobProgress | None, live: bool) -> dict[str, Any] | None:
@@ -144,7 +148,11 @@ def create_app(manager: Manager) -> FastAPI:
             row = await manager.submit_async(model, who.user, who.unix_user)
         except SubmitError as error:
             raise HTTPException(422, str(error)) from None
-        return summary(row, {row.id: "submitted: waiting for the next scheduling round"})
+        answer = summary(row, {row.id: "submitted: waiting for the next scheduling round"})
+        if model.array is not None:  # a job array: its tasks have consecutive ids
+            count = len(array_tasks(model.array)[0])
+            answer["array_tasks"] = [str(int(row.id) + i) for i in range(count)]
+        return answer
 
     @app.get(
         "/api/v1/jobs",
@@ -238,15 +246,58 @@ def create_app(manager: Manager) -> FastAPI:
         progress reports: what hetero, profile placement, ElasticFlow and job lengths use."""
         return [asdict(p) for p in store.profiles()]
 
-    @app.post("/api/v1/jobs/{job_id}/cancel", tags=["jobs"], response_model=schemas.JobSummary)
-    def cancel_job(job_id: str, who: Caller) -> dict[str, Any]:
+    def acted_on(job_id: str, who: Principal, verb: str, array: bool = False) -> list[str]:
+        """The job (or, with `array`, the unfinished tasks of the array it names) that the
+        caller may `verb`: 404 if not visible, 403 if not theirs (nor an admin)."""
         row = visible_job(job_id, who)
         if not auth.can_act_on_job(who, row.user):
             raise HTTPException(
-                403, f"job {job_id} belongs to {row.user}; only they or an admin may cancel it"
+                403, f"job {job_id} belongs to {row.user}; only they or an admin may {verb} it"
             )
-        manager.cancel(row.id)  # "07" names job 7: use the stored id from here on
-        return summary(store.get_job(row.id))
+        if not array:
+            return [row.id]  # "07" names job 7: use the stored id from here on
+        if row.array_id != row.id:
+            raise HTTPException(422, f"array: job {row.id} is not the id of a job array")
+        return manager.array_members(row.id)
+
+    @app.post("/api/v1/jobs/{job_id}/cancel", tags=["jobs"], response_model=schemas.JobSummary)
+    def cancel_job(job_id: str, who: Caller, array: bool = False) -> dict[str, Any]:
+        """Cancel the job; with `array=true`, every unfinished task of the array it names."""
+        ids = acted_on(job_id, who, "cancel", array)
+        for member in ids:
+            manager.cancel(member)
+        return summary(store.get_job(ids[0] if ids else job_id))
+
+    def control(job_id: str, who: Caller, verb: str, array: bool) -> dict[str, Any]:
+        ids = acted_on(job_id, who, verb, array)
+        act = {"hold": manager.hold, "release": manager.release, "requeue": manager.requeue}
+        try:
+            for member in ids:
+                act[verb](member, who.user)
+        except ControlError as error:
+            raise HTTPException(error.status, str(error)) from None
+        answer = summary(store.get_job(ids[0] if ids else job_id))
+        if array:
+            answer["array_tasks"] = ids
+        return answer
+
+    @app.post("/api/v1/jobs/{job_id}/hold", tags=["jobs"], response_model=schemas.JobSummary)
+    def hold_job(job_id: str, who: Caller, array: bool = False) -> dict[str, Any]:
+        """Keep a pending job from starting until it is released (409 for a job not pending);
+        with `array=true`, every unfinished task of the array (all must be pending)."""
+        return control(job_id, who, "hold", array)
+
+    @app.post("/api/v1/jobs/{job_id}/release", tags=["jobs"], response_model=schemas.JobSummary)
+    def release_job(job_id: str, who: Caller, array: bool = False) -> dict[str, Any]:
+        """Let a held job start again (409 if it is not held)."""
+        return control(job_id, who, "release", array)
+
+    @app.post("/api/v1/jobs/{job_id}/requeue", tags=["jobs"], response_model=schemas.JobSummary)
+    def requeue_job(job_id: str, who: Caller) -> dict[str, Any]:
+        """A running job is stopped and queued again (not a failure; its checkpoint kept); a
+        failed or cancelled one is queued again under its id. 409 for a pending or succeeded
+        job."""
+        return control(job_id, who, "requeue", False)
 
     @app.get("/api/v1/jobs/{job_id}/logs", tags=["jobs"], response_class=PlainTextResponse)
     def job_logs(

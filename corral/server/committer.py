@@ -18,11 +18,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from corral.core.job import JobSpec
+from corral.core.job import Job, JobSpec
 from corral.core.protocol import SchedulerCore
 from corral.server import identity
 from corral.server.identity import AccountError
-from corral.server.spec import JobSpecModel, SpecError
+from corral.server.spec import JobSpecModel, SpecError, array_tasks
 from corral.server.state import ManagerSettings, SubmitError
 from corral.server.store import JobRow, Store
 
@@ -72,6 +72,10 @@ class SubmissionCommitter:
         def length_refusal(self, spec: JobSpec) -> str | None: ...
         def share_refusal(self, spec: JobSpec) -> str | None: ...
         def learn_workload(self, specs: list[JobSpec]) -> None: ...
+        def _note_controls(self, row: JobRow, model: JobSpecModel) -> None: ...
+        def _needs_gate(self, job_id: str) -> bool: ...
+
+        _gated: dict[str, Job]
 
     def submit(self, model: JobSpecModel, user: str, unix_user: str | None = None) -> JobRow:
         """Accept a validated job: stored, then queued (the stored row is returned), or
@@ -137,23 +141,37 @@ class SubmissionCommitter:
         refusal = self.scheduler.refusal(spec) or self.length_refusal(spec)
         if refusal is not None:
             raise SubmitError(_field_message(refusal))
+        for position, parent in enumerate(model.after):  # only existing ids: no cycle
+            if self.store.get_job(parent) is None:
+                raise SubmitError(f"after.{position}: no job {parent}")
+        indexes = array_tasks(model.array)[0] if model.array is not None else [None]
+        dumped = model.model_dump(mode="json")
         with self._inbox_lock:  # ids in the order the core will queue the jobs
-            job_id = str(self.next_id)
-            self.next_id += 1
-            row = JobRow.new(
-                job_id,
-                name=model.name,
-                user=user,
-                vc=spec.vc,
-                priority=spec.priority.value,
-                gpus=spec.gpus,
-                spec=model.model_dump(mode="json"),
-                submitted_at=now,
-                unix_user=account,
-            )
-            self._inbox.append(Submission(row, model, replace(spec, id=job_id), finish))
+            first = str(self.next_id)
+            rows = []
+            for index in indexes:  # a job array: consecutive ids, the first the array's
+                job_id = str(self.next_id)
+                self.next_id += 1
+                row = JobRow.new(
+                    job_id,
+                    name=model.name if index is None else f"{model.name}[{index}]",
+                    user=user,
+                    vc=spec.vc,
+                    priority=spec.priority.value,
+                    gpus=spec.gpus,
+                    spec=dumped,
+                    submitted_at=now,
+                    unix_user=account,
+                )
+                if index is not None:
+                    row.array_id, row.array_index = first, index
+                rows.append(row)
+            last = len(rows) - 1
+            for i, row in enumerate(rows):  # one batch: the last one's answer is the array's
+                done = finish if i == last else _ignore
+                self._inbox.append(Submission(row, model, replace(spec, id=row.id), done))
         self._inbox_ready.set()
-        return row
+        return rows[0]
 
     def _account_for(self, model: JobSpecModel, user: str, unix_user: str | None) -> str | None:
         """The Unix account the job will run as (None in single-user mode); SubmitError if it
@@ -196,8 +214,13 @@ class SubmissionCommitter:
                 self._spec_models[job_id] = submission.model
                 if submission.row.unix_user is not None:
                     self._accounts[job_id] = submission.row.unix_user
+                self._note_controls(submission.row, submission.model)
                 # A rebuild (nodes came or went) since the insert queued it from the store.
-                if job_id not in self.scheduler.jobs:
+                if job_id in self._gated:
+                    pass
+                elif self._needs_gate(job_id):  # held, dependencies, an array's cap
+                    self._gated[job_id] = Job(spec=submission.spec)
+                elif job_id not in self.scheduler.jobs:
                     try:
                         self.scheduler.submit(submission.spec, submission.row.submitted_at)
                     except Exception as error:  # checked before storing; a bug, but no hang
@@ -219,6 +242,10 @@ class SubmissionCommitter:
             except RuntimeError:  # the requester's event loop is gone (server shutting down)
                 pass
         self._wake.set()
+
+
+def _ignore(error: BaseException | None) -> None:
+    """The answer to an array's tasks but its last (its answer covers the batch)."""
 
 
 def _field_message(refusal: str) -> str:

@@ -28,6 +28,7 @@ from fastapi.routing import APIRoute
 from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from corral.server.spec import MAX_ARRAY_TASKS as MAX_ARRAY_TASKS  # a job array's tasks
 from corral.server.spec import one_line
 from corral.server.store import MAX_JOB_ID
 

@@ -47,6 +47,7 @@ from corral.exec.local import (
 )
 from corral.server import identity
 from corral.server.committer import Submission, SubmissionCommitter
+from corral.server.controls import JobControls
 from corral.server.datacache import LiveCache
 from corral.server.factory import MIN_GITTINS_HISTORY, SchedulerFactory
 from corral.server.recovery import Recovery
@@ -73,7 +74,9 @@ __all__ = [
 log = logging.getLogger("corral.manager")
 
 
-class Manager(SubmissionCommitter, Recovery, ManagerViews, SchedulerFactory, LiveCache):
+class Manager(
+    SubmissionCommitter, Recovery, ManagerViews, SchedulerFactory, LiveCache, JobControls
+):
     """The live manager: its state, the control loop and the attempts; the parts it is composed
     of (its bases) each hold one concern (see the module's docstring)."""
 
@@ -134,6 +137,7 @@ class Manager(SubmissionCommitter, Recovery, ManagerViews, SchedulerFactory, Liv
         #: their end to the core.
         self._ending: dict[str, FailureReport] = {}
         self._next_progress_check = 0.0
+        self._init_controls()  # hold, arrays, dependencies (corral.server.controls)
         self._pristine_cluster = copy.deepcopy(cluster)  # to rebuild the core from the store
         self._dirty = True
         self._wake_at: float | None = None
@@ -265,6 +269,7 @@ class Manager(SubmissionCommitter, Recovery, ManagerViews, SchedulerFactory, Liv
             self._hold_tainted(now)
             with self.store.batch():
                 if deciding:
+                    self._open_gates(now)  # held, dependencies, array caps
                     self._dirty = False
                     decision = self.scheduler.decide(now)
                     self._wake_at = decision.wake_at
@@ -405,6 +410,10 @@ class Manager(SubmissionCommitter, Recovery, ManagerViews, SchedulerFactory, Liv
             limits = share_env(action.milli, self.settings.gpu_memory_mib.get(gpu_type))
             for env in envs:
                 env.update(limits)
+        array = self._array_of.get(job.id)
+        if array is not None:  # a task of a job array: its index and the array's id
+            for env in envs:
+                env["CORRAL_ARRAY_JOB_ID"], env["CORRAL_ARRAY_INDEX"] = array[0], str(array[1])
         self._cache_env(job.id, number, placement, envs, now)
         command = argv(spec_model)
         workdir = spec_model.workdir or str(self.work_dir(job.id))
@@ -542,6 +551,7 @@ class Manager(SubmissionCommitter, Recovery, ManagerViews, SchedulerFactory, Liv
             self._ending[job_id] = report
             self.store.add_event(job_id, now, "stopping", report.reason)
             stops.append((job_id, attempt.number))
+        self._warn_before_limits(now)
         return stops
 
     # -- jobs sharing GPUs (Gandiva's packing) -------------------------------------------------
@@ -672,6 +682,9 @@ class Manager(SubmissionCommitter, Recovery, ManagerViews, SchedulerFactory, Liv
 
     def cancel(self, job_id: str) -> None:
         with self.lock:
+            if job_id in self._gated:  # held, or waiting for its dependencies or array cap
+                self._cancel_gated(job_id, self.clock())
+                return
             if job_id not in self.scheduler.jobs:
                 row = self.store.get_job(job_id)
                 if row is not None and row.status == "PENDING":  # stored, not yet queued
@@ -720,3 +733,4 @@ class Manager(SubmissionCommitter, Recovery, ManagerViews, SchedulerFactory, Liv
         self._ending.pop(job_id, None)
         self.telemetry.forget(job_id)
         self._cache_forget(job_id)
+        self._forget_controls(job_id)

@@ -78,6 +78,12 @@ class Recovery:
         def _forget(self, job_id: str) -> None: ...
         def _restore_cache_readers(self, now: float) -> None: ...
         def shape_of(self, job: Job, gpus: tuple[int, ...]) -> Shape: ...
+        def _reset_controls(self) -> None: ...
+        def _note_controls(self, row: JobRow, model: JobSpecModel) -> None: ...
+        def _needs_gate(self, job_id: str) -> bool: ...
+
+        _gated: dict[str, Job]
+
         def core_spec(
             self, model: JobSpecModel, job_id: str, submit_time: float, user: str
         ) -> JobSpec: ...
@@ -190,6 +196,7 @@ class Recovery:
             self._draining.clear()
             self._deferred.clear()
             self._retrying.clear()
+            self._reset_controls()
             self.recover()
 
     # -- recovery -----------------------------------------------------------------------------
@@ -280,6 +287,7 @@ class Recovery:
         self._spec_models[row.id] = model
         if row.unix_user is not None:
             self._accounts[row.id] = row.unix_user
+        self._note_controls(row, model)  # held, array (corral.server.controls)
         spec = self.core_spec(model, row.id, row.submitted_at, row.user)
         refusal = self.scheduler.refusal(spec)  # e.g. its VC left the config
         # Too big for the nodes there are now: on a cluster whose nodes come and go, it waits.
@@ -303,6 +311,9 @@ class Recovery:
         if row.status == "PENDING":
             ends = [a.ended_at for a in attempts if a.ended_at is not None]
             since = min(now, max([row.submitted_at, *ends]))
+        if all(a.state == "ended" for a in attempts) and self._needs_gate(row.id):
+            self._gated[row.id] = job  # held, or waiting: queued when its gates open
+            return
         self.scheduler.adopt(job, since)
         for attempt in attempts:
             if attempt.state != "ended":

@@ -77,6 +77,14 @@ MAX_WORKDIR_BYTES = 4095
 MAX_SIGNAL_CHARS = 32
 #: The whole spec as the JSON the store keeps: a command of MAX_ARGUMENT_BYTES and a large env.
 MAX_SPEC_BYTES = 256 * 1024
+#: A job array's tasks (`array: "0-99%10"`), and its largest index (corral.server.limits).
+MAX_ARRAY_TASKS = 10_000
+MAX_ARRAY_INDEX = 1_000_000
+#: Jobs one job may wait for (`after`).
+MAX_AFTER = 1024
+#: `level`, the integer priority within a VC: -MAX_LEVEL to MAX_LEVEL.
+MAX_LEVEL = 1_000_000
+ARRAY_RULE = "must be indexes such as 0-99, 1,3,5-7 or 0-99%10 (at most 10 running)"
 #: The longest a pre-run (`precheck: true`) may take before the job gets its gang anyway.
 DEFAULT_PRECHECK_S = 300.0
 #: `gpu_memory` in MiB: 1 TiB is beyond any GPU.
@@ -399,6 +407,101 @@ def _precheck(value: object) -> bool | float | None:
     return float(value)
 
 
+def _level(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or abs(value) > MAX_LEVEL:
+        raise _refuse(f"must be an integer from -{MAX_LEVEL} to {MAX_LEVEL}")
+    return value
+
+
+_ARRAY_ITEM = re.compile(r"^([0-9]{1,7})(?:-([0-9]{1,7}))?$")
+
+
+def array_tasks(text: str) -> tuple[list[int], int | None]:
+    """The indexes of an `array` string ("0-99%10", "1,3,5-7") and its cap on running tasks
+    (None: no cap); ValueError with the reason, for the field's message."""
+    body, percent, cap_text = text.strip().partition("%")
+    cap = None
+    if percent:
+        if not cap_text.isascii() or not cap_text.isdigit() or len(cap_text) > 7:
+            raise ValueError(f"the cap after '%' must be a positive integer (got {cap_text!r})")
+        cap = int(cap_text)
+        if cap < 1:
+            raise ValueError("the cap after '%' must be at least 1")
+    indexes: list[int] = []
+    seen: set[int] = set()
+    for item in body.split(","):
+        found = _ARRAY_ITEM.match(item.strip())
+        if found is None:
+            raise ValueError(f"{ARRAY_RULE} (got {text!r})")
+        low = int(found.group(1))
+        high = int(found.group(2)) if found.group(2) is not None else low
+        if high < low:
+            raise ValueError(f"the range {item.strip()} goes down")
+        if high > MAX_ARRAY_INDEX:
+            raise ValueError(f"an index is at most {MAX_ARRAY_INDEX} (got {high})")
+        if len(indexes) + high - low + 1 > MAX_ARRAY_TASKS:
+            raise ValueError(f"at most {MAX_ARRAY_TASKS} tasks")
+        for index in range(low, high + 1):
+            if index in seen:
+                raise ValueError(f"index {index} is given twice")
+            seen.add(index)
+            indexes.append(index)
+    return indexes, cap
+
+
+def _array(value: object) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or len(value) > 4096:
+        raise _refuse(ARRAY_RULE)
+    try:
+        array_tasks(value)
+    except ValueError as error:
+        raise _refuse(str(error)) from None
+    return "".join(value.split())
+
+
+def _after(value: object) -> list[int]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise _refuse("must be a list of job ids")
+    if len(value) > MAX_AFTER:
+        raise _refuse(f"must name at most {MAX_AFTER} jobs (got {len(value)})")
+    ids: list[int] = []
+    for index, item in enumerate(value):
+        if isinstance(item, str) and item.isascii() and item.isdigit() and len(item) <= 12:
+            item = int(item)
+        if isinstance(item, bool) or not isinstance(item, int) or item < 1:
+            raise _refuse("must be a job id (a positive integer)", str(index))
+        if item not in ids:
+            ids.append(item)
+    return ids
+
+
+def _signal_before_limit(value: object) -> str | None:
+    if value is None:
+        return None
+    rule = "must be SIGNAL@SECONDS, such as SIGUSR1@120"
+    if not isinstance(value, str) or len(value) > 64:
+        raise _refuse(rule)
+    name, at, seconds = value.strip().partition("@")
+    if not at or not seconds.strip().isascii() or not seconds.strip().isdigit():
+        raise _refuse(f"{rule} (got {value!r})")
+    number = int(seconds)
+    if not 1 <= number <= 1_000_000:
+        raise _refuse(f"the seconds must be 1 to 1000000 (got {number})")
+    return f"{_signal(name)}@{number}"
+
+
+def signal_before(model: JobSpecModel) -> tuple[int, float] | None:
+    """`signal_before_limit` as (signal number, seconds before the time limit), or None."""
+    if model.signal_before_limit is None:
+        return None
+    name, _, seconds = model.signal_before_limit.partition("@")
+    return int(signals.Signals[name]), float(seconds)
+
+
 def precheck_seconds(model: JobSpecModel) -> float | None:
     """The core's `precheck_s`: None (the cluster's default), 0 (none) or the longest pre-run."""
     if model.precheck is None:
@@ -555,6 +658,28 @@ Workdir = Annotated[
     PlainValidator(_workdir),
     WithJsonSchema({"anyOf": [_string(MAX_WORKDIR_BYTES, NOT_BLANK, 1), {"type": "null"}]}),
 ]
+Level = Annotated[
+    int,
+    PlainValidator(_level),
+    WithJsonSchema({"type": "integer", "minimum": -MAX_LEVEL, "maximum": MAX_LEVEL}),
+]
+ArrayText = Annotated[
+    str | None,
+    PlainValidator(_array),
+    WithJsonSchema({"anyOf": [_string(4096, r"^[0-9,%\s-]+$", 1), {"type": "null"}]}),
+]
+After = Annotated[
+    list[int],
+    PlainValidator(_after),
+    WithJsonSchema(
+        {"type": "array", "maxItems": MAX_AFTER, "items": {"type": "integer", "minimum": 1}}
+    ),
+]
+SignalBeforeLimit = Annotated[
+    str | None,
+    PlainValidator(_signal_before_limit),
+    WithJsonSchema({"anyOf": [_string(64, r"^\s*[A-Za-z0-9]+@[0-9]+\s*$", 3), {"type": "null"}]}),
+]
 SignalName = Annotated[
     str,
     PlainValidator(_signal),
@@ -703,6 +828,12 @@ class JobSpecModel(BaseModel):
         "guaranteed",
         description="guaranteed jobs use their VC's GPUs; opportunistic ones borrow idle GPUs",
     )
+    level: Level = Field(
+        0,
+        description="an integer priority within the VC (and class): higher levels wait ahead "
+        "of lower ones, the policy's order breaks ties; where the policy preempts, a higher "
+        "level may preempt a lower one",
+    )
     gpus: GpuCount = Field(
         description="total GPUs, all held at once; or a share of one GPU below 1 (0.5: half "
         "of one GPU, which other jobs' shares may use too; at most 3 decimals, one worker)"
@@ -745,6 +876,11 @@ class JobSpecModel(BaseModel):
         description="seconds of running after which the job is stopped and fails; also its "
         "length for sjf and srtf (the user's estimate, as in Slurm)",
     )
+    signal_before_limit: SignalBeforeLimit = Field(
+        None,
+        description="SIGNAL@SECONDS (Slurm's --signal): the signal sent to the job's processes "
+        "that many seconds before its time_limit, once per attempt (needs time_limit)",
+    )
     progress_timeout: PositiveSeconds = Field(
         None,
         description="seconds without a progress report after which an attempt counts as hung: "
@@ -768,6 +904,17 @@ class JobSpecModel(BaseModel):
         None,
         description="the data set the job reads, cached on the nodes it runs on: "
         "{name, size_gb, read_gb_s} (docs/silod.md#live)",
+    )
+    array: ArrayText = Field(
+        None,
+        description=f"a job array: one task per index, such as 0-99, 1,3,5-7 or 0-99%10 (at "
+        f"most 10 running at once); at most {MAX_ARRAY_TASKS} tasks, each an ordinary job that "
+        "gets CORRAL_ARRAY_INDEX and CORRAL_ARRAY_JOB_ID",
+    )
+    after: After = Field(
+        default_factory=list,
+        description="ids of jobs that must succeed before this one starts (Slurm's afterok); "
+        "if one fails or is cancelled, this job fails without starting",
     )
 
     @model_validator(mode="after")
@@ -816,6 +963,22 @@ class JobSpecModel(BaseModel):
             problem = f"min_gpus and max_gpus must be multiples of one worker's GPUs ({unit})"
         if problem is not None:
             raise PydanticCustomError("spec", "{reason}", {"field": "elastic", "reason": problem})
+        return self
+
+    @model_validator(mode="after")
+    def _signal_needs_a_limit(self) -> JobSpecModel:
+        if self.signal_before_limit is None:
+            return self
+        seconds = float(self.signal_before_limit.partition("@")[2])
+        problem = None
+        if self.time_limit is None:
+            problem = "needs time_limit (the signal is sent that many seconds before it)"
+        elif seconds >= self.time_limit:
+            problem = f"must come before the time_limit ({seconds:g} s >= {self.time_limit:g} s)"
+        if problem is not None:
+            raise PydanticCustomError(
+                "spec", "{reason}", {"field": "signal_before_limit", "reason": problem}
+            )
         return self
 
     @model_validator(mode="after")
@@ -966,6 +1129,7 @@ def to_core_spec(
             else Elastic(model.elastic.min_gpus, model.elastic.max_gpus, gpus)
         ),
         gpu_milli=milli,
+        level=model.level,
     )
 
 

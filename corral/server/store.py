@@ -74,6 +74,11 @@ jobs_table = sa.Table(
     sa.Column("steps_per_s", sa.Double),
     sa.Column("loss", sa.Double),
     sa.Column("progress_at", sa.Double),
+    # Who holds the pending job back (`corral hold`; None: not held).
+    sa.Column("held_by", sa.String),
+    # A task of a job array: the array's id (its first task's) and the task's index.
+    sa.Column("array_id", sa.Integer),
+    sa.Column("array_index", sa.Integer),
 )
 
 attempts_table = sa.Table(
@@ -220,6 +225,9 @@ class JobRow:
     exit_code: int | None
     unix_user: str | None = None
     progress: JobProgress | None = None
+    held_by: str | None = None
+    array_id: str | None = None
+    array_index: int | None = None
 
     @classmethod
     def new(
@@ -281,6 +289,9 @@ class JobListRow:
     preemptions: int
     exit_code: int | None
     progress: JobProgress | None = None
+    held_by: str | None = None
+    array_id: str | None = None
+    array_index: int | None = None
 
 
 class _SpecWorkers(FunctionElement[int]):
@@ -337,6 +348,9 @@ def _list_row(row: RowMapping) -> JobListRow:
         preemptions=row["preemptions"],
         exit_code=row["exit_code"],
         progress=_progress_of(row),
+        held_by=row["held_by"],
+        array_id=None if row["array_id"] is None else str(row["array_id"]),
+        array_index=row["array_index"],
     )
 
 
@@ -431,6 +445,9 @@ def _job_row(row: RowMapping) -> JobRow:
         exit_code=row["exit_code"],
         unix_user=row["unix_user"],
         progress=_progress_of(row),
+        held_by=row["held_by"],
+        array_id=None if row["array_id"] is None else str(row["array_id"]),
+        array_index=row["array_index"],
     )
 
 
@@ -758,6 +775,9 @@ class Store:
                         reason=row.reason,
                         submitted_at=row.submitted_at,
                         unix_user=row.unix_user,
+                        held_by=row.held_by,
+                        array_id=None if row.array_id is None else int(row.array_id),
+                        array_index=row.array_index,
                     )
                     for row in rows
                 ],

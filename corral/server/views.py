@@ -43,6 +43,7 @@ class ManagerViews:
     if TYPE_CHECKING:  # the manager's own
 
         def gpu_name(self, gpu: int) -> str: ...
+        def gate_reason(self, job_id: str) -> str | None: ...
 
     def next_round_at(self) -> float | None:
         """When the control loop decides next though nothing else happens: the core's next timer
@@ -55,6 +56,9 @@ class ManagerViews:
         with self.lock:
             if job_id in self._deferred:
                 return "starting: waiting for a stopped job's processes to release its GPUs"
+            gated = self.gate_reason(job_id)  # held, dependencies, array cap
+            if gated is not None:
+                return gated
             job = self.scheduler.jobs.get(job_id)
             if job is None:
                 return "submitted: waiting for the next scheduling round"

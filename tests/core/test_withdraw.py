@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
-
 from corral.core import JobStatus
 from tests.core.helpers import scheduler, spec, started
 
@@ -37,10 +35,13 @@ def test_an_adopted_job_keeps_its_place_in_arrival_order():
     assert [j.id for j in s.pending_jobs()] == ["x", "y", "z"]  # by submit time, as before
 
 
-def test_a_finished_job_cannot_be_withdrawn():
+def test_a_finished_job_withdrawn_is_forgotten_and_may_be_adopted_again():
     s = scheduler(1, 1, "fifo")
     s.submit(spec("a", 1), 0)
     s.decide(0)
     s.finished("a", 1)
-    with pytest.raises(ValueError, match="SUCCEEDED"):
-        s.withdraw("a", 2)
+    job = s.withdraw("a", 2)
+    assert job.status is JobStatus.SUCCEEDED and "a" not in s.jobs
+    job.status = JobStatus.PENDING
+    s.adopt(job, 3)
+    assert started(s.decide(3).actions) == {"a": (0,)}
