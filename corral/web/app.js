@@ -122,6 +122,49 @@
     return response;
   }
 
+  async function post(path) {
+    const response = await fetch(API + path, {
+      method: "POST",
+      headers: { Authorization: `Bearer ${state.token}` },
+    });
+    if (!response.ok) {
+      let message = `${response.status} ${response.statusText}`;
+      try {
+        const body = await response.json();
+        if (body && body.detail) message = String(body.detail);
+      } catch {
+        // not JSON: keep the status line
+      }
+      throw new ApiError(response.status, message);
+    }
+    return response.json();
+  }
+
+  // The drawer's controls (docs/server.md#job-controls): what the job's state allows.
+  function jobActions(job) {
+    const verbs = [];
+    if (job.status === "PENDING") verbs.push(job.held_by ? "release" : "hold");
+    if (["RUNNING", "FAILED", "CANCELLED"].includes(job.status)) verbs.push("requeue");
+    const note = el("span", { class: "action-error" });
+    const buttons = verbs.map((verb) => {
+      const button = el("button", { type: "button", data: { action: verb } }, verb);
+      button.addEventListener("click", async () => {
+        button.disabled = true;
+        try {
+          await post(`/jobs/${encodeURIComponent(job.id)}/${verb}`);
+          note.textContent = "";
+          refreshDetail();
+        } catch (error) {
+          note.textContent = error.message;
+        } finally {
+          button.disabled = false;
+        }
+      });
+      return button;
+    });
+    return el("div", { id: "detail-actions" }, ...buttons, note);
+  }
+
   async function getJson(path) {
     return (await request(path)).json();
   }
@@ -468,6 +511,9 @@
     status.className = `badge status-${job.status}`;
     status.textContent = job.status;
     $("detail-reason").textContent = job.reason || "";
+    const actions = document.getElementById("detail-actions");
+    if (actions) actions.remove();
+    $("detail-reason").after(jobActions(job));
     const spec = job.spec || {};
     const command = Array.isArray(spec.command) ? spec.command.join(" ") : spec.command;
     const now = Date.now() / 1000;

@@ -186,6 +186,7 @@ def test_a_minimal_spec_gets_every_default() -> None:
         "name": "train",
         "vc": "default",
         "priority": "guaranteed",
+        "level": 0,
         "gpus": 4,
         "gpu_memory": None,
         "workers": 1,
@@ -200,11 +201,14 @@ def test_a_minimal_spec_gets_every_default() -> None:
         "model": None,
         "total_steps": None,
         "time_limit": None,
+        "signal_before_limit": None,
         "progress_timeout": None,
         "deadline": None,
         "elastic": None,
         "precheck": None,
         "dataset": None,
+        "array": None,
+        "after": [],
     }
 
 
