@@ -90,7 +90,9 @@ class Client:
 
     def submit(self, spec: dict[str, Any] | str | Path, *, source: str | None = None) -> dict:
         """Submit a job spec (a mapping, or a YAML/JSON file's path) -> the job's summary.
-        Refusals of a file's spec name the file (`source` names it for a mapping)."""
+        Refusals of a file's spec name the file (`source` names it for a mapping). A spec with
+        `env_from: submitter` and no `submitter_env` gets this process's environment there, less
+        what corral.submitenv keeps back (corral's credentials, secrets, the login session)."""
         if isinstance(spec, str | Path):
             from corral.server.spec import SpecError
 
@@ -99,6 +101,10 @@ class Client:
                 spec = load_spec_file(spec)
             except SpecError as error:
                 raise ClientError(str(error)) from None
+        if str(spec.get("env_from", "")).lower() == "submitter" and "submitter_env" not in spec:
+            from corral.submitenv import submitter_environment
+
+            spec = {**spec, "submitter_env": submitter_environment()}  # (less corral's secrets)
         try:
             return self._request("POST", "/jobs", json=spec)
         except ClientError as error:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import socket
 import stat
@@ -153,36 +154,60 @@ def placement_worker_envs(
     extra_env: dict[str, str] | None = None,
     master_addr: str = "",
     master_port: int | None = None,
+    launcher: str = "none",
 ) -> list[dict[str, str]]:
     """The extra environment of each worker (rank order) of an attempt whose worker r runs on
     node placement[r][0] with that node's device indexes placement[r][1].
 
-    As torchrun does per node: CUDA_VISIBLE_DEVICES lists all the attempt's devices on that node,
-    in rank order; CORRAL_LOCAL_GPUS names the worker's own share as indexes within that list;
-    LOCAL_RANK / LOCAL_WORLD_SIZE count the workers on that node. MASTER_ADDR and MASTER_PORT
+    A plain worker (`launcher` "none") is what torchrun starts per GPU: CUDA_VISIBLE_DEVICES
+    lists all the attempt's devices on that node, in rank order; CORRAL_LOCAL_GPUS names the
+    worker's own share as indexes within that list; LOCAL_RANK / LOCAL_WORLD_SIZE count the
+    workers on that node; NODE_RANK / NNODES number the attempt's nodes (in rank order).
+
+    A "torchrun" worker is a torchrun agent (`launch_argv`), which starts one process per GPU of
+    its own: CUDA_VISIBLE_DEVICES lists only the worker's devices, so that the LOCAL_RANK torchrun
+    gives each process (0 to n-1) is its own GPU's index; NODE_RANK / NNODES are the worker's
+    rank and the worker count, as torchrun's --node_rank and --nnodes (two workers on one node
+    are two of torchrun's "nodes"). torchrun sets RANK, WORLD_SIZE and the LOCAL_ ones of its
+    processes itself, over the agent's.
+
+    Every worker gets CORRAL_GPUS_PER_WORKER, its own device count. MASTER_ADDR and MASTER_PORT
     left empty are the executor's to fill in (it knows where rank 0 runs). corral's variables win
     over the spec's env: a job must not escape its GPUs by setting them.
     """
+    if launcher not in LAUNCHERS:
+        raise ValueError(f"launcher: must be one of {', '.join(LAUNCHERS)} (got {launcher!r})")
     by_node: dict[str, list[int]] = {}
     for rank, (node, _) in enumerate(placement):
         by_node.setdefault(node, []).append(rank)
+    nodes = list(by_node)  # in the order of their first rank
     envs = []
     for rank, (node, devices) in enumerate(placement):
         ranks_here = by_node[node]
-        visible = [device for other in ranks_here for device in placement[other][1]]
-        before = sum(len(placement[other][1]) for other in ranks_here if other < rank)
+        if launcher == "torchrun":
+            visible = list(devices)
+            own = list(range(len(devices)))
+            node_rank, nnodes = rank, len(placement)
+        else:
+            visible = [device for other in ranks_here for device in placement[other][1]]
+            before = sum(len(placement[other][1]) for other in ranks_here if other < rank)
+            own = [before + i for i in range(len(devices))]
+            node_rank, nnodes = nodes.index(node), len(nodes)
         env = dict(extra_env or {})
         env.update(
             {
                 # NVML's numbering (PCI bus order); CUDA's default is fastest-first
                 "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
                 "CUDA_VISIBLE_DEVICES": ",".join(str(device) for device in visible),
-                "CORRAL_LOCAL_GPUS": ",".join(str(before + i) for i in range(len(devices))),
+                "CORRAL_LOCAL_GPUS": ",".join(str(index) for index in own),
+                "CORRAL_GPUS_PER_WORKER": str(len(devices)),
                 "CORRAL_NODE": node,
                 "RANK": str(rank),
                 "LOCAL_RANK": str(ranks_here.index(rank)),
                 "WORLD_SIZE": str(len(placement)),
                 "LOCAL_WORLD_SIZE": str(len(ranks_here)),
+                "NODE_RANK": str(node_rank),
+                "NNODES": str(nnodes),
                 "MASTER_ADDR": master_addr,
                 "MASTER_PORT": "" if master_port is None else str(master_port),
                 "CORRAL_JOB_ID": str(job_id),
@@ -192,6 +217,36 @@ def placement_worker_envs(
         )
         envs.append(env)
     return envs
+
+
+#: How a job's workers are started: its command itself, or torchrun running it (`launch_argv`).
+LAUNCHERS = ("none", "torchrun")
+
+#: torchrun's flags for one corral worker, the agent of torchrun's "node" NODE_RANK of NNODES
+#: (static rendezvous at rank 0's MASTER_ADDR:MASTER_PORT: no etcd, no c10d endpoint to choose;
+#: no restarts: corral retries an attempt itself). The shell fills in MASTER_ADDR and MASTER_PORT
+#: from the worker's environment: an executor may choose them only as the worker starts (Ray's
+#: rank 0 picks its port on its node). `exec` leaves torchrun the worker's process.
+_TORCHRUN = (
+    'exec torchrun --nnodes="$NNODES" --node_rank="$NODE_RANK" '
+    '--nproc_per_node="$CORRAL_GPUS_PER_WORKER" --rdzv_backend=static '
+    '--master_addr="$MASTER_ADDR" --master_port="$MASTER_PORT" --max_restarts=0 "$@"'
+)
+
+
+def launch_argv(command: str | list[str], launcher: str = "none") -> list[str]:
+    """A worker's argv for a job spec's command under `launcher` (LAUNCHERS).
+
+    "none": `command_argv`. "torchrun": torchrun, found on the worker's PATH, with the flags
+    of `_TORCHRUN`, then the command as torchrun's own arguments: the script and its arguments
+    (a list as is; a string split as the shell splits words, without running one), or e.g.
+    `-m package.module ARGS`, `--no-python PROGRAM ARGS`."""
+    if launcher == "none":
+        return command_argv(command)
+    if launcher != "torchrun":
+        raise ValueError(f"launcher: must be one of {', '.join(LAUNCHERS)} (got {launcher!r})")
+    arguments = shlex.split(command) if isinstance(command, str) else list(command)
+    return ["/bin/sh", "-c", _TORCHRUN, "torchrun", *arguments]
 
 
 def share_env(milli: int, memory_mib: int | None = None, device: int = 0) -> dict[str, str]:

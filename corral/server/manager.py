@@ -41,6 +41,7 @@ from corral.exec.local import (
     AttemptLaunch,
     RunAs,
     WorkerLaunch,
+    launch_argv,
     own_directory,
     placement_worker_envs,
     share_env,
@@ -51,7 +52,7 @@ from corral.server.controls import JobControls
 from corral.server.datacache import LiveCache
 from corral.server.factory import MIN_GITTINS_HISTORY, SchedulerFactory
 from corral.server.recovery import Recovery
-from corral.server.spec import JobSpecModel, argv, signal_number
+from corral.server.spec import JobSpecModel, job_env, signal_number
 from corral.server.state import (
     Attempt,
     Executor,
@@ -401,7 +402,9 @@ class Manager(
         )
         workers = len(gpus) // job.spec.gpus_per_worker  # an elastic job's count changes
         placement = self._worker_placement(gpus, workers)
-        envs = placement_worker_envs(job.id, number, placement, checkpoint, spec_model.env)
+        envs = placement_worker_envs(
+            job.id, number, placement, checkpoint, job_env(spec_model), launcher=spec_model.launcher
+        )
         if action.precheck:  # the job may want to know (e.g. to skip a long data load)
             for env in envs:
                 env["CORRAL_PRECHECK"] = "1"
@@ -415,7 +418,7 @@ class Manager(
             for env in envs:
                 env["CORRAL_ARRAY_JOB_ID"], env["CORRAL_ARRAY_INDEX"] = array[0], str(array[1])
         self._cache_env(job.id, number, placement, envs, now)
-        command = argv(spec_model)
+        command = launch_argv(spec_model.command, spec_model.launcher)
         workdir = spec_model.workdir or str(self.work_dir(job.id))
         return AttemptLaunch(
             job_id=job.id,

@@ -11,6 +11,8 @@ first problem found: an unknown field first (it often explains a "missing" one: 
     workers: 2                  # each worker gets gpus/workers GPUs
     gpu_type: [a100, h100]      # acceptable GPU types, any case
     env: {EPOCHS: 10}           # numbers and booleans become strings
+    launcher: torchrun          # corral runs torchrun per worker; command is the script
+    env_from: submitter         # corral submit sends the submitter's environment
 
 Sizes are capped (see the constants below and docs/job-spec.md), so that no spec can exhaust the
 manager or fail at exec time: a command string or argument, and each NAME=value of `env`, at most
@@ -33,6 +35,7 @@ import difflib
 import json
 import math
 import re
+import shlex
 import signal as signals
 from collections.abc import Mapping
 from datetime import UTC, datetime
@@ -51,6 +54,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from corral import submitenv
 from corral.config_file import YamlFileError, read_yaml_file
 from corral.core.cluster import MILLI  # milli-GPU in one GPU: a share is given in thousandths
 from corral.core.job import Elastic, JobSpec, Priority
@@ -339,6 +343,21 @@ def _env(value: object) -> dict[str, str]:
         # The kernel's limit is on the whole NAME=value string.
         _checked_text(text, MAX_ARGUMENT_BYTES - len(key.encode()) - 1, key)
         env[key] = text
+    return env
+
+
+def _submitter_env(value: object) -> dict[str, str]:
+    """`env`'s rules, and: names the shells agree on, none of corral's own, the account's or the
+    login session's, nor one that looks like a secret (corral.submitenv); at most
+    submitenv.MAX_BYTES in all."""
+    env = _env(value)
+    for key in env:
+        problem = submitenv.refusal(key)
+        if problem is not None:
+            raise _refuse(problem, key)
+    size = sum(len(f"{key}={text}".encode()) for key, text in env.items())
+    if size > submitenv.MAX_BYTES:
+        raise _refuse(f"must be at most {submitenv.MAX_BYTES} bytes in all (got {size})")
     return env
 
 
@@ -653,6 +672,28 @@ Env = Annotated[
         }
     ),
 ]
+Launcher = Annotated[
+    Literal["none", "torchrun"],
+    PlainValidator(_choice("none", "torchrun"), json_schema_input_type=Literal["none", "torchrun"]),
+]
+EnvFrom = Annotated[
+    Literal["none", "submitter"],
+    PlainValidator(
+        _choice("none", "submitter"), json_schema_input_type=Literal["none", "submitter"]
+    ),
+]
+SubmitterEnv = Annotated[
+    dict[str, str],
+    PlainValidator(_submitter_env),
+    WithJsonSchema(
+        {
+            "type": "object",
+            "maxProperties": MAX_ENV_VARS,
+            "propertyNames": _string(MAX_ENV_NAME_BYTES, submitenv.NAME.pattern, 1),
+            "additionalProperties": {"type": "string"},
+        }
+    ),
+]
 Workdir = Annotated[
     str | None,
     PlainValidator(_workdir),
@@ -855,6 +896,21 @@ class JobSpecModel(BaseModel):
         description="extra environment variables: at most 1,024; names of at most 255 bytes "
         "without '='; each NAME=value at most 131,071 bytes",
     )
+    launcher: Launcher = Field(
+        "none",
+        description="none: every worker runs command; torchrun: corral runs torchrun per worker "
+        "(one process per GPU of the worker) and command is the script and its arguments",
+    )
+    env_from: EnvFrom = Field(
+        "none",
+        description="none: the job's environment is the manager's (or the account's); "
+        "submitter: the submitter's too, as corral submit sends it in submitter_env",
+    )
+    submitter_env: SubmitterEnv = Field(
+        default_factory=dict,
+        description="the submitter's environment, for env_from: submitter (the client fills "
+        "it); env overrides it",
+    )
     workdir: Workdir = Field(
         None,
         description="working directory of every worker: an absolute path of at most 4,095 "
@@ -938,6 +994,32 @@ class JobSpecModel(BaseModel):
                     "field": "workers",
                     "reason": f"must divide gpus ({self.workers} does not divide {self.gpus})",
                 },
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _torchrun_command(self) -> JobSpecModel:
+        """Under torchrun a command string is split into words, as the shell would (no shell
+        runs it): refused at once if it cannot be."""
+        if self.launcher != "torchrun" or not isinstance(self.command, str):
+            return self
+        try:
+            words = shlex.split(self.command)
+        except ValueError as error:
+            reason = f"cannot be split into torchrun's arguments ({error})"
+        else:
+            if words:
+                return self
+            reason = "must name the script torchrun runs"
+        raise PydanticCustomError("spec", "{reason}", {"field": "command", "reason": reason})
+
+    @model_validator(mode="after")
+    def _submitter_env_wanted(self) -> JobSpecModel:
+        if self.submitter_env and self.env_from != "submitter":
+            raise PydanticCustomError(
+                "spec",
+                "{reason}",
+                {"field": "submitter_env", "reason": "is used only with env_from: submitter"},
             )
         return self
 
@@ -1138,6 +1220,15 @@ def signal_number(model: JobSpecModel) -> int:
 
 
 def argv(model: JobSpecModel) -> list[str]:
+    """The command of a plain job's workers (a torchrun job's: corral.exec.local.launch_argv)."""
     if isinstance(model.command, str):
         return ["/bin/sh", "-c", model.command]
     return list(model.command)
+
+
+def job_env(model: JobSpecModel) -> dict[str, str]:
+    """The variables every worker gets from the spec: the submitter's environment, for
+    `env_from: submitter`, under `env` (corral's own per worker go over both)."""
+    if model.env_from != "submitter":
+        return dict(model.env)
+    return {**model.submitter_env, **model.env}

@@ -20,6 +20,8 @@ from corral.exec.local import (
     LocalExecutor,
     command_argv,
     free_port,
+    launch_argv,
+    placement_worker_envs,
     share_env,
     worker_envs,
 )
@@ -373,6 +375,88 @@ def test_worker_envs_split_the_gpus_in_rank_order(tmp_path: Path) -> None:
         worker_envs("5", 1, [0, 1, 2, 3], 3, tmp_path, 1234)
     with pytest.raises(ValueError, match="workers: must be at least 1"):
         worker_envs("5", 1, [0], 0, tmp_path, 1234)
+
+
+def test_plain_workers_get_the_torchrun_users_variables(tmp_path: Path) -> None:
+    # Ranks 0 and 2 on node a (devices 1,3 and 0,2), rank 1 on node b: nodes in rank order.
+    placement = [("a", [1, 3]), ("b", [5, 6]), ("a", [0, 2])]
+    envs = placement_worker_envs("7", 1, placement, tmp_path, {"NNODES": "99"})
+    assert [env["CUDA_VISIBLE_DEVICES"] for env in envs] == ["1,3,0,2", "5,6", "1,3,0,2"]
+    assert [env["CORRAL_LOCAL_GPUS"] for env in envs] == ["0,1", "0,1", "2,3"]
+    assert [env["LOCAL_RANK"] for env in envs] == ["0", "0", "1"]
+    assert [env["NODE_RANK"] for env in envs] == ["0", "1", "0"]
+    assert {env["NNODES"] for env in envs} == {"2"}  # corral's over the spec's
+    assert {env["CORRAL_GPUS_PER_WORKER"] for env in envs} == {"2"}
+    assert {env["WORLD_SIZE"] for env in envs} == {"3"}
+
+
+def test_torchrun_workers_see_only_their_own_gpus(tmp_path: Path) -> None:
+    # Each worker is one of torchrun's "nodes": NODE_RANK is its rank, NNODES the worker count,
+    # and its processes' LOCAL_RANK 0..n-1 index its own devices.
+    placement = [("a", [1, 3]), ("b", [5, 6]), ("a", [0, 2])]
+    envs = placement_worker_envs(
+        "7", 1, placement, tmp_path, {"CUDA_VISIBLE_DEVICES": "0,1,2,3"}, launcher="torchrun"
+    )
+    assert [env["CUDA_VISIBLE_DEVICES"] for env in envs] == ["1,3", "5,6", "0,2"]
+    assert {env["CORRAL_LOCAL_GPUS"] for env in envs} == {"0,1"}
+    assert [env["NODE_RANK"] for env in envs] == ["0", "1", "2"]
+    assert {env["NNODES"] for env in envs} == {"3"}
+    assert {env["CORRAL_GPUS_PER_WORKER"] for env in envs} == {"2"}
+    share = placement_worker_envs("8", 1, [("a", [4])], tmp_path, launcher="torchrun")[0]
+    assert (share["CUDA_VISIBLE_DEVICES"], share["CORRAL_GPUS_PER_WORKER"]) == ("4", "1")
+    assert (share["NODE_RANK"], share["NNODES"]) == ("0", "1")
+    with pytest.raises(ValueError, match=r"launcher: must be one of none, torchrun \(got 'mpi'\)"):
+        placement_worker_envs("9", 1, [("a", [0])], tmp_path, launcher="mpi")
+
+
+def test_the_torchrun_argv_runs_torchrun_with_the_workers_placement(tmp_path: Path) -> None:
+    string = launch_argv("train.py --lr 0.1 --name 'a b'", "torchrun")
+    listed = launch_argv(["train.py", "--lr", "0.1", "--name", "a b"], "torchrun")
+    assert string == listed
+    assert string[:2] == ["/bin/sh", "-c"] and string[3:] == [
+        "torchrun",
+        "train.py",
+        "--lr",
+        "0.1",
+        "--name",
+        "a b",
+    ]
+    assert launch_argv("echo $A", "none") == ["/bin/sh", "-c", "echo $A"]
+    assert launch_argv(["python", "x.py"]) == ["python", "x.py"]
+    with pytest.raises(ValueError, match="launcher: must be one of none, torchrun"):
+        launch_argv("x", "deepspeed")
+    # The shell fills in the flags from the worker's environment; a stand-in `torchrun` on the
+    # PATH prints the argv it got, one argument a line.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "torchrun"
+    fake.write_text('#!/bin/sh\nfor a in "$@"; do echo "$a"; done\n')
+    fake.chmod(0o755)
+    env = placement_worker_envs(
+        "7",
+        1,
+        [("a", [0, 1]), ("a", [2, 3])],
+        tmp_path,
+        master_addr="10.0.0.1",
+        master_port=29400,
+        launcher="torchrun",
+    )[1]
+    env["PATH"] = f"{bin_dir}:/usr/bin:/bin"
+    ran = subprocess.run(string, env=env, capture_output=True, text=True, check=True, timeout=60)
+    assert ran.stdout.splitlines() == [
+        "--nnodes=2",
+        "--node_rank=1",
+        "--nproc_per_node=2",
+        "--rdzv_backend=static",
+        "--master_addr=10.0.0.1",
+        "--master_port=29400",
+        "--max_restarts=0",
+        "train.py",
+        "--lr",
+        "0.1",
+        "--name",
+        "a b",
+    ]
 
 
 def test_a_share_gets_its_mps_limits_rounded_down() -> None:

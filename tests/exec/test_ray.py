@@ -22,6 +22,7 @@ from corral.exec.local import (
     AttemptEnded,
     AttemptLaunch,
     WorkerLaunch,
+    launch_argv,
     placement_worker_envs,
 )
 from corral.exec.ray import RayExecutor, actor_name
@@ -111,6 +112,57 @@ def test_multi_node_envs_follow_torchrun() -> None:
     assert [env["LOCAL_WORLD_SIZE"] for env in envs] == ["2", "2", "1"]
     assert {env["WORLD_SIZE"] for env in envs} == {"3"}
     assert [env["CORRAL_NODE"] for env in envs] == ["a", "a", "b"]
+
+
+def test_a_torchrun_job_rendezvouses_across_two_ray_nodes(
+    executor: RayExecutor, tmp_path: Path
+) -> None:
+    """torchrun's flags come from each worker's environment as it starts on its node: rank 0's
+    node picks MASTER_PORT there, and the two agents (one per node, one process each) meet."""
+    script = tmp_path / "seen.py"
+    script.write_text(
+        "import json, os, sys\n"
+        "keys = ('RANK', 'WORLD_SIZE', 'LOCAL_RANK', 'CUDA_VISIBLE_DEVICES', 'NODE_RANK')\n"
+        "seen = {key: os.environ.get(key) for key in keys}\n"
+        "json.dump(seen, open(sys.argv[1] + '/seen-' + seen['RANK'] + '.json', 'w'))\n"
+    )
+    placement = [("a", [1]), ("b", [0])]
+    checkpoint = tmp_path / "jobs" / "40" / "checkpoint"
+    path = f"{Path(PYTHON).parent}:/usr/bin:/bin"  # torchrun is the test's virtualenv's
+    envs = placement_worker_envs(
+        "40", 1, placement, checkpoint, {"PATH": path}, launcher="torchrun"
+    )
+    argv = launch_argv([str(script), str(tmp_path)], "torchrun")
+    launch = AttemptLaunch(
+        job_id="40",
+        attempt=1,
+        workers=[WorkerLaunch(rank, argv, envs[rank], placement[rank][0]) for rank in (0, 1)],
+        workdir=str(tmp_path),
+        stop_signal=signal.SIGTERM,
+        grace_s=5,
+        attempt_dir=tmp_path / "jobs" / "40" / "attempt-1",
+        checkpoint_dir=checkpoint,
+    )
+    executor.launch(launch)
+    (end,) = wait_ended(executor, timeout=240)
+    assert (end.exit_code, end.reason) == (0, "exit code 0"), end
+    seen = [json.loads((tmp_path / f"seen-{rank}.json").read_text()) for rank in (0, 1)]
+    assert seen == [
+        {
+            "RANK": "0",
+            "WORLD_SIZE": "2",
+            "LOCAL_RANK": "0",
+            "CUDA_VISIBLE_DEVICES": "1",
+            "NODE_RANK": "0",
+        },
+        {
+            "RANK": "1",
+            "WORLD_SIZE": "2",
+            "LOCAL_RANK": "0",
+            "CUDA_VISIBLE_DEVICES": "0",
+            "NODE_RANK": "1",
+        },
+    ]
 
 
 def test_nodes_are_read_from_ray(executor: RayExecutor) -> None:

@@ -214,3 +214,56 @@ def test_a_preempted_jobs_escaped_processes_are_gone_before_its_gpu_is_given_on(
     finally:
         server.stop()
         kill_jobs_of(data_dir)
+
+
+# Fails loudly when stopped, as torchrun does: a traceback and exit code 1 on SIGTERM.
+LOUD = (
+    "import os, signal, time\n"
+    "def stopped(*_):\n"
+    "    raise RuntimeError('SignalException: got SIGTERM')\n"
+    "signal.signal(signal.SIGTERM, stopped)\n"
+    "print(os.getpid(), flush=True)\n"
+    "time.sleep(600)\n"
+)
+
+
+def test_a_stop_the_manager_asked_for_is_its_outcome_whatever_the_exit_code(
+    data_dir: Path,
+) -> None:
+    server = start_server(data_dir, gpus=2, config=TWO_VCS, policy="fifo")
+    try:
+        admin = api(server.url, admin_token(data_dir))
+        token = admin.post("/api/v1/tokens", json={"user": "bob", "vc": "b"}).json()["token"]
+        bob = api(server.url, token)
+        loud = submit(bob, **python_job("loud", LOUD, gpus=2, max_retries=0))
+        wait_for(bob, loud, ["RUNNING"])  # on a's idle GPU too, borrowed
+        _pid(data_dir, loud)
+        mine = submit(admin, **python_job("a1", "print('mine')", vc="a"))
+        assert wait_for(admin, mine)["status"] == "SUCCEEDED"  # a took its GPU back
+        first = wait_until(
+            lambda: (a := job(bob, loud)["attempt_history"][0])["state"] == "ended" and a,
+            "the preempted attempt's end",
+        )
+        assert (first["outcome"], first["exit_code"]) == ("preempted", 1), first
+        found = job(bob, loud)
+        assert (found["preemptions"], found["failures"]) == (1, 0), found
+        assert found["status"] in ("PENDING", "RUNNING")  # not FAILED, for all max_retries 0
+        running = wait_until(
+            lambda: (
+                (f := job(bob, loud))["status"] == "RUNNING"
+                and len(f["attempt_history"]) == 2
+                and f
+            ),
+            "the second attempt",
+        )
+        _pid(data_dir, loud, running["attempt_history"][1]["number"])
+        bob.post(f"/api/v1/jobs/{loud}/cancel")
+        assert wait_for(bob, loud)["status"] == "CANCELLED"
+        second = wait_until(
+            lambda: (a := job(bob, loud)["attempt_history"][1])["state"] == "ended" and a,
+            "the cancelled attempt's end",
+        )
+        assert (second["outcome"], second["exit_code"]) == ("cancelled", 1), second
+        assert job(bob, loud)["failures"] == 0
+    finally:
+        server.stop()

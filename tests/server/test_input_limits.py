@@ -214,6 +214,36 @@ def test_a_nul_character_in_the_spec_is_refused(
     refused(client.post("/api/v1/jobs", json={**SPEC, **fields}), 422, detail)
 
 
+@pytest.mark.parametrize(
+    ("submitted", "detail"),
+    [
+        (
+            {"CORRAL_TOKEN": "stolen"},
+            "submitter_env.CORRAL_TOKEN: corral's own variables (its credentials, what it sets "
+            "per worker) are never passed",
+        ),
+        (
+            {"A;rm -rf /": "x"},
+            "submitter_env.A;rm -rf /: a variable name must be letters, digits and '_', not "
+            "starting with a digit",
+        ),
+        (
+            {"X\u2028Y": "x"},
+            "submitter_env.X\\u2028Y: a variable name must be letters, digits and '_', not "
+            "starting with a digit",
+        ),
+        ({"BIG": "x" * 70000}, "submitter_env: must be at most 65536 bytes in all (got 70004)"),
+    ],
+)
+def test_a_hostile_submitter_environment_is_refused_in_one_line(
+    client: httpx.Client, submitted: dict[str, str], detail: str
+) -> None:
+    before = client.get("/api/v1/jobs").json()
+    body = {**SPEC, "env_from": "submitter", "submitter_env": submitted}
+    refused(client.post("/api/v1/jobs", json=body), 422, detail)
+    assert client.get("/api/v1/jobs").json() == before  # nothing stored
+
+
 # -- JSON: duplicate keys, nesting ----------------------------------------------------------------
 
 

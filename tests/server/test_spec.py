@@ -194,6 +194,9 @@ def test_a_minimal_spec_gets_every_default() -> None:
         "locality": "node",
         "command": "python train.py",
         "env": {},
+        "launcher": "none",
+        "env_from": "none",
+        "submitter_env": {},
         "workdir": None,
         "max_retries": 0,
         "signal": "SIGTERM",
@@ -504,3 +507,102 @@ def test_a_field_error_in_a_file_names_the_file(tmp_path: Path) -> None:
     with pytest.raises(SpecError) as caught:
         load_job_spec_file(listed)
     assert str(caught.value) == f"{listed}: the job spec must be a mapping of fields"
+
+
+# -- launcher and env_from --------------------------------------------------------------------
+
+TORCHRUN = {"launcher": "torchrun", "workers": 2}
+FROM_SUBMITTER = {"env_from": "submitter"}
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"launcher": "mpirun"}, "launcher: must be none or torchrun"),
+        ({"launcher": None}, "launcher: must be none or torchrun"),
+        (
+            TORCHRUN | {"command": "train.py 'unclosed"},
+            "command: cannot be split into torchrun's arguments (No closing quotation)",
+        ),
+        (TORCHRUN | {"command": " "}, "command: must not be empty"),
+        ({"env_from": "login"}, "env_from: must be none or submitter"),
+        ({"submitter_env": {"A": "1"}}, "submitter_env: is used only with env_from: submitter"),
+        (
+            FROM_SUBMITTER | {"submitter_env": "PATH=/x"},
+            "submitter_env: must be a mapping of variable names to strings",
+        ),
+        (
+            FROM_SUBMITTER | {"submitter_env": {"BASH_FUNC_f%%": "() { :; }"}},
+            "submitter_env.BASH_FUNC_f%%: a variable name must be letters, digits and '_', "
+            "not starting with a digit",
+        ),
+        (
+            FROM_SUBMITTER | {"submitter_env": {"1PATH": "x"}},
+            "submitter_env.1PATH: a variable name must be letters, digits and '_', "
+            "not starting with a digit",
+        ),
+        (
+            FROM_SUBMITTER | {"submitter_env": {"CORRAL_TOKEN": "t"}},
+            "submitter_env.CORRAL_TOKEN: corral's own variables (its credentials, what it sets "
+            "per worker) are never passed",
+        ),
+        (
+            FROM_SUBMITTER | {"submitter_env": {"corral_url": "u"}},
+            "submitter_env.corral_url: corral's own variables (its credentials, what it sets "
+            "per worker) are never passed",
+        ),
+        (
+            FROM_SUBMITTER | {"submitter_env": {"HOME": "/root"}},
+            "submitter_env.HOME: the account the job runs as sets it",
+        ),
+        (
+            FROM_SUBMITTER | {"submitter_env": {"SSH_AUTH_SOCK": "/tmp/agent"}},
+            "submitter_env.SSH_AUTH_SOCK: it belongs to the submitter's login session",
+        ),
+        (
+            FROM_SUBMITTER | {"submitter_env": {"AWS_SECRET_ACCESS_KEY": "k"}},
+            "submitter_env.AWS_SECRET_ACCESS_KEY: it looks like a secret (put it in env on "
+            "purpose if the job needs it)",
+        ),
+        (
+            FROM_SUBMITTER | {"submitter_env": {"A": "x\0y"}},
+            "submitter_env.A: must not contain a NUL character",
+        ),
+        # 64 KiB in all: 65,536 bytes pass, one more is refused
+        (
+            FROM_SUBMITTER | {"submitter_env": {"A": "x" * 40000, "B": "y" * 25533}},
+            "submitter_env: must be at most 65536 bytes in all (got 65537)",
+        ),
+        (
+            FROM_SUBMITTER | {"submitter_env": {f"V{i}": "" for i in range(1025)}},
+            "submitter_env: must have at most 1024 variables (got 1025)",
+        ),
+    ],
+)
+def test_launcher_and_env_from_refusals(overrides: dict, message: str) -> None:
+    with pytest.raises(SpecError) as caught:
+        parse_job_spec(spec_with(**overrides))
+    assert str(caught.value) == message
+
+
+def test_a_torchrun_spec_and_the_submitters_environment_under_the_specs_env() -> None:
+    from corral.server.spec import job_env
+
+    model = parse_job_spec(
+        spec_with(
+            launcher="TorchRun",
+            env_from="Submitter",
+            submitter_env={
+                "PATH": "/venv/bin:/usr/bin",
+                "EPOCHS": "1",
+                "A": "x" * 40000,
+                "B": "y" * 25501,  # 65,536 bytes in all: at the cap
+            },
+            env={"EPOCHS": 5},
+        )
+    )
+    assert (model.launcher, model.env_from) == ("torchrun", "submitter")
+    env = job_env(model)
+    assert env["PATH"] == "/venv/bin:/usr/bin" and env["EPOCHS"] == "5"  # the spec's wins
+    # without env_from, nothing of a submitter's environment
+    assert job_env(parse_job_spec(spec_with(env={"A": "1"}))) == {"A": "1"}
