@@ -24,6 +24,7 @@ from prometheus_client import (
     Histogram,
     PlatformCollector,
     ProcessCollector,
+    disable_created_metrics,
     generate_latest,
 )
 from prometheus_client.core import GaugeMetricFamily
@@ -37,6 +38,10 @@ if TYPE_CHECKING:
     from prometheus_client.core import Metric
 
     from corral.server.manager import Manager
+
+# No `_created` series beside each counter and histogram: the text format Prometheus scrapes has
+# no use for them, and they would double the series of every labelled counter.
+disable_created_metrics()
 
 #: Queueing of deep-learning jobs: seconds (an idle cluster) to a week (a busy VC's backlog).
 QUEUEING_BUCKETS = (

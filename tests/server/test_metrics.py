@@ -216,6 +216,7 @@ def test_state_gauges_process_and_build_info(scenario: dict[str, Any]) -> None:
     }
     assert values(scrape, "process_resident_memory_bytes", "process_resident_memory_bytes")[()] > 0
     assert "python_info" in scrape
+    assert "_created" not in scenario["text"]  # no creation-time series (text format)
 
 
 def test_a_fresh_manager_has_families_but_no_labelled_series(scenario: dict[str, Any]) -> None:
