@@ -320,3 +320,80 @@ def test_promtool_refuses_a_broken_rule(tmp_path: Path) -> None:
         [PROMTOOL, "check", "rules", str(broken)], capture_output=True, text=True, timeout=120
     )
     assert done.returncode != 0
+
+
+def test_gpus_offline_and_a_lost_attempt_as_infrastructure(tmp_path: Path) -> None:
+    """HiveD's fixed cluster on Ray (tests/server/test_node_changes.py): a declared node that is
+    not live is held out (offline), and an attempt lost with its node is an infrastructure
+    failure, retried."""
+    from corral.core.cluster import Cluster, NodeDef
+    from corral.server.manager import Manager
+    from corral.server.spec import parse_job_spec
+    from corral.server.store import Store
+    from tests.server.helpers import manager_settings
+    from tests.server.inert import HeldExecutor
+
+    live = [NodeDef("n1", 4, "gpu")]
+    executor = HeldExecutor()
+    manager = Manager(
+        Store(Store.sqlite_url(tmp_path)),
+        executor,
+        Cluster.from_nodes([NodeDef("n1", 4, "gpu"), NodeDef("n2", 4, "gpu")]),
+        tmp_path,
+        settings=manager_settings(node_check_s=0.0, relax_after_s=0.0, retry_backoff_s=0.0),
+        nodes=lambda: list(live),
+        fixed_cluster=True,
+    )
+
+    try:
+
+        def scrape() -> dict[str, list[Sample]]:
+            body, _ = manager.metrics.text()
+            return samples(body.decode())
+
+        manager.submit(parse_job_spec(python_job("first", "pass", gpus=4)), "u")
+        manager.step()
+        assert values(scrape(), "corral_gpus_offline", "corral_gpus_offline") == {(): 4}
+        live.append(NodeDef("n2", 4, "gpu"))
+        manager.step()
+        assert values(scrape(), "corral_gpus_offline", "corral_gpus_offline") == {(): 0}
+        (running,) = executor.running
+        executor.end(*running, "lost: rank 0's Ray actor died (its node died)")
+        manager.step()
+        found = scrape()
+        assert values(found, "corral_attempt_failures", "corral_attempt_failures_total") == {
+            labels(vc="default", cause="infrastructure"): 1
+        }
+        assert values(found, "corral_retries", "corral_retries_total") == {labels(vc="default"): 1}
+        assert values(found, "corral_jobs_finished", "corral_jobs_finished_total") == {}
+    finally:
+        manager.store.close()
+
+
+def test_time_limit_and_hang_are_their_own_causes(tmp_path: Path) -> None:
+    data_dir = tmp_path / "corral"
+    server = start_server(data_dir, gpus=2)
+    try:
+        admin = api(server.url, admin_token(data_dir))
+        limited = submit(admin, **python_job("limited", SLEEPER, time_limit=1, grace_seconds=1))
+        hung = submit(
+            admin, **python_job("hung", SLEEPER, progress_timeout=1, max_retries=0, grace_seconds=1)
+        )
+        assert wait_for(admin, limited)["status"] == "FAILED"
+        ended = wait_for(admin, hung)
+        found = samples(admin.get("/metrics").text)
+        failures = values(found, "corral_attempt_failures", "corral_attempt_failures_total")
+        # A hang is the infrastructure's fault: retried whatever max_retries, until the same
+        # fast failure repeated ends the job; every attempt of it hung.
+        assert failures[labels(vc="default", cause="time_limit")] == 1
+        assert ended["status"] == "FAILED"
+        assert failures[labels(vc="default", cause="hung")] == ended["attempts"] >= 2
+        retries = values(found, "corral_retries", "corral_retries_total")
+        assert retries == {labels(vc="default"): ended["attempts"] - 1}
+        assert set(failures) == {
+            labels(vc="default", cause="time_limit"),
+            labels(vc="default", cause="hung"),
+        }
+    finally:
+        server.stop()
+        kill_jobs_of(data_dir)
