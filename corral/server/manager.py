@@ -145,6 +145,7 @@ class Manager(SubmissionCommitter, Recovery, ManagerViews, SchedulerFactory, Liv
         self._committer: threading.Thread | None = None
         self.rounds = 0
         self.on_stop: list[Callable[[], None]] = []  # e.g. release the data directory's lock
+        self.round_seconds: list[float] = []  # the latest 1,000 rounds' (benchmarks read them)
         self.metrics = ManagerMetrics()  # counters and histograms for /metrics
         self.metrics.watch(self)
 
@@ -287,7 +288,10 @@ class Manager(SubmissionCommitter, Recovery, ManagerViews, SchedulerFactory, Liv
                 self._launch(launch, now)
             if deciding:
                 self.rounds += 1
-                self.metrics.round_seconds.observe(time.perf_counter() - began)
+                took = time.perf_counter() - began
+                self.metrics.round_seconds.observe(took)
+                self.round_seconds.append(took)
+                del self.round_seconds[:-1000]
             self._cache_sweep()
             return deciding
 
