@@ -397,3 +397,35 @@ def test_time_limit_and_hang_are_their_own_causes(tmp_path: Path) -> None:
     finally:
         server.stop()
         kill_jobs_of(data_dir)
+
+
+def test_the_dashboard_is_grafana_json_whose_panels_do_not_overlap() -> None:
+    dashboard = json.loads((DEPLOY / "grafana" / "corral.json").read_text())
+    assert dashboard["schemaVersion"] == 39
+    assert [i["name"] for i in dashboard["__inputs"]] == ["DS_PROMETHEUS"]
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    assert variables["DS_PROMETHEUS"]["type"] == "datasource"
+    panels = dashboard["panels"]
+    assert len({p["id"] for p in panels}) == len(panels)
+    cells: set[tuple[int, int]] = set()
+    for panel in panels:
+        assert panel["datasource"]["uid"] == "${DS_PROMETHEUS}"
+        assert panel["targets"] and all(t["expr"].strip() for t in panel["targets"])
+        box = panel["gridPos"]
+        assert 0 <= box["x"] and box["x"] + box["w"] <= 24, panel["title"]
+        mine = {
+            (x, y)
+            for x in range(box["x"], box["x"] + box["w"])
+            for y in range(box["y"], box["y"] + box["h"])
+        }
+        assert not cells & mine, f"{panel['title']} overlaps another panel"
+        cells |= mine
+    # queueing p50/p95 from the histogram's buckets over a 5-minute rate
+    queueing = [
+        t["expr"]
+        for p in panels
+        for t in p["targets"]
+        if "corral_job_queueing_seconds" in t["expr"]
+    ]
+    assert any(e.startswith("histogram_quantile(0.95,") and "[5m]" in e for e in queueing)
+    assert any(e.startswith("histogram_quantile(0.5,") for e in queueing)
