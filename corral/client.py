@@ -308,6 +308,14 @@ class Client:
     def whoami(self) -> dict:
         return self._request("GET", "/whoami")
 
+    def usage(self, since: float, until: float | None = None, by: str = "user") -> dict:
+        """GPU-hours, jobs and queueing per user (`by="vc"`: per VC) in [since, until) (epoch
+        seconds; until: now): {since, until, by, rows, total} (docs/server.md, usage)."""
+        params: dict[str, Any] = {"since": since, "by": by}
+        if until is not None:
+            params["until"] = until
+        return self._request("GET", "/usage", params=params)
+
     # -- HTTP ---------------------------------------------------------------------------------
 
     def _request(self, method: str, path: str, **kwargs: Any) -> Any:

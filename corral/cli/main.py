@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from corral.cli import client, fgd, up
+from corral.cli import client, fgd, up, usage
 from corral.cli.common import UserError, console, fail
 from corral.cli.lazy import LazyGroup
 from corral.cli.simulate import parse_cluster
@@ -93,6 +93,7 @@ def plot_vcs_command(
 # The other modules' commands, after this module's own: `corral --help` lists them in this order.
 app.command("fgd")(fgd.fgd)
 client.register(app)
+app.command("usage")(usage.usage)
 app.command("export-trace")(up.export_trace)
 
 

@@ -27,6 +27,7 @@ from corral.server.manager import Manager, SubmitError
 from corral.server.metrics import metrics_text
 from corral.server.spec import JobSpecModel, SpecError, array_tasks, one_line, parse_job_spec
 from corral.server.store import TOKEN_ID_CHARS, JobListRow, JobProgress, JobRow, TokenRow
+from corral.server.usage import usage_report
 from corral.server.views import GpuHolder
 
 WEB_DIR = Path(__file__).resolve().parent.parent / "web"
@@ -541,6 +542,25 @@ def create_app(manager: Manager) -> FastAPI:
     @app.get("/api/v1/whoami", tags=["auth"])
     def whoami(who: Caller) -> dict[str, Any]:
         return {"user": who.user, "vc": who.vc, "admin": who.admin}
+
+    @app.get("/api/v1/usage", tags=["cluster"])
+    def usage(
+        who: Caller,
+        since: Annotated[float, Query(description="the period's start, epoch seconds")],
+        until: Annotated[
+            float | None, Query(description="the period's end (excluded), epoch seconds; now")
+        ] = None,
+        by: Annotated[str, Query(description="user or vc")] = "user",
+    ) -> dict[str, Any]:
+        """GPU-hours, jobs submitted and ended, and queueing per user or VC in [since, until),
+        and their total. Admins see everyone; users their own jobs and their VC's."""
+        now = manager.clock()
+        try:
+            return usage_report(
+                store, since, now if until is None else until, by, now, auth.visible_to(who)
+            )
+        except ValueError as error:
+            raise HTTPException(422, str(error)) from None
 
     @app.get("/metrics", include_in_schema=False)
     def metrics() -> Response:

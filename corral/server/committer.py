@@ -22,6 +22,7 @@ from corral.core.job import Job, JobSpec
 from corral.core.protocol import SchedulerCore
 from corral.server import identity
 from corral.server.identity import AccountError
+from corral.server.metrics import ManagerMetrics
 from corral.server.spec import JobSpecModel, SpecError, array_tasks
 from corral.server.state import ManagerSettings, SubmitError
 from corral.server.store import JobRow, Store
@@ -62,6 +63,7 @@ class SubmissionCommitter:
     _spec_models: dict[str, JobSpecModel]
     _accounts: dict[str, str]
     _cancel_on_arrival: set[str]
+    metrics: ManagerMetrics
 
     if TYPE_CHECKING:  # the manager's own
 
@@ -231,6 +233,7 @@ class SubmissionCommitter:
                         continue
                 outcomes.append(None)
                 queued.append(submission.spec)
+                self.metrics.submitted.labels(submission.row.vc, submission.row.user).inc()
                 if job_id in self._cancel_on_arrival:  # cancelled between store and queue
                     self._cancel_on_arrival.discard(job_id)
                     self._cancel_locked(job_id)

@@ -51,6 +51,7 @@ from corral.server.committer import Submission, SubmissionCommitter
 from corral.server.controls import JobControls
 from corral.server.datacache import LiveCache
 from corral.server.factory import MIN_GITTINS_HISTORY, SchedulerFactory
+from corral.server.metrics import ManagerMetrics
 from corral.server.recovery import Recovery
 from corral.server.spec import JobSpecModel, job_env, signal_number
 from corral.server.state import (
@@ -149,8 +150,9 @@ class Manager(
         self._committer: threading.Thread | None = None
         self.rounds = 0
         self.on_stop: list[Callable[[], None]] = []  # e.g. release the data directory's lock
-        self.round_seconds: list[float] = []  # latest rounds' durations (for /metrics)
-        self.round_seconds_total = 0.0  # all rounds' (a Prometheus summary's sum only grows)
+        self.round_seconds: list[float] = []  # the latest 1,000 rounds' (benchmarks read them)
+        self.metrics = ManagerMetrics()  # counters and histograms for /metrics
+        self.metrics.watch(self)
 
     # -- set-up -------------------------------------------------------------------------------
 
@@ -293,8 +295,8 @@ class Manager(
             if deciding:
                 self.rounds += 1
                 took = time.perf_counter() - began
+                self.metrics.round_seconds.observe(took)
                 self.round_seconds.append(took)
-                self.round_seconds_total += took
                 del self.round_seconds[:-1000]
             self._cache_sweep()
             return deciding
@@ -381,6 +383,10 @@ class Manager(
             attempts=number,
             reason="",
         )
+        self.metrics.started.labels(job.spec.vc).inc()
+        if number == 1:  # its first start: how long it queued
+            waited = (job.first_started_at or now) - job.spec.submit_time
+            self.metrics.queueing.labels(job.spec.vc).observe(max(0.0, waited))
         verb = "started" if not action.resumed else "resumed"
         if job.id in self._retrying:  # after a failure it starts over from its checkpoint
             self._retrying.discard(job.id)
@@ -449,6 +455,7 @@ class Manager(
             reason, kind, outcome = "its pre-run passed", "pre-run passed", "pre-run"
         else:
             reason, kind, outcome = self._stop_reason(job, action), action.kind, action.kind
+            self.metrics.preemptions.labels(job.spec.vc, action.kind).inc()
         self._save_progress(job, status="PENDING", reason=reason)
         self.store.add_event(job.id, now, kind, reason)
         attempt = self._attempts.pop(job.id)
@@ -640,6 +647,7 @@ class Manager(
                 job, status="SUCCEEDED", finished_at=now, exit_code=0, reason="succeeded"
             )
             self.store.add_event(job.id, now, "succeeded", f"attempt {end.attempt} exited 0")
+            self.metrics.finished.labels(job.spec.vc, job.spec.user, "SUCCEEDED").inc()
             self._forget(job.id)
             return
         # A stop the manager did not ask for (someone signalled the supervisor, the machine is
@@ -665,7 +673,11 @@ class Manager(
         self.store.update_attempt(
             job.id, end.attempt, outcome="lost" if lost else "failed", **outcome_fields
         )
+        self.metrics.failed(
+            job.spec.vc, _failure_cause(judged, lost), retried=job.status is not JobStatus.FAILED
+        )
         if job.status is JobStatus.FAILED:
+            self.metrics.finished.labels(job.spec.vc, job.spec.user, "FAILED").inc()
             self._save_progress(
                 job, status="FAILED", finished_at=now, exit_code=end.exit_code, reason=detail
             )
@@ -711,6 +723,7 @@ class Manager(
                 job, status="CANCELLED", finished_at=now, reason="cancelled by request"
             )
             self.store.add_event(job_id, now, "cancelled", "cancelled by request")
+            self.metrics.finished.labels(job.spec.vc, job.spec.user, "CANCELLED").inc()
             if attempt is not None:
                 self._draining[(job_id, attempt.number)] = attempt.gpus
                 self.store.update_attempt(
@@ -737,3 +750,12 @@ class Manager(
         self.telemetry.forget(job_id)
         self._cache_forget(job_id)
         self._forget_controls(job_id)
+
+
+def _failure_cause(judged: FailureReport | None, lost: bool) -> str:
+    """The `cause` of a failed attempt in /metrics (corral.server.metrics.FAILURE_CAUSES)."""
+    if judged is not None and judged.signature == "hung":
+        return "hung"
+    if judged is not None and judged.give_up:
+        return "time_limit"
+    return "infrastructure" if lost else "user"

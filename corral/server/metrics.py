@@ -1,13 +1,36 @@
-"""Prometheus metrics of a Manager, read at scrape time (nothing to keep in step)."""
+"""Prometheus metrics of a Manager, by Prometheus's conventions.
+
+Two kinds: counters and histograms of what happened (`ManagerMetrics`: submissions, starts,
+preemptions, failures by cause, retries, finished jobs, queueing and round times), kept in
+memory from the manager's start (a restart begins them at 0 again, which `rate()` and
+`increase()` take for a counter reset); and gauges of the current state, read from the manager
+at scrape time (`ManagerCollector`: nothing to keep in step). One registry per manager holds both,
+with the process's own metrics (CPU, memory, open files) and `corral_build_info`.
+
+Labels: `vc` (the cluster's VCs: a few), `user` on submissions and finished jobs (one series per
+user who submitted since the start: users are the tokens' names, not free text), `cause`,
+`kind` and `status` (fixed sets). Never a job id on a counter or a histogram.
+"""
 
 from __future__ import annotations
 
+import platform
 from typing import TYPE_CHECKING
 
-import numpy as np
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from prometheus_client.core import GaugeMetricFamily, SummaryMetricFamily
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    disable_created_metrics,
+    generate_latest,
+)
+from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+import corral
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -16,17 +39,133 @@ if TYPE_CHECKING:
 
     from corral.server.manager import Manager
 
+# No `_created` series beside each counter and histogram: the text format Prometheus scrapes has
+# no use for them, and they would double the series of every labelled counter.
+disable_created_metrics()
+
+#: Queueing of deep-learning jobs: seconds (an idle cluster) to a week (a busy VC's backlog).
+QUEUEING_BUCKETS = (
+    1.0,
+    5.0,
+    15.0,
+    30.0,
+    60.0,
+    120.0,
+    300.0,
+    600.0,
+    1800.0,
+    3600.0,
+    2 * 3600.0,
+    4 * 3600.0,
+    8 * 3600.0,
+    12 * 3600.0,
+    86400.0,
+    2 * 86400.0,
+    4 * 86400.0,
+    7 * 86400.0,
+)
+#: A scheduling round: a millisecond (a few jobs) to seconds (100,000 queued, a slow database).
+ROUND_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+#: Why an attempt failed, as the manager tells it (the `cause` label).
+FAILURE_CAUSES = ("user", "infrastructure", "hung", "time_limit")
+
+
+class ManagerMetrics:
+    """The counters and histograms one manager updates as things happen, in its own registry
+    (a test's many managers in one process each count their own)."""
+
+    def __init__(self) -> None:
+        self.registry = registry = CollectorRegistry()
+        self.submitted = Counter(
+            "corral_jobs_submitted",
+            "Jobs accepted (stored), per VC and user.",
+            ["vc", "user"],
+            registry=registry,
+        )
+        self.started = Counter(
+            "corral_attempts_started",
+            "Attempts started (first starts, resumes after a preemption, retries, pre-runs).",
+            ["vc"],
+            registry=registry,
+        )
+        self.preemptions = Counter(
+            "corral_preemptions",
+            "Running attempts the scheduler stopped to give their GPUs to others, per VC and "
+            "kind (preempted, migrated, unpacked).",
+            ["vc", "kind"],
+            registry=registry,
+        )
+        self.failures = Counter(
+            "corral_attempt_failures",
+            "Attempts that failed, per VC and cause (user: the job's own error; infrastructure: "
+            "lost, its node left or its supervisor died; hung: no progress report for its "
+            "progress_timeout; time_limit: ran past its time_limit).",
+            ["vc", "cause"],
+            registry=registry,
+        )
+        self.retries = Counter(
+            "corral_retries",
+            "Failed attempts whose job was requeued to run again (the others ended it).",
+            ["vc"],
+            registry=registry,
+        )
+        self.finished = Counter(
+            "corral_jobs_finished",
+            "Jobs that ended, per VC, user and final status (SUCCEEDED, FAILED, CANCELLED).",
+            ["vc", "user", "status"],
+            registry=registry,
+        )
+        self.queueing = Histogram(
+            "corral_job_queueing_seconds",
+            "Seconds from a job's submission to the start of its first attempt, per VC.",
+            ["vc"],
+            buckets=QUEUEING_BUCKETS,
+            registry=registry,
+        )
+        self.round_seconds = Histogram(
+            "corral_scheduling_round_seconds",
+            "Duration of scheduling rounds (collect ends, decide, record, carry out).",
+            buckets=ROUND_BUCKETS,
+            registry=registry,
+        )
+        ProcessCollector(registry=registry)
+        PlatformCollector(registry=registry)
+        self.build = (corral.__version__, platform.python_version())
+
+    def watch(self, manager: Manager) -> None:
+        """Add the gauges read from `manager` at each scrape."""
+        self.registry.register(ManagerCollector(manager))
+
+    def failed(self, vc: str, cause: str, *, retried: bool) -> None:
+        self.failures.labels(vc, cause).inc()
+        if retried:
+            self.retries.labels(vc).inc()
+
+    def text(self) -> tuple[bytes, str]:
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
 
 class ManagerCollector(Collector):
+    """Gauges of the manager's current state, read at scrape time."""
+
     def __init__(self, manager: Manager) -> None:
         self.manager = manager
 
     def collect(self) -> Iterator[Metric]:
         manager = self.manager
+        version, python = manager.metrics.build
+        build = GaugeMetricFamily(
+            "corral_build_info",
+            "The corral version and Python the manager runs (always 1).",
+            labels=["version", "python"],
+        )
+        build.add_metric([version, python], 1)
+        yield build
         counts = manager.counts_by_vc()
         queue = GaugeMetricFamily(
             "corral_queue_length", "Jobs waiting to run, per VC.", labels=["vc"]
         )
+        running = GaugeMetricFamily("corral_jobs_running", "Jobs running, per VC.", labels=["vc"])
         allocated = GaugeMetricFamily(
             "corral_gpus_allocated", "GPUs held by running jobs, per VC.", labels=["vc"]
         )
@@ -35,9 +174,11 @@ class ManagerCollector(Collector):
         )
         for vc, count in sorted(counts.items()):
             queue.add_metric([vc], count["pending"])
+            running.add_metric([vc], count["running"])
             allocated.add_metric([vc], count["gpus"])
             guaranteed.add_metric([vc], manager.vc_quota[vc])
         yield queue
+        yield running
         yield allocated
         yield guaranteed
         states = GaugeMetricFamily("corral_jobs", "Jobs by state.", labels=["state"])
@@ -66,28 +207,14 @@ class ManagerCollector(Collector):
         gpus = GaugeMetricFamily("corral_gpus", "GPUs in the cluster.")
         gpus.add_metric([], manager.cluster.total_gpus)
         yield gpus
-        with manager.lock:
-            latest = list(manager.round_seconds)
-            rounds = manager.rounds
-            total = manager.round_seconds_total
-        quantiles = SummaryMetricFamily(
-            "corral_scheduling_round_seconds",
-            "Duration of scheduling rounds (collect ends, decide, record, carry out).",
-            count_value=rounds,
-            sum_value=total,
+        offline = GaugeMetricFamily(
+            "corral_gpus_offline",
+            "GPUs held out of allocation: on nodes that left the cluster, or still used by "
+            "processes an ended attempt left behind.",
         )
-        yield quantiles
-        if latest:
-            for q in (0.5, 0.9, 0.99):
-                value = float(np.quantile(latest, q))
-                yield GaugeMetricFamily(
-                    f"corral_scheduling_round_seconds_p{int(q * 100)}",
-                    f"The {int(q * 100)}th percentile of the last 1,000 rounds' durations.",
-                    value=value,
-                )
+        offline.add_metric([], len(manager.offline_gpus()))
+        yield offline
 
 
 def metrics_text(manager: Manager) -> tuple[bytes, str]:
-    registry = CollectorRegistry()
-    registry.register(ManagerCollector(manager))
-    return generate_latest(registry), CONTENT_TYPE_LATEST
+    return manager.metrics.text()

@@ -25,6 +25,7 @@ from corral.core.profiles import Shape
 from corral.core.protocol import SchedulerCore
 from corral.core.retry import Failure, RetryRule
 from corral.exec.local import AttemptEnded
+from corral.server.metrics import ManagerMetrics
 from corral.server.spec import JobSpecModel, parse_job_spec
 from corral.server.state import Attempt, Executor, ManagerSettings, gpu_ids_by_name
 from corral.server.store import AttemptRow, JobRow, Store
@@ -57,6 +58,7 @@ class Recovery:
     _rebuilding: bool
     _unusable: set[str]
     _tainted: dict[tuple[str, int], tuple[int, ...]]
+    metrics: ManagerMetrics
     _next_taint_check: float
     _attempts: dict[str, Attempt]
     _draining: dict[tuple[str, int], tuple[int, ...]]
@@ -225,6 +227,7 @@ class Recovery:
         reason = f"could not be recovered after a restart: {error}"
         self.store.update_job(row.id, status="FAILED", finished_at=now, reason=reason)
         self.store.add_event(row.id, now, "failed", reason)
+        self.metrics.finished.labels(row.vc, row.user, "FAILED").inc()
 
     def _known_gpus(self, names: Iterable[str | int]) -> tuple[int, ...]:
         return tuple(
@@ -262,10 +265,12 @@ class Recovery:
                         job, status="SUCCEEDED", finished_at=now, exit_code=0, reason="succeeded"
                     )
                     self.store.add_event(job.id, now, "succeeded", f"attempt {number} exited 0")
+                    self.metrics.finished.labels(job.spec.vc, job.spec.user, "SUCCEEDED").inc()
                     self._forget(job.id)
                     return
             self.store.update_attempt(job.id, number, **fields)
         if row.state != "stopping":
+            self.metrics.failed(job.spec.vc, "infrastructure", retried=True)
             self.store.update_job(job.id, status="PENDING", reason="requeued: its node left")
             self.store.add_event(
                 job.id, now, "requeued", f"attempt {number} ran on a node that left; requeued"

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine, RowMapping
@@ -1140,6 +1140,44 @@ class Store:
             row.revoked_at = at
         return rows
 
+    # -- usage (corral usage) ---------------------------------------------------------------------
+
+    def usage_attempts(
+        self, since: float, until: float, visible_to: tuple[str, str | None] | None = None
+    ) -> list[UsageAttempt]:
+        """The attempts that ran some of [since, until), with their job's user, VC and share of
+        a GPU; `end` is when the attempt ended, else when its job did, else None (running).
+        `visible_to=(user, vc)` as in list_jobs."""
+        a, j = attempts_table.c, jobs_table.c
+        end = sa.func.coalesce(a.ended_at, j.finished_at)
+        query = (
+            sa.select(j.user, j.vc, a.gpus, _SpecGpus(j.spec).label("share"), a.started_at, end)
+            .join_from(attempts_table, jobs_table, a.job_id == j.id)
+            .where(a.started_at < until, sa.or_(end.is_(None), end > since))
+        )
+        query = _visible(query, visible_to)
+        with self._reading() as connection:
+            return [
+                UsageAttempt(user, vc, len(json.loads(gpus)), share, started, ended)
+                for user, vc, gpus, share, started, ended in connection.execute(query)
+            ]
+
+    def usage_jobs(
+        self, since: float, until: float, visible_to: tuple[str, str | None] | None = None
+    ) -> list[UsageJob]:
+        """The jobs submitted, first started or finished in [since, until)."""
+        j = jobs_table.c
+
+        def inside(column: Any) -> Any:
+            return sa.and_(column >= since, column < until)
+
+        query = sa.select(
+            j.user, j.vc, j.status, j.submitted_at, j.started_at, j.finished_at
+        ).where(sa.or_(inside(j.submitted_at), inside(j.started_at), inside(j.finished_at)))
+        query = _visible(query, visible_to)
+        with self._reading() as connection:
+            return [UsageJob(*row) for row in connection.execute(query)]
+
 
 def _int_or_none(job_id: JobId) -> int | None:
     """A job id from a URL or the CLI may be anything: a non-number names no job."""
@@ -1152,3 +1190,49 @@ def _int_or_none(job_id: JobId) -> int | None:
         return None
     key = int(digits)
     return key if key <= MAX_JOB_ID else None
+
+
+class UsageAttempt(NamedTuple):
+    user: str
+    vc: str
+    gpus: int  # GPUs the attempt held
+    share: float | None  # the spec's `gpus` (below 1: a share of one GPU)
+    started_at: float
+    ended_at: float | None  # None: still running
+
+
+class UsageJob(NamedTuple):
+    user: str
+    vc: str
+    status: str
+    submitted_at: float
+    started_at: float | None
+    finished_at: float | None
+
+
+def _visible(query: Any, visible_to: tuple[str, str | None] | None) -> Any:
+    if visible_to is None:
+        return query
+    viewer, viewer_vc = visible_to
+    own = jobs_table.c.user == viewer
+    return query.where(own if viewer_vc is None else sa.or_(own, jobs_table.c.vc == viewer_vc))
+
+
+class _SpecGpus(FunctionElement[float]):
+    """The spec's `gpus` read by the database from its JSON text (a share of one GPU is below
+    1), as `_SpecWorkers` reads `workers`."""
+
+    type = sa.Double()
+    inherit_cache = True
+    name = "spec_gpus"
+
+
+@compiles(_SpecGpus)
+def _spec_gpus_sqlite(element: _SpecGpus, compiler: Any, **kw: Any) -> str:
+    return f"json_extract({compiler.process(element.clauses, **kw)}, '$.gpus')"
+
+
+@compiles(_SpecGpus, "postgresql")
+def _spec_gpus_postgresql(element: _SpecGpus, compiler: Any, **kw: Any) -> str:
+    spec = compiler.process(element.clauses, **kw)
+    return f"CAST(CAST({spec} AS json) ->> 'gpus' AS DOUBLE PRECISION)"

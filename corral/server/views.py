@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, NamedTuple
 
 from corral.core.actions import Start
+from corral.core.cluster import Cluster
 from corral.core.job import JobStatus
 from corral.core.protocol import SchedulerCore
 from corral.server.state import Attempt
@@ -39,11 +40,24 @@ class ManagerViews:
     _deferred: dict[str, Start]
     telemetry: Telemetry
     _wake_at: float | None
+    cluster: Cluster
+    _unusable: set[str]
+    _tainted: dict[tuple[str, int], tuple[int, ...]]
 
     if TYPE_CHECKING:  # the manager's own
 
         def gpu_name(self, gpu: int) -> str: ...
         def gate_reason(self, job_id: str) -> str | None: ...
+
+    def offline_gpus(self) -> set[int]:
+        """The GPUs held out of allocation: on nodes that left (until they are dropped or come
+        back), or used by processes that an ended attempt left behind (/metrics)."""
+        with self.lock:
+            held = {gpu for gpus in self._tainted.values() for gpu in gpus}
+            for node in self.cluster.nodes:
+                if node.name in self._unusable:
+                    held.update(self.cluster.node_gpus[node.index])
+            return held
 
     def next_round_at(self) -> float | None:
         """When the control loop decides next though nothing else happens: the core's next timer
