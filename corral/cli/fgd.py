@@ -43,6 +43,10 @@ def fgd(
     plot: Annotated[bool, typer.Option(help="write fgd.png")] = False,
 ) -> None:
     """Place GPU-sharing tasks until the cluster is full; compare fragmentation by placement."""
+    if plot:
+        from corral.cli.simextra import require_sim
+
+        require_sim()
     from corral.sim.fragmentation import (
         ExperimentSettings,
         run_experiment,

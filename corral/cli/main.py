@@ -74,6 +74,10 @@ def plot_vcs_command(
     """Plot per-VC queueing, shared against alone, for each run of each directory."""
     import json
 
+    from corral.cli.simextra import require_sim
+
+    require_sim()
+
     from corral.sim.report import plot_vc_queueing
 
     labelled: list[tuple[str, dict[str, object]]] = []

@@ -176,6 +176,9 @@ def simulate(
     scheduler: dict[str, Any],
 ) -> None:
     """Replay a trace on a modelled cluster and report how each policy did."""
+    from corral.cli.simextra import require_sim
+
+    require_sim()
     from corral.cli.schedflags import effective_config
     from corral.sim.failures import NodeFailures
     from corral.sim.runner import RunSettings, run_simulations

@@ -29,7 +29,6 @@ from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.pool import StaticPool
 from sqlalchemy.sql.expression import FunctionElement
 
-SCHEMA_VERSION = "1"
 UNFINISHED = ("PENDING", "RUNNING")
 FINISHED = ("SUCCEEDED", "FAILED", "CANCELLED", "REFUSED")
 
@@ -39,6 +38,9 @@ JobId = int | str
 #: names no job, and is never sent to the database.
 MAX_JOB_ID = 2**31 - 1
 
+#: The tables as this code uses them. A change here needs a migration, a new revision in
+#: corral/server/migrations/versions (docs/server.md, "Upgrades"); tests/server/test_migrations.py
+#: fails until the migrations make exactly these tables.
 metadata = sa.MetaData()
 
 jobs_table = sa.Table(
@@ -528,47 +530,6 @@ def _set_sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor.close()
 
 
-def _add_missing_columns(engine: Engine, url: str) -> list[str]:
-    """The additive migration, run at every start: a column that a table of this code has and
-    the database's table lacks (a database made by an earlier version) is added, empty, with
-    ALTER TABLE ... ADD COLUMN (SQLite and PostgreSQL alike). Only nullable columns can be added
-    this way; a missing NOT NULL column is a StoreError. Returns the "table.column"s added."""
-    with engine.connect() as connection:
-        inspector = sa.inspect(connection)
-        missing = [
-            column
-            for table in metadata.sorted_tables
-            if inspector.has_table(table.name)  # (create_all makes a missing table whole)
-            for present in [{found["name"] for found in inspector.get_columns(table.name)}]
-            for column in table.columns
-            if column.name not in present
-        ]
-    added: list[str] = []
-    for column in missing:
-        table = column.table
-        where = f"{table.name}.{column.name}"
-        if not column.nullable or column.primary_key:
-            raise StoreError(f"{url}: table {table.name} lacks column {column.name} (NOT NULL)")
-        preparer = engine.dialect.identifier_preparer
-        kind = column.type.compile(dialect=engine.dialect)
-        statement = sa.text(
-            f"ALTER TABLE {preparer.format_table(table)} "
-            f"ADD COLUMN {preparer.format_column(column)} {kind}"
-        )
-        try:
-            with engine.begin() as connection:
-                connection.execute(statement)
-        except sa.exc.SQLAlchemyError:
-            # Another process (starting on the same database) may have added it just now.
-            with engine.connect() as connection:
-                names = {found["name"] for found in sa.inspect(connection).get_columns(table.name)}
-            if column.name not in names:
-                raise
-            continue
-        added.append(where)
-    return added
-
-
 class Store:
     def __init__(self, url: str) -> None:
         try:
@@ -595,12 +556,18 @@ class Store:
             raise StoreError(f"{self.url}: cannot use this database: {error}") from None
         if sqlite:
             sa.event.listen(self._engine, "connect", _set_sqlite_pragmas)
+        # The schema: brought to this code's Alembic head (corral/server/migrations).
+        from corral.server import migrations
+
         try:
             with self._lock:
-                metadata.create_all(self._engine)
-                _add_missing_columns(self._engine, self.url)
-                if self.get_meta("schema_version") is None:
-                    self.set_meta("schema_version", SCHEMA_VERSION)
+                migrations.upgrade_to_head(
+                    self._engine, self.url, shared_connection=self._in_memory
+                )
+        except migrations.SchemaError as error:
+            self._engine.dispose()
+            message = str(error)
+            raise StoreError(message if self.url in message else f"{self.url}: {message}") from None
         except sa.exc.SQLAlchemyError as error:
             self._engine.dispose()
             reason = str(getattr(error, "orig", None) or error).splitlines()[0]

@@ -134,12 +134,19 @@ def assign_types(
     cost = waits[None, :, None] + times[:, :, None] * (
         1.0 + positions[None, None, :] * (gpus[:, None, None] / sizes[None, :, None])
     )
-    from scipy.optimize import linear_sum_assignment  # type: ignore[import-untyped]  # slow import
-
-    chosen_rows, chosen_columns = linear_sum_assignment(cost.reshape(n, len(types) * n))
+    chosen_rows, chosen_columns = _linear_sum_assignment()(cost.reshape(n, len(types) * n))
     for row, column in zip(chosen_rows, chosen_columns, strict=True):
         result[rows[row]] = types[column // n]
     return result
+
+
+def _linear_sum_assignment() -> Any:
+    """scipy's (C, fast; with corral[sim]), else corral's own in numpy (the same assignments)."""
+    try:
+        from scipy.optimize import linear_sum_assignment  # type: ignore[import-untyped]
+    except ImportError:
+        from corral.core.placement.lsap import linear_sum_assignment
+    return linear_sum_assignment
 
 
 def match_types(

@@ -1,0 +1,5 @@
+import sys
+
+from corral.server.migrations import main
+
+sys.exit(main())
