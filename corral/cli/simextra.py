@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import importlib.util
 
-from rich.markup import escape
-
 from corral.cli.common import fail
 
 SIM_PACKAGES = ("scipy", "matplotlib")
@@ -31,4 +29,4 @@ def missing_sim_packages() -> list[str]:
 def require_sim() -> None:
     """Exit 2 with the one line when the extra is not installed."""
     if missing_sim_packages():
-        fail(escape(MESSAGE))  # [sim] is not markup
+        fail(MESSAGE)

@@ -78,3 +78,18 @@ def test_the_simulator_says_what_to_install(
 ) -> None:
     done = run(blocking_env(tmp_path, *blocked), "-m", "corral.cli", *args)
     assert (done.returncode, done.stdout, done.stderr.strip()) == (2, "", MESSAGE)
+
+
+def test_the_hetero_placement_says_it_needs_scipy(tmp_path: Path) -> None:
+    """hetero's min-cost matching is scipy's: without it `corral up` refuses in one line at
+    start (not at its first round), and names what to install."""
+    done = run(
+        blocking_env(tmp_path, "scipy"),
+        *("-m", "corral.cli", "up", "--gpus", "2", "--placement", "hetero"),
+        *("--data-dir", str(tmp_path / "state"), "--port", "1"),
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        "error: placement hetero: needs scipy, which comes with the sim extra "
+        "(pip install -e '.[sim]')"
+    ]

@@ -52,7 +52,7 @@ from corral.core.job import Job
 from corral.core.options import option
 from corral.core.placement.base import NotPlaced, Placed, Placement, whole_worker_gpus
 from corral.core.placement.named import DEFAULT_RELAX_AFTER_S, Relax
-from corral.core.plugin import Services, SpeedModel
+from corral.core.plugin import PluginError, Services, SpeedModel
 
 
 @dataclass(slots=True, frozen=True)
@@ -141,11 +141,15 @@ def assign_types(
 
 
 def _linear_sum_assignment() -> Any:
-    """scipy's (C, fast; with corral[sim]), else corral's own in numpy (the same assignments)."""
+    """scipy's; PluginError (one line) where scipy is not installed (a manager-only install:
+    scipy comes with corral[sim])."""
     try:
         from scipy.optimize import linear_sum_assignment  # type: ignore[import-untyped]
     except ImportError:
-        from corral.core.placement.lsap import linear_sum_assignment
+        raise PluginError(
+            "placement hetero: needs scipy, which comes with the sim extra "
+            "(pip install -e '.[sim]')"
+        ) from None
     return linear_sum_assignment
 
 
@@ -267,6 +271,7 @@ class Hetero(Placement):
         relax_after_s: float = 600.0,
     ) -> None:
         check_fairness(fairness)
+        _linear_sum_assignment()  # refuse to build without scipy, not in the first round
         if max_jobs < 1:
             raise ValueError(f"max_jobs must be at least 1, got {max_jobs}")
         self.within = within if within is not None else Relax(relax_after_s)
