@@ -140,6 +140,10 @@ def create_app(manager: Manager) -> FastAPI:
             model = model.model_copy(update={"vc": who.vc})
         if not auth.can_submit_to(who, model.vc):
             raise HTTPException(403, f"vc: user {who.user} may submit only to VC {who.vc}")
+        if not auth.can_set_level(who, model.level):
+            raise HTTPException(
+                403, f"level: user {who.user} may not raise a job above level 0 (admins only)"
+            )
         if model.workdir is not None and isinstance(manager.executor, LocalExecutor):
             # Here, not when the job starts (Ray's nodes are elsewhere: not checked there).
             problem = await run_in_threadpool(limits.workdir_problem, model.workdir)

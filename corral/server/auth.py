@@ -261,6 +261,12 @@ def can_submit_to(principal: Principal, vc: str) -> bool:
     return principal.admin or principal.vc is None or principal.vc == vc
 
 
+def can_set_level(principal: Principal, level: int) -> bool:
+    """A level above 0 puts a job ahead of others' (and may preempt them): admins only. Others
+    may lower their own jobs, as Slurm lets users raise only their own jobs' nice value."""
+    return principal.admin or level <= 0
+
+
 def visible_to(principal: Principal) -> tuple[str, str | None] | None:
     """The `visible_to` filter of Store.list_jobs for this principal (None: sees everything)."""
     return None if principal.admin else (principal.user, principal.vc)

@@ -973,6 +973,24 @@ class JobSpecModel(BaseModel):
         "if one fails or is cancelled, this job fails without starting",
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _integer_priority(cls, data: Any) -> Any:
+        """`priority: 5`, the integer priority of Slurm and Kueue: a guaranteed job at level 5."""
+        if not isinstance(data, dict):
+            return data
+        value = data.get("priority")
+        if not isinstance(value, int) or isinstance(value, bool):
+            return data
+        reason = None
+        if "level" in data:
+            reason = "an integer priority is the job's level: give priority or level, not both"
+        elif abs(value) > MAX_LEVEL:
+            reason = f"an integer priority must be from -{MAX_LEVEL} to {MAX_LEVEL}"
+        if reason is not None:
+            raise PydanticCustomError("spec", "{reason}", {"field": "priority", "reason": reason})
+        return {**data, "priority": "guaranteed", "level": value}
+
     @model_validator(mode="after")
     def _workers_divide_gpus(self) -> JobSpecModel:
         if isinstance(self.gpus, float):  # a share of one GPU: one process

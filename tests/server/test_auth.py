@@ -14,6 +14,7 @@ from corral.server.auth import (
     Principal,
     can_act_on_job,
     can_read_job,
+    can_set_level,
     can_submit_to,
     create_token,
     ensure_admin_token,
@@ -188,3 +189,11 @@ def test_visible_to_matches_the_store_filter() -> None:
     assert visible_to(ALICE) == ("alice", "vision")
     assert visible_to(LONER) == ("bob", None)
     assert visible_to(ADMIN) is None
+
+
+@pytest.mark.parametrize(
+    ("principal", "level", "allowed"),
+    [(ALICE, 0, True), (ALICE, -5, True), (ALICE, 1, False), (ADMIN, 1_000_000, True)],
+)
+def test_only_admins_raise_a_level(principal: Principal, level: int, allowed: bool) -> None:
+    assert can_set_level(principal, level) is allowed

@@ -588,6 +588,16 @@ def test_users_see_their_own_vc_only(tmp_path: Path):
         with pytest.raises(ClientError) as caught:
             users["a"].job(ids["b"])
         assert (caught.value.status, str(caught.value)) == (404, f"no job {ids['b']}")
+        # a level above 0 jumps others' jobs: admins only; lowering one's own job is anyone's
+        for raised in ({"level": 5}, {"priority": 1}):
+            with pytest.raises(ClientError) as caught:
+                users["a"].submit({"name": "pushy", "gpus": 1, "command": "true", **raised})
+            assert (caught.value.status, str(caught.value)) == (
+                403,
+                "level: user user-a may not raise a job above level 0 (admins only)",
+            )
+        humble = users["a"].submit({"name": "humble", "gpus": 1, "command": "true", "level": -2})
+        ids["humble"] = humble["id"]
         for job_id in ids.values():
             admin.wait(job_id, timeout=WAIT_S)
         for user in users.values():

@@ -104,7 +104,7 @@ BAD_SPECS = [
     (spec_with(vc=""), "vc: must be a non-empty string"),
     (spec_with(vc=["a"]), "vc: must be a non-empty string"),
     (spec_with(priority="high"), "priority: must be guaranteed or opportunistic"),
-    (spec_with(priority=1), "priority: must be guaranteed or opportunistic"),
+    (spec_with(priority=1.5), "priority: must be guaranteed or opportunistic"),
     (spec_with(locality="zone"), "locality: must be node, rack or any"),
     # command
     (spec_with(command=""), "command: must not be empty"),
@@ -150,6 +150,11 @@ BAD_SPECS = [
     ([BASE], "the job spec must be a mapping of fields"),
     ("name: x", "the job spec must be a mapping of fields"),
     (None, "the job spec must be a mapping of fields"),
+    (
+        spec_with(priority=3, level=1),
+        "priority: an integer priority is the job's level: give priority or level, not both",
+    ),
+    (spec_with(priority=10**7), "priority: an integer priority must be from -1000000 to 1000000"),
 ]
 
 
@@ -606,3 +611,14 @@ def test_a_torchrun_spec_and_the_submitters_environment_under_the_specs_env() ->
     assert env["PATH"] == "/venv/bin:/usr/bin" and env["EPOCHS"] == "5"  # the spec's wins
     # without env_from, nothing of a submitter's environment
     assert job_env(parse_job_spec(spec_with(env={"A": "1"}))) == {"A": "1"}
+
+
+@pytest.mark.parametrize(("priority", "level"), [(5, 5), (-2, -2), (0, 0)])
+def test_an_integer_priority_is_a_guaranteed_job_s_level(priority: int, level: int) -> None:
+    model = parse_job_spec(spec_with(priority=priority))
+    assert (model.priority, model.level) == ("guaranteed", level)
+
+
+def test_a_boolean_priority_is_not_an_integer_one() -> None:
+    with pytest.raises(SpecError, match=r"^priority: "):
+        parse_job_spec(spec_with(priority=True))
