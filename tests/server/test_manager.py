@@ -387,7 +387,7 @@ def test_time_slicing_suspends_and_resumes_jobs_in_turns(data_dir: Path) -> None
 def test_export_trace_writes_the_history_that_simulate_replays(
     server: RunningServer, data_dir: Path, tmp_path: Path
 ) -> None:
-    from typer.testing import CliRunner
+    from click.testing import CliRunner
 
     from corral.cli.main import app
     from corral.sim.traces import load_trace
