@@ -1005,6 +1005,10 @@ class Scheduler:
             parts.append(
                 f"blocked behind job {self.blocked_by} ({self.policy.name} without backfill)"
             )
+        elif job.hold_until > now:  # counted down from `now`, not the last round's text
+            parts.append(f"retry backoff: held for {job.hold_until - now:.0f} s more")
+        elif job.hold_until and job.pending_reason.startswith("retry backoff"):
+            parts.append("retry backoff over: waiting for the next scheduling round")
         elif job.pending_reason == "not yet considered" and position > 0:
             parts.append("behind higher-priority jobs")
         else:
