@@ -168,6 +168,7 @@ def create_app(manager: Manager) -> FastAPI:
         status: Annotated[str | None, Query(description="PENDING, RUNNING, ...")] = None,
         vc: str | None = None,
         user: str | None = None,
+        name: Annotated[str | None, Query(description="only jobs of this name")] = None,
         limit: Annotated[
             int, Query(ge=1, le=limits.MAX_LIST_LIMIT, description="jobs in this page")
         ] = limits.DEFAULT_LIST_LIMIT,
@@ -188,6 +189,7 @@ def create_app(manager: Manager) -> FastAPI:
             status=status.upper() if status else None,
             vc=vc,
             user=user,
+            name=name,
             visible_to=None if who.admin else (who.user, who.vc),
             limit=limit + 1,
             before_id=before_id,
