@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from corral.cli.common import UserError, console, fail
+from corral.cli.output import plural
 
 if TYPE_CHECKING:
     from corral.server.state import CacheSettings
@@ -387,7 +388,7 @@ def export_trace(
     if chosen == "helios":
         where = "--config CLUSTER.yaml" if admission else "--cluster 1x8"
         console.print(
-            f"wrote {written} jobs to {out} ({skipped} that never ran left out){saved}; "
+            f"wrote {plural(written, 'job')} to {out} ({skipped} that never ran left out){saved}; "
             f"replay with:\n  corral simulate --trace helios:{out} {where}{setting}",
             highlight=False,
             soft_wrap=True,
@@ -399,7 +400,8 @@ def export_trace(
     if corral.no_work:
         left += f", {corral.no_work} that did no work"
     console.print(
-        f"wrote {corral.written} jobs and {corral.nodes} nodes to {out} ({left} left out), "
+        f"wrote {plural(corral.written, 'job')} and {plural(corral.nodes, 'node')} to {out} "
+        f"({left} left out), "
         f"the throughputs the manager measured to {corral.throughputs}, its decisions to "
         f"{corral.decisions}{saved}; replay with:\n"
         f"  corral simulate --trace corral:{out}{where}{setting} --decisions",

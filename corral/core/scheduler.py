@@ -177,7 +177,8 @@ class Scheduler:
             capacity = capacity if bound is None else min(capacity, bound)
         if spec.gpus > capacity:
             kind = "" if spec.gpu_types is None else f" of type {'|'.join(sorted(spec.gpu_types))}"
-            return f"asks for {spec.gpus} GPUs but the cluster has only {capacity} GPUs{kind}"
+            unit = "GPU" if capacity == 1 else "GPUs"
+            return f"asks for {spec.gpus} GPUs but the cluster has only {capacity} {unit}{kind}"
         if self._placement_refuses:
             problem = self.placement.refusal(self.cluster, spec)
             if problem is not None:
