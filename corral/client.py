@@ -333,6 +333,12 @@ class Client:
         """Revoke every token of `user` (admins only); returns those revoked now."""
         return self._request("POST", "/tokens/revoke", json={"user": user})["revoked"]
 
+    def export(self, name: str) -> dict:
+        """The job history as `corral export-trace` writes it (admins only): {"files": {file
+        name: text}, "format", "written", "never_ran", ...}; `name` is the trace's file name,
+        NAME.corral.jsonl or NAME.csv (Helios's format), and names the files beside it."""
+        return self._request("GET", "/export", params={"name": name})
+
     def whoami(self) -> dict:
         return self._request("GET", "/whoami")
 
