@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import importlib
 import os
-import shutil
 import sys
 from typing import Any
 
@@ -48,7 +47,10 @@ PIPED_HELP_WIDTH = 120
 
 def help_width() -> int:
     if sys.stdout.isatty():
-        return max(60, shutil.get_terminal_size().columns)
+        try:
+            return max(60, os.get_terminal_size(sys.stdout.fileno()).columns)
+        except (OSError, ValueError):
+            return PIPED_HELP_WIDTH
     columns = os.environ.get("COLUMNS", "")
     return int(columns) if columns.isdigit() and int(columns) >= 40 else PIPED_HELP_WIDTH
 
