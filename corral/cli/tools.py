@@ -1,7 +1,8 @@
 """The commands built with typer: the simulator's smaller commands here, the others registered
-from corral.cli.simulate, .up, .configcmd (built lazily, corral.cli.lazy), .fgd and .up (what
-they share is in corral.cli.common). corral.cli.main runs them as `corral NAME ...`: typer and
-rich are imported only when one of them runs, never for the client commands."""
+from corral.cli.simulate, .up, .configcmd (built lazily, corral.cli.lazy), .fgd, and
+export-trace from .up (what they share is in corral.cli.common). corral.cli.main runs them as
+`corral NAME ...` (each is named in its COMMANDS table): typer and rich are imported only when
+one of them runs, never for the client commands."""
 
 from __future__ import annotations
 
