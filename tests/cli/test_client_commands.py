@@ -100,6 +100,21 @@ def test_help_piped_is_not_cut_at_80_columns() -> None:
     assert max(len(line) for line in narrow.stdout.splitlines()) <= 70
 
 
+def test_a_typer_commands_help_piped_is_wide_too() -> None:
+    """`corral up --help` (typer, drawn by rich) gets 120 columns when piped, as click's do."""
+    env = {key: value for key, value in os.environ.items() if key != "COLUMNS"}
+    done = subprocess.run(
+        [sys.executable, "-m", "corral.cli", "export-trace", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "Usage: corral export-trace" in done.stdout
+    assert max(len(line) for line in done.stdout.splitlines()) == 120
+
+
 def test_top_level_help_lists_every_command_with_its_line() -> None:
     done = corral("--help")
     assert done.returncode == 0
