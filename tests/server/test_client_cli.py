@@ -786,3 +786,19 @@ def test_describe_of_a_retried_running_job_shows_no_old_exit_code(
     first = next(row for row in attempts if row.split()[0] == "1")
     assert re.search(r"\bended\s+failed\s+3\b", first), attempts
     assert admin_client.job(job_id)["exit_code"] == 3  # the JSON is unchanged: scripts read it
+
+
+def test_the_client_reconnects_when_its_kept_connection_was_closed(server: RunningServer):
+    """One keep-alive connection serves a Client's requests; when it was closed meanwhile (the
+    server's keep-alive timeout), the next request goes out again on a fresh one."""
+    import socket
+
+    with Client(server.url, admin_token(server.manager.data_dir)) as client:
+        assert client.whoami()["admin"]
+        kept = client._connection
+        assert kept is not None and kept.sock is not None
+        kept.sock.shutdown(socket.SHUT_RDWR)
+        assert client.whoami()["admin"]
+        assert client._connection is not kept
+        again = client._connection
+        assert client.vcs() and client._connection is again  # kept alive from there on
