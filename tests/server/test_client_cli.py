@@ -802,3 +802,42 @@ def test_the_client_reconnects_when_its_kept_connection_was_closed(server: Runni
         assert client._connection is not kept
         again = client._connection
         assert client.vcs() and client._connection is again  # kept alive from there on
+
+
+def test_the_retry_backoff_counts_down_in_ls_and_describe(tmp_path: Path):
+    """A failed job held for its retry backoff (60 s here): ls and describe say how long is
+    left, counted from the time asked (no scheduling round runs while it is held)."""
+    data_dir = tmp_path / "backoff"
+    running = start_server(data_dir, gpus=1, retry_backoff_s=60.0)
+    admin = Client(running.url, admin_token(data_dir))
+    env = {"CORRAL_URL": running.url, "CORRAL_TOKEN": admin_token(data_dir)}
+    held = re.compile(r"retry backoff: held for (\d+) s more")
+    try:
+        job_id = admin.submit({"name": "flaky", "gpus": 1, "max_retries": 1, "command": "exit 3"})[
+            "id"
+        ]
+
+        def left() -> int | None:
+            found = held.search(admin.job(job_id)["reason"])
+            return int(found.group(1)) if found else None
+
+        first = wait_until(left, "the job held for its backoff")
+        assert 50 <= first <= 60
+        later = wait_until(lambda: (n := left()) is not None and n < first and n, "a second on")
+        assert later < first
+        row = next(
+            line
+            for line in CliRunner().invoke(app, ["ls", "-o", "wide"], env=env).stdout.splitlines()
+            if line.startswith(job_id)
+        )
+        shown = held.search(row)
+        assert shown and int(shown.group(1)) <= later and "position" not in row, row
+        described = CliRunner().invoke(app, ["describe", job_id], env=env).stdout
+        why = held.search(described.split("Why pending:", 1)[1])
+        assert why and int(why.group(1)) <= later, described
+        assert "Exit code" not in described  # it waits: the 3 is its first attempt's
+        admin.cancel(job_id)
+    finally:
+        admin.close()
+        running.stop()
+        kill_jobs_of(data_dir)
