@@ -14,16 +14,17 @@ Every refusal is a ClientError whose message is one line: the server's own `deta
 
 from __future__ import annotations
 
+import http.client
+import json
 import os
+import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any
-from urllib.parse import quote
-
-import httpx
+from urllib.parse import quote, urlencode, urlsplit
 
 DEFAULT_URL = "http://127.0.0.1:8470"
 FINAL_STATUSES = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
@@ -50,13 +51,44 @@ class LogChunk:
     attempt: int  # the attempt read (0: the job has not started yet)
 
 
-def load_spec_file(path: str | Path) -> dict[str, Any]:
-    """A job spec file validated here, as the fields the user wrote (the server fills defaults,
-    e.g. the VC of a user's token when `vc` is not given). SpecError names the file."""
-    from corral.server.spec import load_job_spec_file
+class SpecFileError(ClientError):
+    """A job spec file that cannot be read, or holds no mapping; the message names the file."""
 
-    model = load_job_spec_file(path)
-    return model.model_dump(mode="json", exclude_unset=True)
+
+def load_spec_file(path: str | Path) -> dict[str, Any]:
+    """The mapping a YAML (or JSON) job spec file holds, as the user wrote it: the server
+    validates it (and fills defaults, e.g. the VC of a user's token when `vc` is not given).
+    SpecFileError, naming the file, when it is unreadable or not a mapping."""
+    from corral.yamlfile import YamlFileError, read_yaml_file
+
+    try:
+        data = read_yaml_file(path)
+    except YamlFileError as error:
+        raise SpecFileError(f"{path}: {error}") from None
+    if not isinstance(data, dict):
+        raise SpecFileError(f"{path}: a job spec is a mapping of fields, not {_kind(data)}")
+    return data
+
+
+def _kind(value: object) -> str:
+    return {list: "a list", str: "a string", bool: "true/false"}.get(type(value), "a number")
+
+
+@dataclass(slots=True)
+class Response:
+    """An answer of the server: status, headers (case-insensitive), body."""
+
+    status_code: int
+    reason_phrase: str
+    headers: Mapping[str, str]
+    content: bytes
+
+    @property
+    def text(self) -> str:
+        return self.content.decode("utf-8", errors="replace")
+
+    def json(self) -> Any:
+        return json.loads(self.content)
 
 
 class Client:
@@ -65,15 +97,27 @@ class Client:
     ) -> None:
         self.url = (url or os.environ.get("CORRAL_URL") or DEFAULT_URL).rstrip("/")
         token = token if token is not None else os.environ.get("CORRAL_TOKEN", "")
-        headers = {"Authorization": f"Bearer {token.strip()}"} if token.strip() else {}
-        try:
-            self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
-        except (httpx.InvalidURL, ValueError) as error:
-            raise ClientError(f"CORRAL_URL: not a usable URL {self.url!r} ({error})") from None
+        self._headers = {"Authorization": f"Bearer {token.strip()}"} if token.strip() else {}
         self.timeout = timeout
+        # http.client, not httpx: a CLI call imports it in a few ms (httpx took 120 ms and
+        # 60 ms more to set up its client); one keep-alive connection serves every request.
+        try:
+            parts = urlsplit(self.url)
+            port = parts.port
+        except ValueError as error:
+            raise ClientError(f"CORRAL_URL: not a usable URL {self.url!r} ({error})") from None
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ClientError(
+                f"CORRAL_URL: not a usable URL {self.url!r} (expected http://HOST:PORT)"
+            )
+        self._scheme, self._host, self._port = parts.scheme, parts.hostname, port
+        self._prefix = parts.path.rstrip("/")
+        self._connection: http.client.HTTPConnection | None = None
 
     def close(self) -> None:
-        self._http.close()
+        if self._connection is not None:
+            self._connection.close()
+            self._connection = None
 
     def __enter__(self) -> Client:
         return self
@@ -94,13 +138,8 @@ class Client:
         `env_from: submitter` and no `submitter_env` gets this process's environment there, less
         what corral.submitenv keeps back (corral's credentials, secrets, the login session)."""
         if isinstance(spec, str | Path):
-            from corral.server.spec import SpecError
-
             source = source or str(spec)
-            try:
-                spec = load_spec_file(spec)
-            except SpecError as error:
-                raise ClientError(str(error)) from None
+            spec = load_spec_file(spec)
         if str(spec.get("env_from", "")).lower() == "submitter" and "submitter_env" not in spec:
             from corral.submitenv import submitter_environment
 
@@ -118,22 +157,33 @@ class Client:
         vc: str | None = None,
         user: str | None = None,
         limit: int | None = None,
+        name: str | None = None,
     ) -> list[dict]:
-        """Jobs newest first (a user sees their own and their VC's): the first `limit`, or
-        (None) all of them, read a page at a time."""
+        """Jobs newest first (a user sees their own and their VC's), filtered by the server:
+        the first `limit`, or (None) all of them, read a page at a time."""
         found: list[dict] = []
         before: str | None = None
         while limit is None or len(found) < limit:
             page = PAGE_SIZE if limit is None else min(PAGE_SIZE, limit - len(found))
-            params = {"status": status, "vc": vc, "user": user, "limit": page, "before_id": before}
-            response = self._send(
-                "GET", "/jobs", params={k: v for k, v in params.items() if v is not None}
-            )
+            params = {
+                "status": status,
+                "vc": vc,
+                "user": user,
+                "name": name,
+                "limit": page,
+                "before_id": before,
+            }
+            response = self._send("GET", "/jobs", params=params)
             found += response.json()
             before = response.headers.get(NEXT_PAGE_HEADER)
             if before is None:
                 break
         return found
+
+    def queue(self, limit: int = 100) -> dict:
+        """The waiting jobs in the scheduler's order: {"total": how many wait, "jobs": the
+        first `limit` of them (summaries, whose `reason` says why each waits)}."""
+        return self._request("GET", "/queue", params={"limit": limit})
 
     def job(self, job_id: str | int) -> dict:
         """One job's detail: the summary plus spec, attempts, events."""
@@ -305,6 +355,12 @@ class Client:
         """Revoke every token of `user` (admins only); returns those revoked now."""
         return self._request("POST", "/tokens/revoke", json={"user": user})["revoked"]
 
+    def export(self, name: str) -> dict:
+        """The job history as `corral export-trace` writes it (admins only): {"files": {file
+        name: text}, "format", "written", "never_ran", ...}; `name` is the trace's file name,
+        NAME.corral.jsonl or NAME.csv (Helios's format), and names the files beside it."""
+        return self._request("GET", "/export", params={"name": name})
+
     def whoami(self) -> dict:
         return self._request("GET", "/whoami")
 
@@ -321,22 +377,72 @@ class Client:
     def _request(self, method: str, path: str, **kwargs: Any) -> Any:
         return self._send(method, path, **kwargs).json()
 
-    def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+    def _send(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, Any] | None = None,
+        json: Any = None,
+    ) -> Response:
+        target = self._prefix + "/api/v1" + path
+        if params:
+            target += "?" + urlencode({k: v for k, v in params.items() if v is not None})
+        headers = dict(self._headers)
+        body = None
+        if json is not None:
+            body = _json_bytes(json)
+            headers["Content-Type"] = "application/json"
         try:
-            response = self._http.request(method, "/api/v1" + path, **kwargs)
-        except httpx.ConnectError:
+            response = self._exchange(method, target, body, headers)
+        except (ConnectionRefusedError, socket.gaierror, ConnectionError):
             raise ClientError(
                 f"cannot reach corral at {self.url}: is `corral up` running? (CORRAL_URL)"
             ) from None
-        except httpx.TimeoutException:
+        except TimeoutError:
             raise ClientError(
                 f"corral at {self.url} did not answer within {self.timeout:g} s"
             ) from None
-        except httpx.HTTPError as error:
-            raise ClientError(f"corral at {self.url}: {error}") from None
+        except (OSError, http.client.HTTPException) as error:
+            raise ClientError(f"corral at {self.url}: {error or type(error).__name__}") from None
         if response.status_code >= 400:
             raise ClientError(_detail(response), response.status_code)
         return response
+
+    def _exchange(
+        self, method: str, target: str, body: bytes | None, headers: dict[str, str]
+    ) -> Response:
+        """One request on the kept-alive connection; once more on a fresh connection when the
+        server had closed the old one meanwhile (nothing was sent then)."""
+        for retry in (True, False):
+            reused = self._connection is not None
+            connection = self._connection or self._connect()
+            self._connection = connection
+            try:
+                connection.request(method, target, body=body, headers=headers)
+                answer = connection.getresponse()
+                content = answer.read()
+            except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
+                self.close()
+                if reused and retry:
+                    continue
+                raise
+            except BaseException:
+                self.close()
+                raise
+            if answer.will_close:
+                self.close()
+            return Response(answer.status, answer.reason, answer.headers, content)
+        raise AssertionError("unreachable")
+
+    def _connect(self) -> http.client.HTTPConnection:
+        if self._scheme == "https":
+            return http.client.HTTPSConnection(self._host, self._port, timeout=self.timeout)
+        return http.client.HTTPConnection(self._host, self._port, timeout=self.timeout)
+
+
+def _json_bytes(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":"), allow_nan=False).encode()
 
 
 def _segment(job_id: str | int) -> str:
@@ -344,7 +450,7 @@ def _segment(job_id: str | int) -> str:
     return quote(str(job_id), safe="")
 
 
-def _detail(response: httpx.Response) -> str:
+def _detail(response: Response) -> str:
     """The server's one-line reason for a refusal."""
     try:
         detail = response.json().get("detail")

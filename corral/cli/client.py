@@ -1,13 +1,14 @@
-"""The client commands: submit, ls, describe, logs, cancel, vc ls, token create, profile ls.
+"""The client commands: submit, ls, queue, describe, logs, cancel, vc ls, token, profile ls.
 
-They talk to a running `corral up` through corral.client (CORRAL_URL, CORRAL_TOKEN). With
-`-o json` a command prints only JSON on stdout, for scripts. A refusal (the server's, or a bad
-spec file) is one line on stderr and exit code 1; a usage error exits with 2.
+They talk to a running `corral up` through corral.client (CORRAL_URL, CORRAL_TOKEN). They are
+plain click commands and import neither typer, rich, numpy nor the scheduling core: a call
+starts in about 0.1 s (benchmarks/cli_speed.py). With `-o json` (or yaml) a command prints only
+the records on stdout, for scripts. A refusal (the server's, or an unreadable spec file) is one
+line on stderr and exit code 1; a usage error exits with 2.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import sys
@@ -15,44 +16,43 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
-from enum import StrEnum
-from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
-import typer
-from rich.table import Table
+import click
 
-from corral.cli.common import console, err_console, fail
+from corral.cli.output import (
+    JSON,
+    TABLE,
+    YAML,
+    Column,
+    emit,
+    output_option,
+    plural,
+    print_data,
+    table_text,
+)
 
 if TYPE_CHECKING:
     from corral.client import Client
 
-REASON_WIDTH = 60  # `ls` truncates the reason column to this many characters
 DEFAULT_LS_LIMIT = 50
-
-
-class Output(StrEnum):
-    table = "table"
-    json = "json"
-
-
-class Status(StrEnum):
-    PENDING = "PENDING"
-    RUNNING = "RUNNING"
-    SUCCEEDED = "SUCCEEDED"
-    FAILED = "FAILED"
-    CANCELLED = "CANCELLED"
-
-
-OutputOption = Annotated[
-    Output, typer.Option("--output", "-o", help="table for people, json for scripts")
-]
+REASON_WIDTH = 60  # `ls -o table` shortens the reason to this many characters
+STATUSES = ("PENDING", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED")
+#: The scheduler's explanation of a pending job starts with its place in the queue; `ls` shows
+#: the status in its own column, so its REASON starts after that prefix.
+QUEUE_PREFIX = re.compile(r"^PENDING, position \d+ of \d+ in the queue(; )?")
 
 
 def refuse(message: str) -> NoReturn:
     """A request that could not be done: one line on stderr, exit code 1."""
-    err_console.print(f"[bold red]error:[/] {_escape(message)}", highlight=False, soft_wrap=True)
-    raise typer.Exit(1)
+    click.echo(f"error: {' '.join(message.split())}", err=True)
+    raise click.exceptions.Exit(1)
+
+
+def usage_error(message: str) -> NoReturn:
+    """A usage error: one line on stderr, exit code 2."""
+    click.echo(f"error: {' '.join(message.split())}", err=True)
+    raise click.exceptions.Exit(2)
 
 
 @contextmanager
@@ -67,122 +67,261 @@ def connected() -> Iterator[Client]:
         refuse(error.message)
 
 
-def print_json(value: object) -> None:
-    typer.echo(json.dumps(value, indent=2))
+def job_option(function: Any) -> Any:
+    return click.argument("job_id", metavar="JOB")(function)
 
 
 # -- submit -----------------------------------------------------------------------------------
 
+#: `--set KEY=VALUE`: the value is read as YAML (2 is a number, [a, b] a list, true a boolean).
+SET_HELP = "set a field of the spec: KEY=VALUE, VALUE read as YAML (repeatable; env.NAME=...)"
 
+
+class SubmitCommand(click.Command):
+    """`corral submit [FILE] [flags] [-- COMMAND...]`: what follows `--` is the job's command
+    line, taken whole (its own flags are not corral's)."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if "--" in args:
+            at = args.index("--")
+            args, ctx.meta["corral.command"] = args[:at], args[at + 1 :]
+        return super().parse_args(ctx, args)
+
+    def format_usage(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        formatter.write_usage(ctx.command_path, "[OPTIONS] [FILE] [-- COMMAND...]")
+
+
+@click.command(cls=SubmitCommand)
+@click.argument("file", required=False, type=click.Path(dir_okay=False))
+@click.option("--name", help="the job's name")
+@click.option("--gpus", type=float, help="GPUs (a share of one GPU: 0.5)")
+@click.option("--workers", type=click.IntRange(min=1), help="processes; each gets gpus/workers")
+@click.option("--vc", help="the VC to submit to (default: your token's)")
+@click.option("--priority", help="the job's priority class (see docs/job-spec.md)")
+@click.option("--set", "settings", multiple=True, metavar="KEY=VALUE", help=SET_HELP)
+@output_option(formats=(TABLE, JSON, YAML))
+@click.pass_context
 def submit(
-    file: Annotated[Path, typer.Argument(help="the job spec, YAML or JSON")],
-    output: OutputOption = Output.table,
+    ctx: click.Context,
+    file: str | None,
+    name: str | None,
+    gpus: float | None,
+    workers: int | None,
+    vc: str | None,
+    priority: str | None,
+    settings: tuple[str, ...],
+    output: str,
 ) -> None:
-    """Submit a job; print its id (ID=$(corral submit job.yaml))."""
-    from corral.client import load_spec_file
-    from corral.server.spec import SpecError
+    """Submit a job; print its id (ID=$(corral submit job.yaml)).
 
-    try:
-        spec = load_spec_file(file)
-    except SpecError as error:
-        refuse(str(error))
+    FILE is a job spec (YAML or JSON); the flags override its fields. Without a file, give the
+    command after `--`: corral submit --gpus 2 --name x -- python train.py --lr 0.1
+    """
+    from corral.client import SpecFileError, load_spec_file
+
+    command: list[str] = ctx.meta.get("corral.command", [])
+    spec: dict[str, Any] = {}
+    source = None
+    if file is not None:
+        try:
+            spec = load_spec_file(file)
+        except SpecFileError as error:
+            refuse(error.message)
+        source = file
+    elif not command:
+        usage_error("give a job spec FILE, or the command after --: corral submit -- CMD ...")
+    if command:
+        spec["command"] = command
+    for key, value in (("name", name), ("workers", workers), ("vc", vc), ("priority", priority)):
+        if value is not None:
+            spec[key] = value
+    if gpus is not None:
+        spec["gpus"] = int(gpus) if gpus == int(gpus) else gpus
+    for setting in settings:
+        _set_field(spec, setting)
+    if "name" not in spec and file is None:
+        spec["name"] = _name_of(command)
     # The job runs where it was submitted from, as with sbatch, unless the file says otherwise.
-    workdir = os.path.expanduser(spec.get("workdir") or ".")
+    workdir = spec.get("workdir")
+    workdir = os.path.expanduser(workdir if isinstance(workdir, str) and workdir else ".")
     spec["workdir"] = os.path.normpath(os.path.join(os.getcwd(), workdir))
     with connected() as client:
-        job = client.submit(spec, source=str(file))
-    if output is Output.json:
-        print_json(job)
+        job = client.submit(spec, source=source)
+    if output == TABLE:
+        click.echo(job["id"])
     else:
-        typer.echo(job["id"])
+        print_data(job, output)
+
+
+def _set_field(spec: dict[str, Any], setting: str) -> None:
+    """`--set a.b=VALUE`: spec["a"]["b"] = VALUE read as YAML."""
+    import yaml
+
+    key, equals, text = setting.partition("=")
+    path = key.strip().split(".")
+    if not equals or not all(path):
+        usage_error(f"--set: expected KEY=VALUE (e.g. max_retries=2), got {setting!r}")
+    try:
+        value = yaml.safe_load(text) if text.strip() else ""
+    except yaml.YAMLError:
+        value = text
+    target = spec
+    for part in path[:-1]:
+        inner = target.setdefault(part, {})
+        if not isinstance(inner, dict):
+            usage_error(f"--set {key}: {part} is not a mapping in the spec")
+        target = inner
+    target[path[-1]] = value
+
+
+def _name_of(command: list[str]) -> str:
+    """A job name from its command line: the script's or program's name (train.py -> train)."""
+    words = [w for w in command if not w.startswith("-")]
+    scripts = [w for w in words if w.endswith((".py", ".sh"))]
+    base = os.path.basename(scripts[0] if scripts else words[0] if words else "job")
+    name = re.sub(r"[^A-Za-z0-9._-]", "-", base.rsplit(".", 1)[0] or base)[:63].strip("-.")
+    return name or "job"
 
 
 # -- ls ---------------------------------------------------------------------------------------
 
 
+def _reason(job: dict[str, Any]) -> str:
+    return QUEUE_PREFIX.sub("", job["reason"] or "")
+
+
+JOB_COLUMNS = (
+    Column("ID", lambda j: j["id"]),
+    Column("NAME", lambda j: j["name"]),
+    Column("USER", lambda j: j["user"]),
+    Column("VC", lambda j: j["vc"]),
+    Column("STATUS", lambda j: j["status"]),
+    Column("GPUS", lambda j: j["gpus"]),
+    Column("WORKERS", lambda j: j.get("workers", 1), wide_only=True),
+    Column("PRIORITY", lambda j: j["priority"], wide_only=True),
+    Column("AGE", lambda j: _age(time.time() - j["submitted_at"])),
+    Column("PROGRESS", lambda j: _steps(j.get("progress"))),
+    Column("ETA", lambda j: _eta(j.get("progress"))),
+    Column("ATTEMPTS", lambda j: j["attempts"], wide_only=True),
+    Column("PLACEMENT", lambda j: ",".join(j.get("placement") or []) or "-", wide_only=True),
+    Column("REASON", _reason, width=REASON_WIDTH),
+)
+
+
+@click.command()
+@click.option(
+    "--all",
+    "-a",
+    "all_jobs",
+    is_flag=True,
+    help=f"every job (default: the {DEFAULT_LS_LIMIT} newest)",
+)
+@click.option("--limit", "-n", type=click.IntRange(min=1), help="the N newest jobs")
+@click.option(
+    "--status",
+    type=click.Choice(STATUSES, case_sensitive=False),
+    help="only jobs in this state",
+)
+@click.option("--vc", help="only this VC's jobs")
+@click.option("--user", help="only this user's jobs")
+@click.option("--name", help="only jobs of this name")
+@output_option()
 def ls(
-    all_jobs: Annotated[
-        bool,
-        typer.Option("--all", "-a", help=f"every job (default: the {DEFAULT_LS_LIMIT} newest)"),
-    ] = False,
-    status: Annotated[
-        Status | None, typer.Option(help="only jobs in this state", case_sensitive=False)
-    ] = None,
-    vc: Annotated[str | None, typer.Option(help="only this VC's jobs")] = None,
-    user: Annotated[str | None, typer.Option(help="only this user's jobs")] = None,
-    output: OutputOption = Output.table,
+    all_jobs: bool,
+    limit: int | None,
+    status: str | None,
+    vc: str | None,
+    user: str | None,
+    name: str | None,
+    output: str,
 ) -> None:
-    """List jobs, newest first."""
+    """List jobs, newest first.
+
+    The server filters and pages: `corral ls --all` reads 10,000 jobs a request. The table is
+    plain text; -o wide adds columns and keeps each reason whole.
+    """
+    if all_jobs and limit is not None:
+        usage_error("--all and --limit: give one of them")
     with connected() as client:
         jobs = client.jobs(
-            status=status.value if status else None,
+            status=status.upper() if status else None,
             vc=vc,
             user=user,
-            limit=None if all_jobs else DEFAULT_LS_LIMIT,
+            name=name,
+            limit=None if all_jobs else limit or DEFAULT_LS_LIMIT,
         )
-    if output is Output.json:
-        print_json(jobs)
+    emit(jobs, JOB_COLUMNS, output, empty="no jobs")
+
+
+# -- queue ------------------------------------------------------------------------------------
+
+QUEUE_COLUMNS = (
+    Column("POS", lambda j: j["position"], right=True),
+    Column("ID", lambda j: j["id"]),
+    Column("NAME", lambda j: j["name"]),
+    Column("USER", lambda j: j["user"]),
+    Column("VC", lambda j: j["vc"]),
+    Column("GPUS", lambda j: j["gpus"], right=True),
+    Column("PRIORITY", lambda j: j["priority"]),
+    Column("WAIT", lambda j: _age(time.time() - j["submitted_at"])),
+    Column("ATTEMPTS", lambda j: j["attempts"], wide_only=True),
+    Column("REASON", _reason, width=REASON_WIDTH),
+)
+
+
+@click.command()
+@click.option(
+    "--limit",
+    "-n",
+    type=click.IntRange(1, 10_000),
+    default=100,
+    show_default=True,
+    help="the first N waiting jobs",
+)
+@output_option()
+def queue(limit: int, output: str) -> None:
+    """The pending jobs in the order the scheduler considers them: position, priority, how
+    long each has waited and why."""
+    with connected() as client:
+        found = client.queue(limit)
+    jobs = [job | {"position": i} for i, job in enumerate(found["jobs"], start=1)]
+    if output in (JSON, YAML):
+        print_data({"total": found["total"], "jobs": jobs}, output)
         return
-    if not jobs:
-        err_console.print("no jobs", highlight=False)
-        return
-    table = Table(box=None, header_style="bold", pad_edge=False)
-    for column in (
-        "ID",
-        "NAME",
-        "USER",
-        "VC",
-        "STATUS",
-        "GPUS",
-        "AGE",
-        "PROGRESS",
-        "ETA",
-        "REASON",
-    ):
-        table.add_column(column, no_wrap=column != "REASON", overflow="ellipsis")
-    now = time.time()
-    for job in jobs:
-        progress = job.get("progress")
-        table.add_row(
-            job["id"],
-            job["name"],
-            job["user"],
-            job["vc"],
-            _status(job["status"]),
-            str(job["gpus"]),
-            _age(now - job["submitted_at"]),
-            _steps(progress),
-            _eta(progress),
-            _escape(_truncate(job["reason"], REASON_WIDTH)),
-        )
-    console.print(table, highlight=False)
+    emit(jobs, QUEUE_COLUMNS, output, empty="no job is waiting")
+    if found["total"] > len(jobs):
+        click.echo(f"({found['total'] - len(jobs)} more waiting: --limit)", err=True)
 
 
 # -- describe ---------------------------------------------------------------------------------
 
 
-def describe(
-    job_id: Annotated[str, typer.Argument(metavar="JOB", help="the job id")],
-    output: OutputOption = Output.table,
-) -> None:
+@click.command()
+@job_option
+@output_option(formats=(TABLE, JSON, YAML))
+def describe(job_id: str, output: str) -> None:
     """A job's state, placement, attempts and events, and why it is pending."""
     with connected() as client:
         job = client.job(job_id)
-    if output is Output.json:
-        print_json(job)
+    if output != TABLE:
+        print_data(job, output)
         return
+    click.echo(describe_text(job), nl=False)
+
+
+def describe_text(job: dict[str, Any]) -> str:
     spec = job.get("spec", {})
     workers = job.get("workers", 1)
     attempts = _attempt_list(job)
-    # Field values are rich markup: anything the user wrote is escaped.
+    live = job["status"] in ("PENDING", "RUNNING")
     fields: list[tuple[str, str]] = [
-        ("Status", _status(job["status"])),
-        ("User / VC", _escape(f"{job['user']} / {job['vc']}")),
+        ("Status", job["status"]),
+        ("User / VC", f"{job['user']} / {job['vc']}"),
         ("Priority", job["priority"]),
-        ("GPUs", f"{job['gpus']} ({workers} worker{'s' if workers != 1 else ''})"),
+        ("GPUs", f"{job['gpus']} ({plural(workers, 'worker')})"),
     ]
     if job["placement"]:
-        fields.append(("Placement", _escape(", ".join(job["placement"]))))
+        fields.append(("Placement", ", ".join(job["placement"])))
     fields.append(("Submitted", _when(job["submitted_at"])))
     if job["started_at"]:
         fields.append(("Started", _when(job["started_at"])))
@@ -194,7 +333,8 @@ def describe(
             f"{_attempt_count(job)} ({job['failures']} failed, {job['preemptions']} preempted)",
         )
     )
-    if job["exit_code"] is not None:
+    # A pending or running job's exit code is an earlier attempt's: the attempts list has it.
+    if job["exit_code"] is not None and not live:
         fields.append(("Exit code", str(job["exit_code"])))
     if job.get("progress"):
         fields.append(("Progress", _progress_line(job["progress"], job.get("progress_history"))))
@@ -203,83 +343,64 @@ def describe(
         fields.append(
             (
                 "Reports",
-                _escape(
-                    f"{problems['malformed_lines']} line(s) were not progress reports "
-                    f"(latest: {problems['last_error']})"
-                ),
+                f"{problems['malformed_lines']} line(s) were not progress reports "
+                f"(latest: {problems['last_error']})",
             )
         )
     for measured in job.get("throughput") or []:
         fields.append(("Throughput", _throughput_line(measured)))
     if spec.get("command"):
         command = spec["command"]
-        fields.append(
-            ("Command", _escape(command if isinstance(command, str) else " ".join(command)))
-        )
+        fields.append(("Command", command if isinstance(command, str) else " ".join(command)))
     if spec.get("workdir"):
-        fields.append(("Workdir", _escape(spec["workdir"])))
-    console.print(f"[bold]Job {_escape(job['id'])}[/]  {_escape(job['name'])}", highlight=False)
-    for label, value in fields:
-        console.print(f"  {label + ':':<11} {value}", highlight=False, soft_wrap=True)
+        fields.append(("Workdir", spec["workdir"]))
+    lines = [f"Job {job['id']}  {job['name']}"]
+    lines += [f"  {label + ':':<11} {' '.join(str(value).split())}" for label, value in fields]
     if job["status"] == "PENDING":
-        reason = job["reason"] or "not yet considered by the scheduler"
-        console.print(f"[bold]Why pending:[/] {_escape(reason)}", highlight=False, soft_wrap=True)
+        lines.append(f"Why pending: {job['reason'] or 'not yet considered by the scheduler'}")
     elif job["reason"]:
-        label = "Reason" if job["status"] != "RUNNING" else "Note"
-        console.print(
-            f"[bold]{label}:[/] {_escape(job['reason'])}", highlight=False, soft_wrap=True
-        )
+        lines.append(f"{'Note' if job['status'] == 'RUNNING' else 'Reason'}: {job['reason']}")
+    text = "\n".join(lines) + "\n"
     if attempts:
-        console.print()
-        table = Table(title="Attempts", title_justify="left", box=None, header_style="bold")
-        for column in ("#", "GPUS", "STARTED", "ENDED", "STATE", "OUTCOME", "EXIT", "REASON"):
-            table.add_column(column, overflow="fold")
-        for attempt in attempts:
-            table.add_row(
+        rows = [
+            [
                 str(attempt["number"]),
-                _escape(",".join(attempt["gpus"])),
+                ",".join(attempt["gpus"]) or "-",
                 _clock(attempt["started_at"]),
                 _clock(attempt["ended_at"]),
                 attempt["state"],
                 attempt["outcome"] or "",
                 "" if attempt["exit_code"] is None else str(attempt["exit_code"]),
-                _escape(attempt["reason"] or ""),
-            )
-        console.print(table, highlight=False)
+                " ".join((attempt["reason"] or "").split()),
+            ]
+            for attempt in attempts
+        ]
+        headers = ["#", "GPUS", "STARTED", "ENDED", "STATE", "OUTCOME", "EXIT", "REASON"]
+        text += "\nAttempts\n" + table_text(headers, rows)
     events = sorted(job.get("events", []), key=lambda event: event["at"])
     if events:
-        console.print()
-        table = Table(title="Events", title_justify="left", box=None, header_style="bold")
-        for column in ("TIME", "EVENT", "MESSAGE"):
-            table.add_column(column, overflow="fold")
-        for event in events:
-            table.add_row(_clock(event["at"]), event["kind"], _escape(event["message"]))
-        console.print(table, highlight=False)
+        rows = [[_clock(e["at"]), e["kind"], " ".join(str(e["message"]).split())] for e in events]
+        text += "\nEvents\n" + table_text(["TIME", "EVENT", "MESSAGE"], rows)
+    return text
 
 
 # -- logs -------------------------------------------------------------------------------------
 
 
+@click.command()
+@job_option
+@click.option("--follow", "-f", is_flag=True, help="keep printing until the job ends")
+@click.option("--attempt", type=click.IntRange(min=1), help="this attempt (default: the latest)")
+@click.option("--rank", type=click.IntRange(min=0), default=0, help="this worker's output")
+@click.option("--stderr", is_flag=True, help="stderr instead of stdout")
+@click.option(
+    "--tail",
+    "-n",
+    type=click.IntRange(0, 1_000_000),
+    help="only the last N lines (with -f: then follow)",
+)
 def logs(
-    job_id: Annotated[str, typer.Argument(metavar="JOB", help="the job id")],
-    follow: Annotated[
-        bool, typer.Option("--follow", "-f", help="keep printing until the job ends")
-    ] = False,
-    attempt: Annotated[
-        int | None, typer.Option(min=1, help="this attempt (default: the latest)")
-    ] = None,
-    rank: Annotated[int, typer.Option(min=0, help="this worker's output")] = 0,
-    stderr: Annotated[bool, typer.Option("--stderr", help="stderr instead of stdout")] = False,
-    tail: Annotated[
-        int | None,
-        typer.Option(
-            "--tail",
-            "-n",
-            min=0,
-            max=1_000_000,
-            help="only the last N lines (with -f: then follow)",
-        ),
-    ] = None,
+    job_id: str, follow: bool, attempt: int | None, rank: int, stderr: bool, tail: int | None
 ) -> None:
     """Print a job's output (one worker's stdout or stderr)."""
     stream = "stderr" if stderr else "stdout"
@@ -295,7 +416,7 @@ def logs(
                     sys.stdout.write(text)
                     sys.stdout.flush()
             except KeyboardInterrupt:
-                raise typer.Exit(130) from None
+                raise click.exceptions.Exit(130) from None
             return
         offset = 0
         number = attempt
@@ -313,138 +434,138 @@ def logs(
 # -- cancel -----------------------------------------------------------------------------------
 
 
-def cancel(
-    job_id: Annotated[str, typer.Argument(metavar="JOB", help="the job id")],
-    output: OutputOption = Output.table,
-    array: Annotated[
-        bool, typer.Option("--array", help="JOB is an array's id: cancel each unfinished task")
-    ] = False,
-) -> None:
+def array_option(function: Any) -> Any:
+    return click.option(
+        "--array", is_flag=True, help="JOB is an array's id: act on each unfinished task"
+    )(function)
+
+
+@click.command()
+@job_option
+@array_option
+@output_option(formats=(TABLE, JSON, YAML))
+def cancel(job_id: str, array: bool, output: str) -> None:
     """Cancel a pending or running job (its processes get their signal, then SIGKILL)."""
     with connected() as client:
         job = client.cancel(job_id, array=array)
-    if output is Output.json:
-        print_json(job)
+    if output != TABLE:
+        print_data(job, output)
     if array:
-        if output is Output.table:
-            typer.echo(f"array {job_id} cancelled")
+        if output == TABLE:
+            click.echo(f"array {job_id} cancelled")
         return
     if job["status"] != "CANCELLED":
         refuse(f"job {job_id} already ended ({job['status']}); nothing to cancel")
-    if output is Output.table:
-        typer.echo(f"job {job_id} cancelled")
+    if output == TABLE:
+        click.echo(f"job {job_id} cancelled")
 
 
 # -- vc ---------------------------------------------------------------------------------------
 
-vc_app = typer.Typer(no_args_is_help=True, help="Virtual clusters (teams' GPU shares).")
+
+@click.group("vc")
+def vc_group() -> None:
+    """Virtual clusters (teams' GPU shares)."""
 
 
-@vc_app.command("ls")
-def vc_ls(output: OutputOption = Output.table) -> None:
+VC_COLUMNS = (
+    Column("VC", lambda v: v["name"]),
+    Column("GUARANTEED", lambda v: v["guaranteed_gpus"], right=True),
+    Column("ALLOCATED", lambda v: v["allocated_gpus"], right=True),
+    Column("PENDING", lambda v: v["pending"], right=True),
+    Column("RUNNING", lambda v: v["running"], right=True),
+)
+
+
+@vc_group.command("ls")
+@output_option()
+def vc_ls(output: str) -> None:
     """The VCs: guaranteed GPUs, GPUs in use, pending and running jobs."""
     with connected() as client:
         vcs = client.vcs()
-    if output is Output.json:
-        print_json(vcs)
-        return
-    table = Table(box=None, header_style="bold", pad_edge=False)
-    for column in ("VC", "GUARANTEED", "ALLOCATED", "PENDING", "RUNNING"):
-        table.add_column(column, justify="left" if column == "VC" else "right")
-    for vc in vcs:
-        table.add_row(
-            vc["name"],
-            str(vc["guaranteed_gpus"]),
-            str(vc["allocated_gpus"]),
-            str(vc["pending"]),
-            str(vc["running"]),
-        )
-    console.print(table, highlight=False)
+    emit(vcs, VC_COLUMNS, output)
 
 
 # -- token ------------------------------------------------------------------------------------
 
-token_app = typer.Typer(no_args_is_help=True, help="API tokens (admins only).")
+
+@click.group("token")
+def token_group() -> None:
+    """API tokens (admins only)."""
 
 
-@token_app.command("create")
+@token_group.command("create")
+@click.argument("user")
+@click.option("--vc", help="the user's VC: they submit there and read its jobs")
+@click.option("--admin", is_flag=True, help="an admin token")
+@click.option(
+    "--expires", metavar="DURATION", help="it stops working after this long: 90s, 30m, 12h, 7d, 1w"
+)
+@click.option(
+    "--unix-user",
+    metavar="ACCOUNT",
+    help="the Unix account the user's jobs run as (default: the one named like USER)",
+)
+@output_option(formats=(TABLE, JSON, YAML))
 def token_create(
-    user: Annotated[str, typer.Argument(help="the user the token acts as")],
-    vc: Annotated[
-        str | None, typer.Option(help="the user's VC: they submit there and read its jobs")
-    ] = None,
-    admin: Annotated[bool, typer.Option("--admin", help="an admin token")] = False,
-    expires: Annotated[
-        str | None,
-        typer.Option(
-            metavar="DURATION", help="it stops working after this long: 90s, 30m, 12h, 7d, 1w"
-        ),
-    ] = None,
-    unix_user: Annotated[
-        str | None,
-        typer.Option(
-            metavar="ACCOUNT",
-            help="the Unix account the user's jobs run as (default: the one named like USER)",
-        ),
-    ] = None,
-    output: OutputOption = Output.table,
+    user: str,
+    vc: str | None,
+    admin: bool,
+    expires: str | None,
+    unix_user: str | None,
+    output: str,
 ) -> None:
-    """Create a token and print it (the only time it is shown)."""
+    """Create a token for USER and print it (the only time it is shown)."""
     expires_in = None if expires is None else parse_duration("--expires", expires)
     with connected() as client:
         created = client.create_token(
             user, vc=vc, admin=admin, unix_user=unix_user, expires_in=expires_in
         )
-    if output is Output.json:
-        print_json(created)
+    if output == TABLE:
+        click.echo(created["token"])
     else:
-        typer.echo(created["token"])
+        print_data(created, output)
 
 
-@token_app.command("ls")
-def token_ls(output: OutputOption = Output.table) -> None:
+def _expires(token: dict[str, Any]) -> str:
+    expires = token["expires_at"]
+    if expires is None:
+        return ""
+    return _date(expires) + (" (expired)" if token["state"] == "expired" else "")
+
+
+TOKEN_COLUMNS = (
+    Column("ID", lambda t: t["id"]),
+    Column("USER", lambda t: t["user"]),
+    Column("VC", lambda t: t["vc"] or "-"),
+    Column("ADMIN", lambda t: "yes" if t["admin"] else ""),
+    Column("UNIX USER", lambda t: t["unix_user"] or "-"),
+    Column("CREATED", lambda t: _date(t["created_at"])),
+    Column("EXPIRES", _expires),
+    Column("STATE", lambda t: t["state"], wide_only=True),
+    Column("REVOKED", lambda t: _date(t["revoked_at"])),
+)
+
+
+@token_group.command("ls")
+@output_option()
+def token_ls(output: str) -> None:
     """Every token: id, user, VC, admin, Unix account, created, expires, revoked (never the
     secret)."""
     with connected() as client:
         tokens = client.tokens()
-    if output is Output.json:
-        print_json(tokens)
-        return
-    table = Table(box=None, header_style="bold", pad_edge=False)
-    for column in ("ID", "USER", "VC", "ADMIN", "UNIX USER", "CREATED", "EXPIRES", "REVOKED"):
-        table.add_column(column, overflow="fold")
-    for token in tokens:
-        expires = token["expires_at"]
-        table.add_row(
-            token["id"],
-            _escape(token["user"]),
-            _escape(token["vc"] or "-"),
-            "yes" if token["admin"] else "",
-            _escape(token["unix_user"] or "-"),
-            _date(token["created_at"]),
-            ""
-            if expires is None
-            else _date(expires) + (" (expired)" if token["state"] == "expired" else ""),
-            _date(token["revoked_at"]),
-        )
-    console.print(table, highlight=False)
+    emit(tokens, TOKEN_COLUMNS, output)
 
 
-@token_app.command("revoke")
-def token_revoke(
-    who: Annotated[
-        str,
-        typer.Argument(
-            metavar="USER|ID", help="a user (all their tokens) or one token's id (corral token ls)"
-        ),
-    ],
-    as_user: Annotated[bool, typer.Option("--user", help="USER|ID is a user")] = False,
-    as_id: Annotated[bool, typer.Option("--id", help="USER|ID is a token's id")] = False,
-    output: OutputOption = Output.table,
-) -> None:
-    """Revoke a user's every token, or one token: refused from now on."""
+@token_group.command("revoke")
+@click.argument("who", metavar="USER|ID")
+@click.option("--user", "as_user", is_flag=True, help="USER|ID is a user")
+@click.option("--id", "as_id", is_flag=True, help="USER|ID is a token's id")
+@output_option(formats=(TABLE, JSON, YAML))
+def token_revoke(who: str, as_user: bool, as_id: bool, output: str) -> None:
+    """Revoke a user's every token, or one token (see corral token ls): refused from now on."""
     if as_user and as_id:
-        fail("--user and --id: give one of them, or neither")
+        usage_error("--user and --id: give one of them, or neither")
     with connected() as client:
         tokens = [] if as_user or as_id else client.tokens()
         is_id = as_id or any(token["id"] == who for token in tokens)
@@ -457,13 +578,13 @@ def token_revoke(
             revoked = client.revoke_user_tokens(who)
         else:
             refuse(f"no token has the id {who} and no user {who} has tokens (see corral token ls)")
-    if output is Output.json:
-        print_json(revoked)
+    if output != TABLE:
+        print_data(revoked, output)
         return
     if not revoked:
-        typer.echo(f"no token of {who} left to revoke")
+        click.echo(f"no token of {who} left to revoke")
     for token in revoked:
-        typer.echo(f"revoked token {token['id']} of {token['user']}")
+        click.echo(f"revoked token {token['id']} of {token['user']}")
 
 
 DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -474,99 +595,55 @@ def parse_duration(option: str, text: str) -> float:
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*", text.lower())
     seconds = float(match.group(1)) * DURATION_UNITS[match.group(2)] if match else 0.0
     if seconds <= 0:
-        fail(_escape(f"{option}: expected a duration such as 30m, 12h, 7d or 1w, got {text!r}"))
+        usage_error(f"{option}: expected a duration such as 30m, 12h, 7d or 1w, got {text!r}")
     return seconds
 
 
 # -- profile ------------------------------------------------------------------------------------
 
-profile_app = typer.Typer(
-    no_args_is_help=True, help="Throughput measured per model and placement (from job progress)."
+
+@click.group("profile")
+def profile_group() -> None:
+    """Throughput measured per model and placement (from job progress)."""
+
+
+def _optional(value: object, spec: str) -> str:
+    return "" if value is None else format(value, spec)
+
+
+PROFILE_COLUMNS = (
+    Column("MODEL", lambda r: r["model"]),
+    Column("GPU TYPE", lambda r: r["gpu_type"]),
+    Column("GPUS", lambda r: r["gpus"], right=True),
+    Column("NODES", lambda r: r["nodes"], right=True),
+    Column("SHARED WITH", lambda r: r["colocated"] or "-"),
+    Column("STEPS/S", lambda r: f"{r['steps_per_s']:.3g}", right=True),
+    Column("SAMPLES/S", lambda r: _optional(r["samples_per_s"], ".4g"), right=True),
+    Column("MEASURED", lambda r: _age(r["seconds"]), right=True),
+    Column("RUNS", lambda r: r["runs"], right=True),
+    Column("UPDATED", lambda r: f"{_age(time.time() - r['updated_at'])} ago", right=True),
 )
 
 
-@profile_app.command("ls")
-def profile_ls(
-    model: Annotated[str | None, typer.Option(help="only this model")] = None,
-    output: OutputOption = Output.table,
-) -> None:
+@profile_group.command("ls")
+@click.option("--model", help="only this model")
+@output_option()
+def profile_ls(model: str | None, output: str) -> None:
     """Steps/s each model ran at, per GPU type, GPU count, nodes spanned and sharing partner."""
     with connected() as client:
         profiles = client.profiles()
     if model is not None:
         profiles = [row for row in profiles if row["model"] == model]
-    if output is Output.json:
-        print_json(profiles)
-        return
-    if not profiles:
-        err_console.print(
-            "nothing measured yet: jobs report progress through $CORRAL_PROGRESS_FILE "
-            "(docs/progress.md)",
-            highlight=False,
-        )
-        return
-    table = Table(box=None, header_style="bold", pad_edge=False)
-    for column in (
-        "MODEL",
-        "GPU TYPE",
-        "GPUS",
-        "NODES",
-        "SHARED WITH",
-        "STEPS/S",
-        "SAMPLES/S",
-        "MEASURED",
-        "RUNS",
-        "UPDATED",
-    ):
-        table.add_column(
-            column, justify="left" if column in ("MODEL", "GPU TYPE", "SHARED WITH") else "right"
-        )
-    now = time.time()
-    for row in profiles:
-        samples = row["samples_per_s"]
-        table.add_row(
-            _escape(row["model"]),
-            _escape(row["gpu_type"]),
-            str(row["gpus"]),
-            str(row["nodes"]),
-            _escape(row["colocated"]) or "-",
-            f"{row['steps_per_s']:.3g}",
-            "" if samples is None else f"{samples:.4g}",
-            _age(row["seconds"]),
-            str(row["runs"]),
-            f"{_age(now - row['updated_at'])} ago",
-        )
-    console.print(table, highlight=False)
-
-
-def register(app: typer.Typer) -> None:
-    app.command("submit")(submit)
-    app.command("ls")(ls)
-    app.command("describe")(describe)
-    app.command("logs")(logs)
-    app.command("cancel")(cancel)
-    from corral.cli import controls  # hold, release, requeue
-
-    controls.register(app)
-    app.add_typer(vc_app, name="vc")
-    app.add_typer(token_app, name="token")
-    app.add_typer(profile_app, name="profile")
+    emit(
+        profiles,
+        PROFILE_COLUMNS,
+        output,
+        empty="nothing measured yet: jobs report progress through $CORRAL_PROGRESS_FILE "
+        "(docs/progress.md)",
+    )
 
 
 # -- formatting -------------------------------------------------------------------------------
-
-STATUS_STYLE = {
-    "PENDING": "yellow",
-    "RUNNING": "cyan",
-    "SUCCEEDED": "green",
-    "FAILED": "red",
-    "CANCELLED": "magenta",
-}
-
-
-def _status(status: str) -> str:
-    style = STATUS_STYLE.get(status)
-    return f"[{style}]{status}[/]" if style else status
 
 
 def _attempt_list(job: dict[str, Any]) -> list[dict[str, Any]]:
@@ -578,12 +655,6 @@ def _attempt_list(job: dict[str, Any]) -> list[dict[str, Any]]:
 def _attempt_count(job: dict[str, Any]) -> int:
     attempts = job["attempts"]
     return len(attempts) if isinstance(attempts, list) else int(attempts)
-
-
-def _escape(text: Any) -> str:
-    from rich.markup import escape
-
-    return escape(str(text))
 
 
 def _number(value: float) -> str:
@@ -625,17 +696,12 @@ def _progress_line(progress: dict[str, Any], history: list[dict[str, Any]] | Non
 
 
 def _throughput_line(measured: dict[str, Any]) -> str:
-    spread = f" over {measured['nodes']} nodes" if measured["nodes"] > 1 else ""
+    spread = f" over {plural(measured['nodes'], 'node')}" if measured["nodes"] > 1 else ""
     return (
         f"{measured['steps_per_s']:.3g} steps/s on {measured['gpus']} x "
-        f"{_escape(measured['gpu_type'])}{spread} ({measured['runs']} run"
-        f"{'s' if measured['runs'] != 1 else ''}, {_age(measured['seconds'])} measured)"
+        f"{measured['gpu_type']}{spread} ({plural(measured['runs'], 'run')}, "
+        f"{_age(measured['seconds'])} measured)"
     )
-
-
-def _truncate(text: str, width: int) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def _age(seconds: float) -> str:

@@ -1,105 +1,130 @@
-"""The `corral` command: the simulator's smaller commands here, the others registered from
-corral.cli.simulate, .up, .configcmd (built lazily, corral.cli.lazy), .client and .fgd (what
-they share is in corral.cli.common)."""
+"""The `corral` command: a click group that imports a command's module only when it runs.
+
+The everyday client commands (corral.cli.client: submit, ls, queue, describe, ...) are plain
+click commands: `corral submit` imports click, yaml and http.client, never typer, rich, numpy
+or the scheduling core, and starts in about 0.1 s (benchmarks/cli_speed.py). The simulator's
+and the manager's commands (simulate, up, config, ...) are typer commands of corral.cli.tools;
+`corral NAME ARGS` hands ARGS to that typer app.
+
+A new command is one line in COMMANDS: "module:attribute" of a click command, or "tools" for a
+command of corral.cli.tools' typer app (registered there), with the one-line help that
+`corral --help` shows without importing it (tests/cli/test_imports.py checks they agree).
+"""
 
 from __future__ import annotations
 
+import importlib
+import os
 import sys
-from pathlib import Path
-from typing import Annotated
+from typing import Any
 
-import typer
+import click
 
-from corral.cli import client, fgd, up, usage
-from corral.cli.common import UserError, console, fail
-from corral.cli.lazy import LazyGroup
-from corral.cli.simulate import parse_cluster
-
-# Built when called: their flags come from the plugin registries (the scheduling core).
-LazyGroup.lazy = {
-    "simulate": "corral.cli.simulate:command",
-    "up": "corral.cli.up:command",
-    "config": "corral.cli.configcmd:command",
+TOOLS = "tools"
+#: name -> (where the command is, its one-line help), in the order `corral --help` lists them.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "submit": ("corral.cli.client:submit", "Submit a job; print its id."),
+    "ls": ("corral.cli.client:ls", "List jobs, newest first."),
+    "queue": ("corral.cli.client:queue", "The pending jobs in the scheduler's order."),
+    "describe": ("corral.cli.client:describe", "A job's state, placement, attempts, events."),
+    "logs": ("corral.cli.client:logs", "Print a job's output."),
+    "cancel": ("corral.cli.client:cancel", "Cancel a pending or running job."),
+    "hold": ("corral.cli.controls:hold", "Keep a pending job from starting."),
+    "release": ("corral.cli.controls:release", "Let a held job start again."),
+    "requeue": ("corral.cli.controls:requeue", "Queue a running or ended job again."),
+    "usage": ("corral.cli.usage:usage", "GPU-hours, jobs and queueing per user or VC."),
+    "vc": ("corral.cli.client:vc_group", "Virtual clusters (teams' GPU shares)."),
+    "token": ("corral.cli.client:token_group", "API tokens (admins only)."),
+    "profile": ("corral.cli.client:profile_group", "Throughput measured per model."),
+    "up": (TOOLS, "Run the manager: API, dashboard, scheduler, executor."),
+    "export-trace": (TOOLS, "Write the manager's job history as a trace."),
+    "config": (TOOLS, "Show or check a scheduler config."),
+    "simulate": (TOOLS, "Replay a trace through the scheduler."),
+    "vc-config": (TOOLS, "Write a cluster config sized to a trace's VCs."),
+    "plot-vcs": (TOOLS, "Plot per-VC queueing, shared against alone."),
+    "fgd": (TOOLS, "Replay an Alibaba GPU-sharing trace (FGD)."),
+    "completion": ("corral.cli.completion:completion", "Print a shell completion script."),
 }
-LazyGroup.order = ["simulate", "vc-config", "plot-vcs", "fgd", "up", "config"]
-
-app = typer.Typer(
-    cls=LazyGroup,
-    add_completion=False,
-    no_args_is_help=True,
-    help="corral: a GPU cluster manager for deep-learning training.",
-    pretty_exceptions_enable=False,
-)
+#: Help goes to the terminal's width; piped (a pager, a file), to this many columns, not 80.
+PIPED_HELP_WIDTH = 120
 
 
-@app.callback()
-def main() -> None:
-    """corral: a GPU cluster manager for deep-learning training."""
-
-
-@app.command("vc-config")
-def vc_config_command(
-    trace: Annotated[str, typer.Option(help="FORMAT:PATH of the trace whose VCs to size")],
-    cluster: Annotated[str, typer.Option(help="NODESxGPUS, e.g. 64x8")] = "64x8",
-    racks: Annotated[int, typer.Option(help="racks the nodes are spread over")] = 8,
-    gpu_type: Annotated[str, typer.Option(help="GPU type of the nodes")] = "v100",
-    out: Annotated[Path, typer.Option(help="YAML file to write")] = Path("vcs.yaml"),
-) -> None:
-    """Write a cluster config whose VCs get node cells in proportion to their demand in a trace."""
-    import yaml
-
-    from corral.sim.traces import TraceError, load_trace
-    from corral.sim.vcconfig import VcSizingError, vc_config
-
-    try:
-        nodes, gpus_per_node = parse_cluster(cluster)
-        jobs = load_trace(trace).jobs
-        config = vc_config(jobs, nodes, gpus_per_node, racks, gpu_type.lower())
-    except (UserError, TraceError, VcSizingError, OSError) as error:
-        fail(str(error))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(yaml.safe_dump(config, sort_keys=False))
-    sizes = config["virtual_clusters"]
-    console.print(f"wrote {out}: {len(sizes)} VCs on {nodes} nodes")  # type: ignore[arg-type]
-
-
-@app.command("plot-vcs")
-def plot_vcs_command(
-    runs: Annotated[
-        list[Path],
-        typer.Argument(help="output directories of `corral simulate --private-baseline`"),
-    ],
-    out: Annotated[Path, typer.Option(help="PNG to write")] = Path("vc-queueing.png"),
-) -> None:
-    """Plot per-VC queueing, shared against alone, for each run of each directory."""
-    import json
-
-    from corral.cli.simextra import require_sim
-
-    require_sim()
-
-    from corral.sim.report import plot_vc_queueing
-
-    labelled: list[tuple[str, dict[str, object]]] = []
-    for directory in runs:
-        path = directory / "summary.json"
+def help_width() -> int:
+    if sys.stdout.isatty():
         try:
-            summaries = json.loads(path.read_text())["runs"]
-        except (OSError, ValueError, KeyError) as error:
-            fail(f"{path}: cannot read a corral summary ({error})")
-        for summary in summaries:
-            admission = summary.get("options", {}).get("scheduler", {}).get("admission", "none")
-            labelled.append((f"{admission} + {summary['policy']}/{summary['placement']}", summary))
-    plot_vc_queueing(labelled, out)
-    console.print(f"wrote {out}")
+            return max(60, os.get_terminal_size(sys.stdout.fileno()).columns)
+        except (OSError, ValueError):
+            return PIPED_HELP_WIDTH
+    columns = os.environ.get("COLUMNS", "")
+    return int(columns) if columns.isdigit() and int(columns) >= 40 else PIPED_HELP_WIDTH
 
 
-# The other modules' commands, after this module's own: `corral --help` lists them in this order.
-app.command("fgd")(fgd.fgd)
-client.register(app)
-app.command("usage")(usage.usage)
-app.command("export-trace")(up.export_trace)
+class ToolCommand(click.Command):
+    """A typer command of corral.cli.tools, run as `corral NAME ARGS`: its own parser (and
+    `--help`) reads ARGS."""
+
+    def __init__(self, name: str, help: str) -> None:
+        super().__init__(
+            name,
+            short_help=help,
+            help=help,
+            add_help_option=False,
+            context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+        )
+        self.params = [click.Argument(["args"], nargs=-1, type=click.UNPROCESSED)]
+
+    def invoke(self, ctx: click.Context) -> Any:
+        if not sys.stdout.isatty():
+            os.environ.setdefault("COLUMNS", str(help_width()))  # rich's help width, piped
+        import typer.main
+
+        from corral.cli.tools import app as tools
+
+        parent = ctx.parent.command_path if ctx.parent is not None else "corral"
+        command = typer.main.get_command(tools)
+        return command.main(
+            args=[self.name or "", *ctx.params["args"]], prog_name=parent, standalone_mode=True
+        )
+
+
+class CorralGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in COMMANDS:
+            return None
+        if cmd_name not in self.commands:
+            where, short_help = COMMANDS[cmd_name]
+            if where == TOOLS:
+                self.commands[cmd_name] = ToolCommand(cmd_name, short_help)
+            else:
+                module, _, attribute = where.partition(":")
+                self.commands[cmd_name] = getattr(importlib.import_module(module), attribute)
+        return self.commands[cmd_name]
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """The commands and their one-line help, from COMMANDS: nothing is imported."""
+        rows = [(name, short_help) for name, (_, short_help) in COMMANDS.items()]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+@click.group(
+    cls=CorralGroup,
+    context_settings={
+        "help_option_names": ["-h", "--help"],
+        "terminal_width": help_width(),
+        "max_content_width": help_width(),
+    },
+    no_args_is_help=True,
+)
+def app() -> None:
+    """corral: a GPU cluster manager for deep-learning training.
+
+    The client commands talk to `corral up` at CORRAL_URL with the token in CORRAL_TOKEN.
+    """
 
 
 def run() -> None:
-    sys.exit(app())
+    app.main(prog_name="corral")

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from corral.cli.common import UserError, console, fail
+from corral.cli.output import plural
 
 if TYPE_CHECKING:
     from corral.server.state import CacheSettings
@@ -348,7 +349,14 @@ def export_trace(
             "(Helios's cluster_log)"
         ),
     ],
-    data_dir: Annotated[Path, typer.Option(help="the manager's data directory")] = DEFAULT_DATA_DIR,
+    data_dir: Annotated[
+        Path | None,
+        typer.Option(
+            help="the manager's data directory, read here (default: the manager at CORRAL_URL "
+            f"when set, else {DEFAULT_DATA_DIR})",
+            show_default=False,
+        ),
+    ] = None,
     db: Annotated[
         str | None, typer.Option(help="a database URL instead of DATA_DIR's SQLite")
     ] = None,
@@ -361,33 +369,32 @@ def export_trace(
         ),
     ] = None,
 ) -> None:
-    """Write the manager's job history as a trace that `corral simulate` replays."""
-    from corral.server.export import export_config, export_corral
-    from corral.server.export import export_trace as write_trace
-    from corral.server.store import Store, StoreError
+    """Write the manager's job history as a trace that `corral simulate` replays.
+
+    It asks the manager at CORRAL_URL (with CORRAL_TOKEN, an admin's), as the other client
+    commands do; with --data-dir or --db, or without CORRAL_URL, it reads the database itself.
+    """
+    from corral.server.export import CorralExport, beside, config_path
 
     chosen = fmt or ("helios" if out.suffix.lower() == ".csv" else "corral")
     if chosen not in ("corral", "helios"):
         fail(f"--format: unknown {fmt!r}; choose corral or helios")
-    data_dir = data_dir.expanduser()
-    if db is None and not (data_dir / "corral.db").is_file():
-        fail(f"{data_dir / 'corral.db'}: no corral database here (--data-dir or --db)")
-    try:
-        store = Store(db or Store.sqlite_url(data_dir))
-        if chosen == "helios":
-            written, skipped = write_trace(store, out)
-        else:
-            corral = export_corral(store, out)
-        config = export_config(store, out)
-    except (StoreError, OSError, ValueError) as error:
-        fail(str(error).splitlines()[0] if str(error) else type(error).__name__)
+    if data_dir is None and db is None and os.environ.get("CORRAL_URL"):
+        counts = _export_from_api(out, chosen)
+    else:
+        counts = _export_from_store(out, chosen, (data_dir or DEFAULT_DATA_DIR).expanduser(), db)
+    written, skipped = counts["written"], counts["never_ran"]
+    corral = CorralExport(out, beside(out, ".throughputs.json"), beside(out, ".decisions.jsonl"))
+    for key in ("written", "nodes", "never_ran", "unfinished", "no_work"):
+        setattr(corral, key, counts.get(key, 0))
+    config = config_path(out) if config_path(out).is_file() else None
     admission = config is not None and "admission: none" not in config.read_text()
     setting = f" --scheduler-config {config}" if config is not None else ""
     saved = f" and its scheduler config to {config}" if config is not None else ""
     if chosen == "helios":
         where = "--config CLUSTER.yaml" if admission else "--cluster 1x8"
         console.print(
-            f"wrote {written} jobs to {out} ({skipped} that never ran left out){saved}; "
+            f"wrote {plural(written, 'job')} to {out} ({skipped} that never ran left out){saved}; "
             f"replay with:\n  corral simulate --trace helios:{out} {where}{setting}",
             highlight=False,
             soft_wrap=True,
@@ -399,13 +406,65 @@ def export_trace(
     if corral.no_work:
         left += f", {corral.no_work} that did no work"
     console.print(
-        f"wrote {corral.written} jobs and {corral.nodes} nodes to {out} ({left} left out), "
+        f"wrote {plural(corral.written, 'job')} and {plural(corral.nodes, 'node')} to {out} "
+        f"({left} left out), "
         f"the throughputs the manager measured to {corral.throughputs}, its decisions to "
         f"{corral.decisions}{saved}; replay with:\n"
         f"  corral simulate --trace corral:{out}{where}{setting} --decisions",
         highlight=False,
         soft_wrap=True,
     )
+
+
+def _export_from_store(out: Path, chosen: str, data_dir: Path, db: str | None) -> dict[str, Any]:
+    from corral.server.export import export_config, export_corral
+    from corral.server.export import export_trace as write_trace
+    from corral.server.store import Store, StoreError
+
+    if db is None and not (data_dir / "corral.db").is_file():
+        fail(f"{data_dir / 'corral.db'}: no corral database here (--data-dir or --db)")
+    try:
+        store = Store(db or Store.sqlite_url(data_dir))
+        if chosen == "helios":
+            written, skipped = write_trace(store, out)
+            counts: dict[str, Any] = {"written": written, "never_ran": skipped}
+        else:
+            done = export_corral(store, out)
+            counts = {
+                key: getattr(done, key)
+                for key in ("written", "nodes", "never_ran", "unfinished", "no_work")
+            }
+        export_config(store, out)
+    except (StoreError, OSError, ValueError) as error:
+        fail(str(error).splitlines()[0] if str(error) else type(error).__name__)
+    return counts
+
+
+def _export_from_api(out: Path, chosen: str) -> dict[str, Any]:
+    """The files of GET /api/v1/export, written beside `out` under the names the server gave."""
+    from corral.client import Client, ClientError
+    from corral.server.export import CORRAL_SUFFIX
+
+    suffix = ".csv" if chosen == "helios" else CORRAL_SUFFIX
+    stem = out.name[: -len(CORRAL_SUFFIX)] if out.name.endswith(CORRAL_SUFFIX) else out.stem
+    name = stem + suffix
+    if name != out.name:
+        fail(f"--out: {out.name}: a {chosen} trace is written as NAME{suffix}")
+    try:
+        with Client() as client:
+            answer = client.export(name)
+    except ClientError as error:
+        fail(error.message)
+    files = answer.pop("files")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        for file_name, text in files.items():
+            if "/" in file_name or file_name.startswith("."):
+                fail(f"the server named an export file {file_name!r}: not written")
+            (out.parent / file_name).write_text(text)
+    except OSError as error:
+        fail(f"{out.parent}: {error.strerror or error}")
+    return dict(answer)
 
 
 def command() -> Any:

@@ -1,23 +1,17 @@
 """`corral usage`: GPU-hours, jobs and queueing per user or VC over a period (the server's
-GET /api/v1/usage), like Slurm's `sreport`."""
+GET /api/v1/usage), like Slurm's `sreport`. A plain click command (corral.cli.main.COMMANDS)."""
 
 from __future__ import annotations
 
 import re
 import time
 from datetime import UTC, datetime
-from enum import StrEnum
-from typing import Annotated, Any
+from typing import Any
 
-import typer
+import click
 
-from corral.cli.client import DURATION_UNITS, Output, OutputOption, connected, print_json
-from corral.cli.common import console, fail
-
-
-class By(StrEnum):
-    user = "user"
-    vc = "vc"
+from corral.cli.client import DURATION_UNITS, connected, usage_error
+from corral.cli.output import JSON, TABLE, WIDE, YAML, Column, emit, output_option
 
 
 def parse_instant(option: str, text: str, now: float) -> float:
@@ -30,7 +24,7 @@ def parse_instant(option: str, text: str, now: float) -> float:
         at = datetime.fromisoformat(text.strip())
     except ValueError:
         shown = text if len(text) <= 40 else text[:40] + "..."
-        fail(
+        usage_error(
             f"{option}: expected a duration back from now (30m, 12h, 7d, 1w) or an ISO date "
             f"(2026-11-01, 2026-11-01T08:00), got {shown!r}"
         )
@@ -39,68 +33,51 @@ def parse_instant(option: str, text: str, now: float) -> float:
     return at.timestamp()
 
 
-def usage(
-    since: Annotated[
-        str, typer.Option(help="the period's start: 7d, 12h, 30m back from now, or an ISO date")
-    ],
-    until: Annotated[
-        str | None, typer.Option(help="the period's end (excluded), as --since; default: now")
-    ] = None,
-    by: Annotated[By, typer.Option(help="one row per user or per VC")] = By.user,
-    output: OutputOption = Output.table,
-) -> None:
+def _columns(by: str) -> tuple[Column, ...]:
+    def ended(status: str) -> Column:
+        return Column(status, lambda row: row["finished"].get(status, 0), right=True)
+
+    return (
+        Column(by.upper(), lambda row: row["key"]),
+        Column("GPU-HOURS", lambda row: f"{row['gpu_hours']:.2f}", right=True),
+        Column("SUBMITTED", lambda row: row["submitted"], right=True),
+        ended("SUCCEEDED"),
+        ended("FAILED"),
+        ended("CANCELLED"),
+        Column("STARTED", lambda row: row["started"], right=True),
+        Column("MEAN WAIT", lambda row: _wait(row["mean_wait_s"]), right=True),
+        Column("P95 WAIT", lambda row: _wait(row["p95_wait_s"]), right=True),
+    )
+
+
+@click.command()
+@click.option(
+    "--since", required=True, help="the period's start: 7d, 12h, 30m back from now, or an ISO date"
+)
+@click.option("--until", help="the period's end (excluded), as --since; default: now")
+@click.option(
+    "--by",
+    type=click.Choice(["user", "vc"]),
+    default="user",
+    show_default=True,
+    help="one row per user or per VC",
+)
+@output_option(formats=(TABLE, WIDE, JSON, YAML))
+def usage(since: str, until: str | None, by: str, output: str) -> None:
     """GPU-hours, jobs submitted and ended, and queueing per user or VC over a period."""
     now = time.time()
     start = parse_instant("--since", since, now)
     end = now if until is None else parse_instant("--until", until, now)
     if end <= start:
-        fail(f"--until: must be after --since ({_stamp(end)} is not after {_stamp(start)})")
+        usage_error(f"--until: must be after --since ({_stamp(end)} is not after {_stamp(start)})")
     with connected() as client:
-        report = client.usage(start, end, by.value)
-    if output is Output.json:
-        print_json(report)
+        report = client.usage(start, end, by)
+    if output in (JSON, YAML):
+        emit([], (), output, data=report)
         return
-    from rich.table import Table
-
-    table = Table(
-        box=None,
-        header_style="bold",
-        pad_edge=False,
-        title=f"usage {_stamp(start)} to {_stamp(end)} (UTC)",
-    )
-    for column in (
-        by.value.upper(),
-        "GPU-HOURS",
-        "SUBMITTED",
-        "SUCCEEDED",
-        "FAILED",
-        "CANCELLED",
-        "STARTED",
-        "MEAN WAIT",
-        "P95 WAIT",
-    ):
-        table.add_column(column, justify="left" if column == by.value.upper() else "right")
-    rows: list[dict[str, Any]] = report["rows"]
-    for row in [*rows, report["total"]]:
-        ended = row["finished"]
-        table.add_row(
-            _escape(row["key"]) if row is not report["total"] else "[bold]total[/]",
-            f"{row['gpu_hours']:.2f}",
-            str(row["submitted"]),
-            str(ended.get("SUCCEEDED", 0)),
-            str(ended.get("FAILED", 0)),
-            str(ended.get("CANCELLED", 0)),
-            str(row["started"]),
-            _wait(row["mean_wait_s"]),
-            _wait(row["p95_wait_s"]),
-        )
-    console.print(table, highlight=False)
-
-
-def _escape(text: str) -> str:
-    from rich.markup import escape
-
-    return escape(text)
+    click.echo(f"usage {_stamp(start)} to {_stamp(end)} (UTC)")
+    total: dict[str, Any] = {**report["total"], "key": "total"}
+    emit([*report["rows"], total], _columns(by), output)
 
 
 def _stamp(at: float) -> str:

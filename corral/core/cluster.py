@@ -464,7 +464,9 @@ class Cluster:
         sizes = Counter((n.total_gpus, n.gpu_type) for n in self.nodes)
         parts = [f"{count}x{size} {gpu_type}" for (size, gpu_type), count in sorted(sizes.items())]
         racks = f"{len(self.racks)} rack" + ("s" if len(self.racks) != 1 else "")
-        return f"{len(self.nodes)} nodes ({', '.join(parts)}), {self.total_gpus} GPUs, {racks}"
+        nodes = f"{len(self.nodes)} node" + ("s" if len(self.nodes) != 1 else "")
+        gpus = f"{self.total_gpus} GPU" + ("s" if self.total_gpus != 1 else "")
+        return f"{nodes} ({', '.join(parts)}), {gpus}, {racks}"
 
     # -- mutation -----------------------------------------------------------------------------
 

@@ -177,7 +177,8 @@ class Scheduler:
             capacity = capacity if bound is None else min(capacity, bound)
         if spec.gpus > capacity:
             kind = "" if spec.gpu_types is None else f" of type {'|'.join(sorted(spec.gpu_types))}"
-            return f"asks for {spec.gpus} GPUs but the cluster has only {capacity} GPUs{kind}"
+            unit = "GPU" if capacity == 1 else "GPUs"
+            return f"asks for {spec.gpus} GPUs but the cluster has only {capacity} {unit}{kind}"
         if self._placement_refuses:
             problem = self.placement.refusal(self.cluster, spec)
             if problem is not None:
@@ -1019,6 +1020,10 @@ class Scheduler:
             parts.append(
                 f"blocked behind job {self.blocked_by} ({self.policy.name} without backfill)"
             )
+        elif job.hold_until > now:  # counted down from `now`, not the last round's text
+            parts.append(f"retry backoff: held for {job.hold_until - now:.0f} s more")
+        elif job.hold_until and job.pending_reason.startswith("retry backoff"):
+            parts.append("retry backoff over: waiting for the next scheduling round")
         elif job.pending_reason == "not yet considered" and position > 0:
             parts.append("behind higher-priority jobs")
         else:

@@ -181,6 +181,7 @@ def create_app(manager: Manager) -> FastAPI:
         status: Annotated[str | None, Query(description="PENDING, RUNNING, ...")] = None,
         vc: str | None = None,
         user: str | None = None,
+        name: Annotated[str | None, Query(description="only jobs of this name")] = None,
         limit: Annotated[
             int, Query(ge=1, le=limits.MAX_LIST_LIMIT, description="jobs in this page")
         ] = limits.DEFAULT_LIST_LIMIT,
@@ -201,6 +202,7 @@ def create_app(manager: Manager) -> FastAPI:
             status=status.upper() if status else None,
             vc=vc,
             user=user,
+            name=name,
             visible_to=None if who.admin else (who.user, who.vc),
             limit=limit + 1,
             before_id=before_id,
@@ -543,6 +545,24 @@ def create_app(manager: Manager) -> FastAPI:
             raise HTTPException(422, str(error)) from None
         return {"revoked": [token_info(row) for row in auth.revoke_user(store, user.strip())]}
 
+    @app.get("/api/v1/export", tags=["jobs"])
+    def export_history(
+        who: Caller,
+        name: Annotated[
+            str,
+            Query(
+                max_length=200,
+                pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*(\.corral\.jsonl|\.csv)$",
+                description="the trace's file name: NAME.corral.jsonl or NAME.csv (Helios)",
+            ),
+        ],
+    ) -> dict[str, Any]:
+        """The job history as `corral export-trace` writes it (admins only): `files` maps each
+        file's name (the trace, and beside it the throughputs, decisions and scheduler config)
+        to its text, with the counts written and left out."""
+        admins_only(who, "export the job history")
+        return export_files(store, name)
+
     @app.get("/api/v1/whoami", tags=["auth"])
     def whoami(who: Caller) -> dict[str, Any]:
         return {"user": who.user, "vc": who.vc, "admin": who.admin}
@@ -586,6 +606,33 @@ def create_app(manager: Manager) -> FastAPI:
     static = StaticFiles(directory=WEB_DIR, html=True) if WEB_DIR.is_dir() else None
     app.mount("/", limits.ApiFallback(app, static), name="dashboard")  # last: what no route took
     return app
+
+
+def export_files(store: Any, name: str) -> dict[str, Any]:
+    """Export the history into a temporary directory as `name`; read the files back."""
+    import tempfile
+
+    from corral.server.export import export_config, export_corral, export_trace
+
+    with tempfile.TemporaryDirectory(prefix="corral-export-") as directory:
+        out = Path(directory) / name
+        counts: dict[str, Any]
+        if name.endswith(".csv"):
+            written, skipped = export_trace(store, out)
+            counts = {"format": "helios", "written": written, "never_ran": skipped}
+        else:
+            done = export_corral(store, out)
+            counts = {
+                "format": "corral",
+                "written": done.written,
+                "nodes": done.nodes,
+                "never_ran": done.never_ran,
+                "unfinished": done.unfinished,
+                "no_work": done.no_work,
+            }
+        export_config(store, out)
+        files = {path.name: path.read_text() for path in sorted(Path(directory).iterdir())}
+    return counts | {"files": files}
 
 
 def _document_spec_body(app: FastAPI, spec_schema: dict[str, Any]) -> None:

@@ -789,11 +789,12 @@ class Store:
         *,
         before_id: int | None = None,
         ids: Iterable[JobId] | None = None,
+        name: str | None = None,
     ) -> list[JobListRow]:
         """Jobs newest first, as listings show them (no spec: one short query, whatever the
         specs' size). `visible_to=(user, vc)` keeps that user's jobs and those of the VC;
         `before_id` those with a smaller id (the next page after a listing's last job); `ids`
-        only those jobs (ids that name no job are ignored)."""
+        only those jobs (ids that name no job are ignored); `name` those of that name."""
         query = sa.select(*_LISTED_COLUMNS, _LISTED_WORKERS.label("workers"))
         query = query.order_by(jobs_table.c.id.desc())
         if ids is not None:
@@ -808,6 +809,8 @@ class Store:
             query = query.where(jobs_table.c.vc == vc)
         if user is not None:
             query = query.where(jobs_table.c.user == user)
+        if name is not None:
+            query = query.where(jobs_table.c.name == name)
         if visible_to is not None:
             viewer, viewer_vc = visible_to
             own = jobs_table.c.user == viewer

@@ -486,7 +486,11 @@ def _simulate(settings: RunSettings, console: Console) -> tuple[list[SimResult],
     console.print(
         f"[bold]{trace.source}[/]: {len(jobs)} jobs on {cluster.describe()}"
         + (f", {len(vcs)} VCs, admission {'/'.join(admissions)}" if multi_tenant else "")
-        + (f"; dropped {dropped} jobs larger than the cluster" if dropped else ""),
+        + (
+            f"; dropped {dropped} job{'s' * (dropped != 1)} larger than the cluster"
+            if dropped
+            else ""
+        ),
         soft_wrap=True,  # a long trace path must not break the line
     )
     for note in trace.notes:

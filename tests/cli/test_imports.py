@@ -1,13 +1,16 @@
-"""corral.cli has no import cycle: main imports the modules that hold commands, never the reverse."""
+"""corral.cli has no import cycle (main names the modules that hold commands, never the reverse),
+and the client commands import nothing heavy."""
 
 from __future__ import annotations
 
 import ast
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
 import corral.cli
 
@@ -56,9 +59,98 @@ def test_each_module_imports_alone_without_main(module: str) -> None:
     assert done.returncode == 0, done.stderr
 
 
-def test_main_registers_the_commands_with_ordinary_imports() -> None:
-    source = (CLI_DIR / "main.py").read_text()
-    assert "__import__" not in source
-    assert {"corral.cli.up", "corral.cli.client", "corral.cli.fgd"} <= imported_modules(
-        CLI_DIR / "main.py"
+def test_main_imports_no_command_module_when_loaded() -> None:
+    """main names the commands' modules in its table; at import it loads none of them (its
+    functions import corral.cli.tools when a typer command runs)."""
+    tree = ast.parse((CLI_DIR / "main.py").read_text())
+    top = [node for node in tree.body if isinstance(node, ast.Import | ast.ImportFrom)]
+    names = {alias.name for node in top for alias in node.names} | {
+        node.module for node in top if isinstance(node, ast.ImportFrom) and node.module
+    }
+    assert not any(name.startswith("corral") for name in names), names
+    assert "__import__" not in (CLI_DIR / "main.py").read_text()
+
+
+def test_every_command_in_the_table_resolves() -> None:
+    """Each COMMANDS entry is a click command (or one of corral.cli.tools' typer commands),
+    and `corral --help` lists them all in the table's order."""
+    import click
+    import typer.main
+
+    from corral.cli.main import COMMANDS, TOOLS, app
+    from corral.cli.tools import app as tools
+
+    typer_names = set(typer.main.get_command(tools).list_commands(None))  # type: ignore[arg-type]
+    for name, (where, short_help) in COMMANDS.items():
+        assert short_help.endswith(".") and len(short_help) <= 60, name
+        if where == TOOLS:
+            assert name in typer_names, name
+        else:
+            assert isinstance(app.get_command(None, name), click.Command), name  # type: ignore[arg-type]
+    assert typer_names <= set(COMMANDS)  # none of the typer commands is left unreachable
+    listed = CliRunner().invoke(app, ["--help"]).output
+    order = [line.split()[0] for line in listed.split("Commands:")[1].splitlines() if line]
+    assert order == list(COMMANDS)
+
+
+#: What the client commands never import: the core, the server, numpy, typer, rich, httpx.
+HEAVY = (
+    "numpy",
+    "corral.core",
+    "corral.server",
+    "corral.sim",
+    "typer",
+    "rich",
+    "httpx",
+    "pydantic",
+)
+
+
+def loaded_after(args: list[str], env: dict[str, str] | None = None) -> tuple[set[str], str]:
+    """The modules loaded by `corral ARGS` run in a fresh interpreter (and its output)."""
+    code = (
+        "import sys, atexit\n"
+        "atexit.register(lambda: sys.stderr.write('MODULES ' + ' '.join(sys.modules) + '\\n'))\n"
+        "from corral.cli.main import run\n"
+        f"sys.argv = ['corral', *{args!r}]\n"
+        "run()\n"
     )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **(env or {})},
+    )
+    line = next(line for line in done.stderr.splitlines() if line.startswith("MODULES "))
+    return set(line.split()[1:]), done.stdout + done.stderr
+
+
+def heavy(modules: set[str]) -> list[str]:
+    return sorted(m for m in modules if m.split(".")[0] in HEAVY or m.startswith(HEAVY))
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--help"],
+        ["submit", "--help"],
+        ["ls"],
+        ["queue", "-o", "json"],
+        ["describe", "7"],
+        ["vc", "ls", "-o", "yaml"],
+        ["submit", "--gpus", "1", "--", "python", "train.py"],
+    ],
+)
+def test_the_client_path_imports_nothing_heavy(args: list[str]) -> None:
+    """A client command (here refused: nothing listens on port 1) loads neither the scheduling
+    core, the server, numpy, typer, rich, httpx nor pydantic."""
+    modules, output = loaded_after(args, {"CORRAL_URL": "http://127.0.0.1:1"})
+    assert "corral.cli.client" in modules or args == ["--help"], output
+    assert heavy(modules) == [], output
+
+
+def test_a_typer_command_still_runs_through_main() -> None:
+    modules, output = loaded_after(["config", "--help"])
+    assert "Usage: corral config" in output
+    assert "typer" in modules

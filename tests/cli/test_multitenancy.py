@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import yaml
-from typer.testing import CliRunner
+from click.testing import CliRunner
 
 from corral.cli.main import app
 

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
+from click.testing import CliRunner
 
 from corral.cli.main import app
 
@@ -122,7 +122,7 @@ def test_job_larger_than_cluster_is_refused_with_one_line(tmp_path: Path):
             str(tmp_path / "o"),
         ],
     )
-    assert skipped.exit_code == 0 and "dropped 1 jobs" in skipped.output
+    assert skipped.exit_code == 0 and "dropped 1 job larger" in skipped.output
 
 
 @pytest.mark.parametrize(
@@ -257,5 +257,5 @@ def test_a_corral_trace_runs_on_its_nodes_at_its_measured_speeds(tmp_path: Path)
         "physical_cells:\n  - {type: NODE, names: [big]}\n"
     )
     output, decisions, _ = run("--config", str(config), "--admission", "none")
-    assert "1 nodes (1x4 a100), 4 GPUs" in output
+    assert "1 node (1x4 a100), 4 GPUs" in output
     assert decisions[1]["gpus"] == ["big/2", "big/3"]

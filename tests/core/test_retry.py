@@ -114,6 +114,20 @@ def test_a_failed_job_is_held_for_its_backoff_then_starts_again() -> None:
     assert s.decide(215).actions == [Start("a", (0,), resumed=True)]
 
 
+def test_the_explanation_counts_the_backoff_down_from_now() -> None:
+    """`explain` (what describe and ls show) says how long the hold lasts from the time asked,
+    not what the last scheduling round wrote: no round runs while a job is held."""
+    s = scheduler(1, 1)
+    s.submit(spec("a", 1, max_retries=5), 0)
+    s.decide(0)
+    s.failed("a", 100, "exit 1")  # held until 105
+    s.decide(100)
+    assert s.explain("a", 100).endswith("retry backoff: held for 5 s more")
+    assert s.explain("a", 102).endswith("retry backoff: held for 3 s more")
+    assert s.explain("a", 104.6).endswith("retry backoff: held for 0 s more")
+    assert s.explain("a", 105).endswith("retry backoff over: waiting for the next scheduling round")
+
+
 def test_the_third_alike_fast_failure_ends_the_job_failed_with_the_reason() -> None:
     s = scheduler(1, 1)
     s.submit(spec("a", 1, max_retries=10), 0)

@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-from click.testing import Result
-from typer.testing import CliRunner
+from click.testing import CliRunner, Result
 
+from corral.cli.client import REASON_WIDTH
 from corral.cli.main import app
+from corral.cli.output import shorten
 from corral.client import Client, ClientError
 from corral.server.boot import RunningServer
 from tests.server.helpers import (
@@ -225,7 +226,7 @@ def test_describe_says_why_a_job_waits_then_shows_its_attempts(
     waiter = admin_client.submit({"name": "waiter", "gpus": 1, "command": "echo waited"})["id"]
     # a scheduling round gave it its place: it stays pending, all 4 GPUs are busy
     wait_until(
-        lambda: admin_client.job(waiter)["reason"].startswith("PENDING, position"),
+        lambda: "waiting for free GPUs" in admin_client.job(waiter)["reason"],
         "the waiter's place in the queue",
     )
 
@@ -615,3 +616,238 @@ def test_wait_gives_up_after_its_timeout(admin_client: Client, server: RunningSe
         admin_client.wait(job_id, timeout=0.3, poll_s=0.05)
     assert 0.3 <= time.monotonic() - began < 3
     assert re.fullmatch(rf"job {job_id} is still (PENDING|RUNNING) after 0.3 s", str(caught.value))
+
+
+# -- filters, paging, output formats, queue, submit flags (issue 15) --------------------------
+
+
+def test_ls_filters_and_limits_at_the_server(server: RunningServer, admin_client: Client):
+    ids = {
+        name: [admin_client.submit({"name": name, "gpus": 1, "command": "true"})["id"]]
+        for name in ("filter-a", "filter-b")
+    }
+    ids["filter-a"].append(
+        admin_client.submit({"name": "filter-a", "gpus": 1, "command": "true"})["id"]
+    )
+    named = json.loads(cli(server, "ls", "--name", "filter-a", "-o", "json").stdout)
+    assert [job["id"] for job in named] == ids["filter-a"][::-1]  # newest first
+    assert admin_client.jobs(name="filter-b")[0]["id"] == ids["filter-b"][0]
+    assert json.loads(cli(server, "ls", "--name", "no-such-name", "-o", "json").stdout) == []
+    newest = json.loads(cli(server, "ls", "--limit", "2", "-o", "json").stdout)
+    assert [job["id"] for job in newest] == [ids["filter-a"][1], ids["filter-b"][0]]
+    both = cli(server, "ls", "--all", "--limit", "2")
+    assert both.exit_code == 2 and both.stderr == "error: --all and --limit: give one of them\n"
+    # The API refuses bad paging in one line (4xx), and the Python client says it in one line.
+    for query, message in (
+        ({"limit": -1}, "limit: must be greater than or equal to 1"),
+        ({"before_id": "abc"}, "before_id: must be a valid integer"),
+        ({"status": "sleeping"}, "status: must be one of PENDING, RUNNING, SUCCEEDED"),
+    ):
+        with pytest.raises(ClientError) as refused:
+            admin_client._send("GET", "/jobs", params=query)
+        assert refused.value.status == 422 and refused.value.message.startswith(message), (
+            refused.value.message
+        )
+        assert "\n" not in refused.value.message
+
+
+def test_every_listing_prints_yaml_and_wide(server: RunningServer, admin_client: Client):
+    job_id = admin_client.submit({"name": "formats", "gpus": 1, "command": "sleep 30"})["id"]
+    wait_status(admin_client, job_id, ("RUNNING",))
+    for args in (("ls",), ("vc", "ls"), ("token", "ls"), ("profile", "ls"), ("queue",)):
+        as_json = json.loads(cli(server, *args, "-o", "json").stdout)
+        as_yaml = yaml.safe_load(cli(server, *args, "-o", "yaml").stdout)
+        if args == ("ls",):  # the AGE of a record moves on; its fields do not
+            as_json = [job | {"reason": ""} for job in as_json]
+            as_yaml = [job | {"reason": ""} for job in as_yaml]
+        assert as_yaml == as_json, args
+        assert cli(server, *args, "-o", "wide").exit_code == 0, args
+    wide = cli(server, "ls", "-o", "wide").stdout.splitlines()
+    assert wide[0].split() == [
+        "ID", "NAME", "USER", "VC", "STATUS", "GPUS", "WORKERS", "PRIORITY", "AGE",
+        "PROGRESS", "ETA", "ATTEMPTS", "PLACEMENT", "REASON",
+    ]  # fmt: skip
+    row = next(line.split() for line in wide if line.split()[0] == job_id)
+    placement = admin_client.job(job_id)["placement"]
+    assert row[5:8] == ["1", "1", "guaranteed"] and ",".join(placement) in row
+    token_header = cli(server, "token", "ls", "-o", "wide").stdout.splitlines()[0]
+    assert "STATE" in token_header.split()
+    described = yaml.safe_load(cli(server, "describe", job_id, "-o", "yaml").stdout)
+    assert described["id"] == job_id and described["spec"]["command"] == "sleep 30"
+
+
+def test_ls_keeps_the_reason_and_drops_the_queue_prefix(
+    server: RunningServer, admin_client: Client
+):
+    blocker = admin_client.submit({"name": "big", "gpus": 4, "command": "sleep 30"})["id"]
+    wait_status(admin_client, blocker, ("RUNNING",))
+    waiter = admin_client.submit({"name": "small", "gpus": 1, "command": "true"})["id"]
+
+    def waiting_reason() -> str | None:
+        reason = admin_client.job(waiter)["reason"]
+        return reason if "free GPUs" in reason else None
+
+    reason = wait_until(waiting_reason, "the waiter's reason")
+    assert reason.startswith("PENDING, position 1 of 1 in the queue; ")
+    informative = reason.split("; ", 1)[1]
+    row = next(r for r in cli(server, "ls").stdout.splitlines() if r.split()[0] == waiter)
+    assert "position" not in row and row.endswith(shorten(informative, REASON_WIDTH)), row
+    wide = next(
+        r for r in cli(server, "ls", "-o", "wide").stdout.splitlines() if r.startswith(waiter)
+    )
+    assert wide.endswith(informative)  # whole, however long
+
+
+def test_queue_shows_the_waiting_jobs_in_the_schedulers_order(
+    server: RunningServer, admin_client: Client
+):
+    blocker = admin_client.submit({"name": "hog", "gpus": 4, "command": "sleep 30"})["id"]
+    wait_status(admin_client, blocker, ("RUNNING",))
+    waiting = [
+        admin_client.submit({"name": f"wait-{i}", "gpus": 1, "command": "true"})["id"]
+        for i in range(3)
+    ]
+    wait_until(lambda: admin_client.queue()["total"] == 3, "the three in the queue")
+    wait_until(lambda: "free GPUs" in admin_client.job(waiting[0])["reason"], "a round")
+    expected = [job["id"] for job in admin_client.queue()["jobs"]]
+    assert sorted(expected) == sorted(waiting)
+    listed = json.loads(cli(server, "queue", "-o", "json").stdout)
+    assert listed["total"] == 3
+    assert [(job["position"], job["id"]) for job in listed["jobs"]] == list(
+        enumerate(expected, start=1)
+    )
+    table = cli(server, "queue", "--limit", "2")
+    header, *rows = table.stdout.splitlines()
+    assert header.split() == [
+        "POS",
+        "ID",
+        "NAME",
+        "USER",
+        "VC",
+        "GPUS",
+        "PRIORITY",
+        "WAIT",
+        "REASON",
+    ]
+    assert [row.split()[:2] for row in rows] == [["1", expected[0]], ["2", expected[1]]]
+    assert table.stderr == "(1 more waiting: --limit)\n"
+    assert "waiting for free GPUs" in rows[0]
+
+
+def test_submit_flags_override_the_file_and_a_command_needs_no_file(
+    server: RunningServer, admin_client: Client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.chdir(tmp_path)
+    spec = write_spec(tmp_path / "job.yaml", name="from-file", gpus=1, command="true")
+    submitted = cli(
+        server, "submit", str(spec), "--gpus", "2", "--name", "flagged",
+        "--set", "max_retries=2", "--set", "env.LR=0.1", "--workers", "2",
+    )  # fmt: skip
+    assert submitted.exit_code == 0, submitted.output
+    detail = admin_client.job(submitted.stdout.strip())
+    assert (detail["name"], detail["gpus"], detail["workers"]) == ("flagged", 2, 2)
+    assert detail["spec"]["max_retries"] == 2 and detail["spec"]["env"] == {"LR": "0.1"}
+
+    line = cli(
+        server, "submit", "--gpus", "1", "--", sys.executable, "-c",
+        "import sys; print('argv', sys.argv[1:])", "--lr", "0.1",
+    )  # fmt: skip
+    assert line.exit_code == 0, line.output
+    job_id = line.stdout.strip()
+    done = admin_client.wait(job_id, timeout=WAIT_S)
+    assert (
+        done["status"] == "SUCCEEDED"
+        and done["name"] == "python3"
+        or done["name"].startswith("python")
+    )
+    assert cli(server, "logs", job_id).stdout == "argv ['--lr', '0.1']\n"
+    assert done["spec"]["workdir"] == str(tmp_path)
+
+    nothing = cli(server, "submit", "--gpus", "1")
+    assert (
+        nothing.exit_code == 2 and "give a job spec FILE, or the command after --" in nothing.stderr
+    )
+    bad_set = cli(server, "submit", str(spec), "--set", "gpus")
+    assert bad_set.exit_code == 2 and "--set: expected KEY=VALUE" in bad_set.stderr
+    refused = one_error_line(cli(server, "submit", str(spec), "--set", "gpus=-1"))
+    assert refused.startswith(f"{spec}: gpus:"), refused
+    listed = write_spec(tmp_path / "list.yaml")
+    listed.write_text("- a\n- b\n")
+    assert one_error_line(cli(server, "submit", str(listed))) == (
+        f"{listed}: a job spec is a mapping of fields, not a list"
+    )
+
+
+def test_describe_of_a_retried_running_job_shows_no_old_exit_code(
+    server: RunningServer, admin_client: Client, tmp_path: Path
+):
+    marker = tmp_path / "failed-once"
+    command = f"if [ -e {marker} ]; then sleep 30; else touch {marker}; exit 3; fi"
+    job_id = admin_client.submit(
+        {"name": "retried", "gpus": 1, "max_retries": 1, "command": command}
+    )["id"]
+    wait_until(
+        lambda: (job := admin_client.job(job_id))["status"] == "RUNNING" and job["attempts"] == 2,
+        "the second attempt running",
+    )
+    described = cli(server, "describe", job_id).stdout
+    assert "Exit code" not in described, described
+    attempts = described.split("\nAttempts\n", 1)[1].split("\n\n", 1)[0].splitlines()
+    first = next(row for row in attempts if row.split()[0] == "1")
+    assert re.search(r"\bended\s+failed\s+3\b", first), attempts
+    assert admin_client.job(job_id)["exit_code"] == 3  # the JSON is unchanged: scripts read it
+
+
+def test_the_client_reconnects_when_its_kept_connection_was_closed(server: RunningServer):
+    """One keep-alive connection serves a Client's requests; when it was closed meanwhile (the
+    server's keep-alive timeout), the next request goes out again on a fresh one."""
+    import socket
+
+    with Client(server.url, admin_token(server.manager.data_dir)) as client:
+        assert client.whoami()["admin"]
+        kept = client._connection
+        assert kept is not None and kept.sock is not None
+        kept.sock.shutdown(socket.SHUT_RDWR)
+        assert client.whoami()["admin"]
+        assert client._connection is not kept
+        again = client._connection
+        assert client.vcs() and client._connection is again  # kept alive from there on
+
+
+def test_the_retry_backoff_counts_down_in_ls_and_describe(tmp_path: Path):
+    """A failed job held for its retry backoff (60 s here): ls and describe say how long is
+    left, counted from the time asked (no scheduling round runs while it is held)."""
+    data_dir = tmp_path / "backoff"
+    running = start_server(data_dir, gpus=1, retry_backoff_s=60.0)
+    admin = Client(running.url, admin_token(data_dir))
+    env = {"CORRAL_URL": running.url, "CORRAL_TOKEN": admin_token(data_dir)}
+    held = re.compile(r"retry backoff: held for (\d+) s more")
+    try:
+        job_id = admin.submit({"name": "flaky", "gpus": 1, "max_retries": 1, "command": "exit 3"})[
+            "id"
+        ]
+
+        def left() -> int | None:
+            found = held.search(admin.job(job_id)["reason"])
+            return int(found.group(1)) if found else None
+
+        first = wait_until(left, "the job held for its backoff")
+        assert 50 <= first <= 60
+        later = wait_until(lambda: (n := left()) is not None and n < first and n, "a second on")
+        assert later < first
+        row = next(
+            line
+            for line in CliRunner().invoke(app, ["ls", "-o", "wide"], env=env).stdout.splitlines()
+            if line.startswith(job_id)
+        )
+        shown = held.search(row)
+        assert shown and int(shown.group(1)) <= later and "position" not in row, row
+        described = CliRunner().invoke(app, ["describe", job_id], env=env).stdout
+        why = held.search(described.split("Why pending:", 1)[1])
+        assert why and int(why.group(1)) <= later, described
+        assert "Exit code" not in described  # it waits: the 3 is its first attempt's
+        admin.cancel(job_id)
+    finally:
+        admin.close()
+        running.stop()
+        kill_jobs_of(data_dir)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from typer.testing import CliRunner
+from click.testing import CliRunner
 
 from corral.cli.main import app
 from tests.server.helpers import kill_jobs_of

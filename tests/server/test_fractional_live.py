@@ -335,7 +335,7 @@ REFUSED = [
         {"gpus": 0.5, "gpu_memory": "20GiB"},
         "gpu_memory: asks for 20GiB but a GPU of type gpu has 16GiB",
     ),
-    ({"gpus": 2}, "gpus: asks for 2 GPUs but the cluster has only 1 GPUs"),
+    ({"gpus": 2}, "gpus: asks for 2 GPUs but the cluster has only 1 GPU"),
 ]
 
 

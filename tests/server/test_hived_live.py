@@ -186,7 +186,7 @@ physical_cells:
 def test_up_refuses_hived_without_vcs_in_one_line(
     tmp_path: Path, config: str | None, message: str
 ) -> None:
-    from typer.testing import CliRunner
+    from click.testing import CliRunner
 
     from corral.cli.main import app
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from corral.cli.main import UserError
+from corral.cli.common import UserError
 from corral.cli.up import parse_size
 from corral.server import identity
 from corral.server.boot import BootError, ServerOptions, build_manager

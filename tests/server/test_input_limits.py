@@ -677,7 +677,7 @@ def test_big_ids_nul_filters_and_listings_on_postgresql(postgres_url: str, tmp_p
 
 
 def test_corral_up_takes_the_body_limit(tmp_path: Path, monkeypatch: Any) -> None:
-    from typer.testing import CliRunner
+    from click.testing import CliRunner
 
     from corral.cli.main import app  # (before corral.cli.up, which it imports)
     from corral.server.manager import Manager

@@ -384,10 +384,51 @@ def test_time_slicing_suspends_and_resumes_jobs_in_turns(data_dir: Path) -> None
         server.stop()
 
 
+def test_export_trace_asks_the_manager_at_corral_url(
+    server: RunningServer, data_dir: Path, tmp_path: Path
+) -> None:
+    """Without --data-dir or --db, export-trace asks the manager at CORRAL_URL (an admin's
+    CORRAL_TOKEN), as the client commands do, and writes the same files as the local read."""
+    from click.testing import CliRunner
+
+    from corral.cli.main import app
+    from corral.sim.traces import load_trace
+
+    client = api(server.url, admin_token(data_dir))
+    wait_for(client, submit(client, **python_job("exported", "pass")))
+    env = {"CORRAL_URL": server.url, "CORRAL_TOKEN": admin_token(data_dir)}
+    remote, local = tmp_path / "remote" / "h.corral.jsonl", tmp_path / "local" / "h.corral.jsonl"
+    asked = CliRunner().invoke(app, ["export-trace", "--out", str(remote)], env=env)
+    assert asked.exit_code == 0, asked.output
+    read = CliRunner().invoke(
+        app, ["export-trace", "--data-dir", str(data_dir), "--out", str(local)], env=env
+    )
+    assert read.exit_code == 0, read.output
+    names = sorted(path.name for path in remote.parent.iterdir())
+    assert names == sorted(path.name for path in local.parent.iterdir())
+    assert names == [
+        "h.corral.jsonl",
+        "h.decisions.jsonl",
+        "h.scheduler.yaml",
+        "h.throughputs.json",
+    ]
+    ids = sorted(job.id for job in load_trace(f"corral:{remote}").jobs)
+    assert ids == sorted(job.id for job in load_trace(f"corral:{local}").jobs) and ids
+    assert f"wrote {len(ids)} job" in asked.output
+    user = client.post("/api/v1/tokens", json={"user": "exporter"}).json()["token"]
+    refused = CliRunner().invoke(
+        app, ["export-trace", "--out", str(remote)], env=env | {"CORRAL_TOKEN": user}
+    )
+    assert refused.exit_code == 2 and "only an admin may export the job history" in refused.output
+    misnamed = CliRunner().invoke(app, ["export-trace", "--out", str(tmp_path / "h.txt")], env=env)
+    assert misnamed.exit_code == 2
+    assert "a corral trace is written as NAME.corral.jsonl" in " ".join(misnamed.output.split())
+
+
 def test_export_trace_writes_the_history_that_simulate_replays(
     server: RunningServer, data_dir: Path, tmp_path: Path
 ) -> None:
-    from typer.testing import CliRunner
+    from click.testing import CliRunner
 
     from corral.cli.main import app
     from corral.sim.traces import load_trace

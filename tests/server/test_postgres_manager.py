@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from click.testing import CliRunner
 from sqlalchemy.pool import NullPool
-from typer.testing import CliRunner
 
 from corral.cli.main import app
 from corral.server.boot import RunningServer, ServerOptions, build_manager

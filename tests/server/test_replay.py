@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
+from click.testing import CliRunner
 
 from corral.cli.main import app
 from corral.core.cluster import Cluster, NodeDef

@@ -11,8 +11,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from click.testing import Result
-from typer.testing import CliRunner
+from click.testing import CliRunner, Result
 
 from corral.cli.main import app
 from corral.client import Client, ClientError

@@ -6,7 +6,7 @@ import socket
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
+from click.testing import CliRunner
 
 from corral.cli.main import app
 from corral.exec.gpus import NoGpusError, discover_gpus

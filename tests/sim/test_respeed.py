@@ -7,7 +7,7 @@ import re
 
 import numpy as np
 import pytest
-from typer.testing import CliRunner
+from click.testing import CliRunner
 
 from corral.cli.main import app
 from corral.core import Cluster, JobSpec, JobStatus, Scheduler
