@@ -19,6 +19,8 @@ from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
+from corral.core.text import count_noun
+
 #: Milli-GPU in one GPU: a job asking for less (`JobSpec.gpu_milli`) takes a share of one GPU.
 MILLI = 1000
 
@@ -463,10 +465,10 @@ class Cluster:
     def describe(self) -> str:
         sizes = Counter((n.total_gpus, n.gpu_type) for n in self.nodes)
         parts = [f"{count}x{size} {gpu_type}" for (size, gpu_type), count in sorted(sizes.items())]
-        racks = f"{len(self.racks)} rack" + ("s" if len(self.racks) != 1 else "")
-        nodes = f"{len(self.nodes)} node" + ("s" if len(self.nodes) != 1 else "")
-        gpus = f"{self.total_gpus} GPU" + ("s" if self.total_gpus != 1 else "")
-        return f"{nodes} ({', '.join(parts)}), {gpus}, {racks}"
+        return (
+            f"{count_noun(len(self.nodes), 'node')} ({', '.join(parts)}), "
+            f"{count_noun(self.total_gpus, 'GPU')}, {count_noun(len(self.racks), 'rack')}"
+        )
 
     # -- mutation -----------------------------------------------------------------------------
 

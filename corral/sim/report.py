@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from corral.core.text import count_noun
 from corral.sim.fragmentation import write_curves
 from corral.sim.metrics import JOB_COLUMNS, completion_times, job_rows, summarize
 from corral.sim.result import SimResult
@@ -327,7 +328,8 @@ def plot_vc_queueing(runs: list[tuple[str, dict[str, object]]], out_png: Path) -
         ax.set_yscale("log")
         ax.set_ylabel("avg queueing (h)")
         ax.set_title(
-            f"{label}: {len(anomalies)} VCs with sharing anomaly"  # type: ignore[arg-type]
+            f"{label}: {count_noun(len(anomalies), 'VC')} "  # type: ignore[arg-type]
+            "with sharing anomaly"
             f"{' (' + ', '.join(anomalies) + ')' if anomalies else ''}"
         )  # type: ignore[arg-type]
         ax.grid(axis="y", alpha=0.3)

@@ -28,6 +28,7 @@ from corral.core.placement.hetero import TypeLog
 from corral.core.plugin import PluginError, Services, SpeedModel
 from corral.core.policy import POLICIES
 from corral.core.protocol import SchedulerCore
+from corral.core.text import count_noun
 from corral.sim.colocation import gandiva_line, gandiva_summary, load_pair_table
 from corral.sim.datasets import DATASET_SCOPES, cache_line, make_cache
 from corral.sim.engine import DEFAULT_PRECHECK_REPORT_S, FailureModel, Simulation
@@ -154,7 +155,7 @@ def check_fits(trace: Trace, cluster: Cluster, skip: bool) -> tuple[list[JobSpec
         if not skip:
             raise SimulationError(
                 f"{trace.source}: job {spec.id} (number {position + 1} by arrival): gpus={spec.gpus} exceeds "
-                f"the {capacity} GPUs the cluster has for it; use a bigger cluster or --skip-oversized"
+                f"the {count_noun(capacity, 'GPU')} the cluster has for it; use a bigger cluster or --skip-oversized"
             )
         dropped += 1
     return kept, dropped
@@ -484,13 +485,13 @@ def _simulate(settings: RunSettings, console: Console) -> tuple[list[SimResult],
             raise SimulationError(f"--window: the trace has only {len(jobs)} jobs")
         measured = {spec.id for spec in jobs[start:end]}
     console.print(
-        f"[bold]{trace.source}[/]: {len(jobs)} jobs on {cluster.describe()}"
-        + (f", {len(vcs)} VCs, admission {'/'.join(admissions)}" if multi_tenant else "")
+        f"[bold]{trace.source}[/]: {count_noun(len(jobs), 'job')} on {cluster.describe()}"
         + (
-            f"; dropped {dropped} job{'s' * (dropped != 1)} larger than the cluster"
-            if dropped
+            f", {count_noun(len(vcs), 'VC')}, admission {'/'.join(admissions)}"
+            if multi_tenant
             else ""
-        ),
+        )
+        + (f"; dropped {count_noun(dropped, 'job')} larger than the cluster" if dropped else ""),
         soft_wrap=True,  # a long trace path must not break the line
     )
     for note in trace.notes:
@@ -610,7 +611,8 @@ def precheck_line(summary: dict[str, object]) -> str | None:
     if not isinstance(prechecks, int):
         return None
     return (
-        f"{summary['policy']}/{summary['placement']}: {prechecks:,} pre-runs, "
+        f"{summary['policy']}/{summary['placement']}: "
+        f"{count_noun(prechecks, 'pre-run', spec=',')}, "
         f"{summary['precheck_passed']:,} passed, {summary['precheck_failed']:,} failed "
         f"(ended on one worker); {summary['precheck_gpu_hours']:,.1f} GPU-hours in pre-runs"
     )
@@ -645,8 +647,9 @@ def _run(
                 f"of deadlines met ({summary['deadlines_met']} of {summary['deadline_jobs']}, "
                 f"{summary['admitted']} admitted)"
                 + (
-                    f"; {summary['grows']} grows, {summary['shrinks']} shrinks, "
-                    f"{summary['suspensions']} suspensions"
+                    f"; {count_noun(summary['grows'], 'grow')}, "  # type: ignore[arg-type]
+                    f"{count_noun(summary['shrinks'], 'shrink')}, "  # type: ignore[arg-type]
+                    f"{count_noun(summary['suspensions'], 'suspension')}"  # type: ignore[arg-type]
                     if "grows" in summary
                     else ""
                 )

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
+from typer.testing import CliRunner
 
 from corral.cli.main import app
 
@@ -122,7 +122,10 @@ def test_job_larger_than_cluster_is_refused_with_one_line(tmp_path: Path):
             str(tmp_path / "o"),
         ],
     )
-    assert skipped.exit_code == 0 and "dropped 1 job larger" in skipped.output
+    assert skipped.exit_code == 0, skipped.output
+    assert "1 job on 1 node (1x8 v100), 8 GPUs, 1 rack; dropped 1 job larger than the cluster" in (
+        skipped.output
+    )
 
 
 @pytest.mark.parametrize(
@@ -257,5 +260,39 @@ def test_a_corral_trace_runs_on_its_nodes_at_its_measured_speeds(tmp_path: Path)
         "physical_cells:\n  - {type: NODE, names: [big]}\n"
     )
     output, decisions, _ = run("--config", str(config), "--admission", "none")
-    assert "1 node (1x4 a100), 4 GPUs" in output
+    assert "1 node (1x4 a100), 4 GPUs, 1 rack" in output
     assert decisions[1]["gpus"] == ["big/2", "big/3"]
+
+
+def test_counts_of_one_are_printed_in_the_singular(tmp_path: Path):
+    # One job of one GPU on one node of one GPU, under quota (one VC): every count printed is 1.
+    runtimes = tmp_path / "runtimes.csv"
+    runtimes.write_text("runtime\n600\n")
+    result = CliRunner().invoke(
+        app,
+        [
+            "simulate",
+            "--trace",
+            f"synthetic:jobs=1,gpus=1,max_gpus=1,runtimes={runtimes}",
+            "--cluster",
+            "1x1",
+            "--admission",
+            "quota",
+            "--out",
+            str(tmp_path / "out"),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines[0].endswith(": 1 job on 1 node (1x1 v100), 1 GPU, 1 rack, 1 VC, admission quota")
+    assert lines[1].startswith("  note: 1 job, offered load 0.8 of 1 GPU, one job every 750.0s")
+    assert lines[2] == "  note: job sizes capped at 1 GPU"
+    runs = json.loads((tmp_path / "out" / "summary.json").read_text())["runs"]
+    assert runs[0]["cluster"] == "1 node (1x1 v100), 1 GPU, 1 rack" and runs[0]["jobs"] == 1
+    trace = write_trace(tmp_path / "two.csv", ["0,2,0,1,resnet50,10,0"])
+    refused = CliRunner().invoke(
+        app,
+        ["simulate", "--trace", f"tiresias:{trace}", "--cluster", "1x1", "--out", str(tmp_path)],
+    )
+    assert refused.exit_code == 2
+    assert "gpus=2 exceeds the 1 GPU the cluster has for it;" in refused.output

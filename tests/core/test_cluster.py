@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from corral.core import Cluster, ClusterError
+from corral.core.text import count_noun
 
 
 def recount(cluster: Cluster) -> None:
@@ -35,6 +36,27 @@ def test_shorthand_builds_nodes_racks_and_counts():
     assert cluster.total_gpus == 512 and len(cluster.nodes) == 64 and len(cluster.racks) == 8
     assert all(len(nodes) == 8 for nodes in cluster.rack_nodes)
     assert cluster.describe() == "64 nodes (64x8 v100), 512 GPUs, 8 racks"
+
+
+@pytest.mark.parametrize(
+    "nodes,gpus,racks,described",
+    [
+        (1, 1, 1, "1 node (1x1 v100), 1 GPU, 1 rack"),
+        (1, 2, 1, "1 node (1x2 v100), 2 GPUs, 1 rack"),
+        (2, 1, 2, "2 nodes (2x1 v100), 2 GPUs, 2 racks"),
+    ],
+)
+def test_describe_puts_each_count_in_the_right_number(nodes, gpus, racks, described):
+    assert Cluster.shorthand(nodes, gpus, racks=racks).describe() == described
+
+
+def test_count_noun():
+    assert [count_noun(n, "job") for n in (0, 1, 2)] == ["0 jobs", "1 job", "2 jobs"]
+    assert count_noun(1, "VC") == "1 VC" and count_noun(3, "VC") == "3 VCs"
+    assert count_noun(2, "switch", "switches") == "2 switches"
+    assert count_noun(1, "switch", "switches") == "1 switch"
+    assert count_noun(2496, "GPU", spec=",") == "2,496 GPUs"
+    assert count_noun(-1, "job") == "-1 jobs"
 
 
 @pytest.mark.parametrize("nodes,gpus,racks", [(0, 8, 1), (4, 0, 1), (4, 8, 5), (4, 8, 0)])

@@ -206,8 +206,8 @@ def test_philly_replays_the_last_attempt(tmp_path):
     assert by_id["app_5"].submit_time == 51 * 60.0 and by_id["app_5"].duration_s == 7200.0
     # Every status is replayed; ties in the count keep the order first seen in the file.
     assert trace.notes[0] == "replayed jobs by status: 1 Failed, 1 Pass, 1 Killed"
-    assert "skipped 1 jobs: unfinished (last attempt has no end_time)" in trace.notes
-    assert "skipped 1 jobs: never started (no attempts)" in trace.notes
+    assert "skipped 1 job: unfinished (last attempt has no end_time)" in trace.notes
+    assert "skipped 1 job: never started (no attempts)" in trace.notes
 
 
 def test_philly_uses_the_last_attempt_with_both_times(tmp_path):
@@ -385,9 +385,9 @@ def test_alibaba_openb_pods(tmp_path):
     assert (p0.submit_time, p0.duration_s, p0.gpus, p0.gpu_types) == (0.0, 500.0, 1, None)
     assert (p2.submit_time, p2.duration_s, p2.gpus) == (20.0, 250.0, 1)
     assert (p3.gpus, p3.duration_s, p3.gpu_types) == (8, 1000.0, frozenset({"v100m16", "v100m32"}))
-    assert "skipped 1 CPU-only records (num_gpu 0)" in trace.notes
-    assert any(n.startswith("skipped 1 records without a positive duration") for n in trace.notes)
-    assert any(n.startswith("gave one whole GPU to 1 tasks") for n in trace.notes)
+    assert "skipped 1 CPU-only record (num_gpu 0)" in trace.notes
+    assert any(n.startswith("skipped 1 record without a positive duration") for n in trace.notes)
+    assert any(n.startswith("gave one whole GPU to 1 task that") for n in trace.notes)
 
 
 def test_alibaba_without_time_columns(tmp_path):
@@ -439,8 +439,8 @@ def test_helios_numeric_and_timestamp_times(tmp_path):
     j3, j1 = trace.jobs
     assert (j3.submit_time, j3.duration_s, j3.gpus, j3.user, j3.vc) == (0.0, 120.0, 2, "u2", "vcB")
     assert (j1.submit_time, j1.duration_s, j1.gpus) == (60.0, 3600.0, 8)
-    assert "skipped 1 CPU-only jobs (gpu_num 0)" in trace.notes
-    assert "skipped 1 jobs without a positive run time" in trace.notes
+    assert "skipped 1 CPU-only job (gpu_num 0)" in trace.notes
+    assert "skipped 1 job without a positive run time" in trace.notes
 
     numeric = write(
         tmp_path / "numeric.csv",

@@ -17,6 +17,7 @@ from collections import Counter
 from typing import Any
 
 from corral.core.job import JobSpec
+from corral.core.text import count_noun
 from corral.sim.perfmodel import PerfModel
 from corral.sim.traces.base import (
     Trace,
@@ -83,16 +84,16 @@ def read(location: str, *, perf: PerfModel | None = None, seed: int = 0, **optio
     check_unique_ids(jobs, where_of, name)
     notes: list[str] = []
     if cpu_only:
-        notes.append(f"skipped {cpu_only} CPU-only records (num_gpu 0)")
+        notes.append(f"skipped {count_noun(cpu_only, 'CPU-only record')} (num_gpu 0)")
     if no_duration:
         notes.append(
-            f"skipped {no_duration} records without a positive duration "
+            f"skipped {count_noun(no_duration, 'record')} without a positive duration "
             "(deletion_time - scheduled_time)"
         )
     if fractional:
         notes.append(
-            f"gave one whole GPU to {fractional} tasks that asked for a fraction of one "
-            "(gpu_milli < 1000)"
+            f"gave one whole GPU to {count_noun(fractional, 'task')} that asked for a "
+            "fraction of one (gpu_milli < 1000)"
         )
     if has_times is False:
         notes.append(

@@ -12,6 +12,7 @@ from collections import Counter
 from typing import Any
 
 from corral.core.job import JobSpec
+from corral.core.text import count_noun
 from corral.sim.perfmodel import PerfModel
 from corral.sim.traces.base import (
     Trace,
@@ -64,9 +65,9 @@ def read(location: str, *, perf: PerfModel | None = None, seed: int = 0, **optio
     check_unique_ids(jobs, where_of, name)
     notes: list[str] = []
     if cpu_only:
-        notes.append(f"skipped {cpu_only} CPU-only jobs (gpu_num 0)")
+        notes.append(f"skipped {count_noun(cpu_only, 'CPU-only job')} (gpu_num 0)")
     if no_duration:
-        notes.append(f"skipped {no_duration} jobs without a positive run time")
+        notes.append(f"skipped {count_noun(no_duration, 'job')} without a positive run time")
     if any(states):
         notes.append(count_note(states, "replayed jobs by state"))
     return Trace(jobs=jobs, source=f"helios:{location}", notes=notes)

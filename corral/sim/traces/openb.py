@@ -32,6 +32,7 @@ from typing import Any
 from corral.core.cluster import MILLI, NodeDef
 from corral.core.fragmentation import Workload
 from corral.core.job import JobSpec
+from corral.core.text import count_noun
 from corral.sim.perfmodel import PerfModel
 from corral.sim.traces.base import (
     Trace,
@@ -71,12 +72,15 @@ def read(location: str, *, perf: PerfModel | None = None, seed: int = 0, **optio
     jobs = arrival_sequence(pods, capacity, load, random.Random(seed))
     jobs = [dataclasses.replace(spec, submit_time=float(i)) for i, spec in enumerate(jobs)]
     notes = [
-        f"{len(pods)} pods, {len(jobs)} arrivals up to {100 * load:.0f}% of the GPU capacity "
+        f"{count_noun(len(pods), 'pod')}, {count_noun(len(jobs), 'arrival')} "
+        f"up to {100 * load:.0f}% of the GPU capacity "
         f"(seed {seed}), one a second; jobs never end, and fail when they cannot be placed "
         "on arrival"
     ]
     if skipped:
-        notes.append(f"skipped {skipped} nodes without GPUs (the cluster holds GPU nodes)")
+        notes.append(
+            f"skipped {count_noun(skipped, 'node')} without GPUs (the cluster holds GPU nodes)"
+        )
     return Trace(
         jobs=jobs,
         source=f"openb:{pods_path}",

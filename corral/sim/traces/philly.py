@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from corral.core.job import JobSpec
+from corral.core.text import count_noun
 from corral.sim.perfmodel import PerfModel
 from corral.sim.traces.base import (
     Trace,
@@ -88,7 +89,7 @@ def read(location: str, *, perf: PerfModel | None = None, seed: int = 0, **optio
         where_of.append(f"job {index}")
     check_unique_ids(jobs, where_of, name)
     notes = [count_note(statuses, "replayed jobs by status")] if statuses else []
-    notes += [f"skipped {n} jobs: {why}" for why, n in sorted(skipped.items())]
+    notes += [f"skipped {count_noun(n, 'job')}: {why}" for why, n in sorted(skipped.items())]
     return Trace(jobs=jobs, source=f"philly:{location}", notes=notes)
 
 

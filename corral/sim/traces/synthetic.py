@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from corral.core.job import JobSpec
+from corral.core.text import count_noun
 from corral.sim.perfmodel import PerfModel
 from corral.sim.traces.base import Trace, TraceError, csv_records, default_perf, integer, number
 
@@ -111,11 +112,12 @@ def read(location: str, *, perf: PerfModel | None = None, seed: int = 0, **optio
             )
         )
     notes = [
-        f"{jobs} jobs, offered load {load:g} of {cluster_gpus} GPUs, one job every "
+        f"{count_noun(jobs, 'job')}, offered load {load:g} of {count_noun(cluster_gpus, 'GPU')}, "
+        "one job every "
         f"{1.0 / rate:.1f}s on average, seed {seed}, run times from {runtimes_path}"
     ]
     if max_gpus is not None:
-        notes.append(f"job sizes capped at {max_gpus} GPUs")
+        notes.append(f"job sizes capped at {count_noun(max_gpus, 'GPU')}")
     source = f"synthetic:{location}" if location else "synthetic"
     return Trace(jobs=specs, source=source, notes=notes)
 
