@@ -26,6 +26,7 @@ import click
 TABLE, WIDE, JSON, YAML = "table", "wide", "json", "yaml"
 FORMATS = (TABLE, WIDE, JSON, YAML)
 GAP = "  "  # between columns
+_OUTPUT_HELP = "table for people, wide for more columns, json or yaml for scripts"
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,7 +48,7 @@ def output_option(default: str = TABLE, formats: Sequence[str] = FORMATS) -> Any
         type=click.Choice(list(formats), case_sensitive=False),
         default=default,
         show_default=True,
-        help="table for people, wide for more columns, json or yaml for scripts",
+        help=_OUTPUT_HELP if WIDE in formats else "table for people, json or yaml for scripts",
     )
 
 

@@ -35,6 +35,7 @@ from corral.core.precheck import (
 from corral.core.protocol import Admission
 from corral.core.retry import Failure, FailureReport, RetryOptions, RetryRule, Verdict
 from corral.core.stages import Stage
+from corral.core.text import count_noun
 
 #: Called once per attempt as a job starts (placement, speed and restore stall already set); it
 #: may lower `job.speed` and move `job.stall_until` later: a node's data cache (core.cache) is
@@ -712,7 +713,7 @@ class Scheduler:
         if self.admission is not None:
             self.admission.on_start(job, now)
         job.last_event = (
-            f"started on {len(self.cluster.nodes_of(placed.gpus))} node(s)"
+            f"started on {count_noun(len(self.cluster.nodes_of(placed.gpus)), 'node')}"
             if placed.gpus
             else f"started on node {self.cluster.nodes[job.node].name} (no GPU)"
         )
@@ -1007,25 +1008,25 @@ class Scheduler:
         if job.status is not JobStatus.PENDING:
             return f"{job.status.value}: {job.last_event}"
         position = self._pending.index((self._stored[job.seq], job.seq))
-        priority = self.policy.describe_key(job, now)
-        parts = [f"PENDING, position {position + 1} of {len(self._pending)} in the queue"]
+        # What holds the job first (a listing that shortens the text keeps it), then its place
+        # in the order: level, the policy's key, the admission's note.
+        if self.blocked_by is not None and self.blocked_by != job.id and position > 0:
+            cause = f"blocked behind job {self.blocked_by} ({self.policy.name} without backfill)"
+        elif job.hold_until > now:  # counted down from `now`, not the last round's text
+            cause = f"retry backoff: held for {job.hold_until - now:.0f} s more"
+        elif job.hold_until and job.pending_reason.startswith("retry backoff"):
+            cause = "retry backoff over: waiting for the next scheduling round"
+        elif job.pending_reason == "not yet considered" and position > 0:
+            cause = "behind higher-priority jobs"
+        else:
+            cause = job.pending_reason
+        parts = [f"PENDING, position {position + 1} of {len(self._pending)} in the queue", cause]
         if job.spec.level:
             parts.append(f"level {job.spec.level}")
+        priority = self.policy.describe_key(job, now)
         if priority:
             parts.append(priority)
         note = self.admission.describe(job) if self.admission is not None else None
         if note:
             parts.append(note)
-        if self.blocked_by is not None and self.blocked_by != job.id and position > 0:
-            parts.append(
-                f"blocked behind job {self.blocked_by} ({self.policy.name} without backfill)"
-            )
-        elif job.hold_until > now:  # counted down from `now`, not the last round's text
-            parts.append(f"retry backoff: held for {job.hold_until - now:.0f} s more")
-        elif job.hold_until and job.pending_reason.startswith("retry backoff"):
-            parts.append("retry backoff over: waiting for the next scheduling round")
-        elif job.pending_reason == "not yet considered" and position > 0:
-            parts.append("behind higher-priority jobs")
-        else:
-            parts.append(job.pending_reason)
         return "; ".join(parts)
