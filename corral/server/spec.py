@@ -141,7 +141,9 @@ class SpecError(ValueError):
         kind = first["type"]
         ctx = first.get("ctx") or {}
         if kind == "extra_forbidden":
-            return cls(".".join(loc), "unknown field" + _did_you_mean(loc[-1], order), source)
+            # a top-level field may be a misspelling of another; a nested one is not of these
+            hint = _did_you_mean(loc[-1], order) if len(loc) == 1 else ""
+            return cls(".".join(loc), "unknown field" + hint, source)
         if kind == "missing":
             return cls(".".join(loc), "field required", source)
         if kind == "model_type":
