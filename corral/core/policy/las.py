@@ -4,7 +4,9 @@ Attained service is GPUs x seconds run. K queues split by thresholds on it; a jo
 queue of its attained service, lower queues first, FIFO inside a queue: by arrival in the top
 queue, and by the time it entered the queue below, so a job that drops a queue joins its tail (as
 Tiresias's per-queue lists do) instead of jumping ahead of jobs that were there before it. Running
-jobs that cross a threshold drop a queue, and a waiting job of a higher queue preempts them. A job
+jobs that cross a threshold drop a queue, and a waiting job of a higher queue preempts them; a
+waiting job does not preempt running jobs of its own queue (Tiresias's rule; `preempt_within_queue`
+turns that on; docs/policies.md has the measurement behind the default). A job
 that has waited longer than `starvation_factor` times its executed time is promoted back to the
 top queue (Tiresias's starvation knob): its service so far stops counting.
 """
@@ -25,7 +27,7 @@ from corral.core.policy.base import Key, Policy, tie_break
 #: Queue boundaries in GPU-seconds: 1 GPU-hour and 10 GPU-hours (three queues).
 DEFAULT_THRESHOLDS_GPU_S = (3_600.0, 36_000.0)
 #: Whether a waiting job preempts running jobs of its own queue (docs/policies.md: the rule).
-PREEMPT_WITHIN_QUEUE = True
+PREEMPT_WITHIN_QUEUE = False
 
 
 @dataclass(slots=True)
