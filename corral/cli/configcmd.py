@@ -16,6 +16,10 @@ def show(
         Path | None, typer.Option(help="start from this file's `scheduler:` section")
     ] = None,
     policy: Annotated[str | None, typer.Option(help="the ordering policy")] = None,
+    preset: Annotated[
+        str | None,
+        typer.Option(help="start from a named configuration (tiresias), as `simulate --preset`"),
+    ] = None,
     all_sections: Annotated[
         bool,
         typer.Option("--all", help="every plugin's options, not only the chosen plugins'"),
@@ -45,11 +49,22 @@ def show(
     else:
         try:
             given = scheduler | ({"policy": policy} if policy is not None else {})
-            config = effective_config(scheduler_config, given)
+            config = effective_config(scheduler_config, given, preset, policy)
+            if preset is not None and policy is None:  # the preset's change for its policy
+                chosen = config.core.policy
+                config = effective_config(scheduler_config, given, preset, chosen)
         except UserError as error:
             fail(str(error))
         mapping = {"scheduler": config.to_mapping(only_used=not all_sections)}
-    console.print(yaml.safe_dump(mapping, sort_keys=False).rstrip(), highlight=False, soft_wrap=True)
+        if preset is not None:
+            from corral.core.presets import get_preset
+
+            chosen_preset = get_preset(preset)
+            if chosen_preset.simulator:  # `simulate` reads these; `--scheduler-config` does not
+                mapping["simulate"] = dict(chosen_preset.simulator)
+    console.print(
+        yaml.safe_dump(mapping, sort_keys=False).rstrip(), highlight=False, soft_wrap=True
+    )
 
 
 def plugins() -> None:

@@ -41,7 +41,6 @@ def flags() -> list[tuple[str, str | None, OptionInfo, str]]:
     return flags
 
 
-
 def flag_name(section: str | None, option: str) -> str:
     name = option if section is None else f"{section}-{option}"
     return "--" + name.replace("_", "-")
@@ -53,7 +52,9 @@ def _default_text(info: OptionInfo) -> str:
         return ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in value) or "none"
     if isinstance(value, float):
         return f"{value:g}"
-    return "none" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+    return (
+        "none" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+    )
 
 
 def _parameter(name: str, section: str | None, info: OptionInfo, panel: str) -> inspect.Parameter:
@@ -75,7 +76,9 @@ def _parameter(name: str, section: str | None, info: OptionInfo, panel: str) -> 
             flag, help=text, rich_help_panel=panel, metavar=metavar, show_default=False
         )
         annotation = Annotated[Optional[str], option]  # noqa: UP045
-    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=annotation)
+    return inspect.Parameter(
+        name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=annotation
+    )
 
 
 def overrides(
@@ -128,24 +131,60 @@ def _flag_message(message: str) -> str:
     return f"--{first}-* options: {reason}"
 
 
-def effective_config(path: Path | None, given: dict[str, Any]) -> SchedulerConfig:
-    """Defaults, then the file (if any), then the flags given; UserError naming the file or the
-    flag."""
+def user_mapping(path: Path | None, given: dict[str, Any]) -> dict[str, object]:
+    """What the user gave: the file's `scheduler:` section as written (if any), then the flags."""
     from corral.cli.common import UserError
-    from corral.config_file import load_scheduler_config
-    from corral.core.framework import config_from_mapping, merge
+    from corral.config_file import load_scheduler_config, read_yaml_file
+    from corral.core.framework import merge
     from corral.core.options import OptionError
 
     base: dict[str, object] = {}
     if path is not None:
         try:
-            base = load_scheduler_config(path).to_mapping()
+            load_scheduler_config(path)  # checked whole, errors naming the file
+            data = read_yaml_file(path)
         except OptionError as error:
             raise UserError(str(error)) from None
+        assert isinstance(data, dict)
+        base = dict(data.get("scheduler", data))
+    return merge(base, given)
+
+
+def effective_config(
+    path: Path | None, given: dict[str, Any], preset: str | None = None, policy: str | None = None
+) -> SchedulerConfig:
+    """Defaults, then the preset (if any, with its changes for `policy`), then the file (if any),
+    then the flags given; UserError naming the preset, the file or the flag."""
+    from corral.cli.common import UserError
+    from corral.core.framework import config_from_mapping, merge
+    from corral.core.options import OptionError
+    from corral.core.presets import get_preset
+
+    base: dict[str, object] = {}
+    if preset is not None:
+        try:
+            chosen = get_preset(preset)
+        except ValueError as error:
+            raise UserError(f"--preset: {error}") from None
+        base = merge(chosen.scheduler, chosen.by_policy.get(policy or "", {}))
     try:
-        return config_from_mapping(merge(base, given))
+        return config_from_mapping(merge(base, user_mapping(path, given)))
     except OptionError as error:
         raise UserError(_flag_message(str(error))) from None
+
+
+def preset_changes(
+    preset: str | None, path: Path | None, given: dict[str, Any]
+) -> dict[str, dict[str, object]]:
+    """The preset's per-policy changes, less what the user gave (file or flags), by policy."""
+    if preset is None:
+        return {}
+    from corral.core.presets import get_preset, given_keys, without
+
+    keys = given_keys(user_mapping(path, given))
+    return {
+        policy: without(changes, keys) for policy, changes in get_preset(preset).by_policy.items()
+    }
 
 
 def click_command(name: str, command: Callable[..., Any]) -> Any:

@@ -69,6 +69,22 @@ def simulate(
         str | None,
         typer.Option(help="the ordering policy [default: the scheduler config's, las]"),
     ] = None,
+    preset: Annotated[
+        str | None,
+        typer.Option(
+            help="start from a named configuration: tiresias (its simulator's placement, queues "
+            "and rules; see docs/policies.md); the file and flags override it"
+        ),
+    ] = None,
+    spread_slowdown: Annotated[
+        bool | None,
+        typer.Option(
+            "--spread-slowdown/--no-spread-slowdown",
+            help="slow jobs spread over nodes by their model's factor (--slowdowns) [default: on; "
+            "off with --preset tiresias]",
+            show_default=False,
+        ),
+    ] = None,
     compare: Annotated[
         str | None, typer.Option(help="several policies, e.g. fifo,las,gittins,srtf")
     ] = None,
@@ -179,14 +195,26 @@ def simulate(
     from corral.cli.simextra import require_sim
 
     require_sim()
-    from corral.cli.schedflags import effective_config
+    from corral.cli.schedflags import effective_config, preset_changes
+    from corral.core.presets import get_preset
     from corral.sim.failures import NodeFailures
-    from corral.sim.runner import RunSettings, run_simulations
+    from corral.sim.runner import RunSettings, run_simulations, shared_data_file
 
     try:
         nodes, gpus_per_node = parse_cluster(cluster)
-        scheduler_settings = effective_config(scheduler_config, scheduler)
+        scheduler_settings = effective_config(scheduler_config, scheduler, preset)
         chosen = compare or policy or scheduler_settings.core.policy
+        world = get_preset(preset).simulator if preset is not None else {}
+        if spread_slowdown is None:
+            spread_slowdown = bool(world.get("spread_slowdown", True))
+        history = world.get("gittins_history")
+        if gittins_history is None and history is not None and "gittins" in chosen:
+            gittins_history = shared_data_file(str(history))
+            if gittins_history is None:
+                raise UserError(
+                    f"--preset {preset}: gittins learns from {history} in the shared data "
+                    "directory, which is not there; pass --gittins-history"
+                )
         if failure_model not in ("rate", "philly"):
             raise UserError(f"--failure-model: unknown {failure_model!r}; choose rate or philly")
         if failure_model == "philly" and failure_rate > 0:
@@ -201,6 +229,8 @@ def simulate(
             config=config,
             policies=[p.strip() for p in chosen.split(",") if p.strip()],
             scheduler=scheduler_settings,
+            policy_changes=preset_changes(preset, scheduler_config, scheduler),
+            spread_slowdown=spread_slowdown,
             gittins_history=gittins_history,
             optimus_noise=optimus_noise,
             failure_rate=failure_rate,

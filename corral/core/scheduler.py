@@ -587,7 +587,7 @@ class Scheduler:
         if not self.policy.preemptive or not self._running:
             return False
         lowest = self._by_seq[self._running[-1][1]]
-        return bool(self._current_key(lowest, now) > self._current_key(job, now))
+        return self.policy.preempts(self._current_key(job, now), self._current_key(lowest, now))
 
     def _victims(self, job: Job, now: float) -> Iterator[Job]:
         """Running jobs the job may preempt, the ones to give way first first: GPUs other VCs
@@ -604,7 +604,7 @@ class Scheduler:
             return
         for index in range(len(self._running) - 1, -1, -1):
             victim = self._by_seq[self._running[index][1]]
-            if not self._current_key(victim, now) > job_key:
+            if not self.policy.preempts(job_key, self._current_key(victim, now)):
                 return
             if victim.id in offered:
                 continue

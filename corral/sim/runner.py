@@ -20,6 +20,7 @@ from corral.core.framework import (
     build_scheduler,
     check_config,
     config_from_mapping,
+    merge,
 )
 from corral.core.job import Elastic, Job, JobSpec, Priority
 from corral.core.options import OptionError
@@ -77,6 +78,10 @@ class RunSettings:
     policies: list[str] = field(default_factory=lambda: ["las"])
     #: Everything the scheduler is built from but the policy (one run per policy).
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    #: Per policy, keys changed on top of `scheduler` (a preset's, corral.core.presets).
+    policy_changes: dict[str, dict[str, object]] = field(default_factory=dict)
+    #: Jobs spread over nodes run slower by their model's spread slowdown (off: durations fixed).
+    spread_slowdown: bool = True
     gittins_history: Path | None = None
     optimus_noise: float = 0.02
     failure_rate: float = 0.0
@@ -186,7 +191,22 @@ def service_history(settings: RunSettings, jobs: list[JobSpec]) -> list[float]:
 
 
 def config_for(settings: RunSettings, policy: str) -> SchedulerConfig:
-    return settings.scheduler.with_policy(policy)
+    changes = settings.policy_changes.get(policy)
+    if not changes:
+        return settings.scheduler.with_policy(policy)
+    mapping = merge(settings.scheduler.to_mapping(), changes)
+    return config_from_mapping(mapping | {"policy": policy})
+
+
+def shared_data_file(relative: str) -> Path | None:
+    """A file of the shared data directory (shared/data/RELATIVE), looked for as the bundled
+    Philly run times are: beside the working directory's project, then beside this repository."""
+    repo_root = Path(__file__).resolve().parents[2]
+    for base in (Path.cwd().parent, repo_root.parent):
+        path = base / "shared" / "data" / relative
+        if path.is_file():
+            return path
+    return None
 
 
 def admission_of(settings: RunSettings, vcs: dict[str, dict[str, int]], policy: str) -> str:
@@ -443,6 +463,8 @@ def _simulate(settings: RunSettings, console: Console) -> tuple[list[SimResult],
     """The results, and whether VCs share the cluster (multi-tenant)."""
     check_settings(settings)
     perf = PerfModel.default_for_durations()
+    if not settings.spread_slowdown:
+        perf = perf.with_slowdowns({})
     if settings.slowdowns is not None:
         perf = perf.with_overrides(load_slowdowns(settings.slowdowns))
     trace = load_trace(

@@ -32,11 +32,16 @@ def test_las_order_after_preemption_follows_attained_service_then_arrival():
     # B drops to queue 1 at t = 25 + 100/4 = 50; C (queue 0) preempts it.
     decision = s.decide(50)
     assert decision.actions == [Preempt("B", (0, 1, 2, 3), "C"), Start("C", (0, 1, 2, 3))]
-    # Once C also reaches queue 1 (t = 75), FIFO inside queue 1 puts A (arrived at 0) first.
-    decision = s.decide(75)
+    # C reaches queue 1 at t = 75: A and B wait in queue 1 too, but only a higher queue
+    # preempts (Tiresias's rule, the default), so C keeps its GPUs.
+    assert s.decide(75).actions == []
+    assert [j.id for j in s.pending_jobs()] == ["A", "B"]  # by when they entered queue 1
+    # When C ends, FIFO inside queue 1 gives the GPUs to A (entered at 25), not B (at 50).
+    s.finished("C", 80)
+    decision = s.decide(80)
     assert started(decision.actions) == {"A": (0, 1, 2, 3)}
     assert s.jobs["A"].attempts == 2
-    assert [j.id for j in s.pending_jobs()] == ["B", "C"]
+    assert [j.id for j in s.pending_jobs()] == ["B"]
 
 
 def test_las_starvation_promotion_moves_a_waiting_job_to_the_top_queue():

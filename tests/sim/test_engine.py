@@ -47,14 +47,24 @@ def test_srtf_preempts_and_the_resumed_job_pays_its_restore_time():
 
 def test_las_timer_preempts_at_the_queue_crossing():
     # Threshold 100 GPU-s: the 4-GPU job a crosses it at t=25 and b (queue 0) preempts it.
-    # b crosses too at t=50; in queue 1 the earlier arrival a goes first and runs its remaining
-    # 75 s (50..125); b then does its last 25 s (125..150).
+    # b crosses too at t=50, into a's queue: only a higher queue preempts (the default, as in
+    # Tiresias), so b runs its last 25 s (50..75) and a then its remaining 75 s (75..150).
     _, jobs = run(
         [spec("a", 4, 0, 100), spec("b", 4, 5, 50)],
         policy="las",
         policy_options={"thresholds_gpu_s": [100]},
     )
     assert jobs["b"].first_started_at == pytest.approx(25)
+    assert jobs["b"].finished_at == pytest.approx(75)
+    assert jobs["a"].finished_at == pytest.approx(150)
+    assert jobs["a"].preemptions == 1 and jobs["b"].preemptions == 0
+    # With preemption inside a queue, the earlier arrival a goes first in queue 1 at t=50 and
+    # runs its remaining 75 s (50..125); b then does its last 25 s (125..150).
+    _, jobs = run(
+        [spec("a", 4, 0, 100), spec("b", 4, 5, 50)],
+        policy="las",
+        policy_options={"thresholds_gpu_s": [100], "preempt_within_queue": True},
+    )
     assert jobs["a"].finished_at == pytest.approx(125)
     assert jobs["b"].finished_at == pytest.approx(150)
     assert jobs["a"].preemptions == 1 and jobs["b"].preemptions == 1

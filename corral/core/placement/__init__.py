@@ -10,6 +10,7 @@ from corral.core.placement.cacheaware import CacheAware
 from corral.core.placement.hetero import Hetero
 from corral.core.placement.named import AnyFree, Consolidate, Profile, Relax
 from corral.core.placement.sharing import BestFit, Fgd, GpuPacking, GpuPackingCpu, RandomFit
+from corral.core.placement.yarn import Yarn
 
 PLACEMENTS: dict[str, type[Placement]] = {
     "consolidate": Consolidate,
@@ -18,6 +19,7 @@ PLACEMENTS: dict[str, type[Placement]] = {
     "any": AnyFree,
     "hetero": Hetero,
     "cache-aware": CacheAware,
+    "yarn": Yarn,  # Tiresias's simulator (the tiresias preset)
     # Jobs that share GPUs (a share of one GPU, CPU, memory): FGD and its paper's baselines.
     "fgd": Fgd,
     "best-fit": BestFit,

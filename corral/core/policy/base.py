@@ -52,6 +52,11 @@ class Policy(OptionsMixin):
     def describe_key(self, job: Job, now: float) -> str:
         return ""
 
+    def preempts(self, job_key: Key, victim_key: Key) -> bool:
+        """Whether a waiting job may preempt a running one, given the keys the scheduler holds
+        for them: its job level first, then this policy's key. Default: any lower priority."""
+        return bool(victim_key > job_key)
+
 
 def tie_break(job: Job) -> tuple[float, int]:
     """Arrival order: submit time, then the order the scheduler saw the job."""

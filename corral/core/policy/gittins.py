@@ -42,6 +42,17 @@ def gittins_index(samples_sorted: np.ndarray, attained: float) -> float:
     return float(ratios.max())
 
 
+def gittins_index_fixed(samples_sorted: np.ndarray, attained: float, delta: float) -> float:
+    """The index for one fixed quantum `delta` instead of the best one (Tiresias's simulator
+    uses a static quantum): P(S - a <= delta | S > a) / E[min(S - a, delta) | S > a]."""
+    start = int(np.searchsorted(samples_sorted, attained, side="right"))
+    remaining = samples_sorted[start:] - attained
+    if remaining.size == 0:
+        return 0.0
+    expected = float(np.minimum(remaining, delta).mean())
+    return float((remaining <= delta).mean()) / expected if expected > 0 else math.inf
+
+
 @dataclass(frozen=True, slots=True)
 class GittinsOptions:
     thresholds_gpu_s: tuple[float, ...] = option(
@@ -51,7 +62,22 @@ class GittinsOptions:
         low_open=True,
     )
     quantiles: int = option(
-        20, help="quantiles of the job-size distribution used as index levels", low=1
+        20,
+        help="quantiles of the job-size distribution used as index levels (at least the number "
+        "of samples: every sample is a level)",
+        low=1,
+    )
+    queues: bool = option(
+        False,
+        help="order by LAS queue first (thresholds_gpu_s), by index inside a queue (Tiresias's "
+        "dlas-gpu-gittins)",
+    )
+    delta_gpu_s: float | None = option(
+        None,
+        help="the index for this one quantum of service instead of the best quantum (none: the "
+        "best)",
+        low=0,
+        low_open=True,
     )
 
 
@@ -66,22 +92,38 @@ class Gittins(Policy):
         history = services.service_history
         needs(history, f"policy {cls.name}", "a history of job sizes")
         assert history is not None
-        return cls(history(), options.thresholds_gpu_s, options.quantiles)
+        return cls(
+            history(),
+            options.thresholds_gpu_s,
+            options.quantiles,
+            queues=options.queues,
+            delta_gpu_s=options.delta_gpu_s,
+        )
 
     def __init__(
         self,
         service_samples_gpu_s: Sequence[float],
         thresholds_gpu_s: Sequence[float] = DEFAULT_THRESHOLDS_GPU_S,
         quantiles: int = 20,
+        *,
+        queues: bool = False,
+        delta_gpu_s: float | None = None,
     ) -> None:
         samples = np.sort(np.asarray([s for s in service_samples_gpu_s if s > 0], dtype=float))
         if samples.size == 0:
             raise ValueError("Gittins needs at least one positive service sample")
         self.samples = samples
+        self.thresholds = sorted(thresholds_gpu_s)
+        self.queues = queues
         levels = {0.0, *thresholds_gpu_s}
         levels.update(float(q) for q in np.quantile(samples, np.linspace(0, 1, quantiles + 1)))
+        if quantiles >= samples.size:
+            levels.update(float(s) for s in samples)
         self.grid = sorted(levels)
-        self.index_at = [gittins_index(samples, level) for level in self.grid]
+        if delta_gpu_s is None:
+            self.index_at = [gittins_index(samples, level) for level in self.grid]
+        else:
+            self.index_at = [gittins_index_fixed(samples, lv, delta_gpu_s) for lv in self.grid]
 
     def _grid_position(self, job: Job, now: float) -> int:
         return bisect.bisect_right(self.grid, job.attained_at(now) + 1e-6) - 1
@@ -90,6 +132,9 @@ class Gittins(Policy):
         return self.index_at[self._grid_position(job, now)]
 
     def key(self, job: Job, now: float) -> Key:
+        if self.queues:
+            queue = bisect.bisect_right(self.thresholds, job.attained_at(now) + 1e-6)
+            return (queue, -self.index(job, now), *tie_break(job))
         return (-self.index(job, now), *tie_break(job))
 
     def key_changes_at(self, job: Job, now: float) -> float:

@@ -4,7 +4,9 @@ Attained service is GPUs x seconds run. K queues split by thresholds on it; a jo
 queue of its attained service, lower queues first, FIFO inside a queue: by arrival in the top
 queue, and by the time it entered the queue below, so a job that drops a queue joins its tail (as
 Tiresias's per-queue lists do) instead of jumping ahead of jobs that were there before it. Running
-jobs that cross a threshold drop a queue, and a waiting job of a higher queue preempts them. A job
+jobs that cross a threshold drop a queue, and a waiting job of a higher queue preempts them; a
+waiting job does not preempt running jobs of its own queue (Tiresias's rule; `preempt_within_queue`
+turns that on; docs/policies.md has the measurement behind the default). A job
 that has waited longer than `starvation_factor` times its executed time is promoted back to the
 top queue (Tiresias's starvation knob): its service so far stops counting.
 """
@@ -24,6 +26,8 @@ from corral.core.policy.base import Key, Policy, tie_break
 
 #: Queue boundaries in GPU-seconds: 1 GPU-hour and 10 GPU-hours (three queues).
 DEFAULT_THRESHOLDS_GPU_S = (3_600.0, 36_000.0)
+#: Whether a waiting job preempts running jobs of its own queue (docs/policies.md: the rule).
+PREEMPT_WITHIN_QUEUE = False
 
 
 @dataclass(slots=True)
@@ -49,6 +53,11 @@ class LasOptions:
         low=0,
         low_open=True,
     )
+    preempt_within_queue: bool = option(
+        PREEMPT_WITHIN_QUEUE,
+        help="a waiting job may preempt running jobs of its own queue that come after it (off: "
+        "only a job of a higher queue preempts, as in Tiresias)",
+    )
 
     def validate(self) -> str | None:
         thresholds = list(self.thresholds_gpu_s)
@@ -65,12 +74,15 @@ class LeastAttainedService(Policy):
 
     @classmethod
     def from_options(cls, options: Any, services: Services) -> Policy:
-        return cls(options.thresholds_gpu_s, options.starvation_factor)
+        return cls(
+            options.thresholds_gpu_s, options.starvation_factor, options.preempt_within_queue
+        )
 
     def __init__(
         self,
         thresholds_gpu_s: Sequence[float] = DEFAULT_THRESHOLDS_GPU_S,
         starvation_factor: float | None = None,
+        preempt_within_queue: bool = PREEMPT_WITHIN_QUEUE,
     ) -> None:
         thresholds = list(thresholds_gpu_s)
         if any(t <= 0 for t in thresholds) or thresholds != sorted(set(thresholds)):
@@ -79,6 +91,7 @@ class LeastAttainedService(Policy):
             raise ValueError("the starvation factor must be positive")
         self.thresholds = thresholds
         self.starvation_factor = starvation_factor
+        self.preempt_within_queue = preempt_within_queue
 
     def counted_service(self, job: Job, now: float) -> float:
         return job.attained_at(now) - job.service_offset_gpu_s
@@ -119,6 +132,12 @@ class LeastAttainedService(Policy):
             state.entered = None  # back in the top queue, in arrival order
         elif job.status is JobStatus.RUNNING:
             job.record(LasState).entered = now  # dropped a queue: join its tail
+
+    def preempts(self, job_key: Key, victim_key: Key) -> bool:
+        if self.preempt_within_queue:
+            return bool(victim_key > job_key)
+        # The scheduler's keys start (level, queue, ...): only a lower queue (or level) gives way.
+        return bool(victim_key[:2] > job_key[:2])
 
     def describe_key(self, job: Job, now: float) -> str:
         return f"LAS queue {self.queue_of(job, now)} ({self.counted_service(job, now):.0f} GPU-s attained)"
