@@ -184,9 +184,8 @@ def test_lend_last_places_opportunistic_jobs_after_every_guaranteed_job(lend_las
         # Within quota first (b1), then the borrower (a2), then o1: nothing is left for it.
         assert decision.actions == [Start("b1", (4, 5)), Start("a2", (6, 7))]
         explained = s.explain("o1", 3)
-        assert explained.startswith("PENDING, position 1 of 1 in the queue")
+        assert explained.startswith("PENDING, position 1 of 1 in the queue; waiting for free GPUs;")
         assert "opportunistic: runs only on idle GPUs" in explained
-        assert explained.endswith("waiting for free GPUs")
     else:
         # The queue's order: o1 takes node 1. b1 may reclaim it, but never in the round o1
         # started (no start is undone in its own round); a1 is within a's quota. a2 may not

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from typer.testing import CliRunner
+from click.testing import CliRunner
 
 from corral.cli.main import app
 from corral.core import Cluster, Job, Preempt, Start
