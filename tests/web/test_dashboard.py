@@ -137,9 +137,7 @@ def submit_jobs(scenario: Scenario) -> None:
         assert response.status_code == 201, response.text
         return str(response.json()["id"])
 
-    scenario.ticker = submit(
-        name="ticker", vc="vision", gpus=2, command=TICKS, total_steps=3000
-    )
+    scenario.ticker = submit(name="ticker", vc="vision", gpus=2, command=TICKS, total_steps=3000)
     scenario.sleeper = submit(name="sleeper", vc="nlp", gpus=1, command="sleep 3600")
     # Q only after T and S run: submitted together, the queue could put Q before S
     for job_id in (scenario.ticker, scenario.sleeper):
@@ -631,4 +629,37 @@ async def live_session(scenario: Scenario, address: str) -> None:
         assert lines == [f"tick {i}" for i in range(len(lines))]
         on_disk = (scenario.data_dir / "jobs" / ticker / "attempt-1" / "rank-0.stdout").read_text()
         assert final_log == on_disk
+
+        # the drawer's controls: W (4 GPUs) waits behind Q; held, then released, by its buttons
+        answer = scenario.api.post(
+            "/api/v1/jobs", json={"name": "W", "vc": "nlp", "gpus": 4, "command": "sleep 600"}
+        )
+        assert answer.status_code == 201, answer.text
+        waiting = answer.json()["id"]
+        row = f'#jobs-body [data-job="{waiting}"]'
+        await page.wait_for(f"!!document.querySelector('{row}')", WAIT_S, "W in the jobs table")
+        await page.evaluate(f"document.querySelector('{row}').click()")
+        for verb, held_by in (("hold", "admin"), ("release", None)):
+            button = f'#detail-actions [data-action="{verb}"]'
+            await page.wait_for(
+                f"document.getElementById('detail').dataset.job === '{waiting}'"
+                f" && !!document.querySelector('{button}')",
+                WAIT_S,
+                f"W's {verb} button",
+            )
+            await page.evaluate(f"document.querySelector('{button}').click()")
+            wait_until(
+                lambda held_by=held_by: scenario.job(waiting)["held_by"] == held_by,
+                WAIT_S,
+                f"W {verb} by the button",
+            )
+        reason = await page.wait_for(
+            "document.querySelector('#detail-actions [data-action=\"hold\"]')"
+            " && document.getElementById('detail-reason').textContent",
+            WAIT_S,
+            "the drawer offering hold again",
+        )
+        assert "held" not in reason
+        assert scenario.job(waiting)["status"] == "PENDING"
+        assert scenario.api.post(f"/api/v1/jobs/{waiting}/cancel").status_code == 200
         assert page.errors == []
