@@ -142,6 +142,27 @@ class Scheduler:
         self.prechecks = 0  # jobs whose pre-run started
         self.precheck_passed = 0
         self.precheck_failed = 0  # jobs ended by a failure in their pre-run
+        # A round repeats the last one when nothing it looks at changed since that one ended
+        # without an action: the same walk would again do nothing and leave the same reasons.
+        # Only with plain jobs, keys fixed between announced instants, a placement that depends
+        # on the free GPUs alone, and no admission or stage with state of its own.
+        self._may_repeat = (
+            admission is None
+            and not self.stages
+            and not self._placement_plans
+            and placement.pure
+            and not placement.shares
+            and policy.stored_is_key
+        )
+        #: After a round without actions: (the cluster's version, `preempt`, whether a placement
+        #: was tried while preempting); None once anything the walk looks at changed.
+        self._quiet: tuple[int, bool, bool] | None = None
+        self._quiet_at = -math.inf  # that round's instant
+        self._last_start_at = -math.inf
+        self._held: set[int] = set()  # waiting jobs queued with a retry backoff
+        self._tried_victims = False  # a placement was tried (and failed) while preempting
+        #: (running job's seq, "node" or "rack") -> GPUs it holds per node or rack (`_held_in`).
+        self._held_by_place: dict[tuple[int, str], tuple[tuple[int, int], ...]] = {}
 
     # -- what the shell reports ---------------------------------------------------------------
 
@@ -350,6 +371,7 @@ class Scheduler:
         job.status = JobStatus.RUNNING
         job.placement = gpus
         job.run_started_at = started_at
+        self._last_start_at = max(self._last_start_at, started_at, now)
         job.stall_until = started_at
         if job.first_started_at is None:
             job.first_started_at = started_at
@@ -460,6 +482,8 @@ class Scheduler:
         self.rounds += 1
         actions: list[Action] = []
         self._fire_timers(now, actions)  # a pre-run that passes by its timer is stopped first
+        if self._repeats(now, preempt) and not actions:
+            return Decision(actions, self._next_wake(), self._respeeds())
         for stage in self.stages:
             stage.new_round()
         for stage in self.stages:  # e.g. packing splits the pairs it measured not to gain
@@ -475,8 +499,27 @@ class Scheduler:
             # opportunistic jobs on what is still idle (each walk narrowed by the admission).
             for _ in admission.walks():
                 self._walk_queue(now, preempt, actions)
+        self._tried_victims = False
         self._walk_queue(now, preempt, actions)
+        self._quiet = None
+        if self._may_repeat and not actions:
+            self._quiet = (self.cluster.version, preempt, self._tried_victims)
+            self._quiet_at = now
         return Decision(actions, self._next_wake(), self._respeeds())
+
+    def _repeats(self, now: float, preempt: bool) -> bool:
+        """This round's walk would repeat the last round's, which did nothing: nothing changed
+        since (no job queued, re-keyed where it matters, started or stopped, no GPU freed or
+        taken), no waiting job is held by a retry backoff (its reason names the time left), and
+        no running job started at that round's instant (it was no victim then, it is now)."""
+        quiet = self._quiet
+        return (
+            quiet is not None
+            and quiet[0] == self.cluster.version
+            and quiet[1] == preempt
+            and not self._held
+            and self._last_start_at < self._quiet_at
+        )
 
     def _walk_queue(self, now: float, preempt: bool, actions: list[Action]) -> None:
         """Start (and preempt for) waiting jobs in the policy's order, as far as anything can
@@ -600,9 +643,12 @@ class Scheduler:
                 yield victim
         if not self.policy.preemptive:
             return
-        for index in range(len(self._running) - 1, -1, -1):
-            victim = self._by_seq[self._running[index][1]]
-            if not self._current_key(victim, now) > job_key:
+        # The running index is not changed while the caller looks at victims (it only frees and
+        # takes back their GPUs), so it is walked by an iterator, not by position.
+        stored = self.policy.stored_is_key
+        for key, seq in reversed(self._running):
+            victim = self._by_seq[seq]
+            if not (key if stored else self._current_key(victim, now)) > job_key:
                 return
             if victim.id in offered:
                 continue
@@ -660,6 +706,7 @@ class Scheduler:
                 return "started"
             if attempts >= MAX_PREEMPTION_ATTEMPTS:
                 break
+        self._tried_victims = self._tried_victims or attempts > 0
         for held in victims[:released]:
             self._reclaim(held)
         return "no placement" if total >= need or not plain else "too few victims"
@@ -668,15 +715,29 @@ class Scheduler:
         """Add the victim's GPUs to the places they free; is there now a place with enough?"""
         if scope == "cluster":
             return True
+        free_in = self.cluster.node_free if scope == "node" else self.cluster.rack_free
+        room = False
+        for place, count in self._held_in(victim, scope):
+            freed = freed_in.get(place, 0) + count
+            freed_in[place] = freed
+            room = room or free_in(place) + freed >= need
+        return room
+
+    def _held_in(self, job: Job, scope: str) -> tuple[tuple[int, int], ...]:
+        """How many GPUs the running job holds in each node ("node") or rack ("rack"), kept
+        until it stops: a job is looked at as a victim in round after round."""
+        cached = self._held_by_place.get((job.seq, scope))
+        if cached is not None:
+            return cached
         cluster = self.cluster
-        touched: set[int] = set()
-        for gpu in victim.placement:
+        counts: dict[int, int] = {}
+        for gpu in job.placement:
             node = cluster.gpu_node[gpu]
             place = node if scope == "node" else cluster.node_rack[node]
-            freed_in[place] = freed_in.get(place, 0) + 1
-            touched.add(place)
-        free_in = cluster.node_free if scope == "node" else cluster.rack_free
-        return any(free_in(place) + freed_in[place] >= need for place in touched)
+            counts[place] = counts.get(place, 0) + 1
+        held = tuple(counts.items())
+        self._held_by_place[(job.seq, scope)] = held
+        return held
 
     # -- state transitions --------------------------------------------------------------------
 
@@ -699,6 +760,7 @@ class Scheduler:
         job.status = JobStatus.RUNNING
         job.placement = placed.gpus
         job.run_started_at = now
+        self._last_start_at = max(self._last_start_at, now)
         job.attempts += 1
         if job.first_started_at is None:
             job.first_started_at = now
@@ -877,6 +939,9 @@ class Scheduler:
         job.executed_s += ran
         job.attained_gpu_s += ran * job.spec.gpus
         self._unindex(self._running, job)
+        if self._held_by_place:
+            self._held_by_place.pop((job.seq, "node"), None)
+            self._held_by_place.pop((job.seq, "rack"), None)
         job.run_started_at = None
         job.placement = ()
         job.node = -1
@@ -889,6 +954,8 @@ class Scheduler:
         job.status = JobStatus.PENDING
         job.queued_since = now
         job.pending_reason = "not yet considered"
+        if job.hold_until > now:
+            self._held.add(job.seq)
         self._index(self._pending, job, now)
 
     def _dequeue(self, job: Job, now: float) -> None:
@@ -897,6 +964,7 @@ class Scheduler:
         if not job.spec.plain:
             self._waiting_shares -= 1
         job.pending_s += now - job.queued_since
+        self._held.discard(job.seq)
         self._unindex(self._pending, job)
 
     def _finish(self, job: Job, status: JobStatus, now: float, event: str) -> None:
@@ -921,10 +989,28 @@ class Scheduler:
         key = (-job.spec.level, *self.policy.stored_key(job, now))
         self._stored[job.seq] = key
         index.add((key, job.seq))
+        self._quiet = None
         self._set_timer(job, now)
 
     def _unindex(self, index: SortedList, job: Job) -> None:
         index.remove((self._stored.pop(job.seq), job.seq))
+        self._quiet = None
+
+    def _rekey_running(self, job: Job, now: float) -> None:
+        """Re-key a running job at its timer. The walk of a round is unchanged unless a waiting
+        job's key lies between the old and the new one (the job joins or leaves its victims, and
+        the lowest running key moves past it only then), or a placement was tried while
+        preempting (the victims' order could matter)."""
+        quiet = self._quiet
+        old = (self._stored[job.seq], job.seq)
+        self._unindex(self._running, job)
+        self._index(self._running, job, now)
+        if quiet is None or quiet[2]:
+            return
+        new = (self._stored[job.seq], job.seq)
+        low, high = (old, new) if old < new else (new, old)
+        if self._pending.bisect_right(low) == self._pending.bisect_left(high):
+            self._quiet = quiet
 
     def _set_timer(self, job: Job, now: float) -> None:
         at = self.policy.key_changes_at(job, now)
@@ -962,9 +1048,11 @@ class Scheduler:
                 self._pass_precheck(job, now, "timer")
                 actions.append(Preempt(job.id, gpus, PRECHECK_PASSED, precheck=True))
                 continue
-            index = self._pending if job.status is JobStatus.PENDING else self._running
-            self._unindex(index, job)
-            self._index(index, job, now)
+            if job.status is JobStatus.PENDING:
+                self._unindex(self._pending, job)
+                self._index(self._pending, job, now)
+            else:
+                self._rekey_running(job, now)
 
     def _next_wake(self) -> float | None:
         while self._timers and self._timer_version.get(self._timers[0][1]) != self._timers[0][2]:
