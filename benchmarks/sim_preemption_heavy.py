@@ -18,9 +18,17 @@ The workload (generated here, streamed, so that `--jobs 1000000` fits in bounded
 The cluster is 312 nodes x 8 GPUs in 13 racks, placement `relax`, restore cost 30 s. Each policy
 (`--policies`, default las and gittins; gittins learns its size distribution from 10,000 jobs
 drawn the same way with another seed) runs in its own process, so that each peak RSS is its own.
+
+The run is streamed: jobs are generated as the simulation reaches their arrival, each job's
+result is taken as it ends (counted here) and the job is then dropped, and the timeline is kept
+as sums (`Simulation(keep_ended=False, on_end=..., timeline=TimelineTotals(...))`), so memory
+stays bounded by the jobs waiting or running. The CPU time then includes generating the jobs.
+`--keep` runs the ordinary way instead (the whole trace generated first, outside the timing, and
+every job and round kept), as `corral simulate` does.
+
 Prints CPU seconds, jobs/s, preemptions and peak RSS; never passes or fails on time.
 
-Run: python benchmarks/sim_preemption_heavy.py [--jobs N] [--policies las,gittins]
+Run: python benchmarks/sim_preemption_heavy.py [--jobs N] [--policies las,gittins] [--keep]
 """
 
 from __future__ import annotations
@@ -36,11 +44,12 @@ from collections.abc import Iterator
 import numpy as np
 
 from corral.core import Cluster, Scheduler
-from corral.core.job import JobSpec
+from corral.core.job import Job, JobSpec
 from corral.core.placement import make_placement
 from corral.core.policy import make_policy
 from corral.sim.engine import Simulation
-from corral.sim.metrics import summarize
+from corral.sim.metrics import utilization
+from corral.sim.result import TimelineTotals
 from corral.sim.traces.synthetic import GAVEL_MSR_GPU_COUNTS, _runtime_path, _runtime_pool
 
 DAY_S = 86_400.0
@@ -102,25 +111,30 @@ def run_one(args: argparse.Namespace, policy: str) -> None:
     if policy == "gittins":
         history = workload(10_000, seed=args.seed + 1, **shape)  # type: ignore[arg-type]
         options["service_samples_gpu_s"] = [s.gpus * (s.duration_s or 0) for s in history]
-    specs = list(workload(args.jobs, seed=args.seed, **shape))  # type: ignore[arg-type]
-    simulation = Simulation(
-        specs,
-        Scheduler(
-            cluster,
-            make_policy(policy, **options),
-            make_placement(args.placement),
-            restore_s=30.0,
-        ),
+    jobs = workload(args.jobs, seed=args.seed, **shape)  # type: ignore[arg-type]
+    ended = [0, 0.0]  # jobs ended, sum of their JCTs
+
+    def on_end(job: Job) -> None:
+        ended[0] += 1
+        ended[1] += (job.finished_at or 0.0) - job.spec.submit_time
+
+    core = Scheduler(
+        cluster, make_policy(policy, **options), make_placement(args.placement), restore_s=30.0
     )
+    if args.keep:
+        simulation = Simulation(list(jobs), core, on_end=on_end)
+    else:
+        totals = TimelineTotals(total_gpus=cluster.total_gpus)
+        simulation = Simulation(jobs, core, on_end=on_end, keep_ended=False, timeline=totals)
     cpu = time.process_time()
     result = simulation.run()
     cpu = time.process_time() - cpu
-    summary = summarize(result)
     peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(
         f"{policy:8} + {args.placement}: {cpu:6.2f} s CPU, {args.jobs / cpu:9,.0f} jobs/s, "
-        f"{summary['preemptions']:7,} preemptions, {result.rounds:8,} rounds, "
-        f"peak RSS {peak_mib:5,.0f} MiB, avg JCT {summary['avg_jct_s'] / 3600:.2f} h"
+        f"{result.preemptions:7,} preemptions, {result.rounds:9,} rounds, "
+        f"peak RSS {peak_mib:5,.0f} MiB, avg JCT {ended[1] / max(1, ended[0]) / 3600:.2f} h, "
+        f"utilization {utilization(result.timeline, cluster.total_gpus):.1%}"
     )
     sys.stdout.flush()
 
@@ -136,6 +150,7 @@ def main() -> None:
     parser.add_argument("--policies", default="las,gittins")
     parser.add_argument("--placement", default="relax")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--keep", action="store_true", help="keep every job (no streaming)")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # the child process's policy
     args = parser.parse_args()
     if args.one:
@@ -144,7 +159,8 @@ def main() -> None:
     print(
         f"workload: {args.jobs:,} jobs, Philly sizes and run times (cut at {args.cap_h:g} h), "
         f"load {args.load:g}, daily cycle {args.diurnal:g}, seed {args.seed}; "
-        f"{args.nodes} x 8 GPUs in {args.racks} racks"
+        f"{args.nodes} x 8 GPUs in {args.racks} racks; "
+        + ("every job kept" if args.keep else "streamed")
     )
     sys.stdout.flush()
     for policy in args.policies.split(","):

@@ -123,7 +123,10 @@ class Scheduler:
         self.retry = retry if retry is not None else RetryRule(RetryOptions())
         self._speed_changed: dict[str, None] = {}  # running jobs to report in Decision.respeeds
         self.jobs: dict[str, Job] = {}
-        self._by_seq: list[Job] = []
+        #: Every job the scheduler holds, by `seq`; a job withdrawn (or an ended one forgotten)
+        #: leaves it, so that a long run holds only its live jobs.
+        self._by_seq: dict[int, Job] = {}
+        self._next_seq = 0
         self._pending = SortedList()
         self._running = SortedList()
         self._stored: dict[int, Key] = {}
@@ -207,9 +210,10 @@ class Scheduler:
 
     def submit(self, spec: JobSpec, now: float) -> Job:
         refuse_new(self.jobs, spec, self.refusal(spec))
-        job = Job(spec=spec, seq=len(self._by_seq), queued_since=now)
+        job = Job(spec=spec, seq=self._next_seq, queued_since=now)
+        self._next_seq += 1
         self.jobs[spec.id] = job
-        self._by_seq.append(job)
+        self._by_seq[job.seq] = job
         self._begin_precheck(job)
         self._enqueue(job, now)
         return job
@@ -321,7 +325,8 @@ class Scheduler:
         history (by another scheduler, or by this one once a shell's gate opens: a job held, or
         requeued by its owner). A running job's GPUs are freed and its run accounted, as at a
         preemption, but nothing counts it as one; the job is PENDING, in no queue. An ended job is
-        only forgotten (its status kept), so that it may be adopted again under its id."""
+        only forgotten (its status kept), so that it may be adopted again under its id, or so
+        that a long simulation that has written its result holds it no more."""
         job = self.jobs[job_id]
         if job.status is JobStatus.RUNNING:
             self._stop(job, now)
@@ -331,10 +336,12 @@ class Scheduler:
             self._dequeue(job, now)
         else:  # ended: forgotten (a shell queues it again under its id: a requeue)
             del self.jobs[job_id]
+            self._by_seq.pop(job.seq, None)
             return job
         self._timer_version.pop(job.seq, None)
         self._prerun.pop(job_id, None)  # its record goes with it
         del self.jobs[job_id]
+        self._by_seq.pop(job.seq, None)
         return job
 
     def adopt(self, job: Job, now: float) -> None:
@@ -344,9 +351,10 @@ class Scheduler:
         job runs its whole gang (a shell rebuilding the core gives a job found in its pre-run
         that record: `full` its own spec, `job.spec` its `prerun_spec`)."""
         refuse_new(self.jobs, job.spec)
-        job.seq = len(self._by_seq)
+        job.seq = self._next_seq
+        self._next_seq += 1
         self.jobs[job.id] = job
-        self._by_seq.append(job)
+        self._by_seq[job.seq] = job
         state = job.peek(PrecheckState)
         if state is not None and state.full is not None:
             self._prerun[job.id] = state
