@@ -546,10 +546,17 @@ class Scheduler:
         too_few_victims: dict[tuple[frozenset[str] | None, str], int] = {}
         blocked_queues: set[str] = set()
         admission = self.admission
+        # Once a job may not preempt, no job behind it may in this round: their keys are higher,
+        # jobs started meanwhile have lower keys than theirs, and none is preempted from here
+        # on. Not so where an admission or a stage decides otherwise (a reclaim, a move).
+        settles = admission is None and not self.stages
+        preempting = preempt
         position = 0
         while position < len(self._pending):
             job = self._by_seq[self._pending[position][1]]
-            can_preempt = preempt and self._may_preempt_for(job, now)
+            can_preempt = preempting and self._may_preempt_for(job, now)
+            if settles and not can_preempt:
+                preempting = False
             if (
                 cluster.free_gpus == 0
                 and not can_preempt
