@@ -1015,7 +1015,9 @@ class Scheduler:
         """Re-key a running job at its timer. The walk of a round is unchanged unless a waiting
         job's key lies between the old and the new one (the job joins or leaves its victims, and
         the lowest running key moves past it only then), or a placement was tried while
-        preempting (the victims' order could matter)."""
+        preempting (the victims' order could matter). This holds while a waiting job's victims
+        are the running jobs of higher key (`_victims`, `_may_preempt_for`): a rule that compares
+        less than the whole key (LAS queues only) must widen the interval to match."""
         quiet = self._quiet
         old = (self._stored[job.seq], job.seq)
         self._unindex(self._running, job)
