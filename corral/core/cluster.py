@@ -129,6 +129,8 @@ class Cluster:
         self.cpu_used = [0] * len(self.nodes)
         self.memory_used = [0] * len(self.nodes)
         self._watchers: list[set[int]] = []
+        #: Counts every change of what is free, so that a caller can tell that nothing changed.
+        self.version = 0
 
     def _index(self, root: Cell) -> None:
         """Number GPUs and nodes depth-first, find racks, and compute counts bottom-up."""
@@ -428,6 +430,7 @@ class Cluster:
             self._touched(node)
 
     def _touched(self, node: int) -> None:
+        self.version += 1
         for changed in self._watchers:
             changed.add(node)
 
@@ -482,6 +485,7 @@ class Cluster:
         """Flip GPUs free or allocated; counts are updated once per node, not once per GPU."""
         want = 1 if delta > 0 else 0
         ids = list(gpu_ids)
+        self.version += 1
         for gpu_id in ids:  # check all first: a refused change leaves nothing half-done
             if self.gpu_free[gpu_id] == want:
                 state = "free" if want else "allocated"

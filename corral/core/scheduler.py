@@ -124,7 +124,10 @@ class Scheduler:
         self.retry = retry if retry is not None else RetryRule(RetryOptions())
         self._speed_changed: dict[str, None] = {}  # running jobs to report in Decision.respeeds
         self.jobs: dict[str, Job] = {}
-        self._by_seq: list[Job] = []
+        #: Every job the scheduler holds, by `seq`; a job withdrawn (or an ended one forgotten)
+        #: leaves it, so that a long run holds only its live jobs.
+        self._by_seq: dict[int, Job] = {}
+        self._next_seq = 0
         self._pending = SortedList()
         self._running = SortedList()
         self._stored: dict[int, Key] = {}
@@ -143,6 +146,27 @@ class Scheduler:
         self.prechecks = 0  # jobs whose pre-run started
         self.precheck_passed = 0
         self.precheck_failed = 0  # jobs ended by a failure in their pre-run
+        # A round repeats the last one when nothing it looks at changed since that one ended
+        # without an action: the same walk would again do nothing and leave the same reasons.
+        # Only with plain jobs, keys fixed between announced instants, a placement that depends
+        # on the free GPUs alone, and no admission or stage with state of its own.
+        self._may_repeat = (
+            admission is None
+            and not self.stages
+            and not self._placement_plans
+            and placement.pure
+            and not placement.shares
+            and policy.stored_is_key
+        )
+        #: After a round without actions: (the cluster's version, `preempt`, whether a placement
+        #: was tried while preempting); None once anything the walk looks at changed.
+        self._quiet: tuple[int, bool, bool] | None = None
+        self._quiet_at = -math.inf  # that round's instant
+        self._last_start_at = -math.inf
+        self._held: set[int] = set()  # waiting jobs queued with a retry backoff
+        self._tried_victims = False  # a placement was tried (and failed) while preempting
+        #: (running job's seq, "node" or "rack") -> GPUs it holds per node or rack (`_held_in`).
+        self._held_by_place: dict[tuple[int, str], tuple[tuple[int, int], ...]] = {}
 
     # -- what the shell reports ---------------------------------------------------------------
 
@@ -188,9 +212,10 @@ class Scheduler:
 
     def submit(self, spec: JobSpec, now: float) -> Job:
         refuse_new(self.jobs, spec, self.refusal(spec))
-        job = Job(spec=spec, seq=len(self._by_seq), queued_since=now)
+        job = Job(spec=spec, seq=self._next_seq, queued_since=now)
+        self._next_seq += 1
         self.jobs[spec.id] = job
-        self._by_seq.append(job)
+        self._by_seq[job.seq] = job
         self._begin_precheck(job)
         self._enqueue(job, now)
         return job
@@ -302,7 +327,8 @@ class Scheduler:
         history (by another scheduler, or by this one once a shell's gate opens: a job held, or
         requeued by its owner). A running job's GPUs are freed and its run accounted, as at a
         preemption, but nothing counts it as one; the job is PENDING, in no queue. An ended job is
-        only forgotten (its status kept), so that it may be adopted again under its id."""
+        only forgotten (its status kept), so that it may be adopted again under its id, or so
+        that a long simulation that has written its result holds it no more."""
         job = self.jobs[job_id]
         if job.status is JobStatus.RUNNING:
             self._stop(job, now)
@@ -312,10 +338,12 @@ class Scheduler:
             self._dequeue(job, now)
         else:  # ended: forgotten (a shell queues it again under its id: a requeue)
             del self.jobs[job_id]
+            self._by_seq.pop(job.seq, None)
             return job
         self._timer_version.pop(job.seq, None)
         self._prerun.pop(job_id, None)  # its record goes with it
         del self.jobs[job_id]
+        self._by_seq.pop(job.seq, None)
         return job
 
     def adopt(self, job: Job, now: float) -> None:
@@ -325,9 +353,10 @@ class Scheduler:
         job runs its whole gang (a shell rebuilding the core gives a job found in its pre-run
         that record: `full` its own spec, `job.spec` its `prerun_spec`)."""
         refuse_new(self.jobs, job.spec)
-        job.seq = len(self._by_seq)
+        job.seq = self._next_seq
+        self._next_seq += 1
         self.jobs[job.id] = job
-        self._by_seq.append(job)
+        self._by_seq[job.seq] = job
         state = job.peek(PrecheckState)
         if state is not None and state.full is not None:
             self._prerun[job.id] = state
@@ -352,6 +381,7 @@ class Scheduler:
         job.status = JobStatus.RUNNING
         job.placement = gpus
         job.run_started_at = started_at
+        self._last_start_at = max(self._last_start_at, started_at, now)
         job.stall_until = started_at
         if job.first_started_at is None:
             job.first_started_at = started_at
@@ -462,6 +492,8 @@ class Scheduler:
         self.rounds += 1
         actions: list[Action] = []
         self._fire_timers(now, actions)  # a pre-run that passes by its timer is stopped first
+        if self._repeats(now, preempt) and not actions:
+            return Decision(actions, self._next_wake(), self._respeeds())
         for stage in self.stages:
             stage.new_round()
         for stage in self.stages:  # e.g. packing splits the pairs it measured not to gain
@@ -477,8 +509,27 @@ class Scheduler:
             # opportunistic jobs on what is still idle (each walk narrowed by the admission).
             for _ in admission.walks():
                 self._walk_queue(now, preempt, actions)
+        self._tried_victims = False
         self._walk_queue(now, preempt, actions)
+        self._quiet = None
+        if self._may_repeat and not actions:
+            self._quiet = (self.cluster.version, preempt, self._tried_victims)
+            self._quiet_at = now
         return Decision(actions, self._next_wake(), self._respeeds())
+
+    def _repeats(self, now: float, preempt: bool) -> bool:
+        """This round's walk would repeat the last round's, which did nothing: nothing changed
+        since (no job queued, re-keyed where it matters, started or stopped, no GPU freed or
+        taken), no waiting job is held by a retry backoff (its reason names the time left), and
+        no running job started at that round's instant (it was no victim then, it is now)."""
+        quiet = self._quiet
+        return (
+            quiet is not None
+            and quiet[0] == self.cluster.version
+            and quiet[1] == preempt
+            and not self._held
+            and self._last_start_at < self._quiet_at
+        )
 
     def _walk_queue(self, now: float, preempt: bool, actions: list[Action]) -> None:
         """Start (and preempt for) waiting jobs in the policy's order, as far as anything can
@@ -497,10 +548,17 @@ class Scheduler:
         too_few_victims: dict[tuple[frozenset[str] | None, str], int] = {}
         blocked_queues: set[str] = set()
         admission = self.admission
+        # Once a job may not preempt, no job behind it may in this round: their keys are higher,
+        # jobs started meanwhile have lower keys than theirs, and none is preempted from here
+        # on. Not so where an admission or a stage decides otherwise (a reclaim, a move).
+        settles = admission is None and not self.stages
+        preempting = preempt
         position = 0
         while position < len(self._pending):
             job = self._by_seq[self._pending[position][1]]
-            can_preempt = preempt and self._may_preempt_for(job, now)
+            can_preempt = preempting and self._may_preempt_for(job, now)
+            if settles and not can_preempt:
+                preempting = False
             if (
                 cluster.free_gpus == 0
                 and not can_preempt
@@ -602,9 +660,12 @@ class Scheduler:
                 yield victim
         if not self.policy.preemptive:
             return
-        for index in range(len(self._running) - 1, -1, -1):
-            victim = self._by_seq[self._running[index][1]]
-            if not self.policy.preempts(job_key, self._current_key(victim, now)):
+        # The running index is not changed while the caller looks at victims (it only frees and
+        # takes back their GPUs), so it is walked by an iterator, not by position.
+        stored = self.policy.stored_is_key
+        for key, seq in reversed(self._running):
+            victim = self._by_seq[seq]
+            if not self.policy.preempts(job_key, key if stored else self._current_key(victim, now)):
                 return
             if victim.id in offered:
                 continue
@@ -662,6 +723,7 @@ class Scheduler:
                 return "started"
             if attempts >= MAX_PREEMPTION_ATTEMPTS:
                 break
+        self._tried_victims = self._tried_victims or attempts > 0
         for held in victims[:released]:
             self._reclaim(held)
         return "no placement" if total >= need or not plain else "too few victims"
@@ -670,15 +732,29 @@ class Scheduler:
         """Add the victim's GPUs to the places they free; is there now a place with enough?"""
         if scope == "cluster":
             return True
+        free_in = self.cluster.node_free if scope == "node" else self.cluster.rack_free
+        room = False
+        for place, count in self._held_in(victim, scope):
+            freed = freed_in.get(place, 0) + count
+            freed_in[place] = freed
+            room = room or free_in(place) + freed >= need
+        return room
+
+    def _held_in(self, job: Job, scope: str) -> tuple[tuple[int, int], ...]:
+        """How many GPUs the running job holds in each node ("node") or rack ("rack"), kept
+        until it stops: a job is looked at as a victim in round after round."""
+        cached = self._held_by_place.get((job.seq, scope))
+        if cached is not None:
+            return cached
         cluster = self.cluster
-        touched: set[int] = set()
-        for gpu in victim.placement:
+        counts: dict[int, int] = {}
+        for gpu in job.placement:
             node = cluster.gpu_node[gpu]
             place = node if scope == "node" else cluster.node_rack[node]
-            freed_in[place] = freed_in.get(place, 0) + 1
-            touched.add(place)
-        free_in = cluster.node_free if scope == "node" else cluster.rack_free
-        return any(free_in(place) + freed_in[place] >= need for place in touched)
+            counts[place] = counts.get(place, 0) + 1
+        held = tuple(counts.items())
+        self._held_by_place[(job.seq, scope)] = held
+        return held
 
     # -- state transitions --------------------------------------------------------------------
 
@@ -701,6 +777,7 @@ class Scheduler:
         job.status = JobStatus.RUNNING
         job.placement = placed.gpus
         job.run_started_at = now
+        self._last_start_at = max(self._last_start_at, now)
         job.attempts += 1
         if job.first_started_at is None:
             job.first_started_at = now
@@ -879,6 +956,9 @@ class Scheduler:
         job.executed_s += ran
         job.attained_gpu_s += ran * job.spec.gpus
         self._unindex(self._running, job)
+        if self._held_by_place:
+            self._held_by_place.pop((job.seq, "node"), None)
+            self._held_by_place.pop((job.seq, "rack"), None)
         job.run_started_at = None
         job.placement = ()
         job.node = -1
@@ -891,6 +971,8 @@ class Scheduler:
         job.status = JobStatus.PENDING
         job.queued_since = now
         job.pending_reason = "not yet considered"
+        if job.hold_until > now:
+            self._held.add(job.seq)
         self._index(self._pending, job, now)
 
     def _dequeue(self, job: Job, now: float) -> None:
@@ -899,6 +981,7 @@ class Scheduler:
         if not job.spec.plain:
             self._waiting_shares -= 1
         job.pending_s += now - job.queued_since
+        self._held.discard(job.seq)
         self._unindex(self._pending, job)
 
     def _finish(self, job: Job, status: JobStatus, now: float, event: str) -> None:
@@ -923,10 +1006,30 @@ class Scheduler:
         key = (-job.spec.level, *self.policy.stored_key(job, now))
         self._stored[job.seq] = key
         index.add((key, job.seq))
+        self._quiet = None
         self._set_timer(job, now)
 
     def _unindex(self, index: SortedList, job: Job) -> None:
         index.remove((self._stored.pop(job.seq), job.seq))
+        self._quiet = None
+
+    def _rekey_running(self, job: Job, now: float) -> None:
+        """Re-key a running job at its timer. The walk of a round is unchanged unless a waiting
+        job's key lies between the old and the new one (the job joins or leaves its victims, and
+        the lowest running key moves past it only then), or a placement was tried while
+        preempting (the victims' order could matter). This holds while a waiting job's victims
+        are the running jobs of higher key (`_victims`, `_may_preempt_for`): a rule that compares
+        less than the whole key (LAS queues only) must widen the interval to match."""
+        quiet = self._quiet
+        old = (self._stored[job.seq], job.seq)
+        self._unindex(self._running, job)
+        self._index(self._running, job, now)
+        if quiet is None or quiet[2]:
+            return
+        new = (self._stored[job.seq], job.seq)
+        low, high = (old, new) if old < new else (new, old)
+        if self._pending.bisect_right(low) == self._pending.bisect_left(high):
+            self._quiet = quiet
 
     def _set_timer(self, job: Job, now: float) -> None:
         at = self.policy.key_changes_at(job, now)
@@ -964,9 +1067,11 @@ class Scheduler:
                 self._pass_precheck(job, now, "timer")
                 actions.append(Preempt(job.id, gpus, PRECHECK_PASSED, precheck=True))
                 continue
-            index = self._pending if job.status is JobStatus.PENDING else self._running
-            self._unindex(index, job)
-            self._index(index, job, now)
+            if job.status is JobStatus.PENDING:
+                self._unindex(self._pending, job)
+                self._index(self._pending, job, now)
+            else:
+                self._rekey_running(job, now)
 
     def _next_wake(self) -> float | None:
         while self._timers and self._timer_version.get(self._timers[0][1]) != self._timers[0][2]:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import heapq
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
@@ -91,7 +91,7 @@ class FailureModel:
 class Simulation:
     def __init__(
         self,
-        jobs: Sequence[JobSpec],
+        jobs: Iterable[JobSpec],
         scheduler: SchedulerCore,
         *,
         failures: FailureModel | PhillyFailures | None = None,
@@ -104,6 +104,9 @@ class Simulation:
         observer: RoundObserver | None = None,
         precheck_report_s: float = DEFAULT_PRECHECK_REPORT_S,
         record_decisions: bool = False,
+        on_end: Callable[[Job], None] | None = None,
+        keep_ended: bool = True,
+        timeline: Timeline | None = None,
     ) -> None:
         """Replay `jobs` through `scheduler` (any `SchedulerCore`: corral.core.framework builds
         them). `failures` draws the attempts that fail (and sets every job's `max_retries` to its
@@ -113,14 +116,33 @@ class Simulation:
         `precheck_report_s`: when, after its start and restore, an attempt first reports
         progress (`progressed`: what passes a pre-run). `record_decisions`: keep every Start and
         Preempt in the result (`SimResult.decisions`, to compare with a live manager's; off by
-        default: a long trace's decisions cost memory)."""
+        default: a long trace's decisions cost memory).
+
+        Streaming, for traces larger than memory: `jobs` may be any iterable in submission
+        order (a generator, a streamed reader), read as the run reaches each arrival (a list or
+        other sequence is sorted first, as always). `on_end` is called with each job as it ends
+        (its result is final then: write it out), and with `keep_ended=False` the job is then
+        dropped from the core and from this engine, so that the run holds only the jobs still
+        waiting or running (`SimResult.jobs` then lists only those). `timeline` records the
+        rounds instead of a `Timeline` that keeps every point (`TimelineTotals` keeps sums)."""
         if not precheck_report_s > 0:
             raise ValueError(f"precheck_report_s must be positive, got {precheck_report_s}")
         self.precheck_report_s = precheck_report_s
         self.record_decisions = record_decisions
-        if failures is not None:
-            jobs = [replace(spec, max_retries=failures.max_retries) for spec in jobs]
-        self.specs = sorted(jobs, key=lambda s: s.submit_time)
+        self.on_end = on_end
+        self.keep_ended = keep_ended
+        self.timeline = timeline
+        #: The trace when it is streamed (read in `run`); `specs` is then empty.
+        self.stream: Iterable[JobSpec] | None = None
+        if isinstance(jobs, Sequence):
+            if failures is not None:
+                jobs = [replace(spec, max_retries=failures.max_retries) for spec in jobs]
+            self.specs = sorted(jobs, key=lambda s: s.submit_time)
+        else:
+            if isinstance(failures, PhillyFailures):
+                raise ValueError("Philly failures draw per job from the whole trace: pass a list")
+            self.specs = []
+            self.stream = jobs
         self.cluster = scheduler.cluster
         self.scheduler = scheduler
         self.failures = failures
@@ -163,11 +185,32 @@ class Simulation:
             return failures.draw(job.spec.gpus, job.attempts, runs_for, user_error, rng)
         return failures.draw(job.spec.gpus, job.attempts, runs_for, rng)
 
+    def _arrivals(self) -> Iterator[JobSpec]:
+        """The jobs in submission order (a stream is checked to be in that order)."""
+        if self.stream is None:
+            yield from self.specs
+            return
+        failures = self.failures
+        last = -math.inf
+        for spec in self.stream:
+            if spec.submit_time < last:
+                raise ValueError(
+                    f"job {spec.id}: a streamed trace must be in submission order "
+                    f"(submitted at {spec.submit_time} after a job submitted at {last})"
+                )
+            last = spec.submit_time
+            if failures is not None:
+                spec = replace(spec, max_retries=failures.max_retries)
+            yield spec
+
     def run(self) -> SimResult:
         started = time.perf_counter()
         scheduler = self.scheduler
         cluster = self.cluster
-        specs = self.specs
+        arrivals = self._arrivals()
+        upcoming = next(arrivals, None)  # the next job to arrive
+        arrived_count = 0
+        total = len(self.specs) if self.stream is None else None
         node_failures = self.node_failures
         events: list[tuple[float, int, int, str, int]] = []
         order = 0
@@ -182,12 +225,11 @@ class Simulation:
         offline_gpus = 0
         failed_attempts = infra_failed_attempts = 0
         lost_infra_s = 0.0  # GPU-seconds lost to failures of the infrastructure
-        timeline = Timeline()
+        timeline = self.timeline if self.timeline is not None else Timeline()
         decisions: list[tuple[float, Action]] = []  # every Start and Preempt, in order
-        next_arrival = 0
         ended = 0
         measured_left = len(self.measured) if self.measured is not None else -1
-        progress_every = max(1, len(specs) // 200)
+        progress_every = max(1, total // 200) if total is not None else 1000
         watched = self.place_or_fail or self.observer is not None  # the arrivals of each round
 
         if node_failures is not None:
@@ -202,7 +244,14 @@ class Simulation:
             if self.measured is not None and job.id in self.measured:
                 measured_left -= 1
             if self.on_progress is not None and ended % progress_every == 0:
-                self.on_progress(ended, len(specs))
+                self.on_progress(ended, total if total is not None else arrived_count)
+            if self.on_end is not None:
+                self.on_end(job)
+            if not self.keep_ended:  # its result is out: neither the core nor we keep it
+                scheduler.withdraw(job.id, job.finished_at or 0.0)
+                end_order.pop(job.id, None)
+                fails_at.pop(job.id, None)
+                failing.pop(job.id, None)
 
         def lose_attempt(job: Job, infrastructure: bool, lost_before: float) -> None:
             """The attempt failed and the core judged it (it counts the GPU time lost,
@@ -214,25 +263,28 @@ class Simulation:
                 lost_infra_s += job.lost_gpu_s - lost_before
 
         while True:
-            arrival_at = specs[next_arrival].submit_time if next_arrival < len(specs) else math.inf
+            arrival_at = upcoming.submit_time if upcoming is not None else math.inf
             event_at = events[0][0] if events else math.inf
             now = min(arrival_at, event_at)
             if now == math.inf or measured_left == 0:
                 break
-            if next_arrival == len(specs) and ended == len(specs):
+            if upcoming is None and ended == arrived_count:
                 break  # only stale timers and node events are left
             if (
                 node_failures is not None
-                and next_arrival == len(specs)
+                and upcoming is None
                 and job_events == 0
                 and not down
                 and scheduler.running_count == 0
             ):
                 break  # only node events are left: failing nodes cannot start a waiting job
-            first_arrival = next_arrival
-            while next_arrival < len(specs) and specs[next_arrival].submit_time <= now:
-                arrived = scheduler.submit(specs[next_arrival], now)
-                next_arrival += 1
+            arrived_now: list[Job] = []  # with `watched`: this instant's arrivals
+            while upcoming is not None and upcoming.submit_time <= now:
+                arrived = scheduler.submit(upcoming, now)
+                arrived_count += 1
+                upcoming = next(arrivals, None)
+                if watched:
+                    arrived_now.append(arrived)
                 if arrived.status.finished:  # refused at once by an admission control
                     ended += 1
                     measured_left -= self.measured is not None and arrived.id in self.measured
@@ -268,7 +320,10 @@ class Simulation:
                 if kind == _TIMER:
                     timers.discard(now)
                     continue
-                job = scheduler.jobs[job_id]
+                found = scheduler.jobs.get(job_id)
+                if found is None:
+                    continue  # it ended and was dropped (keep_ended=False)
+                job = found
                 if job.status is not JobStatus.RUNNING or job.attempts != attempt:
                     continue  # the attempt this event belonged to was preempted
                 if kind == _PROGRESS:  # its first progress report: a pre-run passes
@@ -335,8 +390,7 @@ class Simulation:
                 job_events += 1
                 heapq.heappush(events, (ends_at, order, _FINISH, job.id, job.attempts))
                 end_order[job.id] = order
-            if watched and next_arrival > first_arrival:
-                arrived_now = [scheduler.jobs[s.id] for s in specs[first_arrival:next_arrival]]
+            if arrived_now:
                 if self.place_or_fail:
                     for job in arrived_now:
                         if job.status is JobStatus.PENDING:
@@ -367,7 +421,7 @@ class Simulation:
             if job.status is JobStatus.PENDING and timeline.time_s:
                 job.pending_s += max(0.0, timeline.time_s[-1] - job.queued_since)
         if self.on_progress is not None:
-            self.on_progress(ended, len(specs))
+            self.on_progress(ended, total if total is not None else arrived_count)
         jobs = list(scheduler.jobs.values())
         annotations: dict[str, object] = {}
         if self.failures is not None or node_failures is not None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from corral.core.job import Job, JobStatus, Priority
-from corral.sim.result import SimResult, Timeline
+from corral.sim.result import SimResult, Timeline, TimelineTotals
 
 JOB_COLUMNS: tuple[str, ...] = (
     "job_id",
@@ -54,6 +54,11 @@ def completion_times(result: SimResult) -> np.ndarray:
 
 def utilization(timeline: Timeline, total_gpus: int) -> float:
     """Time-weighted fraction of GPUs allocated between the first and last timeline points."""
+    if isinstance(timeline, TimelineTotals):
+        span = timeline.time_s[-1] - timeline.time_s[0] if len(timeline.time_s) > 1 else 0.0
+        if span <= 0.0 or total_gpus <= 0:
+            return 0.0
+        return timeline.allocated_gpu_s / (total_gpus * span)
     if len(timeline.time_s) < 2 or total_gpus <= 0:
         return 0.0
     time_s = np.asarray(timeline.time_s, dtype=float)
@@ -75,6 +80,10 @@ def utilization_while_waiting(timeline: Timeline, total_gpus: int) -> float | No
     """
     if len(timeline.time_s) < 2 or total_gpus <= 0:
         return None
+    if isinstance(timeline, TimelineTotals):
+        if timeline.waiting_s <= 0.0:
+            return None
+        return timeline.allocated_waiting_gpu_s / (total_gpus * timeline.waiting_s)
     dt = np.diff(np.asarray(timeline.time_s, dtype=float))
     waiting = np.asarray(timeline.pending_jobs, dtype=float)[:-1] > 0
     span = float(dt[waiting].sum())
@@ -100,6 +109,10 @@ def fragmentation(timeline: Timeline, total_gpus: int) -> float | None:
     node size): free GPUs outside wholly free nodes over all free GPUs. None if nothing was free."""
     if len(timeline.time_s) < 2 or len(timeline.stranded_gpus) != len(timeline.time_s):
         return None
+    if isinstance(timeline, TimelineTotals):
+        if timeline.free_gpu_s <= 0.0:
+            return None
+        return timeline.stranded_gpu_s / timeline.free_gpu_s
     dt = np.diff(np.asarray(timeline.time_s, dtype=float))
     free = total_gpus - np.asarray(timeline.allocated_gpus, dtype=float)[:-1]
     stranded = np.asarray(timeline.stranded_gpus, dtype=float)[:-1]

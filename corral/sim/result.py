@@ -37,6 +37,47 @@ class Timeline:
 
 
 @dataclass(slots=True)
+class TimelineTotals(Timeline):
+    """A timeline in bounded memory, for a run too long to keep every round: `time_s` holds
+    the first and the last instant only, the other lists the last values, and the sums below
+    give what `corral.sim.metrics` computes from a whole timeline (utilization, utilization
+    while jobs wait, fragmentation), the same up to floating-point rounding."""
+
+    #: Over the whole span: GPU-seconds allocated, free and stranded; seconds with a job
+    #: waiting and GPU-seconds allocated during those.
+    allocated_gpu_s: float = 0.0
+    free_gpu_s: float = 0.0
+    stranded_gpu_s: float = 0.0
+    waiting_s: float = 0.0
+    allocated_waiting_gpu_s: float = 0.0
+    total_gpus: int = 0  # set by the caller: free GPUs are counted against it
+
+    def record(
+        self, now: float, allocated: int, pending: int, running: int, stranded: int = 0
+    ) -> None:
+        if self.time_s:
+            dt = now - self.time_s[-1]
+            if dt > 0:
+                held = self.allocated_gpus[-1]
+                self.allocated_gpu_s += held * dt
+                self.free_gpu_s += (self.total_gpus - held) * dt
+                self.stranded_gpu_s += self.stranded_gpus[-1] * dt
+                if self.pending_jobs[-1] > 0:
+                    self.waiting_s += dt
+                    self.allocated_waiting_gpu_s += held * dt
+            if len(self.time_s) > 1:  # keep the first point and the last one only
+                for values in (
+                    self.time_s,
+                    self.allocated_gpus,
+                    self.pending_jobs,
+                    self.running_jobs,
+                    self.stranded_gpus,
+                ):
+                    values.pop()
+        Timeline.record(self, now, allocated, pending, running, stranded)
+
+
+@dataclass(slots=True)
 class SimResult:
     policy: str
     placement: str

@@ -39,6 +39,10 @@ class Placement(OptionsMixin):
     #: It places jobs that ask for a share of a GPU, CPU or memory (JobSpec.plain false); the
     #: others give whole GPUs only, and the scheduler refuses such jobs under them.
     shares: ClassVar[bool] = False
+    #: `place`, `mode` and `scope` depend only on the cluster's free GPUs, the job and the
+    #: instants `changes_at` announces (no state of the placement's own): the scheduler may then
+    #: skip a round in which nothing it looks at changed (`Scheduler.decide`).
+    pure: ClassVar[bool] = False
 
     def refusal(self, cluster: Cluster, spec: JobSpec) -> str | None:
         """Why this placement could never place the job on this cluster (beyond the GPU counts

@@ -75,6 +75,7 @@ def consolidated_scope(cluster: Cluster, job: Job) -> str:
 
 class Consolidate(Placement):
     name = "consolidate"
+    pure = True
     summary = "Philly's locality: one node if the job fits in one, else fewest nodes in one rack"
 
     def scope(self, cluster: Cluster, job: Job, now: float) -> str:
@@ -97,6 +98,7 @@ class Relax(Placement):
     """Consolidate first; after `relax_after_s` of waiting, take the fewest nodes anywhere."""
 
     name = "relax"
+    pure = True
     summary = "consolidate, relaxed to the fewest nodes anywhere after waiting (Philly)"
     Options = RelaxOptions
 
@@ -145,6 +147,7 @@ class Profile(Placement):
     """Tiresias: consolidate only jobs whose model slows down when spread over nodes."""
 
     name = "profile"
+    pure = True
     summary = "Tiresias: consolidate only the jobs whose model slows down when spread"
     Options = ProfileOptions
 
@@ -176,6 +179,7 @@ class Profile(Placement):
 
 class AnyFree(Placement):
     name = "any"
+    pure = True
     summary = "the first free GPUs, no locality"
 
     def place(self, cluster: Cluster, job: Job, now: float) -> Placed | NotPlaced:

@@ -1,0 +1,65 @@
+"""A round that repeats a round without actions (nothing it looks at changed) decides the same:
+hand-worked LAS scenarios where the scheduler may skip the walk of the queue."""
+
+from __future__ import annotations
+
+import pytest
+
+from corral.core import Preempt, Start
+from tests.core.helpers import scheduler, spec
+
+
+@pytest.mark.parametrize("within", [True, False])
+def test_rekey_past_no_waiting_job_changes_nothing_and_later_crossing_still_preempts(
+    within: bool,
+):
+    # One 2-GPU node, LAS queues split at 100 and 200 GPU-s.
+    options = {"thresholds_gpu_s": [100, 200], "preempt_within_queue": within}
+    s = scheduler(1, 2, "las", policy_options=options)
+    s.submit(spec("W", 2, submit=0), 0)
+    assert s.decide(0).actions == [Start("W", (0, 1))]
+    # W crosses 100 GPU-s at t=50 and 200 at t=100 (2 GPUs): queue 2 from t=100.
+    assert s.decide(50).actions == []
+    assert s.decide(100).actions == []
+    s.submit(spec("X", 2, submit=110), 110)
+    # X (queue 0) preempts W (queue 2).
+    assert s.decide(110).actions == [Preempt("W", (0, 1), "X"), Start("X", (0, 1))]
+    assert s.decide(130).actions == []  # nothing changed: W still below X
+    # X crosses 100 GPU-s at t=160: queue 1, still above W (queue 2), no waiting job between
+    # its old and new keys, so nothing can change.
+    decision = s.decide(160)
+    assert decision.actions == []
+    assert decision.wake_at == pytest.approx(210)  # it crosses 200 GPU-s 50 s later
+    # At t=210 X enters queue 2 after W did (t=100): W goes first, and where the rule lets a
+    # job preempt within its queue, it preempts X; under Tiresias's rule (the default) only a
+    # higher queue preempts, and X runs on.
+    expected = [Preempt("X", (0, 1), "W"), Start("W", (0, 1), resumed=True)] if within else []
+    assert s.decide(210).actions == expected
+    if within:
+        assert s.jobs["X"].attained_gpu_s == pytest.approx(200)
+
+
+def test_a_held_jobs_reason_counts_down_in_rounds_where_nothing_else_changes():
+    s = scheduler(1, 1, "las")
+    s.submit(spec("A", 1, submit=0, max_retries=3), 0)
+    assert s.decide(0).actions == [Start("A", (0,))]
+    s.failed("A", 0, "boom")  # the first retry waits the 5 s backoff: until t=5
+    assert s.decide(1).actions == []
+    assert s.jobs["A"].pending_reason == "retry backoff: held for 4 s more"
+    assert s.decide(2).actions == []
+    assert s.jobs["A"].pending_reason == "retry backoff: held for 3 s more"
+    assert s.decide(5).actions == [Start("A", (0,), resumed=True)]
+
+
+def test_a_round_with_nothing_new_keeps_the_reasons_and_counts_as_a_round():
+    # Two 2-GPU nodes; B needs 4 GPUs, i.e. both nodes, and A (queue 0, earlier) holds one.
+    s = scheduler(2, 2, "las", placement="any")
+    s.submit(spec("A", 2, submit=0), 0)
+    s.submit(spec("B", 4, submit=1), 1)
+    assert [type(a) for a in s.decide(1).actions] == [Start]
+    reason = s.jobs["B"].pending_reason
+    rounds = s.rounds
+    assert s.decide(2).actions == []
+    assert s.decide(3).actions == []
+    assert s.jobs["B"].pending_reason == reason
+    assert s.rounds == rounds + 2
