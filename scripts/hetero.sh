@@ -34,7 +34,9 @@ out, png = Path(sys.argv[1]), Path(sys.argv[2])
 runs = []  # (label, summary, sorted JCTs in hours), relax then hetero, las then fifo
 for name in ("relax", "hetero", "hetero-fair"):
     for summary in json.loads((out / name / "summary.json").read_text())["runs"]:
-        fairness = summary["options"].get("hetero_fairness")
+        # the placement's options sit in the scheduler's section (hetero_fairness: older runs)
+        hetero = summary["options"].get("scheduler", {}).get("hetero") or {}
+        fairness = hetero.get("fairness") or summary["options"].get("hetero_fairness")
         label = f"{summary['policy']}/{summary['placement']}" + (
             f" (fairness {fairness})" if fairness else ""
         )
