@@ -7,7 +7,7 @@ a2: 2 x a100, v1: 4 x v100) with `PacedExecutor` (tests/server/inert.py): each j
 of training steps and makes them at its model's rate on the GPU type it got (resnet 8 steps/s per
 a100, 4 per v100; bert 4 and 1), restores for `restore_s` on every resume, and reports its steps
 to its progress file, from which the manager's telemetry measures the throughputs it stores. The
-scheduler is LAS with a 64 GPU-s queue boundary and `consolidate`: nine jobs of 1 to 4 GPUs
+scheduler is LAS (preempting within a queue too) with a 64 GPU-s queue boundary and `consolidate`: nine jobs of 1 to 4 GPUs
 preempt each other at queue crossings, resume on the other GPU type (a bert job at a quarter of
 its speed on v100, then at full speed on a100), one only runs on v100, one is cancelled while it
 runs. The replay's speeds come from the throughputs the export writes, through the live
@@ -77,7 +77,9 @@ SCHEDULER = {
     "policy": "las",
     "placement": "consolidate",
     "restore_s": RESTORE_S,
-    "las": {"thresholds_gpu_s": [64.0]},
+    # LAS's earlier rule (a waiting job preempts running jobs of its own queue too): the
+    # scenario below was worked out with it, and it makes more preemptions to replay
+    "las": {"thresholds_gpu_s": [64.0], "preempt_within_queue": True},
 }
 #: (seconds after the first, name, model, GPUs, steps, other spec fields)
 JOBS = [
