@@ -104,8 +104,9 @@
     }
   }
 
-  async function request(path) {
+  async function request(path, method = "GET") {
     const response = await fetch(API + path, {
+      method,
       headers: { Authorization: `Bearer ${state.token}` },
       cache: "no-store",
     });
@@ -123,21 +124,7 @@
   }
 
   async function post(path) {
-    const response = await fetch(API + path, {
-      method: "POST",
-      headers: { Authorization: `Bearer ${state.token}` },
-    });
-    if (!response.ok) {
-      let message = `${response.status} ${response.statusText}`;
-      try {
-        const body = await response.json();
-        if (body && body.detail) message = String(body.detail);
-      } catch {
-        // not JSON: keep the status line
-      }
-      throw new ApiError(response.status, message);
-    }
-    return response.json();
+    return (await request(path, "POST")).json();
   }
 
   // The drawer's controls (docs/server.md#job-controls): what the job's state allows.
