@@ -15,7 +15,6 @@ from tests.server.helpers import (
     admin_token,
     api,
     job,
-    kill_jobs_of,
     python_job,
     start_server,
     submit,
@@ -23,13 +22,6 @@ from tests.server.helpers import (
     wait_for,
     wait_until,
 )
-
-
-@pytest.fixture
-def data_dir(tmp_path: Path) -> Iterator[Path]:
-    directory = tmp_path / "corral"
-    yield directory
-    kill_jobs_of(directory)
 
 
 @pytest.fixture

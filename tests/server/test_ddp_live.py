@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import importlib.util
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,7 +16,6 @@ from tests.server.helpers import (
     admin_token,
     api,
     job,
-    kill_jobs_of,
     start_server,
     submit,
     wait_for,
@@ -29,13 +27,6 @@ pytestmark = pytest.mark.skipif(
 )
 
 DDP = str(REPO / "examples" / "ddp_train.py")
-
-
-@pytest.fixture
-def data_dir(tmp_path: Path) -> Iterator[Path]:
-    directory = tmp_path / "corral"
-    yield directory
-    kill_jobs_of(directory)
 
 
 def ddp_job(name: str, gpus: int, steps: int, step_s: float, **fields: object) -> dict:

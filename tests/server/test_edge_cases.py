@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from tests.server.helpers import (
     TWO_VCS,
@@ -26,13 +23,6 @@ STUBBORN = (
     "import os, signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
     "print(os.getpid(), flush=True); time.sleep(600)"
 )
-
-
-@pytest.fixture
-def data_dir(tmp_path: Path) -> Iterator[Path]:
-    directory = tmp_path / "corral"
-    yield directory
-    kill_jobs_of(directory)
 
 
 def _pid(data_dir: Path, job_id: str, attempt: int = 1) -> int:

@@ -11,12 +11,10 @@ another node) so that a 2-GPU job gets a whole node.
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 
 from corral.core.cluster import Cluster, NodeDef
 from corral.core.packing import Packing
@@ -30,7 +28,6 @@ from tests.server.helpers import (
     api,
     fast_settings,
     job,
-    kill_jobs_of,
     run_server,
     start_server,
     submit,
@@ -47,13 +44,6 @@ SHOW_VISIBLE = (
 )
 #: Read progress often and fold measurements every second, so that pairs are measured quickly.
 MEASURING = {"progress_check_s": 0.1, "profile_fold_s": 1.0}
-
-
-@pytest.fixture
-def data_dir(tmp_path: Path) -> Iterator[Path]:
-    directory = tmp_path / "corral"
-    yield directory
-    kill_jobs_of(directory)
 
 
 def packing_server(data_dir: Path, gpus: int, **options: Any) -> RunningServer:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import socket
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,20 +17,12 @@ from tests.server.helpers import (
     admin_token,
     api,
     job,
-    kill_jobs_of,
     python_job,
     start_server,
     submit,
     train_job,
     wait_for,
 )
-
-
-@pytest.fixture
-def data_dir(tmp_path: Path) -> Iterator[Path]:
-    directory = tmp_path / "corral"
-    yield directory
-    kill_jobs_of(directory)
 
 
 def hived_server(data_dir: Path) -> RunningServer:
@@ -180,7 +171,10 @@ physical_cells:
     [
         (None, "--admission hived: needs --config FILE whose virtual_clusters give the VCs' cells"),
         (ONE_NODE_NO_VCS, "admission hived: the VCs need guaranteed cells"),
-        ("admission-typo", "--admission: unknown admission 'hive'; choose one of auto, none, quota"),
+        (
+            "admission-typo",
+            "--admission: unknown admission 'hive'; choose one of auto, none, quota",
+        ),
     ],
 )
 def test_up_refuses_hived_without_vcs_in_one_line(

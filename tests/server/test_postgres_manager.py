@@ -7,7 +7,6 @@ the data directory; the data directory still holds the admin token and the jobs'
 from __future__ import annotations
 
 import csv
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,7 +21,6 @@ from tests.server.helpers import (
     api,
     fast_settings,
     job,
-    kill_jobs_of,
     python_job,
     run_server,
     submit,
@@ -30,13 +28,6 @@ from tests.server.helpers import (
 )
 
 HOLD_GPUS = "import time; time.sleep(600)"  # until the test cancels it, or its fixture kills it
-
-
-@pytest.fixture
-def data_dir(tmp_path: Path) -> Iterator[Path]:
-    directory = tmp_path / "corral"
-    yield directory
-    kill_jobs_of(directory)
 
 
 def start_on(url: str, data_dir: Path) -> RunningServer:

@@ -76,13 +76,6 @@ FILES = 4
 SIZE_GB = FILE_BYTES * FILES / 1e9
 
 
-@pytest.fixture
-def data_dir(tmp_path: Path) -> Iterator[Path]:
-    directory = tmp_path / "corral"
-    yield directory
-    kill_jobs_of(directory)
-
-
 def storage(tmp_path: Path, name: str) -> Path:
     """A data set's "remote storage": FILES files of FILE_BYTES."""
     store = tmp_path / "storage" / name

@@ -4,30 +4,19 @@ Real job processes, a real SQLite file, HTTP on loopback."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from corral.server.boot import RunningServer
 from tests.server.helpers import (
     admin_token,
     api,
     job,
-    kill_jobs_of,
     start_server,
     submit,
     train_job,
     wait_for,
     wait_until,
 )
-
-
-@pytest.fixture
-def data_dir(tmp_path: Path) -> Iterator[Path]:
-    directory = tmp_path / "corral"
-    yield directory
-    kill_jobs_of(directory)
 
 
 def serve(data_dir: Path, **options: object) -> RunningServer:
