@@ -296,23 +296,44 @@ class JobListRow:
     array_index: int | None = None
 
 
-class _SpecWorkers(FunctionElement[int]):
-    """`workers` read by the database from a spec's JSON text, for rows stored before the
-    workers column (SQLite's json_extract; PostgreSQL's ->> on the text cast to json)."""
+class _SpecNumber(FunctionElement[Any]):
+    """A number read by the database from a spec's JSON text (SQLite's json_extract; PostgreSQL's
+    ->> on the text cast to json): `field`, as the SQL type `sql_type`."""
+
+    inherit_cache = True
+    field: str
+    sql_type: str
+
+
+class _SpecWorkers(_SpecNumber):
+    """`workers`, for rows stored before the workers column."""
 
     type = sa.Integer()
-    inherit_cache = True
     name = "spec_workers"
+    field = "workers"
+    inherit_cache = True
+    sql_type = "INTEGER"
 
 
-@compiles(_SpecWorkers)
-def _spec_workers_sqlite(element: _SpecWorkers, compiler: Any, **kw: Any) -> str:
-    return f"json_extract({compiler.process(element.clauses, **kw)}, '$.workers')"
+class _SpecGpus(_SpecNumber):
+    """`gpus` (a share of one GPU is below 1)."""
+
+    type = sa.Double()
+    name = "spec_gpus"
+    field = "gpus"
+    inherit_cache = True
+    sql_type = "DOUBLE PRECISION"
 
 
-@compiles(_SpecWorkers, "postgresql")
-def _spec_workers_postgresql(element: _SpecWorkers, compiler: Any, **kw: Any) -> str:
-    return f"CAST(CAST({compiler.process(element.clauses, **kw)} AS json) ->> 'workers' AS INTEGER)"
+@compiles(_SpecNumber)
+def _spec_number_sqlite(element: _SpecNumber, compiler: Any, **kw: Any) -> str:
+    return f"json_extract({compiler.process(element.clauses, **kw)}, '$.{element.field}')"
+
+
+@compiles(_SpecNumber, "postgresql")
+def _spec_number_postgresql(element: _SpecNumber, compiler: Any, **kw: Any) -> str:
+    spec = compiler.process(element.clauses, **kw)
+    return f"CAST(CAST({spec} AS json) ->> '{element.field}' AS {element.sql_type})"
 
 
 def _workers_of(spec: dict[str, Any]) -> int:
@@ -811,12 +832,7 @@ class Store:
             query = query.where(jobs_table.c.user == user)
         if name is not None:
             query = query.where(jobs_table.c.name == name)
-        if visible_to is not None:
-            viewer, viewer_vc = visible_to
-            own = jobs_table.c.user == viewer
-            query = query.where(
-                own if viewer_vc is None else sa.or_(own, jobs_table.c.vc == viewer_vc)
-            )
+        query = _visible(query, visible_to)
         if limit is not None:
             query = query.limit(limit)
         with self._reading() as connection:
@@ -1186,23 +1202,3 @@ def _visible(query: Any, visible_to: tuple[str, str | None] | None) -> Any:
     viewer, viewer_vc = visible_to
     own = jobs_table.c.user == viewer
     return query.where(own if viewer_vc is None else sa.or_(own, jobs_table.c.vc == viewer_vc))
-
-
-class _SpecGpus(FunctionElement[float]):
-    """The spec's `gpus` read by the database from its JSON text (a share of one GPU is below
-    1), as `_SpecWorkers` reads `workers`."""
-
-    type = sa.Double()
-    inherit_cache = True
-    name = "spec_gpus"
-
-
-@compiles(_SpecGpus)
-def _spec_gpus_sqlite(element: _SpecGpus, compiler: Any, **kw: Any) -> str:
-    return f"json_extract({compiler.process(element.clauses, **kw)}, '$.gpus')"
-
-
-@compiles(_SpecGpus, "postgresql")
-def _spec_gpus_postgresql(element: _SpecGpus, compiler: Any, **kw: Any) -> str:
-    spec = compiler.process(element.clauses, **kw)
-    return f"CAST(CAST({spec} AS json) ->> 'gpus' AS DOUBLE PRECISION)"
