@@ -590,10 +590,15 @@ def token_revoke(who: str, as_user: bool, as_id: bool, output: str) -> None:
 DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
+def duration_seconds(text: str) -> float | None:
+    """30m, 12h, 7d, 1w (or 90s) in seconds; None for text that is not such a duration."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*", text.lower())
+    return float(match.group(1)) * DURATION_UNITS[match.group(2)] if match else None
+
+
 def parse_duration(option: str, text: str) -> float:
     """30m, 12h, 7d, 1w (or 90s) in seconds; a usage error (one line, exit 2) otherwise."""
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*", text.lower())
-    seconds = float(match.group(1)) * DURATION_UNITS[match.group(2)] if match else 0.0
+    seconds = duration_seconds(text) or 0.0
     if seconds <= 0:
         usage_error(f"{option}: expected a duration such as 30m, 12h, 7d or 1w, got {text!r}")
     return seconds

@@ -3,23 +3,22 @@ GET /api/v1/usage), like Slurm's `sreport`. A plain click command (corral.cli.ma
 
 from __future__ import annotations
 
-import re
 import time
 from datetime import UTC, datetime
 from typing import Any
 
 import click
 
-from corral.cli.client import DURATION_UNITS, connected, usage_error
+from corral.cli.client import connected, duration_seconds, usage_error
 from corral.cli.output import JSON, TABLE, WIDE, YAML, Column, emit, output_option
 
 
 def parse_instant(option: str, text: str, now: float) -> float:
     """A duration back from `now` (30m, 12h, 7d, 1w, 90s) or an ISO date or time (UTC unless it
     names its offset), in epoch seconds; a usage error (one line, exit 2) otherwise."""
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*", text.lower())
-    if match:
-        return now - float(match.group(1)) * DURATION_UNITS[match.group(2)]
+    back = duration_seconds(text)
+    if back is not None:
+        return now - back
     try:
         at = datetime.fromisoformat(text.strip())
     except ValueError:
