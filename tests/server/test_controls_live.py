@@ -220,7 +220,8 @@ def test_a_higher_level_starts_first(
 ) -> None:
     client = api(one_gpu.url, admin_token(data_dir))
     go = tmp_path / "go"
-    blocker = submit(client, **until_file(go))
+    # The blocker is level 5 too: under las a higher level may preempt, and high must wait.
+    blocker = submit(client, **until_file(go), level=5)
     wait_for(client, blocker, ["RUNNING"])
     low = submit(client, **python_job("low", "pass"))
     high = submit(client, **python_job("high", "pass", level=5))
