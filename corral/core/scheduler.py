@@ -46,6 +46,19 @@ StartHook = Callable[[Job, float], None]
 MAX_PREEMPTION_ATTEMPTS = 32
 
 
+class _Top:
+    """Sorts after anything it is compared with (an upper bound for keys of one prefix)."""
+
+    def __lt__(self, other: object) -> bool:
+        return False
+
+    def __gt__(self, other: object) -> bool:
+        return True
+
+
+_TOP = _Top()
+
+
 class JobRefused(ValueError):
     """A job that can never run on this cluster."""
 
@@ -702,8 +715,11 @@ class Scheduler:
                 continue  # its GPUs stay taken by its partner unless that is a victim too
             victims.append(victim)
             total += victim.spec.gpus
-            if plain and (total < need or not self._room_in_scope(scope, victim, need, freed_in)):
-                continue
+            if plain:
+                # Every victim's GPUs count towards its places, also before there are enough.
+                room = self._room_in_scope(scope, victim, need, freed_in)
+                if total < need or not room:
+                    continue
             for held in victims[released:]:
                 self._unclaim(held)
             released = len(victims)
@@ -1017,18 +1033,29 @@ class Scheduler:
         """Re-key a running job at its timer. The walk of a round is unchanged unless a waiting
         job's key lies between the old and the new one (the job joins or leaves its victims, and
         the lowest running key moves past it only then), or a placement was tried while
-        preempting (the victims' order could matter). This holds while a waiting job's victims
-        are the running jobs of higher key (`_victims`, `_may_preempt_for`): a rule that compares
-        less than the whole key (LAS queues only) must widen the interval to match."""
+        preempting (the victims' order could matter). Where the victim rule compares only the
+        keys' leading parts (`Policy.preempt_prefix`: LAS queues), "between" is of those parts:
+        a waiting job of the queue the job leaves or enters may preempt it now, or no more."""
         quiet = self._quiet
-        old = (self._stored[job.seq], job.seq)
+        old = self._stored[job.seq]
         self._unindex(self._running, job)
         self._index(self._running, job, now)
         if quiet is None or quiet[2]:
             return
-        new = (self._stored[job.seq], job.seq)
-        low, high = (old, new) if old < new else (new, old)
-        if self._pending.bisect_right(low) == self._pending.bisect_left(high):
+        new = self._stored[job.seq]
+        cut = self.policy.preempt_prefix
+        if cut is None:
+            low, high = sorted(((old, job.seq), (new, job.seq)))
+            between = self._pending.bisect_left(high) - self._pending.bisect_right(low)
+        elif old[:cut] == new[:cut]:
+            between = 0  # no waiting job's victims change
+        else:
+            # Every key of a prefix sorts after the prefix alone and before it extended by _TOP.
+            low, high = sorted((old[:cut], new[:cut]))
+            between = self._pending.bisect_left(((*high, _TOP),)) - self._pending.bisect_left(
+                (low,)
+            )
+        if between == 0:
             self._quiet = quiet
 
     def _set_timer(self, job: Job, now: float) -> None:

@@ -68,13 +68,19 @@ def test_auto_admission_follows_the_policy_then_the_vcs():
     ("values", "message"),
     [
         ({"relax": {"after_s": -1}}, "scheduler.relax.after_s: must be >= 0, got -1"),
-        ({"las": {"thresholds_gpu_s": [10, 5]}}, "scheduler.las: thresholds_gpu_s must be strictly"),
+        (
+            {"las": {"thresholds_gpu_s": [10, 5]}},
+            "scheduler.las: thresholds_gpu_s must be strictly",
+        ),
         ({"las": {"thresholds": [1]}}, "scheduler.las.thresholds: unknown option"),
         ({"policy": "lottery"}, "unknown policy 'lottery'"),
         ({"stages": ["defrag"]}, "unknown stage 'defrag'"),
         ({"quota": {"lend_last": "maybe"}}, "scheduler.quota.lend_last: must be true or false"),
         ({"timeslice": {"quantum_s": "nan"}}, "scheduler.timeslice.quantum_s: must be a finite"),
-        ({"retry": {"fast_fail_repeats": 1.5}}, "scheduler.retry.fast_fail_repeats: must be an int"),
+        (
+            {"retry": {"fast_fail_repeats": 1.5}},
+            "scheduler.retry.fast_fail_repeats: must be an int",
+        ),
         ({"colour": 1}, "scheduler.colour: unknown key"),
         ({"relax": [1, 2]}, "scheduler.relax: must be a mapping"),
     ],
@@ -92,7 +98,10 @@ def test_a_bad_value_is_refused_in_one_line_naming_it(values, message):
             {"admission": "quota", "stages": ["packing"]},
             "admission quota does not run with packing",
         ),
-        ({"admission": "hived", "stages": ["migration"]}, "admission hived does not run with migration"),
+        (
+            {"admission": "hived", "stages": ["migration"]},
+            "admission hived does not run with migration",
+        ),
         ({"policy": "elasticflow", "admission": "quota"}, "runs only inside admission elasticflow"),
         ({"policy": "las", "admission": "elasticflow"}, "needs policy elasticflow"),
         ({"admission": "hived", "placement": "hetero"}, "placement hetero does not run with"),
@@ -104,7 +113,9 @@ def test_a_combination_that_cannot_run_is_refused_before_anything_runs(values, m
 
 
 def test_hetero_runs_with_hived_when_it_does_not_lend():
-    check_config(config_from_mapping({"admission": "hived", "placement": "hetero", "hived": {"lend": False}}))
+    check_config(
+        config_from_mapping({"admission": "hived", "placement": "hetero", "hived": {"lend": False}})
+    )
 
 
 def test_a_plugin_missing_what_its_shell_cannot_give_refuses_to_build():
@@ -119,7 +130,9 @@ def test_a_plugin_missing_what_its_shell_cannot_give_refuses_to_build():
 
 
 def test_each_admission_builds_its_scheduler_with_the_options_given():
-    built = build_scheduler(config_from_mapping({"policy": "fifo", "admission": "hived"}), services())
+    built = build_scheduler(
+        config_from_mapping({"policy": "fifo", "admission": "hived"}), services()
+    )
     assert isinstance(built, HivedScheduler) and built.spill
     quiet = build_scheduler(
         config_from_mapping({"policy": "fifo", "admission": "hived", "hived": {"lend": False}}),

@@ -3,9 +3,12 @@ hand-worked LAS scenarios where the scheduler may skip the walk of the queue."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from corral.core import Preempt, Start
+from corral.core.job import JobSpec
+from corral.sim.engine import Simulation
 from tests.core.helpers import scheduler, spec
 
 
@@ -63,3 +66,58 @@ def test_a_round_with_nothing_new_keeps_the_reasons_and_counts_as_a_round():
     assert s.decide(3).actions == []
     assert s.jobs["B"].pending_reason == reason
     assert s.rounds == rounds + 2
+
+
+def test_a_running_job_that_drops_below_a_waiting_jobs_queue_is_preempted_at_once():
+    # Under Tiresias's rule a waiting job of LAS queue 1 may not preempt a running job of queue 1,
+    # whatever their order inside it; once the running job drops to queue 2, it may. The waiting
+    # job's key is below both of the running job's keys, so the walk must not be skipped.
+    s = scheduler(1, 2, "las", policy_options={"thresholds_gpu_s": [100, 200]})
+    s.submit(spec("P", 2, submit=0), 0)
+    assert s.decide(0).actions == [Start("P", (0, 1))]
+    assert s.decide(50).actions == []  # P: 100 GPU-s, queue 1 from t=50
+    s.submit(spec("R", 2, submit=60), 60)
+    # R (queue 0) preempts P (queue 1), and reaches 100 GPU-s at t=110: both in queue 1, P
+    # entered it first but may not preempt R there.
+    assert s.decide(60).actions == [Preempt("P", (0, 1), "R"), Start("R", (0, 1))]
+    decision = s.decide(110)
+    assert decision.actions == []
+    assert decision.wake_at == pytest.approx(160)  # R reaches 200 GPU-s: queue 2
+    assert s.decide(160).actions == [
+        Preempt("R", (0, 1), "P"),
+        Start("P", (0, 1), resumed=True),
+    ]
+
+
+def _random_trace(seed: int, count: int) -> list[JobSpec]:
+    rng = np.random.default_rng(seed)
+    arrivals = np.cumsum(rng.exponential(30.0, count))
+    return [
+        JobSpec(
+            id=f"j{i}",
+            submit_time=float(arrivals[i]),
+            gpus=int(rng.choice([1, 1, 1, 2, 2, 4, 8])),
+            duration_s=float(rng.lognormal(5.0, 1.5)),
+        )
+        for i in range(count)
+    ]
+
+
+@pytest.mark.parametrize("seed", range(5))
+@pytest.mark.parametrize("within", [True, False])
+@pytest.mark.parametrize("placement", ["any", "consolidate", "relax", "yarn"])
+def test_skipping_quiet_rounds_decides_exactly_as_walking_every_round(
+    seed: int, within: bool, placement: str
+):
+    # Random overloaded traces on 4 nodes x 4 GPUs in 2 racks with close LAS thresholds (many crossings and
+    # preemptions): every start and preemption, in order and instant, is the same with the skip
+    # and with a walk of the queue at every round.
+    options = {"thresholds_gpu_s": [60, 200, 900], "preempt_within_queue": within}
+    runs = []
+    for may_repeat in (True, False):
+        s = scheduler(4, 4, "las", placement=placement, racks=2, policy_options=options)
+        s._may_repeat = may_repeat
+        result = Simulation(_random_trace(seed, 150), s, record_decisions=True).run()
+        runs.append(result.decisions)
+    assert len(runs[0]) > 300  # the trace preempts: each job starts at least once
+    assert runs[0] == runs[1]

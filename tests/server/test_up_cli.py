@@ -23,8 +23,14 @@ physical_cells:
     ("args", "message"),
     [
         (["--gpus", "0"], "--gpus: must be a positive integer"),
-        (["--gpus", "1", "--policy", "lottery"], "--policy: unknown policy 'lottery'; choose one of"),
-        (["--gpus", "1", "--las-thresholds-gpu-s", "a,b"], "--las-thresholds-gpu-s: must be a finite"),
+        (
+            ["--gpus", "1", "--policy", "lottery"],
+            "--policy: unknown policy 'lottery'; choose one of",
+        ),
+        (
+            ["--gpus", "1", "--las-thresholds-gpu-s", "a,b"],
+            "--las-thresholds-gpu-s: must be a finite",
+        ),
         (["--gpus", "1", "--timeslice-quantum-s", "0"], "--timeslice-quantum-s: must be > 0"),
         (
             ["--gpus", "1", "--placement", "fgd", "--admission", "quota"],

@@ -114,7 +114,10 @@ def test_simulate_with_node_caches_reports_hits_and_speed(tmp_path):
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"scheduler": {"placement": "cache-aware"}}, "placement cache-aware: needs node data cach"),
+        (
+            {"scheduler": {"placement": "cache-aware"}},
+            "placement cache-aware: needs node data cach",
+        ),
         ({"cache_gb_per_node": -1.0}, "--cache-gb-per-node: must not be negative"),
         ({"cache_gb_per_node": 1.0, "storage_gbps": 0.0}, "--storage-gbps: must be positive"),
         ({"cache_gb_per_node": 1.0, "cache_policy": "arc"}, "--cache-policy: unknown 'arc'"),

@@ -164,8 +164,14 @@ def test_simulate_compares_elasticflow_with_the_baselines_on_the_same_deadlines(
     [
         (["--deadline-factor", "2:1"], "--deadline-factor: expected LO:HI with 0 < LO <= HI"),
         (["--deadline-factor", "fast"], "--deadline-factor: expected LO:HI"),
-        (["--policy", "elasticflow", "--stages", "packing"], "admission elasticflow does not run with packing"),
-        (["--policy", "elasticflow", "--admission", "quota"], "policy elasticflow: runs only inside admission elasticflow"),
+        (
+            ["--policy", "elasticflow", "--stages", "packing"],
+            "admission elasticflow does not run with packing",
+        ),
+        (
+            ["--policy", "elasticflow", "--admission", "quota"],
+            "policy elasticflow: runs only inside admission elasticflow",
+        ),
     ],
 )
 def test_bad_elastic_options_are_one_line_errors(tmp_path, args, message):

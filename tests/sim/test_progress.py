@@ -111,7 +111,9 @@ def test_optimus_learns_to_let_a_short_job_pass_a_long_one():
     ]
     ends = {}
     for name, observe in (("fit", LossCurveModel(seed=0, noise=0.0)), ("prior", no_progress)):
-        scheduler = Scheduler(Cluster.shorthand(1, 1), Optimus(observe), make_placement("consolidate"))
+        scheduler = Scheduler(
+            Cluster.shorthand(1, 1), Optimus(observe), make_placement("consolidate")
+        )
         result = Simulation(jobs, scheduler).run()
         ends[name] = {job.id: job.finished_at for job in result.jobs}
     assert ends["fit"] == {"long": pytest.approx(10_400), "short": pytest.approx(1_400)}

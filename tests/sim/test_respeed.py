@@ -114,8 +114,14 @@ def test_simulate_packs_with_the_gavel_table_and_reports_it(tmp_path):
     [
         (["--stages", "packing"], "stage packing: needs a trace with a throughput table (gavel)"),
         (["--stages", "packing", "--packing-threshold", "0"], "--packing-threshold: must be > 0"),
-        (["--policy", "timeslice", "--timeslice-quantum-s", "-1"], "--timeslice-quantum-s: must be > 0"),
-        (["--stages", "packing", "--admission", "quota"], "admission quota does not run with packing"),
+        (
+            ["--policy", "timeslice", "--timeslice-quantum-s", "-1"],
+            "--timeslice-quantum-s: must be > 0",
+        ),
+        (
+            ["--stages", "packing", "--admission", "quota"],
+            "admission quota does not run with packing",
+        ),
     ],
 )
 def test_bad_gandiva_options_are_one_line_errors(tmp_path, args, message):

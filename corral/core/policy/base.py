@@ -34,6 +34,10 @@ class Policy(OptionsMixin):
     #: `stored_key` equals `key` at every instant (true when keys only change at announced
     #: instants); lets the scheduler compare indexed keys without recomputing them.
     stored_is_key = True
+    #: The victim rule compares only this many leading parts of the scheduler's keys (its job
+    #: level first, then this policy's key); None: whole keys. A waiting job may preempt a running
+    #: one whose leading parts are greater (`preempts`).
+    preempt_prefix: int | None = None
 
     def key(self, job: Job, now: float) -> Key:
         raise NotImplementedError
@@ -54,8 +58,12 @@ class Policy(OptionsMixin):
 
     def preempts(self, job_key: Key, victim_key: Key) -> bool:
         """Whether a waiting job may preempt a running one, given the keys the scheduler holds
-        for them: its job level first, then this policy's key. Default: any lower priority."""
-        return bool(victim_key > job_key)
+        for them: its job level first, then this policy's key: the victim's leading
+        `preempt_prefix` parts are greater (by default its whole key: any lower priority)."""
+        cut = self.preempt_prefix
+        if cut is None:
+            return bool(victim_key > job_key)
+        return bool(victim_key[:cut] > job_key[:cut])
 
 
 def tie_break(job: Job) -> tuple[float, int]:

@@ -92,6 +92,9 @@ class LeastAttainedService(Policy):
         self.thresholds = thresholds
         self.starvation_factor = starvation_factor
         self.preempt_within_queue = preempt_within_queue
+        # The scheduler's keys start (level, queue, ...): without the within-queue rule only a
+        # lower queue (or level) gives way.
+        self.preempt_prefix = None if preempt_within_queue else 2
 
     def counted_service(self, job: Job, now: float) -> float:
         return job.attained_at(now) - job.service_offset_gpu_s
@@ -132,12 +135,6 @@ class LeastAttainedService(Policy):
             state.entered = None  # back in the top queue, in arrival order
         elif job.status is JobStatus.RUNNING:
             job.record(LasState).entered = now  # dropped a queue: join its tail
-
-    def preempts(self, job_key: Key, victim_key: Key) -> bool:
-        if self.preempt_within_queue:
-            return bool(victim_key > job_key)
-        # The scheduler's keys start (level, queue, ...): only a lower queue (or level) gives way.
-        return bool(victim_key[:2] > job_key[:2])
 
     def describe_key(self, job: Job, now: float) -> str:
         return f"LAS queue {self.queue_of(job, now)} ({self.counted_service(job, now):.0f} GPU-s attained)"

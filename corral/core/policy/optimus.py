@@ -88,7 +88,10 @@ class OptimusOptions:
         low_open=True,
     )
     prior_s: float = option(
-        DEFAULT_PRIOR_S, help="expected job length before any job finished (s)", low=0, low_open=True
+        DEFAULT_PRIOR_S,
+        help="expected job length before any job finished (s)",
+        low=0,
+        low_open=True,
     )
     max_points: int = option(64, help="loss samples kept per job for the fit", low=MIN_POINTS)
     refit_min_s: float = option(
@@ -111,7 +114,9 @@ class Optimus(Policy):
 
     @classmethod
     def from_options(cls, options: Any, services: Services) -> Policy:
-        needs(services.observe, f"policy {cls.name}", "progress reports from the jobs (loss curves)")
+        needs(
+            services.observe, f"policy {cls.name}", "progress reports from the jobs (loss curves)"
+        )
         return cls(
             services.observe,
             converge_fraction=options.converge_fraction,
