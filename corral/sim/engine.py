@@ -262,7 +262,29 @@ class Simulation:
             if infrastructure:
                 lost_infra_s += job.lost_gpu_s - lost_before
 
+        wake_at: float | None = None  # the scheduler's last asked wake-up: any other is stale
+
+        def stale(event: tuple[float, int, int, str, int]) -> bool:
+            """An event that would change nothing: a wake-up the scheduler asked for before its
+            last one, or the end (or progress) of an attempt that is over or was re-timed. A
+            round is held only for an event that is not (a waiting scheduler may take a change
+            of its queues at the next round that happens: corral.core.policy.base.rekey_wakes)."""
+            at, event_order, kind, job_id, attempt = event
+            if kind == _TIMER:
+                return at != wake_at
+            if kind in (_NODE_DOWN, _NODE_UP):
+                return False
+            job = scheduler.jobs.get(job_id)
+            if job is None or job.status is not JobStatus.RUNNING or job.attempts != attempt:
+                return True
+            return kind != _PROGRESS and end_order.get(job_id) != event_order
+
         while True:
+            while events and stale(events[0]):
+                at, _, kind, _, _ = heapq.heappop(events)
+                job_events -= 1
+                if kind == _TIMER:
+                    timers.discard(at)
             arrival_at = upcoming.submit_time if upcoming is not None else math.inf
             event_at = events[0][0] if events else math.inf
             now = min(arrival_at, event_at)
@@ -402,7 +424,7 @@ class Simulation:
                     self.observer.after_round(now, arrived_now)
             elif self.observer is not None:
                 self.observer.after_round(now, ())
-            wake = decision.wake_at
+            wake = wake_at = decision.wake_at
             if wake is not None and wake > now and wake not in timers:
                 timers.add(wake)
                 order += 1

@@ -107,3 +107,28 @@ def test_same_seed_same_run_and_window_stops_when_measured_jobs_finish():
 def test_empty_trace_and_a_job_that_never_fits_end_cleanly():
     result, _ = run([])
     assert result.jobs == [] and result.rounds == 0
+
+
+class _Rounds:
+    def __init__(self) -> None:
+        self.at: list[float] = []
+
+    def after_round(self, now: float, arrived: object) -> None:
+        self.at.append(now)
+
+
+def test_an_event_that_changes_nothing_holds_no_round():
+    # LAS at 10 GPU-s on one 2-GPU node. a (100 s) starts at 0 and drops a queue at t=5; b
+    # (30 s) arrives at 20 and preempts it; b drops at t=25 (a's queue: no preemption), ends at
+    # 50, and a resumes with 80 s left: it ends at 130. a's first attempt would have ended at
+    # t=100: that stale end holds no round.
+    rounds = _Rounds()
+    _, jobs = run(
+        [spec("a", 2, 0, 100), spec("b", 2, 20, 30)],
+        policy="las",
+        policy_options={"thresholds_gpu_s": [10]},
+        gpus=2,
+        observer=rounds,
+    )
+    assert jobs["a"].finished_at == pytest.approx(130) and jobs["a"].preemptions == 1
+    assert rounds.at == pytest.approx([0, 5, 20, 25, 50, 130])
