@@ -633,6 +633,8 @@ class Scheduler:
             ):
                 outcome = self._make_room(job, now, actions)
                 if outcome == "started":
+                    # Its victims may have freed more GPUs than it took: what did not fit may now.
+                    no_fit.clear()
                     continue
                 if outcome == "too few victims":
                     too_few_victims[victims_kind] = job.spec.gpus

@@ -121,3 +121,20 @@ def test_skipping_quiet_rounds_decides_exactly_as_walking_every_round(
         runs.append(result.decisions)
     assert len(runs[0]) > 300  # the trace preempts: each job starts at least once
     assert runs[0] == runs[1]
+
+
+def test_a_job_that_did_not_fit_may_start_once_a_preemption_freed_more_than_it_took():
+    # One 4-GPU node, LAS at 10 GPU-s: V (4 GPUs) drops to queue 1 at 2.5. J1 and J2 (1 GPU
+    # each, queue 0) arrive at 3: J1 preempts V and takes one GPU, and J2 takes another of the
+    # three V left free, in the same round (not at the next round, whenever that comes).
+    s = scheduler(1, 4, "las", placement="any", policy_options={"thresholds_gpu_s": [10]})
+    s.submit(spec("V", 4, submit=0), 0)
+    assert s.decide(0).wake_at == pytest.approx(2.5)
+    assert s.decide(2.5).actions == []
+    s.submit(spec("J1", 1, submit=3), 3)
+    s.submit(spec("J2", 1, submit=3), 3)
+    assert s.decide(3).actions == [
+        Preempt("V", (0, 1, 2, 3), "J1"),
+        Start("J1", (0,)),
+        Start("J2", (1,)),
+    ]
