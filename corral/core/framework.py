@@ -27,6 +27,7 @@ from corral.core.plugin import PluginError, Services
 from corral.core.policy import POLICIES
 from corral.core.protocol import SchedulerCore
 from corral.core.retry import RetryOptions, RetryRule
+from corral.core.scheduler import Victims
 from corral.core.stages import Stage
 
 #: Round stages beside the queue walk (corral.core.stages), by name.
@@ -51,6 +52,12 @@ class CoreOptions:
     backfill: bool = option(False, help="a blocking policy's later jobs may start around its head")
     restore_s: float = option(
         30.0, help="seconds a resumed job spends restoring its checkpoint before it works", low=0
+    )
+    victims: Victims = option(
+        "lowest",
+        help="which running jobs a waiting job preempts: lowest (the lowest-priority ones first, "
+        "until it can be placed) or in-order (the Tiresias simulator's pass: from the highest "
+        "priority down, each keeps its GPUs while it fits in what the job leaves)",
     )
     precheck_s: float | None = option(
         None,
@@ -191,6 +198,11 @@ def check_config(
             f"policy {core.policy}: runs only inside admission {policy.admission} "
             f"(got admission {admission_name})"
         )
+    if core.victims != "lowest" and admission_name not in ("none", "auto"):
+        raise PluginError(
+            f"victims {core.victims}: only with admission none (an admission chooses who gives "
+            "way to reclaim its GPUs)"
+        )
     if admission_name == "auto":
         return
     scheme = ADMISSIONS[admission_name]
@@ -234,6 +246,7 @@ def build_scheduler(
         services=services,
         backfill=core.backfill,
         restore_s=core.restore_s,
+        victims=core.victims,
         retry=RetryRule(config.section("retry")),
         precheck_s=core.precheck_s or None,
         stages=stages,

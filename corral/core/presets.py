@@ -39,12 +39,20 @@ TIRESIAS = Preset(
     scheduler={
         "placement": "yarn",  # fifo places with its yarn scheme
         "restore_s": 0.0,  # it charges nothing to resume a preempted job
-        "las": {"thresholds_gpu_s": list(TIRESIAS_THRESHOLDS_GPU_S), "preempt_within_queue": False},
+        "victims": "in-order",  # its pass keeps running jobs in list order while they fit
+        "las": {
+            "thresholds_gpu_s": list(TIRESIAS_THRESHOLDS_GPU_S),
+            "preempt_within_queue": False,
+            "queue_order": "started",  # its lists: the last started gives way first
+            "demote_at_rounds": True,  # it checks queues at its events only
+        },
         "gittins": {
             "thresholds_gpu_s": list(TIRESIAS_THRESHOLDS_GPU_S),
             "queues": True,  # 2D-Gittins inside the LAS queues (its dlas-gpu-gittins)
             "delta_gpu_s": 3_250.0,  # its static Gittins quantum (jobs.py: gittins_delta)
+            "formula": "tiresias",  # its own index (docs/policies.md: how it differs)
             "quantiles": 1_000,  # the index changes at every sample of the history
+            "demote_at_rounds": True,  # it updates indexes and queues at its events only
         },
     },
     by_policy={

@@ -16,6 +16,7 @@ import heapq
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
+from typing import Literal
 
 from sortedcontainers import SortedList
 
@@ -44,6 +45,8 @@ StartHook = Callable[[Job, float], None]
 
 # Placement attempts a waiting job may make while adding preemption victims one by one.
 MAX_PREEMPTION_ATTEMPTS = 32
+#: Which running jobs a waiting job preempts (`Scheduler` `victims`).
+Victims = Literal["lowest", "in-order"]
 
 
 class _Top:
@@ -109,6 +112,7 @@ class Scheduler:
         backfill: bool = False,
         speed_model: SpeedModel | None = None,
         restore_s: float = 0.0,
+        victims: Victims = "lowest",
         admission: Admission | None = None,
         on_start: StartHook | None = None,
         stages: Sequence[Stage] = (),
@@ -117,9 +121,12 @@ class Scheduler:
     ) -> None:
         """`retry` judges failed attempts: the backoff before a retry and the user-error rule
         (default: `RetryRule(RetryOptions())`). `precheck_s`: the pre-run of jobs whose spec
-        names none (corral.core.precheck; None or 0: none)."""
+        names none (corral.core.precheck; None or 0: none). `victims`: which running jobs a
+        waiting job preempts (`_make_room`, `_make_room_in_order`)."""
         if admission is not None and any(stage.shares_gpus for stage in stages):
             raise ValueError("jobs sharing GPUs (packing) are not supported with an admission")
+        if victims != "lowest" and admission is not None:
+            raise ValueError(f"victims {victims}: only without an admission")
         self.cluster = cluster
         self.admission = admission
         self.policy = policy
@@ -129,6 +136,7 @@ class Scheduler:
         self.backfill = backfill
         self.speed_model = speed_model
         self.restore_s = restore_s
+        self.victims = victims
         self.on_start = on_start
         self.stages = list(stages)
         self._defragmenters = [s for s in self.stages if s.point == "defragment"]
@@ -145,6 +153,7 @@ class Scheduler:
         self._running = SortedList()
         self._stored: dict[int, Key] = {}
         self._timers: list[tuple[float, int, int]] = []
+        self._lazy_timers: list[tuple[float, int, int]] = []  # not waking (Policy.rekey_wakes)
         self._timer_version: dict[int, int] = {}
         self.rounds = 0
         self.preemptions = 0
@@ -506,7 +515,7 @@ class Scheduler:
         actions: list[Action] = []
         self._fire_timers(now, actions)  # a pre-run that passes by its timer is stopped first
         if self._repeats(now, preempt) and not actions:
-            return Decision(actions, self._next_wake(), self._respeeds())
+            return Decision(actions, self._next_wake(now), self._respeeds())
         for stage in self.stages:
             stage.new_round()
         for stage in self.stages:  # e.g. packing splits the pairs it measured not to gain
@@ -528,7 +537,7 @@ class Scheduler:
         if self._may_repeat and not actions:
             self._quiet = (self.cluster.version, preempt, self._tried_victims)
             self._quiet_at = now
-        return Decision(actions, self._next_wake(), self._respeeds())
+        return Decision(actions, self._next_wake(now), self._respeeds())
 
     def _repeats(self, now: float, preempt: bool) -> bool:
         """This round's walk would repeat the last round's, which did nothing: nothing changed
@@ -696,25 +705,16 @@ class Scheduler:
         """
         need = job.spec.gpus
         plain = job.spec.plain  # else a share, CPU or memory: free whole GPUs are no bound
+        if plain and self.victims == "in-order":
+            return self._make_room_in_order(job, now, actions)
         cluster = self.cluster
         scope = self.placement.scope(cluster, job, now)
         total = cluster.free_for(job.spec.gpu_types)
         freed_in: dict[int, int] = {}  # node or rack -> GPUs the victims so far would free there
         victims: list[Job] = []
-        half_pairs: dict[str, Job] = {}
         released = 0
         attempts = 0
-        for victim in self._victims(job, now):
-            if victim.run_started_at == now:
-                continue  # never undo a start of this same instant: no preemption cycles
-            if (
-                job.spec.gpu_types is not None
-                and victim.placement
-                and not job.spec.accepts(cluster.gpus[victim.placement[0]].gpu_type)
-            ):
-                continue
-            if not all(stage.frees_gpus(victim, half_pairs) for stage in self._shared):
-                continue  # its GPUs stay taken by its partner unless that is a victim too
+        for victim in self._candidates(job, now):
             victims.append(victim)
             total += victim.spec.gpus
             if plain:
@@ -745,6 +745,61 @@ class Scheduler:
         for held in victims[:released]:
             self._reclaim(held)
         return "no placement" if total >= need or not plain else "too few victims"
+
+    def _candidates(self, job: Job, now: float) -> Iterator[Job]:
+        """The job's victims (`_victims`, the lowest first) whose GPUs it could use."""
+        half_pairs: dict[str, Job] = {}
+        for victim in self._victims(job, now):
+            if victim.run_started_at == now:
+                continue  # never undo a start of this same instant: no preemption cycles
+            if (
+                job.spec.gpu_types is not None
+                and victim.placement
+                and not job.spec.accepts(self.cluster.gpus[victim.placement[0]].gpu_type)
+            ):
+                continue
+            if not all(stage.frees_gpus(victim, half_pairs) for stage in self._shared):
+                continue  # its GPUs stay taken by its partner unless that is a victim too
+            yield victim
+
+    def _make_room_in_order(self, job: Job, now: float, actions: list[Action]) -> str:
+        """The Tiresias simulator's pass, for one waiting job: the running jobs it may preempt,
+        from the highest priority down, keep their GPUs while they fit in the GPUs the job leaves
+        (counted, not placed); the others give way, a large one before smaller ones below it.
+        With a placement that counts GPUs (`any`) each of them is needed: what is left over is
+        less than any of them holds."""
+        cluster = self.cluster
+        ordered = list(self._candidates(job, now))
+        ordered.reverse()  # the highest priority first
+        left = (
+            cluster.free_for(job.spec.gpu_types)
+            + sum(victim.spec.gpus for victim in ordered)
+            - job.spec.gpus
+        )
+        if left < 0:
+            return "too few victims"
+        victims = []
+        for victim in ordered:
+            if victim.spec.gpus <= left:
+                left -= victim.spec.gpus
+            else:
+                victims.append(victim)
+        for victim in victims:
+            self._unclaim(victim)
+        self._tried_victims = True
+        result = self.placement.place(cluster, job, now)
+        if isinstance(result, Placed):
+            chosen = set(result.gpus)
+            for victim in victims:
+                if chosen.isdisjoint(victim.placement):
+                    self._reclaim(victim)  # a placement that is more than a count left it
+                else:
+                    self._preempt(victim, job, now, actions)
+            self._start(job, result, now, actions)
+            return "started"
+        for victim in victims:
+            self._reclaim(victim)
+        return "no placement"
 
     def _room_in_scope(self, scope: str, victim: Job, need: int, freed_in: dict[int, int]) -> bool:
         """Add the victim's GPUs to the places they free; is there now a place with enough?"""
@@ -1061,7 +1116,13 @@ class Scheduler:
             self._quiet = quiet
 
     def _set_timer(self, job: Job, now: float) -> None:
+        """One timer per job (a later one replaces it): the earliest instant its key, placement
+        mode, backoff or pre-run changes. A policy whose key changes do not wake the scheduler
+        (`Policy.rekey_wakes`) has them taken at the first round at or after their instant."""
         at = self.policy.key_changes_at(job, now)
+        lazy = math.inf
+        if not self.policy.rekey_wakes:
+            lazy, at = at, math.inf
         if job.status is JobStatus.PENDING:
             at = min(at, self.placement.changes_at(job, now))
             if job.hold_until > now:  # wake when its retry backoff ends
@@ -1072,6 +1133,8 @@ class Scheduler:
         self._timer_version[job.seq] = version
         if at < math.inf:
             heapq.heappush(self._timers, (max(at, now), job.seq, version))
+        if lazy < at:
+            heapq.heappush(self._lazy_timers, (max(lazy, now), job.seq, version))
 
     def _prerun_ends_at(self, job: Job) -> float:
         """When the running pre-run passes by its timer."""
@@ -1079,8 +1142,15 @@ class Scheduler:
         return job.run_started_at + self._prerun[job.id].timeout_s
 
     def _fire_timers(self, now: float, actions: list[Action]) -> None:
-        while self._timers and self._timers[0][0] <= now:
-            _, seq, version = heapq.heappop(self._timers)
+        timers, lazy = self._timers, self._lazy_timers
+        while True:  # the earliest due timer of either heap
+            if lazy and lazy[0][0] <= now and (not timers or lazy[0] < timers[0]):
+                heap = lazy
+            elif timers and timers[0][0] <= now:
+                heap = timers
+            else:
+                break
+            _, seq, version = heapq.heappop(heap)
             if self._timer_version.get(seq) != version:
                 continue
             job = self._by_seq[seq]
@@ -1102,10 +1172,13 @@ class Scheduler:
             else:
                 self._rekey_running(job, now)
 
-    def _next_wake(self) -> float | None:
+    def _next_wake(self, now: float) -> float | None:
         while self._timers and self._timer_version.get(self._timers[0][1]) != self._timers[0][2]:
             heapq.heappop(self._timers)
-        return self._timers[0][0] if self._timers else None
+        wake = self._timers[0][0] if self._timers else math.inf
+        if not self.policy.rekey_wakes:  # asked again at every round, as the policy's owner does
+            wake = min([wake, *(self.policy.wakes_at(job, now) for job in self.running_jobs())])
+        return wake if wake < math.inf else None
 
     # -- reading the state --------------------------------------------------------------------
 

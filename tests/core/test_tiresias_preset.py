@@ -1,5 +1,7 @@
 """The `tiresias` preset's pieces, worked by hand: yarn placement, Tiresias's LAS preemption rule,
-its queue thresholds, its fixed-quantum Gittins index, and the preset itself."""
+its queue thresholds, its victims, its list order and its late demotions, its Gittins index, and
+the preset itself. tests/sim/test_tiresias_reference.py compares the whole preset with the
+Tiresias simulator's output, job by job."""
 
 from __future__ import annotations
 
@@ -11,9 +13,10 @@ from corral.cli.main import app
 from corral.core import Cluster, Job, Preempt, Start
 from corral.core.framework import build_scheduler, config_from_mapping, merge
 from corral.core.placement import NotPlaced, Placed, make_placement
-from corral.core.plugin import Services
+from corral.core.plugin import PluginError, Services
 from corral.core.policy import make_policy
-from corral.core.policy.gittins import gittins_index_fixed
+from corral.core.policy.gittins import gittins_index_fixed, tiresias_rank
+from corral.core.policy.las import LasState
 from corral.core.presets import TIRESIAS, get_preset, given_keys, without
 from tests.core.helpers import scheduler, spec
 
@@ -123,6 +126,121 @@ def test_tiresias_thresholds_make_three_queues_of_gpu_seconds():
     assert s.decide(1800).wake_at is None  # the last queue: no more crossings
 
 
+def run_until(s, until: float, wake: float | None) -> float | None:
+    """Hold the rounds the scheduler asks for up to `until` (not beyond)."""
+    while wake is not None and wake <= until:
+        wake = s.decide(wake).wake_at
+    return wake
+
+
+def victims_scenario(victims: str) -> list[object]:
+    """One 8-GPU node, LAS at 1 GPU-s, placement `any` (the first free GPUs). X (2 GPUs) A (2)
+    and B (4) start at 0 on GPUs 0-1, 2-3 and 4-7; X ends at 5; C (1) and D (1) start at 6 and 7
+    on GPUs 0 and 1. All drop to queue 1: B at 0.25, A at 0.5, C at 7, D at 8, so queue 1 is
+    B, A, C, D. J (3 GPUs, queue 0) arrives at 10 with no GPU free."""
+    s = scheduler(
+        1, 8, "las", placement="any", policy_options={"thresholds_gpu_s": [1]}, victims=victims
+    )
+    for name, gpus in (("X", 2), ("A", 2), ("B", 4)):
+        s.submit(spec(name, gpus, submit=0), 0)
+    wake = s.decide(0).wake_at
+    wake = run_until(s, 5, wake)
+    s.finished("X", 5)
+    s.submit(spec("C", 1, submit=6), 6)
+    assert s.decide(6).actions == [Start("C", (0,))]
+    s.submit(spec("D", 1, submit=7), 7)
+    assert s.decide(7).actions == [Start("D", (1,))]
+    run_until(s, 9, 8)
+    s.submit(spec("J", 3, submit=10), 10)
+    return s.decide(10).actions
+
+
+def test_lowest_victims_give_way_from_the_lowest_until_the_job_fits():
+    # D (1), C (1), then A (2): 4 GPUs; J takes the first three free, 0 (C), 1 (D) and 2 (A),
+    # and C, waiting now at the head of queue 1, takes A's other GPU in the same round.
+    assert victims_scenario("lowest") == [
+        Preempt("D", (1,), "J"),
+        Preempt("C", (0,), "J"),
+        Preempt("A", (2, 3), "J"),
+        Start("J", (0, 1, 2)),
+        Start("C", (3,), resumed=True),
+    ]
+
+
+def test_in_order_victims_keep_their_gpus_while_they_fit_in_what_the_job_leaves():
+    # Tiresias's pass: J leaves 8 - 3 = 5 GPUs. B (4) keeps its GPUs (1 left), A (2) does not
+    # fit, C (1) fits (0 left), D (1) does not: A and D give way, exactly J's 3 GPUs.
+    assert victims_scenario("in-order") == [
+        Preempt("A", (2, 3), "J"),
+        Preempt("D", (1,), "J"),
+        Start("J", (1, 2, 3)),
+    ]
+
+
+def test_in_tiresias_order_a_job_that_drops_into_a_queue_gives_way_to_those_waiting_there():
+    # One 2-GPU node, LAS at 10 GPU-s. P (2 GPUs) drops to queue 1 at t=5; R (queue 0) arrives
+    # at 6 and preempts it. R reaches 10 GPU-s at 11 and drops into queue 1 behind P, which
+    # waits there: in Tiresias's lists a dropped job joins the tail, and P takes its GPUs back.
+    # With corral's order the two share queue 1 and only a higher queue preempts: R runs on.
+    for order, at_11 in (
+        ("started", [Preempt("R", (0, 1), "P"), Start("P", (0, 1), resumed=True)]),
+        ("entered", []),
+    ):
+        options = {"thresholds_gpu_s": [10], "queue_order": order}
+        s = scheduler(1, 2, "las", placement="any", policy_options=options)
+        s.submit(spec("P", 2, submit=0), 0)
+        run_until(s, 5, s.decide(0).wake_at)
+        s.submit(spec("R", 2, submit=6), 6)
+        assert s.decide(6).actions == [Preempt("P", (0, 1), "R"), Start("R", (0, 1))]
+        assert s.decide(11).actions == at_11, order
+
+
+@pytest.mark.parametrize(
+    ("order", "at_21"),
+    [
+        ("started", [Preempt("B", (1, 2), "D"), Start("D", (1,))]),
+        ("entered", [Preempt("A", (0,), "D"), Start("D", (0,))]),
+    ],
+)
+def test_in_tiresias_order_running_jobs_give_way_last_started_first(
+    order: str, at_21: list[object]
+):
+    # One 3-GPU node, LAS at 10 GPU-s, in-order victims. A (1 GPU) and B (2) start at 0; B drops
+    # to queue 1 at 5, A at 10. C (2 GPUs, queue 0) arrives at 11: it leaves 1 GPU, B (first in
+    # queue 1) does not fit in it and gives way, A keeps its GPU. C ends at 20 and B starts again.
+    # D (1 GPU) arrives at 21 and leaves 2 GPUs. Tiresias's lists put B, started last, after A:
+    # A keeps its GPU and B gives way. corral's order keeps B first (it entered queue 1 at 5):
+    # B keeps its 2 GPUs and A gives way.
+    options = {"thresholds_gpu_s": [10], "queue_order": order}
+    s = scheduler(1, 3, "las", placement="any", policy_options=options, victims="in-order")
+    s.submit(spec("A", 1, submit=0), 0)
+    s.submit(spec("B", 2, submit=0), 0)
+    run_until(s, 10, s.decide(0).wake_at)
+    s.submit(spec("C", 2, submit=11, duration=9), 11)
+    assert s.decide(11).actions == [Preempt("B", (1, 2), "C"), Start("C", (1, 2))]
+    s.finished("C", 20)
+    assert s.decide(20).actions == [Start("B", (1, 2), resumed=True)]
+    s.submit(spec("D", 1, submit=21), 21)
+    assert s.decide(21).actions == at_21
+
+
+def test_demotions_at_rounds_come_at_the_next_round_or_tiresias_s_own_late_wake_up():
+    # One 2-GPU node, LAS at 10 GPU-s, demotions at rounds: A (2 GPUs) starts at 0 and would
+    # cross at t=5. Tiresias's wake-up at its start: 0 + (10 - 0 s executed) / 2 = 5. B (1 GPU)
+    # arrives at 2: its round asks again, 2 + (10 - 2) // 2 = 6 (executed seconds, not GPU-seconds:
+    # later than the crossing). At 6 A drops (entered 6) and B, queue 0, preempts it.
+    options = {"thresholds_gpu_s": [10], "demote_at_rounds": True}
+    s = scheduler(1, 2, "las", placement="any", policy_options=options)
+    s.submit(spec("A", 2, submit=0), 0)
+    assert s.decide(0).wake_at == 5
+    s.submit(spec("B", 1, submit=2), 2)
+    decision = s.decide(2)
+    assert decision.actions == [] and decision.wake_at == 6
+    assert s.decide(6).actions == [Preempt("A", (0, 1), "B"), Start("B", (0,))]
+    # Demoted at 6, not at its crossing: it sits in queue 1 from then.
+    assert s.jobs["A"].peek(LasState).entered == 6
+
+
 # -- Gittins with a fixed quantum and queues ------------------------------------------------------
 
 
@@ -182,6 +300,8 @@ def test_config_show_prints_the_preset():
     assert "placement: any" in out and "restore_s: 0.0" in out
     assert "- 3250.0\n    - 7200.0" in out and "preempt_within_queue: false" in out
     assert "spread_slowdown: false" in out and "yarn-gput1000.csv" in out
+    assert "victims: in-order" in out and "queue_order: started" in out
+    assert "demote_at_rounds: true" in out
     fifo = CliRunner().invoke(app, ["config", "show", "--preset", "tiresias", "--policy", "fifo"])
     assert "placement: yarn" in fifo.output
     # A flag given with the preset overrides it.
@@ -189,3 +309,41 @@ def test_config_show_prints_the_preset():
         app, ["config", "show", "--preset", "tiresias", "--policy", "las", "--restore-s", "5"]
     )
     assert "restore_s: 5.0" in given.output
+
+
+def test_tiresias_s_gittins_index_of_three_samples():
+    # Samples 10, 20, 40; quantum 10. At 0: P = 1/3 (only 10 ends within 10) rounded 0.33333;
+    # E = (10 + 10 x 2 still running) // 3 = 10; index 0.33333e6 / 10 = 33333.0.
+    samples = np.array([10.0, 20.0, 40.0])
+    assert tiresias_rank(samples, 0, 10) == 33333.0
+    # At 15: 20 and 40 are above; P = 1/2; E counts 20's whole size, not the 5 left:
+    # (20 + 10) // 2 = 15; index 0.5e6 / 15 = 33333.3333 (the textbook one: 0.5 / 7.5).
+    assert tiresias_rank(samples, 15, 10) == 33333.3333
+    assert gittins_index_fixed(samples, 15, 10) == pytest.approx(1 / 15)
+    # At 39 (the largest less one): no sample ends within the quantum: 0; beyond it: 0.
+    assert tiresias_rank(samples, 39, 10) == 0.0
+    assert tiresias_rank(samples, 39.5, 10) == 0.0
+
+
+def test_gittins_with_tiresias_s_formula_takes_the_index_of_the_next_sample_above():
+    gittins = make_policy(
+        "gittins",
+        service_samples_gpu_s=[10.0, 20.0, 40.0],
+        thresholds_gpu_s=[3250.0],
+        delta_gpu_s=10.0,
+        formula="tiresias",
+    )
+    j = Job(spec=spec("j", 1))
+    j.attained_gpu_s = 12.0  # the next sample above is 20: its index at 19
+    assert gittins.index(j, 0) == tiresias_rank(np.array([10.0, 20.0, 40.0]), 19, 10)
+    j.attained_gpu_s = 20.0  # next above: 40, at 39: 0
+    assert gittins.index(j, 0) == 0.0
+    with pytest.raises(ValueError, match="quantum"):
+        make_policy("gittins", service_samples_gpu_s=[10.0], formula="tiresias")
+
+
+def test_in_order_victims_are_refused_with_an_admission_that_chooses_its_own():
+    config = config_from_mapping({"policy": "las", "admission": "quota", "victims": "in-order"})
+    cluster = Cluster.shorthand(2, 4)
+    with pytest.raises(PluginError, match="victims in-order: only with admission none"):
+        build_scheduler(config, Services(cluster, vc_cells={"a": {"v100": 8}}))

@@ -18,7 +18,7 @@ from corral.core.plugin import OptionsMixin, Services
 from corral.core.policy.base import Policy
 from corral.core.protocol import Admission, SchedulerCore
 from corral.core.retry import RetryRule
-from corral.core.scheduler import Scheduler, StartHook
+from corral.core.scheduler import Scheduler, StartHook, Victims
 from corral.core.stages import Stage
 
 
@@ -32,6 +32,7 @@ class Assembly:
     backfill: bool
     restore_s: float
     retry: RetryRule
+    victims: Victims = "lowest"
     stages: list[Stage] = field(default_factory=list)
     on_start: StartHook | None = None
     #: The pre-run of jobs whose spec names none (corral.core.precheck); None: none.
@@ -54,6 +55,7 @@ class Assembly:
             backfill=self.backfill,
             speed_model=speed_for(target) if speed_for is not None else None,
             restore_s=self.restore_s,
+            victims=self.victims,
             admission=admission,
             on_start=self.on_start,
             stages=self.stages,

@@ -34,6 +34,10 @@ class Policy(OptionsMixin):
     #: `stored_key` equals `key` at every instant (true when keys only change at announced
     #: instants); lets the scheduler compare indexed keys without recomputing them.
     stored_is_key = True
+    #: The instants `key_changes_at` announces wake the scheduler for a round of their own; when
+    #: False a key change is taken at the first round at or after its instant (rounds that
+    #: arrivals, ends and other timers cause: how the Tiresias simulator checks its queues).
+    rekey_wakes = True
     #: The victim rule compares only this many leading parts of the scheduler's keys (its job
     #: level first, then this policy's key); None: whole keys. A waiting job may preempt a running
     #: one whose leading parts are greater (`preempts`).
@@ -48,6 +52,12 @@ class Policy(OptionsMixin):
 
     def key_changes_at(self, job: Job, now: float) -> float:
         """The next instant at which this job's key may change; inf when it never does."""
+        return math.inf
+
+    def wakes_at(self, job: Job, now: float) -> float:
+        """Where key changes do not wake the scheduler (`rekey_wakes` False): an instant at which
+        it should still wake for this running job, its key change then taken if due; inf: none.
+        Asked again for every running job at the end of every round."""
         return math.inf
 
     def on_key_change(self, job: Job, now: float) -> None:

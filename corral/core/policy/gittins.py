@@ -17,7 +17,7 @@ import bisect
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -25,7 +25,7 @@ from corral.core.job import Job, JobStatus
 from corral.core.options import option
 from corral.core.plugin import Services, needs
 from corral.core.policy.base import Key, Policy, tie_break
-from corral.core.policy.las import DEFAULT_THRESHOLDS_GPU_S
+from corral.core.policy.las import DEFAULT_THRESHOLDS_GPU_S, tiresias_wake
 
 
 def gittins_index(samples_sorted: np.ndarray, attained: float) -> float:
@@ -51,6 +51,31 @@ def gittins_index_fixed(samples_sorted: np.ndarray, attained: float, delta: floa
         return 0.0
     expected = float(np.minimum(remaining, delta).mean())
     return float((remaining <= delta).mean()) / expected if expected > 0 else math.inf
+
+
+def tiresias_rank(samples_sorted: np.ndarray, attained: float, delta: float) -> float:
+    """The Tiresias simulator's own index (run_sim.py's `cal_r_gittins_index`, recomputed here,
+    not copied), which differs from the textbook one: the expected service counts the sizes of
+    the samples that end within the quantum, not what remains of them, and the quantum's
+    samples start after the first one above `attained`. With I the samples above `attained`
+    and J those above `attained + delta`: P = (|I| - |J|) / |I| rounded to 5 digits,
+    E = (sum of the samples in I but not J + delta |J|) // |I| (integer division, as its Python
+    2 divides integers), index = P 10^6 / E rounded to 4 digits; 0 beyond the largest sample
+    less one. `samples_sorted`: whole numbers."""
+    count = samples_sorted.size
+    largest = float(samples_sorted[-1])
+    if attained > largest - 1:
+        return 0.0
+    first = int(np.searchsorted(samples_sorted, attained, side="right"))
+    if attained + delta > largest - 1:
+        after = count - 1  # its own bound: the largest sample always counts as inside
+    else:
+        after = int(np.searchsorted(samples_sorted, attained + delta, side="right"))
+    above = count - first
+    probability = round((after - first) / above, 5)
+    spent = int(samples_sorted[first:after].sum()) + int(delta) * (count - after)
+    expected = float(spent // above)
+    return round(probability * 1_000_000 / expected, 4) if expected > 0 else math.inf
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +104,17 @@ class GittinsOptions:
         low=0,
         low_open=True,
     )
+    formula: Literal["gittins", "tiresias"] = option(
+        "gittins",
+        help="gittins (the index above) or tiresias (the Tiresias simulator's own: expected "
+        "service from the samples' sizes, not what remains of them, rounded; needs "
+        "delta_gpu_s)",
+    )
+    demote_at_rounds: bool = option(
+        False,
+        help="take index and queue changes only at rounds that happen anyway (arrivals, ends), "
+        "as the Tiresias simulator does at its events (off: at the instant they happen)",
+    )
 
 
 class Gittins(Policy):
@@ -98,6 +134,8 @@ class Gittins(Policy):
             options.quantiles,
             queues=options.queues,
             delta_gpu_s=options.delta_gpu_s,
+            demote_at_rounds=options.demote_at_rounds,
+            formula=options.formula,
         )
 
     def __init__(
@@ -108,6 +146,8 @@ class Gittins(Policy):
         *,
         queues: bool = False,
         delta_gpu_s: float | None = None,
+        demote_at_rounds: bool = False,
+        formula: str = "gittins",
     ) -> None:
         samples = np.sort(np.asarray([s for s in service_samples_gpu_s if s > 0], dtype=float))
         if samples.size == 0:
@@ -115,12 +155,27 @@ class Gittins(Policy):
         self.samples = samples
         self.thresholds = sorted(thresholds_gpu_s)
         self.queues = queues
+        self.rekey_wakes = not demote_at_rounds
         levels = {0.0, *thresholds_gpu_s}
         levels.update(float(q) for q in np.quantile(samples, np.linspace(0, 1, quantiles + 1)))
         if quantiles >= samples.size:
             levels.update(float(s) for s in samples)
         self.grid = sorted(levels)
-        if delta_gpu_s is None:
+        if formula == "tiresias":
+            if delta_gpu_s is None:
+                raise ValueError("the Tiresias formula needs a quantum (delta_gpu_s)")
+            # Its index is constant between samples: the one of the first sample above, less one
+            # (run_sim.py's get_gittins_index); every sample is a level.
+            whole = np.floor(samples)
+            self.grid = sorted(levels | {float(x) for x in whole})
+            at_sample = {x: tiresias_rank(whole, x - 1, delta_gpu_s) for x in set(whole.tolist())}
+            self.index_at = [
+                0.0
+                if level >= whole[-1]
+                else at_sample[float(whole[np.searchsorted(whole, level, side="right")])]
+                for level in self.grid
+            ]
+        elif delta_gpu_s is None:
             self.index_at = [gittins_index(samples, level) for level in self.grid]
         else:
             self.index_at = [gittins_index_fixed(samples, lv, delta_gpu_s) for lv in self.grid]
@@ -131,11 +186,18 @@ class Gittins(Policy):
     def index(self, job: Job, now: float) -> float:
         return self.index_at[self._grid_position(job, now)]
 
+    def _queue(self, job: Job, now: float) -> int:
+        return bisect.bisect_right(self.thresholds, job.attained_at(now) + 1e-6)
+
     def key(self, job: Job, now: float) -> Key:
         if self.queues:
-            queue = bisect.bisect_right(self.thresholds, job.attained_at(now) + 1e-6)
-            return (queue, -self.index(job, now), *tie_break(job))
+            return (self._queue(job, now), -self.index(job, now), *tie_break(job))
         return (-self.index(job, now), *tie_break(job))
+
+    def wakes_at(self, job: Job, now: float) -> float:
+        if not self.queues:
+            return math.inf
+        return tiresias_wake(job, now, self.thresholds, self._queue(job, now))
 
     def key_changes_at(self, job: Job, now: float) -> float:
         if job.status is not JobStatus.RUNNING:

@@ -9,6 +9,11 @@ waiting job does not preempt running jobs of its own queue (Tiresias's rule; `pr
 turns that on; docs/policies.md has the measurement behind the default). A job
 that has waited longer than `starvation_factor` times its executed time is promoted back to the
 top queue (Tiresias's starvation knob): its service so far stops counting.
+
+`queue_order: started` orders inside a queue as the Tiresias simulator's lists end up after each
+of its events (its `--preset tiresias`): running jobs first, in the order they started or dropped
+into the queue, so the last of them gives way first; then waiting jobs, the most recently
+preempted first, then the jobs that never ran (or were promoted) in the order they came.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import bisect
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from corral.core.job import Job, JobStatus
 from corral.core.options import option
@@ -28,6 +33,7 @@ from corral.core.policy.base import Key, Policy, tie_break
 DEFAULT_THRESHOLDS_GPU_S = (3_600.0, 36_000.0)
 #: Whether a waiting job preempts running jobs of its own queue (docs/policies.md: the rule).
 PREEMPT_WITHIN_QUEUE = False
+QueueOrder = Literal["entered", "started"]
 
 
 @dataclass(slots=True)
@@ -37,6 +43,15 @@ class LasState:
 
     entered: float | None = None
     promotions: int = 0
+    #: When the starvation rule last moved it to the top queue (None: never).
+    promoted_at: float | None = None
+    #: The queue it entered at `entered` (0 until it drops one).
+    queue: int = 0
+    #: `queue_order: started`: the number of its last start (counted by the policy), the
+    #: attempt it numbers, and its place among running jobs (kept while it waits again).
+    start_rank: int = 0
+    ranked_attempt: int = -1
+    running_order: tuple[float, int, int] = (0.0, 0, 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,12 +73,35 @@ class LasOptions:
         help="a waiting job may preempt running jobs of its own queue that come after it (off: "
         "only a job of a higher queue preempts, as in Tiresias)",
     )
+    queue_order: QueueOrder = option(
+        "entered",
+        help="order inside a queue: entered (by the instant each job entered it) or started (the "
+        "Tiresias simulator's: running jobs by start, the latest gives way first; then waiting "
+        "ones, the most recently preempted first)",
+    )
+    demote_at_rounds: bool = option(
+        False,
+        help="move jobs between queues only at rounds that happen anyway (arrivals, ends), as "
+        "the Tiresias simulator checks them at its events (off: at the instant a job crosses a "
+        "threshold)",
+    )
 
     def validate(self) -> str | None:
         thresholds = list(self.thresholds_gpu_s)
         if thresholds != sorted(set(thresholds)):
             return "thresholds_gpu_s must be strictly increasing"
         return None
+
+
+def tiresias_wake(job: Job, now: float, thresholds: Sequence[float], queue: int) -> float:
+    """The Tiresias simulator's own wake-up for a running job in LAS `queue` (run_sim.py's
+    dlas `jump_time`, recomputed at each of its events): the executed seconds, not
+    GPU-seconds, subtracted from the queue's GPU-second limit, divided by the GPUs. Later
+    than the crossing for a job of several GPUs (a bug of its own, kept to reproduce it)."""
+    if job.status is not JobStatus.RUNNING or queue >= len(thresholds):
+        return math.inf
+    executed = math.floor(job.executed_at(now))
+    return now + max(0, math.floor((thresholds[queue] - executed) / job.spec.gpus))
 
 
 class LeastAttainedService(Policy):
@@ -75,7 +113,11 @@ class LeastAttainedService(Policy):
     @classmethod
     def from_options(cls, options: Any, services: Services) -> Policy:
         return cls(
-            options.thresholds_gpu_s, options.starvation_factor, options.preempt_within_queue
+            options.thresholds_gpu_s,
+            options.starvation_factor,
+            options.preempt_within_queue,
+            options.queue_order,
+            options.demote_at_rounds,
         )
 
     def __init__(
@@ -83,6 +125,8 @@ class LeastAttainedService(Policy):
         thresholds_gpu_s: Sequence[float] = DEFAULT_THRESHOLDS_GPU_S,
         starvation_factor: float | None = None,
         preempt_within_queue: bool = PREEMPT_WITHIN_QUEUE,
+        queue_order: QueueOrder = "entered",
+        demote_at_rounds: bool = False,
     ) -> None:
         thresholds = list(thresholds_gpu_s)
         if any(t <= 0 for t in thresholds) or thresholds != sorted(set(thresholds)):
@@ -92,9 +136,13 @@ class LeastAttainedService(Policy):
         self.thresholds = thresholds
         self.starvation_factor = starvation_factor
         self.preempt_within_queue = preempt_within_queue
+        self.queue_order = queue_order
+        self.rekey_wakes = not demote_at_rounds
+        self._starts = 0  # starts numbered so far (queue_order: started)
         # The scheduler's keys start (level, queue, ...): without the within-queue rule only a
-        # lower queue (or level) gives way.
-        self.preempt_prefix = None if preempt_within_queue else 2
+        # lower queue (or level) gives way. Tiresias's order puts a queue's running jobs before
+        # its waiting ones, so whole keys give its rule (and let a job at the tail give way).
+        self.preempt_prefix = None if preempt_within_queue or queue_order == "started" else 2
 
     def counted_service(self, job: Job, now: float) -> float:
         return job.attained_at(now) - job.service_offset_gpu_s
@@ -106,13 +154,57 @@ class LeastAttainedService(Policy):
     def key(self, job: Job, now: float) -> Key:
         queue = self.queue_of(job, now)
         state = job.peek(LasState)
+        if self.queue_order == "started":
+            return (queue, *self._started_order(job, state, now))
         entered = None if state is None else state.entered
         if queue == 0 or entered is None:
             return (queue, *tie_break(job))
         return (queue, entered, job.seq)
 
+    def stored_key(self, job: Job, now: float) -> Key:
+        if self.queue_order == "started" and job.status is JobStatus.RUNNING:
+            # Number the starts: jobs that start in one round keep the order they waited in.
+            state = job.record(LasState)
+            if state.ranked_attempt != job.attempts:
+                self._starts += 1
+                state.start_rank = self._starts
+                state.ranked_attempt = job.attempts
+            state.running_order = self._running_order(job, state)  # kept while it waits again
+        return self.key(job, now)
+
+    @staticmethod
+    def _running_order(job: Job, state: LasState) -> tuple[float, int, int]:
+        assert job.run_started_at is not None
+        entered = state.entered
+        if entered is None or entered < job.run_started_at:
+            return (job.run_started_at, 0, state.start_rank)
+        return (entered, 1, job.seq)
+
+    def _started_order(self, job: Job, state: LasState | None, now: float) -> tuple[float, ...]:
+        """Tiresias's list order inside a queue: running jobs (0) by the instant they started,
+        in the order they started (0), or dropped into it, after those (1); then waiting jobs
+        (1): the preempted ones (0) the latest first, in their order as running jobs, then the
+        others (1) in the order they came. A job that drops into the queue joins the list's tail
+        (2), behind the waiting jobs, for the round of that instant; preempted there, it stays
+        at the tail, behind the jobs that dropped there before it."""
+        if job.status is JobStatus.RUNNING:
+            assert state is not None
+            order = self._running_order(job, state)
+            at_tail = order[1] == 1 and now <= order[0]
+            return (2 if at_tail else 0, *order)
+        promoted_at = None if state is None else state.promoted_at
+        if job.attempts == 0 or (promoted_at is not None and promoted_at >= job.queued_since):
+            return (1, 1, job.spec.submit_time if promoted_at is None else promoted_at, job.seq)
+        assert state is not None
+        if state.entered == job.queued_since:
+            return (2, *state.running_order)  # preempted at the tail: stays there
+        return (1, 0, -job.queued_since, *state.running_order)
+
     def key_changes_at(self, job: Job, now: float) -> float:
         if job.status is JobStatus.RUNNING:
+            state = job.peek(LasState)
+            if self.queue_order == "started" and state is not None and state.entered == now:
+                return math.nextafter(now, math.inf)  # its round at the tail is over
             queue = self.queue_of(job, now)
             if queue == len(self.thresholds):
                 return math.inf
@@ -121,6 +213,9 @@ class LeastAttainedService(Policy):
         if job.status is JobStatus.PENDING:
             return self._promotion_time(job, now)
         return math.inf
+
+    def wakes_at(self, job: Job, now: float) -> float:
+        return tiresias_wake(job, now, self.thresholds, self.queue_of(job, now))
 
     def _promotion_time(self, job: Job, now: float) -> float:
         if self.starvation_factor is None or self.queue_of(job, now) == 0:
@@ -133,8 +228,14 @@ class LeastAttainedService(Policy):
             state = job.record(LasState)
             state.promotions += 1
             state.entered = None  # back in the top queue, in arrival order
+            state.promoted_at = now
+            state.queue = 0
         elif job.status is JobStatus.RUNNING:
-            job.record(LasState).entered = now  # dropped a queue: join its tail
+            state = job.record(LasState)
+            queue = self.queue_of(job, now)
+            if queue != state.queue:  # dropped a queue: join its tail
+                state.queue = queue
+                state.entered = now
 
     def describe_key(self, job: Job, now: float) -> str:
         return f"LAS queue {self.queue_of(job, now)} ({self.counted_service(job, now):.0f} GPU-s attained)"
