@@ -94,9 +94,8 @@ def run_tiresias(
     return sum(jcts) / len(jcts), after.children_user - before.children_user
 
 
-def run_corral(trace: Path, cluster: tuple[int, int], preset: bool, out: Path) -> dict[str, float]:
-    """Average JCT per policy of one `corral simulate --compare fifo,las,gittins`."""
-    folder = out / ("corral-preset" if preset else "corral-defaults")
+def corral_simulate(trace: Path, cluster: str, out: Path, *flags: str) -> list[dict]:
+    """The runs of one `corral simulate` of a Tiresias-format trace (its summary.json)."""
     command = [
         sys.executable,
         "-m",
@@ -105,16 +104,20 @@ def run_corral(trace: Path, cluster: tuple[int, int], preset: bool, out: Path) -
         "--trace",
         f"tiresias:{trace}",
         "--cluster",
-        f"{cluster[0]}x{cluster[1]}",
-        "--compare",
-        "fifo,las,gittins",
+        cluster,
         "--out",
-        str(folder),
+        str(out),
+        *flags,
     ]
-    if preset:
-        command += ["--preset", "tiresias"]
     subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
-    runs = json.loads((folder / "summary.json").read_text())["runs"]
+    return json.loads((out / "summary.json").read_text())["runs"]
+
+
+def run_corral(trace: Path, cluster: tuple[int, int], preset: bool, out: Path) -> dict[str, float]:
+    """Average JCT per policy of one `corral simulate --compare fifo,las,gittins`."""
+    folder = out / ("corral-preset" if preset else "corral-defaults")
+    flags = ["--compare", "fifo,las,gittins", *(["--preset", "tiresias"] if preset else [])]
+    runs = corral_simulate(trace, f"{cluster[0]}x{cluster[1]}", folder, *flags)
     return {run["policy"]: float(run["avg_jct_s"]) for run in runs}
 
 

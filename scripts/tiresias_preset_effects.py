@@ -15,13 +15,11 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
-import subprocess
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from tiresias_compare import write_synthetic  # noqa: E402
+from tiresias_compare import corral_simulate, write_synthetic  # noqa: E402
 
 # (what is put back, the flags that put it back, the policies it applies to)
 CHANGES: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
@@ -52,25 +50,9 @@ CHANGES: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
 
 
 def run(trace: Path, cluster: str, policy: str, extra: tuple[str, ...], out: Path) -> tuple:
-    command = [
-        sys.executable,
-        "-m",
-        "corral.cli",
-        "simulate",
-        "--trace",
-        f"tiresias:{trace}",
-        "--cluster",
-        cluster,
-        "--policy",
-        policy,
-        "--preset",
-        "tiresias",
-        "--out",
-        str(out),
-        *extra,
-    ]
-    subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
-    summary = json.loads((out / "summary.json").read_text())["runs"][0]
+    """(average JCT, preemptions) of the preset with `extra` flags."""
+    flags = ("--policy", policy, "--preset", "tiresias", *extra)
+    summary = corral_simulate(trace, cluster, out, *flags)[0]
     return float(summary["avg_jct_s"]), int(summary["preemptions"])
 
 

@@ -728,16 +728,7 @@ class Scheduler:
             result = self.placement.place(cluster, job, now)
             attempts += 1
             if isinstance(result, Placed):
-                chosen = set(result.gpus)
-                for victim_job in victims:
-                    needed = not chosen.isdisjoint(victim_job.placement) or (
-                        result.node >= 0 and victim_job.node == result.node
-                    )
-                    if needed:
-                        self._preempt(victim_job, job, now, actions)
-                    else:
-                        self._reclaim(victim_job)  # not needed after all
-                self._start(job, result, now, actions)
+                self._start_in_room(job, result, victims, now, actions)
                 return "started"
             if attempts >= MAX_PREEMPTION_ATTEMPTS:
                 break
@@ -789,17 +780,27 @@ class Scheduler:
         self._tried_victims = True
         result = self.placement.place(cluster, job, now)
         if isinstance(result, Placed):
-            chosen = set(result.gpus)
-            for victim in victims:
-                if chosen.isdisjoint(victim.placement):
-                    self._reclaim(victim)  # a placement that is more than a count left it
-                else:
-                    self._preempt(victim, job, now, actions)
-            self._start(job, result, now, actions)
+            self._start_in_room(job, result, victims, now, actions)
             return "started"
         for victim in victims:
             self._reclaim(victim)
         return "no placement"
+
+    def _start_in_room(
+        self, job: Job, result: Placed, victims: list[Job], now: float, actions: list[Action]
+    ) -> None:
+        """Start the job where the placement put it, with its victims' GPUs given back: the
+        victims it uses are preempted, the others take their GPUs again (not needed after all)."""
+        chosen = set(result.gpus)
+        for victim in victims:
+            needed = not chosen.isdisjoint(victim.placement) or (
+                result.node >= 0 and victim.node == result.node
+            )
+            if needed:
+                self._preempt(victim, job, now, actions)
+            else:
+                self._reclaim(victim)
+        self._start(job, result, now, actions)
 
     def _room_in_scope(self, scope: str, victim: Job, need: int, freed_in: dict[int, int]) -> bool:
         """Add the victim's GPUs to the places they free; is there now a place with enough?"""
