@@ -154,6 +154,12 @@ class Scheduler:
         self._stored: dict[int, Key] = {}
         self._timers: list[tuple[float, int, int]] = []
         self._lazy_timers: list[tuple[float, int, int]] = []  # not waking (Policy.rekey_wakes)
+        #: Key changes of running jobs where a round with no job waiting does nothing
+        #: (`_may_repeat`): they wake the scheduler only while a job waits (`_next_wake`), and
+        #: are otherwise taken, each at its own instant, at the next round or before the job
+        #: stops (`_catch_up`). `_idle_at`: each running job's latest one (instant, version).
+        self._idle_timers: list[tuple[float, int, int]] = []
+        self._idle_at: dict[int, tuple[float, int]] = {}
         self._timer_version: dict[int, int] = {}
         self.rounds = 0
         self.preemptions = 0
@@ -959,6 +965,8 @@ class Scheduler:
     def _change_speed(self, job: Job, speed: float, now: float) -> None:
         """A running job's speed changes mid-attempt: keep its work, re-key it (a policy may order
         by projected finish), report it in the next Decision.respeeds."""
+        if self._idle_at:
+            self._catch_up(job, now)
         self._unindex(self._running, job)
         job.change_speed(speed, now)
         self._index(self._running, job, now)
@@ -1018,6 +1026,8 @@ class Scheduler:
         return self.stage("migration")
 
     def _account_run(self, job: Job, now: float) -> None:
+        if self._idle_at:
+            self._catch_up(job, now)
         if self.admission is not None:
             self.admission.on_stop(job, now)
         ran = job.running_s(now)
@@ -1121,7 +1131,7 @@ class Scheduler:
         mode, backoff or pre-run changes. A policy whose key changes do not wake the scheduler
         (`Policy.rekey_wakes`) has them taken at the first round at or after their instant."""
         at = self.policy.key_changes_at(job, now)
-        lazy = math.inf
+        lazy = idle = math.inf
         if not self.policy.rekey_wakes:
             lazy, at = at, math.inf
         if job.status is JobStatus.PENDING:
@@ -1130,12 +1140,18 @@ class Scheduler:
                 at = min(at, job.hold_until)
         elif self._prerun and job.id in self._prerun:
             at = min(at, self._prerun_ends_at(job))
+        elif self._may_repeat:
+            idle, at = at, math.inf
         version = self._timer_version.get(job.seq, 0) + 1
         self._timer_version[job.seq] = version
         if at < math.inf:
             heapq.heappush(self._timers, (max(at, now), job.seq, version))
         if lazy < at:
             heapq.heappush(self._lazy_timers, (max(lazy, now), job.seq, version))
+        if idle < math.inf:
+            idle = max(idle, now)
+            heapq.heappush(self._idle_timers, (idle, job.seq, version))
+            self._idle_at[job.seq] = (idle, version)
 
     def _prerun_ends_at(self, job: Job) -> float:
         """When the running pre-run passes by its timer."""
@@ -1143,18 +1159,21 @@ class Scheduler:
         return job.run_started_at + self._prerun[job.id].timeout_s
 
     def _fire_timers(self, now: float, actions: list[Action]) -> None:
-        timers, lazy = self._timers, self._lazy_timers
-        while True:  # the earliest due timer of either heap
-            if lazy and lazy[0][0] <= now and (not timers or lazy[0] < timers[0]):
-                heap = lazy
-            elif timers and timers[0][0] <= now:
-                heap = timers
-            else:
+        timers, lazy, idle = self._timers, self._lazy_timers, self._idle_timers
+        while True:  # the earliest due timer of the three heaps
+            heap = timers if timers and timers[0][0] <= now else None
+            for other in (lazy, idle):
+                if other and other[0][0] <= now and (heap is None or other[0] < heap[0]):
+                    heap = other
+            if heap is None:
                 break
-            _, seq, version = heapq.heappop(heap)
+            at, seq, version = heapq.heappop(heap)
             if self._timer_version.get(seq) != version:
                 continue
             job = self._by_seq[seq]
+            if heap is idle:  # as if each had woken a round of its own at its instant
+                self._take_idle(job, at, now)
+                continue
             self.policy.on_key_change(job, now)
             if (
                 job.status is JobStatus.RUNNING
@@ -1173,10 +1192,36 @@ class Scheduler:
             else:
                 self._rekey_running(job, now)
 
+    def _take_idle(self, job: Job, at: float, until: float) -> None:
+        """Take a running job's key changes from `at` up to `until`, each at its own instant
+        (the policy's bookkeeping), and re-index it once, at the last of them."""
+        policy = self.policy
+        while True:
+            policy.on_key_change(job, at)
+            after = policy.key_changes_at(job, at)
+            if after > until:
+                break
+            at = after
+        self._rekey_running(job, at)
+
+    def _catch_up(self, job: Job, now: float) -> None:
+        """Before a running job stops or changes outside a round: take its key changes that
+        came due before `now` while no job waited, as the rounds they did not wake would have."""
+        due = self._idle_at.pop(job.seq, None)
+        if due is not None and due[0] < now and self._timer_version.get(job.seq) == due[1]:
+            self._take_idle(job, due[0], math.nextafter(now, -math.inf))
+
     def _next_wake(self, now: float) -> float | None:
-        while self._timers and self._timer_version.get(self._timers[0][1]) != self._timers[0][2]:
+        version = self._timer_version
+        while self._timers and version.get(self._timers[0][1]) != self._timers[0][2]:
             heapq.heappop(self._timers)
         wake = self._timers[0][0] if self._timers else math.inf
+        idle = self._idle_timers
+        if self._pending:  # a running job's key change matters only while a job waits
+            while idle and version.get(idle[0][1]) != idle[0][2]:
+                heapq.heappop(idle)
+            if idle:
+                wake = min(wake, idle[0][0])
         if not self.policy.rekey_wakes:  # asked again at every round, as the policy's owner does
             wake = min([wake, *(self.policy.wakes_at(job, now) for job in self.running_jobs())])
         return wake if wake < math.inf else None

@@ -89,9 +89,9 @@ def test_a_running_job_that_drops_below_a_waiting_jobs_queue_is_preempted_at_onc
     ]
 
 
-def _random_trace(seed: int, count: int) -> list[JobSpec]:
+def _random_trace(seed: int, count: int, gap_s: float = 30.0) -> list[JobSpec]:
     rng = np.random.default_rng(seed)
-    arrivals = np.cumsum(rng.exponential(30.0, count))
+    arrivals = np.cumsum(rng.exponential(gap_s, count))
     return [
         JobSpec(
             id=f"j{i}",
@@ -129,8 +129,8 @@ def test_a_job_that_did_not_fit_may_start_once_a_preemption_freed_more_than_it_t
     # three V left free, in the same round (not at the next round, whenever that comes).
     s = scheduler(1, 4, "las", placement="any", policy_options={"thresholds_gpu_s": [10]})
     s.submit(spec("V", 4, submit=0), 0)
-    assert s.decide(0).wake_at == pytest.approx(2.5)
-    assert s.decide(2.5).actions == []
+    # No job waits: V's drop at 2.5 wakes no round; the round at 3 takes it first.
+    assert s.decide(0).wake_at is None
     s.submit(spec("J1", 1, submit=3), 3)
     s.submit(spec("J2", 1, submit=3), 3)
     assert s.decide(3).actions == [
@@ -138,3 +138,51 @@ def test_a_job_that_did_not_fit_may_start_once_a_preemption_freed_more_than_it_t
         Start("J1", (0,)),
         Start("J2", (1,)),
     ]
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("gap_s", [30.0, 150.0])
+@pytest.mark.parametrize("policy", ["las", "gittins"])
+def test_key_changes_while_no_job_waits_decide_as_rounds_of_their_own(
+    seed: int, gap_s: float, policy: str
+):
+    # A running job's key change wakes no round while no job waits; it is taken at its own
+    # instant at the next round (or before the job stops). On random traces, busy (a job every
+    # 30 s) and light (every 150 s, where the queue often empties), every start and preemption
+    # is the same as with every key change holding a round of its own (and every round walked),
+    # and fewer rounds are held.
+    if policy == "las":
+        options: dict = {"thresholds_gpu_s": [60, 200, 900]}
+    else:  # quantiles of a size history drawn like the trace's: many index levels
+        history = _random_trace(seed + 100, 300)
+        options = {"service_samples_gpu_s": [j.gpus * (j.duration_s or 0) for j in history]}
+    runs, rounds = [], []
+    for may_repeat in (True, False):
+        s = scheduler(4, 4, policy, placement="relax", racks=2, policy_options=options)
+        s._may_repeat = may_repeat
+        result = Simulation(_random_trace(seed, 150, gap_s), s, record_decisions=True).run()
+        runs.append(result.decisions)
+        rounds.append(result.rounds)
+    assert sum(isinstance(a, Start) for _, a in runs[0]) >= 150  # every job starts
+    assert any(isinstance(a, Preempt) for _, a in runs[0])
+    assert runs[0] == runs[1]
+    assert rounds[0] < rounds[1]
+
+
+def test_key_changes_that_woke_no_round_are_taken_before_a_job_stops_outside_a_round():
+    # One 3-GPU node, LAS at 10 GPU-s; queue 1 is ordered by the instant a job entered it.
+    # A (1 GPU, from 0) and B (2 GPUs, from 1) run with no job waiting: B reaches 10 GPU-s at 6
+    # and A at 10, and neither crossing wakes a round. Both fail at 12 and wait again in queue
+    # 1: B first (it entered at 6, A at 10), as rounds at 6 and 10 would have left them, not in
+    # the order they came.
+    s = scheduler(1, 3, "las", placement="any", policy_options={"thresholds_gpu_s": [10]})
+    s.submit(spec("A", 1, submit=0, max_retries=3), 0)
+    assert s.decide(0).actions == [Start("A", (0,))]
+    s.submit(spec("B", 2, submit=1, max_retries=3), 1)
+    decision = s.decide(1)
+    assert decision.actions == [Start("B", (1, 2))]
+    assert decision.wake_at is None
+    s.failed("A", 12, "boom")
+    s.failed("B", 12, "boom")
+    assert s.explain("B", 12).startswith("PENDING, position 1 of 2")
+    assert s.explain("A", 12).startswith("PENDING, position 2 of 2")

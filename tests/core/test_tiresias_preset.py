@@ -5,6 +5,8 @@ Tiresias simulator's output, job by job."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 from click.testing import CliRunner
@@ -116,14 +118,16 @@ def test_tiresias_thresholds_make_three_queues_of_gpu_seconds():
     las = make_policy("las", thresholds_gpu_s=TIRESIAS.scheduler["las"]["thresholds_gpu_s"])  # type: ignore[index]
     s = scheduler(1, 4, "las", policy_options={"thresholds_gpu_s": [3250, 7200]}, placement="any")
     s.submit(spec("A", 4, submit=0, duration=10_000), 0)
-    decision = s.decide(0)
+    # No job waits: A's crossings wake no round (a waiting job would be woken for them).
+    assert s.decide(0).wake_at is None
+    job = s.jobs["A"]
     # 4 GPUs reach 3,250 GPU-s after 812.5 s: queue 1; then 7,200 after 1,800 s: queue 2.
-    assert decision.wake_at == pytest.approx(812.5)
-    assert las.queue_of(s.jobs["A"], 812.0) == 0
-    assert las.queue_of(s.jobs["A"], 812.5) == 1
-    assert s.decide(812.5).wake_at == pytest.approx(1800)
-    assert las.queue_of(s.jobs["A"], 1800) == 2
-    assert s.decide(1800).wake_at is None  # the last queue: no more crossings
+    assert las.key_changes_at(job, 0) == pytest.approx(812.5)
+    assert las.queue_of(job, 812.0) == 0
+    assert las.queue_of(job, 812.5) == 1
+    assert las.key_changes_at(job, 812.5) == pytest.approx(1800)
+    assert las.queue_of(job, 1800) == 2
+    assert las.key_changes_at(job, 1800) == math.inf  # the last queue: no more crossings
 
 
 def run_until(s, until: float, wake: float | None) -> float | None:
