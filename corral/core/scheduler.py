@@ -168,6 +168,9 @@ class Scheduler:
         #: Waiting jobs that ask for a share of a GPU, CPU or memory: with none free whole GPUs
         #: may still run them, so the round does not stop when no whole GPU is free.
         self._waiting_shares = 0
+        #: Waiting jobs of whole GPUs by GPU count (none of 0): with fewer GPUs free than the
+        #: smallest of them asks, no waiting job can start on free GPUs.
+        self._waiting_sizes: dict[int, int] = {}
         self.precheck_s = precheck_s
         #: Jobs waiting for or running their pre-run (corral.core.precheck), by id.
         self._prerun: dict[str, PrecheckState] = {}
@@ -489,6 +492,9 @@ class Scheduler:
         if job.status is not JobStatus.PENDING:
             raise ValueError(f"job {job_id} is {job.status.value}, not PENDING")
         self._unindex(self._pending, job)
+        if job.spec.plain:
+            self._count_size(job.spec.gpus, -1)
+            self._count_size(gpus, +1)
         job.spec = replace(job.spec, gpus=gpus)
         self._index(self._pending, job, now)
         return job
@@ -587,15 +593,19 @@ class Scheduler:
             can_preempt = preempting and self._may_preempt_for(job, now)
             if settles and not can_preempt:
                 preempting = False
+            free = cluster.free_gpus
             if (
-                cluster.free_gpus == 0
-                and not can_preempt
+                not can_preempt
+                and (free == 0 or free < min(self._waiting_sizes, default=0))
                 and not self._waiting_shares
                 and not any(stage.keeps_walking() for stage in self._sharers)
             ):
                 if admission is None or not admission.someone_over_share():
                     job.pending_reason = (
                         "waiting for free GPUs: all are in use by jobs of equal or higher priority"
+                        if free == 0
+                        else f"waiting for free GPUs: {count_noun(free, 'GPU')} free, fewer "
+                        "than any waiting job needs"
                     )
                     break
                 # A job further back, of a VC under its share, may still reclaim GPUs.
@@ -1050,7 +1060,9 @@ class Scheduler:
     def _enqueue(self, job: Job, now: float) -> None:
         if self.admission is not None:
             self.admission.on_queue(job, +1)
-        if not job.spec.plain:
+        if job.spec.plain:
+            self._count_size(job.spec.gpus, +1)
+        else:
             self._waiting_shares += 1
         job.status = JobStatus.PENDING
         job.queued_since = now
@@ -1062,11 +1074,20 @@ class Scheduler:
     def _dequeue(self, job: Job, now: float) -> None:
         if self.admission is not None:
             self.admission.on_queue(job, -1)
-        if not job.spec.plain:
+        if job.spec.plain:
+            self._count_size(job.spec.gpus, -1)
+        else:
             self._waiting_shares -= 1
         job.pending_s += now - job.queued_since
         self._held.discard(job.seq)
         self._unindex(self._pending, job)
+
+    def _count_size(self, gpus: int, delta: int) -> None:
+        count = self._waiting_sizes.get(gpus, 0) + delta
+        if count:
+            self._waiting_sizes[gpus] = count
+        else:
+            del self._waiting_sizes[gpus]
 
     def _finish(self, job: Job, status: JobStatus, now: float, event: str) -> None:
         if self._prerun and job.id in self._prerun:  # ended in its pre-run: reports its own spec
