@@ -1214,16 +1214,14 @@ class Scheduler:
                 self._rekey_running(job, now)
 
     def _take_idle(self, job: Job, at: float, until: float) -> None:
-        """Take a running job's key changes from `at` up to `until`, each at its own instant
-        (the policy's bookkeeping), and re-index it once, at the last of them."""
-        policy = self.policy
+        """Take a running job's key changes from `at` up to `until`, each at its own instant."""
         while True:
-            policy.on_key_change(job, at)
-            after = policy.key_changes_at(job, at)
-            if after > until:
-                break
-            at = after
-        self._rekey_running(job, at)
+            self.policy.on_key_change(job, at)
+            self._rekey_running(job, at)  # which sets the job's next one
+            due = self._idle_at.get(job.seq)
+            if due is None or due[0] > until or self._timer_version[job.seq] != due[1]:
+                return
+            at = due[0]
 
     def _catch_up(self, job: Job, now: float) -> None:
         """Before a running job stops or changes outside a round: take its key changes that
