@@ -23,7 +23,7 @@ from sortedcontainers import SortedList
 from corral.core.actions import Action, Decision, Preempt, Respeed, Start
 from corral.core.cluster import Cluster
 from corral.core.job import Job, JobSpec, JobStatus
-from corral.core.placement.base import Placed, Placement, whole_worker_gpus
+from corral.core.placement.base import Placed, Placement, not_enough, whole_worker_gpus
 from corral.core.plugin import SpeedModel
 from corral.core.policy.base import Key, Policy
 from corral.core.precheck import (
@@ -601,11 +601,11 @@ class Scheduler:
                 and not any(stage.keeps_walking() for stage in self._sharers)
             ):
                 if admission is None or not admission.someone_over_share():
+                    short = not_enough(cluster, job) if free else None
                     job.pending_reason = (
                         "waiting for free GPUs: all are in use by jobs of equal or higher priority"
-                        if free == 0
-                        else f"waiting for free GPUs: {count_noun(free, 'GPU')} free, fewer "
-                        "than any waiting job needs"
+                        if short is None
+                        else short.reason
                     )
                     break
                 # A job further back, of a VC under its share, may still reclaim GPUs.

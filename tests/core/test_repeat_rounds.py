@@ -190,16 +190,14 @@ def test_key_changes_that_woke_no_round_are_taken_before_a_job_stops_outside_a_r
 
 def test_the_walk_stops_where_fewer_gpus_are_free_than_any_waiting_job_needs():
     # One 4-GPU node, fifo with backfill. A (3 GPUs) runs; B and C (2 GPUs each) wait with 1
-    # GPU free: no waiting job can start, so the walk stops at B with that reason, and C keeps
-    # its own.
+    # GPU free: no waiting job can start, so the walk stops at B, which is told what it waits
+    # for, and C keeps its reason.
     s = scheduler(1, 4, "fifo", placement="any", backfill=True)
     s.submit(spec("A", 3, submit=0), 0)
     s.submit(spec("B", 2, submit=1), 1)
     s.submit(spec("C", 2, submit=2), 2)
     assert s.decide(2).actions == [Start("A", (0, 1, 2))]
-    assert s.jobs["B"].pending_reason == (
-        "waiting for free GPUs: 1 GPU free, fewer than any waiting job needs"
-    )
+    assert s.jobs["B"].pending_reason == "waiting for 2 free GPUs (1 free)"
     assert s.jobs["C"].pending_reason == "not yet considered"
     # C is resized to 1 GPU (an elastic job between attempts): now it fits the free GPU.
     s.set_gpus("C", 1, 3)
