@@ -156,6 +156,15 @@ def simulate(
             "and preemption, as `corral export-trace` writes a live manager's",
         ),
     ] = False,
+    stream: Annotated[
+        bool,
+        typer.Option(
+            "--stream",
+            help="read the trace as the run goes and write each job's row as it ends: memory "
+            "bounded by the jobs in the system, for traces of millions of jobs (tiresias format; "
+            "the file in submission order)",
+        ),
+    ] = False,
     seed: Annotated[int, typer.Option()] = 0,
     private_baseline: Annotated[
         bool,
@@ -245,6 +254,7 @@ def simulate(
             slowdowns=slowdowns,
             throughputs=throughputs,
             decisions=decisions,
+            stream=stream,
             seed=seed,
             private_baseline=private_baseline,
             opportunistic_share=opportunistic_share,

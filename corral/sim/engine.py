@@ -105,6 +105,7 @@ class Simulation:
         precheck_report_s: float = DEFAULT_PRECHECK_REPORT_S,
         record_decisions: bool = False,
         on_end: Callable[[Job], None] | None = None,
+        on_decision: Callable[[float, Action], None] | None = None,
         keep_ended: bool = True,
         timeline: Timeline | None = None,
     ) -> None:
@@ -121,7 +122,8 @@ class Simulation:
         Streaming, for traces larger than memory: `jobs` may be any iterable in submission
         order (a generator, a streamed reader), read as the run reaches each arrival (a list or
         other sequence is sorted first, as always). `on_end` is called with each job as it ends
-        (its result is final then: write it out), and with `keep_ended=False` the job is then
+        (its result is final then: write it out), `on_decision` with each Start and Preempt as
+        it is decided, and with `keep_ended=False` the job is then
         dropped from the core and from this engine, so that the run holds only the jobs still
         waiting or running (`SimResult.jobs` then lists only those). `timeline` records the
         rounds instead of a `Timeline` that keeps every point (`TimelineTotals` keeps sums)."""
@@ -130,6 +132,7 @@ class Simulation:
         self.precheck_report_s = precheck_report_s
         self.record_decisions = record_decisions
         self.on_end = on_end
+        self.on_decision = on_decision
         self.keep_ended = keep_ended
         self.timeline = timeline
         #: The trace when it is streamed (read in `run`); `specs` is then empty.
@@ -228,6 +231,7 @@ class Simulation:
         timeline = self.timeline if self.timeline is not None else Timeline()
         decisions: list[tuple[float, Action]] = []  # every Start and Preempt, in order
         ended = 0
+        end_totals = EndTotals()  # of the jobs dropped as they ended, then of those kept
         measured_left = len(self.measured) if self.measured is not None else -1
         progress_every = max(1, total // 200) if total is not None else 1000
         watched = self.place_or_fail or self.observer is not None  # the arrivals of each round
@@ -248,6 +252,7 @@ class Simulation:
             if self.on_end is not None:
                 self.on_end(job)
             if not self.keep_ended:  # its result is out: neither the core nor we keep it
+                end_totals.add(job)
                 scheduler.withdraw(job.id, job.finished_at or 0.0)
                 end_order.pop(job.id, None)
                 fails_at.pop(job.id, None)
@@ -373,6 +378,8 @@ class Simulation:
             for action in decision.actions:
                 if self.record_decisions:
                     decisions.append((now, action))
+                if self.on_decision is not None:
+                    self.on_decision(now, action)
                 if isinstance(action, Start):
                     job = scheduler.jobs[action.job_id]
                     runs_for = job.remaining_wall_s(now)
@@ -445,19 +452,20 @@ class Simulation:
         if self.on_progress is not None:
             self.on_progress(ended, total if total is not None else arrived_count)
         jobs = list(scheduler.jobs.values())
+        for job in jobs:
+            end_totals.add(job)
         annotations: dict[str, object] = {}
         if self.failures is not None or node_failures is not None:
             annotations = failure_summary(
-                jobs,
+                end_totals,
                 node_failures=sum(failed for _, _, failed in self.node_log),
                 failed_attempts=failed_attempts,
                 infra_failed_attempts=infra_failed_attempts,
-                lost_gpu_s=sum(job.lost_gpu_s for job in jobs),
                 lost_infra_gpu_s=lost_infra_s,
             )
         counters = scheduler.counters()
         if counters.get("prechecks"):
-            annotations |= precheck_summary(jobs, counters)
+            annotations |= precheck_summary(end_totals, counters)
         return SimResult(
             policy=scheduler.policy.name,
             placement=scheduler.placement.name,
@@ -482,54 +490,68 @@ def failed_its_pre_run(job: Job) -> bool:
     return job.status is JobStatus.FAILED and state is not None and not state.passed_by
 
 
-def precheck_summary(jobs: Sequence[Job], counters: dict[str, int]) -> dict[str, object]:
-    """The summary entries of a run with pre-runs: jobs that started one, passed it, and were
-    ended by a failure in it, and the GPU-hours the pre-run attempts held (passed or failed)."""
-    gpu_s = 0.0
-    for job in jobs:
+@dataclass(slots=True)
+class EndTotals:
+    """The per-job parts of the failure and pre-run summaries: gathered from every job after
+    the run, or as each job ends where the run drops ended jobs (and from those left)."""
+
+    lost_gpu_s: float = 0.0  # GPU-seconds every failed attempt ran for nothing
+    precheck_gpu_s: float = 0.0  # GPU-seconds the pre-run attempts held (passed or failed)
+    user_error_jobs: int = 0
+    lost_jobs: int = 0
+
+    def add(self, job: Job) -> None:
+        self.lost_gpu_s += job.lost_gpu_s
         state = job.peek(PrecheckState)
         if state is not None:
-            gpu_s += state.gpu_s
+            self.precheck_gpu_s += state.gpu_s
+        # Ended by the core's retry rule: the same fast failure again and again, or a failure
+        # in its pre-run (`lost_jobs` when those failures were the infrastructure's).
+        if (
+            job.status is JobStatus.FAILED
+            and job.failure_history
+            and (
+                job.failure_history[-1].infrastructure
+                or job.failures <= job.spec.max_retries
+                or failed_its_pre_run(job)
+            )
+        ):
+            if job.failure_history[-1].infrastructure:
+                self.lost_jobs += 1
+            else:
+                self.user_error_jobs += 1
+
+
+def precheck_summary(totals: EndTotals, counters: dict[str, int]) -> dict[str, object]:
+    """The summary entries of a run with pre-runs: jobs that started one, passed it, and were
+    ended by a failure in it, and the GPU-hours the pre-run attempts held (passed or failed)."""
     return {
         "prechecks": counters["prechecks"],
         "precheck_passed": counters["precheck_passed"],
         "precheck_failed": counters["precheck_failed"],
-        "precheck_gpu_hours": gpu_s / 3600.0,
+        "precheck_gpu_hours": totals.precheck_gpu_s / 3600.0,
     }
 
 
 def failure_summary(
-    jobs: Sequence[Job],
+    totals: EndTotals,
     *,
     node_failures: int,
     failed_attempts: int,
     infra_failed_attempts: int,
-    lost_gpu_s: float,
     lost_infra_gpu_s: float = 0.0,
 ) -> dict[str, object]:
     """The summary entries of a run with failures: node failures, failed attempts (those of
     the infrastructure apart), the GPU-hours their attempts ran for nothing (those lost to the
-    infrastructure's failures apart, `lost_infra_gpu_s`), and the jobs the
-    core's retry rule ended for failing the same way, fast, again and again, or for failing in
-    their pre-run (`user_error_jobs`; `lost_jobs` when those failures were the
+    infrastructure's failures apart, `lost_infra_gpu_s`), and the jobs the core's retry rule
+    ended (`EndTotals`: `user_error_jobs`, and `lost_jobs` when those failures were the
     infrastructure's)."""
-    repeated = [
-        job
-        for job in jobs
-        if job.status is JobStatus.FAILED
-        and job.failure_history
-        and (
-            job.failure_history[-1].infrastructure
-            or job.failures <= job.spec.max_retries
-            or failed_its_pre_run(job)
-        )
-    ]
     return {
         "node_failures": node_failures,
         "failed_attempts": failed_attempts,
         "infra_failed_attempts": infra_failed_attempts,
-        "gpu_hours_lost": lost_gpu_s / 3600.0,
+        "gpu_hours_lost": totals.lost_gpu_s / 3600.0,
         "gpu_hours_lost_infra": lost_infra_gpu_s / 3600.0,
-        "user_error_jobs": sum(not job.failure_history[-1].infrastructure for job in repeated),
-        "lost_jobs": sum(job.failure_history[-1].infrastructure for job in repeated),
+        "user_error_jobs": totals.user_error_jobs,
+        "lost_jobs": totals.lost_jobs,
     }

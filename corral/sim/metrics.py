@@ -7,10 +7,15 @@ judged); makespan and utilisation always cover the whole run, since they describ
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
-from corral.core.job import Job, JobStatus, Priority
+from corral.core.job import Job, JobStatus
+from corral.sim.jobstats import JobStats, vc_of
 from corral.sim.result import SimResult, Timeline, TimelineTotals
+
+__all__ = ["JobStats", "vc_of"]  # vc_of: where callers have found it
 
 JOB_COLUMNS: tuple[str, ...] = (
     "job_id",
@@ -34,22 +39,25 @@ JOB_COLUMNS: tuple[str, ...] = (
 
 
 def measured_jobs(result: SimResult) -> list[Job]:
-    """The jobs the per-job metrics cover, in submission order."""
+    """The jobs the per-job metrics cover, in submission order (of a streamed run: those still
+    waiting or running at its end; the others were written out as they ended)."""
     if result.measured is None:
         return list(result.jobs)
     return [job for job in result.jobs if job.id in result.measured]
 
 
+def job_stats(result: SimResult) -> JobStats:
+    """The run's jobs as the summary reads them: gathered as they ended (a streamed run), or
+    from the whole list."""
+    if result.stats is not None:
+        return result.stats
+    return JobStats.of(result.jobs, result.measured)
+
+
 def completion_times(result: SimResult) -> np.ndarray:
-    """JCT in seconds (finish - submit) of every measured job that SUCCEEDED, in job order."""
-    return np.array(
-        [
-            job.finished_at - job.spec.submit_time
-            for job in measured_jobs(result)
-            if job.status is JobStatus.SUCCEEDED and job.finished_at is not None
-        ],
-        dtype=float,
-    )
+    """JCT in seconds (finish - submit) of every measured job that SUCCEEDED, in job order (of
+    a streamed run: in the order they ended)."""
+    return np.asarray(job_stats(result).jct_s, dtype=float)
 
 
 def utilization(timeline: Timeline, total_gpus: int) -> float:
@@ -93,14 +101,14 @@ def utilization_while_waiting(timeline: Timeline, total_gpus: int) -> float | No
     return float(np.dot(allocated[waiting], dt[waiting])) / (total_gpus * span)
 
 
-def useful_utilization(result: SimResult) -> float:
+def useful_utilization(result: SimResult, stats: JobStats | None = None) -> float:
     """Like utilization, but counting only the work jobs got done (GPUs x ideal seconds), not GPU
     time lost to slow spread placements, restores or failed attempts."""
     time_s = result.timeline.time_s
     span = (time_s[-1] - time_s[0]) if len(time_s) > 1 else 0.0
     if span <= 0.0 or result.total_gpus <= 0:
         return 0.0
-    work = sum(job.spec.gpus * job.work_done_s for job in result.jobs)
+    work = (stats or job_stats(result)).work_gpu_s
     return float(work / (result.total_gpus * span))
 
 
@@ -122,78 +130,49 @@ def fragmentation(timeline: Timeline, total_gpus: int) -> float | None:
     return float(np.dot(stranded, dt)) / free_gpu_seconds
 
 
-def vc_of(job: Job) -> str:
-    """The tenant a job's metrics are reported under; opportunistic jobs form their own group."""
-    return "opportunistic" if job.spec.priority is Priority.OPPORTUNISTIC else job.spec.vc
-
-
-def per_vc(result: SimResult) -> dict[str, dict[str, object]]:
+def per_vc(result: SimResult, stats: JobStats | None = None) -> dict[str, dict[str, object]]:
     """Per tenant: jobs done, queueing (all jobs and multi-GPU ones), JCT, share of the GPU time
     used, and preemptions its jobs suffered."""
-    groups: dict[str, list[Job]] = {}
-    for job in measured_jobs(result):
-        groups.setdefault(vc_of(job), []).append(job)
-    used = sum(job.attained_gpu_s for job in result.jobs) or 1.0
+    stats = stats or job_stats(result)
+    used = stats.attained_gpu_s or 1.0
     out: dict[str, dict[str, object]] = {}
-    for name in sorted(groups):
-        jobs = groups[name]
-        queue = [
-            j.first_started_at - j.spec.submit_time for j in jobs if j.first_started_at is not None
-        ]
-        multi = [
-            j.first_started_at - j.spec.submit_time
-            for j in jobs
-            if j.first_started_at is not None and j.spec.gpus > 1
-        ]
-        jct = [
-            j.finished_at - j.spec.submit_time
-            for j in jobs
-            if j.status is JobStatus.SUCCEEDED and j.finished_at is not None
-        ]
+    for name in sorted(stats.vcs):
+        vc = stats.vcs[name]
         out[name] = {
-            "jobs": sum(j.status is JobStatus.SUCCEEDED for j in jobs),
-            "avg_queue_s": _mean(queue),
-            "p95_queue_s": float(np.percentile(queue, 95)) if queue else None,
-            "multi_gpu_avg_queue_s": _mean(multi),
-            "avg_jct_s": _mean(jct),
-            "gpu_share": sum(j.attained_gpu_s for j in jobs) / used,
-            "preemptions_suffered": sum(j.preemptions for j in jobs),
+            "jobs": vc.succeeded,
+            "avg_queue_s": _mean(vc.queue_s),
+            "p95_queue_s": float(np.percentile(vc.queue_s, 95)) if vc.queue_s else None,
+            "multi_gpu_avg_queue_s": _mean(vc.multi_gpu_queue_s),
+            "avg_jct_s": _mean(vc.jct_s),
+            "gpu_share": vc.gpu_s / used,
+            "preemptions_suffered": vc.preemptions,
         }
     return out
 
 
-def deadlines(jobs: list[Job]) -> dict[str, object]:
+def deadlines(stats: JobStats) -> dict[str, object]:
     """For jobs with a deadline (ElasticFlow's comparison): the share that succeeded by it, over
     all such jobs submitted (refused ones count as missed), and how many were admitted (not
     refused). Empty when no job has a deadline."""
-    timed = [job for job in jobs if job.spec.deadline is not None]
-    if not timed:
+    if not stats.deadline_jobs:
         return {}
-    met = sum(
-        bool(
-            job.status is JobStatus.SUCCEEDED
-            and job.finished_at is not None
-            and job.finished_at <= job.spec.deadline + 1e-6  # type: ignore[operator]
-        )
-        for job in timed
-    )
     return {
-        "deadline_met_share": met / len(timed),
-        "deadlines_met": met,
-        "deadline_jobs": len(timed),
-        "admitted": sum(job.status is not JobStatus.REFUSED for job in timed),
-        "refused": sum(job.status is JobStatus.REFUSED for job in timed),
+        "deadline_met_share": stats.deadlines_met / stats.deadline_jobs,
+        "deadlines_met": stats.deadlines_met,
+        "deadline_jobs": stats.deadline_jobs,
+        "admitted": stats.deadline_jobs - stats.deadlines_refused,
+        "refused": stats.deadlines_refused,
     }
 
 
-def _mean(values: list[float]) -> float | None:
+def _mean(values: Sequence[float]) -> float | None:
     return float(np.mean(values)) if values else None
 
 
 def summarize(result: SimResult) -> dict[str, object]:
     """One JSON-safe object describing the run; None marks a metric with no data to define it."""
-    jobs = measured_jobs(result)
-    jct = completion_times(result)
+    stats = job_stats(result)
+    jct = np.asarray(stats.jct_s, dtype=float)
     avg_jct: float | None = None
     p50: float | None = None
     p95: float | None = None
@@ -201,45 +180,37 @@ def summarize(result: SimResult) -> dict[str, object]:
     if jct.size:
         avg_jct = float(jct.mean())
         p50, p95, p99 = (float(v) for v in np.percentile(jct, [50, 95, 99]))
-
-    queue_s = [
-        job.first_started_at - job.spec.submit_time
-        for job in jobs
-        if job.first_started_at is not None
-    ]
-    finished_at = [job.finished_at for job in result.jobs if job.finished_at is not None]
     makespan: float | None = None
-    if finished_at and result.jobs:
-        first_submit = min(job.spec.submit_time for job in result.jobs)
-        makespan = float(max(finished_at) - first_submit)
+    if stats.last_finish_s is not None:
+        makespan = float(stats.last_finish_s - stats.first_submit_s)
 
     return {
         "policy": result.policy,
         "placement": result.placement,
         "cluster": result.cluster,
         "total_gpus": int(result.total_gpus),
-        "measured_jobs": len(jobs),
-        "jobs": sum(job.status is JobStatus.SUCCEEDED for job in jobs),
-        "failed": sum(job.status is JobStatus.FAILED for job in jobs),
-        "cancelled": sum(job.status is JobStatus.CANCELLED for job in jobs),
-        "unfinished": sum(not job.status.finished for job in jobs),
+        "measured_jobs": stats.measured,
+        "jobs": stats.succeeded,
+        "failed": stats.failed,
+        "cancelled": stats.cancelled,
+        "unfinished": stats.unfinished,
         "avg_jct_s": avg_jct,
         "p50_jct_s": p50,
         "p95_jct_s": p95,
         "p99_jct_s": p99,
-        "avg_queue_s": _mean(queue_s),
-        "avg_pending_s": _mean([job.pending_s for job in jobs]),
+        "avg_queue_s": _mean(stats.queue_s),
+        "avg_pending_s": _mean(stats.pending_s),
         "makespan_s": makespan,
         "utilization": utilization(result.timeline, result.total_gpus),
-        "useful_utilization": useful_utilization(result),
+        "useful_utilization": useful_utilization(result, stats),
         # GPU time every attempt of every job held (failed, preempted and pre-run ones too).
-        "gpu_hours": sum(job.attained_gpu_s for job in result.jobs) / 3600.0,
+        "gpu_hours": stats.attained_gpu_s / 3600.0,
         "utilization_while_waiting": utilization_while_waiting(result.timeline, result.total_gpus),
         "preemptions": int(result.preemptions),
-        "relaxed_jobs": sum(job.relaxed for job in jobs),
+        "relaxed_jobs": stats.relaxed,
         "fragmentation": fragmentation(result.timeline, result.total_gpus),
-        **deadlines(jobs),
-        "per_vc": per_vc(result),
+        **deadlines(stats),
+        "per_vc": per_vc(result, stats),
         "rounds": int(result.rounds),
         "wall_s": float(result.wall_s),
         "options": dict(result.options),
@@ -249,36 +220,35 @@ def summarize(result: SimResult) -> dict[str, object]:
 
 def job_rows(result: SimResult) -> list[dict[str, object]]:
     """One row per submitted job (measured or not), keyed by JOB_COLUMNS; None = no value."""
-    rows: list[dict[str, object]] = []
-    for job in result.jobs:
-        spec = job.spec
-        jct_s = None
-        if job.status is JobStatus.SUCCEEDED and job.finished_at is not None:
-            jct_s = job.finished_at - spec.submit_time
-        rows.append(
-            {
-                "job_id": spec.id,
-                "user": spec.user,
-                "vc": spec.vc,
-                "gpus": spec.gpus,
-                "model": spec.model,
-                "submit_s": spec.submit_time,
-                "first_start_s": job.first_started_at,
-                "finish_s": job.finished_at,
-                # JCT only for successes, so that averaging this column gives summary's avg_jct_s.
-                "jct_s": jct_s,
-                "queue_s": (
-                    job.first_started_at - spec.submit_time
-                    if job.first_started_at is not None
-                    else None
-                ),
-                "pending_s": job.pending_s,
-                "status": job.status.value,
-                "attempts": job.attempts,
-                "preemptions": job.preemptions,
-                "failures": job.failures,
-                "relaxed": job.relaxed,
-                "measured": result.measured is None or spec.id in result.measured,
-            }
-        )
-    return rows
+    measured = result.measured
+    return [job_row(job, measured is None or job.id in measured) for job in result.jobs]
+
+
+def job_row(job: Job, measured: bool) -> dict[str, object]:
+    """The job's row of jobs-POLICY-PLACEMENT.csv, keyed by JOB_COLUMNS; None = no value."""
+    spec = job.spec
+    jct_s = None
+    if job.status is JobStatus.SUCCEEDED and job.finished_at is not None:
+        jct_s = job.finished_at - spec.submit_time
+    return {
+        "job_id": spec.id,
+        "user": spec.user,
+        "vc": spec.vc,
+        "gpus": spec.gpus,
+        "model": spec.model,
+        "submit_s": spec.submit_time,
+        "first_start_s": job.first_started_at,
+        "finish_s": job.finished_at,
+        # JCT only for successes, so that averaging this column gives summary's avg_jct_s.
+        "jct_s": jct_s,
+        "queue_s": (
+            job.first_started_at - spec.submit_time if job.first_started_at is not None else None
+        ),
+        "pending_s": job.pending_s,
+        "status": job.status.value,
+        "attempts": job.attempts,
+        "preemptions": job.preemptions,
+        "failures": job.failures,
+        "relaxed": job.relaxed,
+        "measured": measured,
+    }

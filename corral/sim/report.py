@@ -18,7 +18,7 @@ from rich.table import Table
 from corral.core.text import count_noun
 from corral.sim.fragmentation import write_curves
 from corral.sim.metrics import JOB_COLUMNS, completion_times, job_rows, summarize
-from corral.sim.result import SimResult
+from corral.sim.result import SimResult, TimelineTotals
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -75,10 +75,12 @@ def downsample_step(
     return edges, np.append(means, vals[-1])
 
 
-def _csv_name(result: SimResult, taken: set[str]) -> str:
-    stem = re.sub(r"[^A-Za-z0-9._-]+", "_", f"jobs-{result.policy}-{result.placement}")
+def jobs_csv_name(policy: str, placement: str, taken: set[str]) -> str:
+    """jobs-POLICY-PLACEMENT.csv, numbered where two runs of one pair (different options) would
+    share it; added to `taken`."""
+    stem = re.sub(r"[^A-Za-z0-9._-]+", "_", f"jobs-{policy}-{placement}")
     name, n = f"{stem}.csv", 1
-    while name in taken:  # two runs of one policy/placement pair (different options)
+    while name in taken:
         n += 1
         name = f"{stem}-{n}.csv"
     taken.add(name)
@@ -112,7 +114,9 @@ def write_outputs(results: list[SimResult], out_dir: Path, plot: bool) -> list[d
         handle.write("\n")
     taken: set[str] = set()
     for result in results:
-        name = _csv_name(result, taken)
+        if result.written:  # a streamed run wrote its files as it ran
+            continue
+        name = jobs_csv_name(result.policy, result.placement, taken)
         _write_jobs_csv(result, out_dir / name)
         if result.options.get("decisions"):
             stem = name[len("jobs-") : -len(".csv")]
@@ -125,7 +129,7 @@ def write_outputs(results: list[SimResult], out_dir: Path, plot: bool) -> list[d
 
 
 def write_plots(results: list[SimResult], out_dir: Path) -> None:
-    """jct_cdf.png, utilization.png and queue.png in out_dir."""
+    """jct_cdf.png, utilization.png and queue.png in out_dir (the last two not of streamed runs)."""
     import matplotlib
 
     matplotlib.use("Agg")  # headless: simulations run on servers and in CI
@@ -139,6 +143,10 @@ def write_plots(results: list[SimResult], out_dir: Path) -> None:
     fig, ax = plt.subplots(figsize=(8, 5))
     _plot_jct_cdf(ax, results)
     save(fig, "jct_cdf.png")
+    # A streamed run keeps its timeline as sums (TimelineTotals): nothing to draw over time.
+    results = [r for r in results if not isinstance(r.timeline, TimelineTotals)]
+    if not results:
+        return
 
     origin = min((r.timeline.time_s[0] for r in results if r.timeline.time_s), default=0.0)
     fig, ax = plt.subplots(figsize=(10, 4.5))

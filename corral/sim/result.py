@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from corral.core.actions import Action, Preempt, Start
 from corral.core.job import Job
 from corral.core.tracefile import decision_order
+from corral.sim.jobstats import JobStats
 
 
 @dataclass(slots=True)
@@ -100,33 +101,38 @@ class SimResult:
     decisions: list[tuple[float, Action]] = field(default_factory=list)
     #: Each GPU's name (`node/device`, as the live manager names it), by GPU id.
     gpu_names: list[str] = field(default_factory=list)
+    #: A streamed run's jobs as they ended (`jobs` then holds only those left at its end, and
+    #: the rows and decisions were written as the run went: `written`); None: read from `jobs`.
+    stats: JobStats | None = None
+    #: Files a streamed run wrote while it ran (jobs CSV, decisions), by kind: "jobs", "decisions".
+    written: dict[str, str] = field(default_factory=dict)
 
     def decision_records(self) -> list[dict[str, object]]:
         """The decisions as records of corral.core.tracefile (the live manager's history gives the
         same: corral.server.export's `decision_log`), GPUs by name in the core's order, in
         `decision_order` (in time; at one instant, preemptions first, then by job)."""
-        names = self.gpu_names
-        records: list[dict[str, object]] = []
-        for at, action in self.decisions:
-            gpus = [names[g] if g < len(names) else str(g) for g in action.gpus]
-            if isinstance(action, Start):
-                records.append(
-                    {
-                        "at": at,
-                        "action": "start",
-                        "job": action.job_id,
-                        "gpus": gpus,
-                        "resumed": action.resumed,
-                    }
-                )
-            elif isinstance(action, Preempt):
-                records.append(
-                    {
-                        "at": at,
-                        "action": "preempt",
-                        "job": action.job_id,
-                        "gpus": gpus,
-                        "by": action.by_job_id,
-                    }
-                )
-        return sorted(records, key=decision_order)
+        records = (decision_record(at, action, self.gpu_names) for at, action in self.decisions)
+        return sorted((r for r in records if r is not None), key=decision_order)
+
+
+def decision_record(at: float, action: Action, names: list[str]) -> dict[str, object] | None:
+    """A Start or Preempt as a record of corral.core.tracefile, GPUs by name (None: another
+    action)."""
+    gpus = [names[g] if g < len(names) else str(g) for g in action.gpus]
+    if isinstance(action, Start):
+        return {
+            "at": at,
+            "action": "start",
+            "job": action.job_id,
+            "gpus": gpus,
+            "resumed": action.resumed,
+        }
+    if isinstance(action, Preempt):
+        return {
+            "at": at,
+            "action": "preempt",
+            "job": action.job_id,
+            "gpus": gpus,
+            "by": action.by_job_id,
+        }
+    return None

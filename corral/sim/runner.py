@@ -44,9 +44,16 @@ from corral.sim.perfmodel import (
     load_throughputs,
 )
 from corral.sim.progress import LossCurveModel
-from corral.sim.report import progress_bar, summary_table, vc_table, write_outputs
-from corral.sim.result import SimResult
-from corral.sim.traces import Trace, TraceError, load_trace
+from corral.sim.report import (
+    jobs_csv_name,
+    progress_bar,
+    summary_table,
+    vc_table,
+    write_outputs,
+)
+from corral.sim.result import SimResult, TimelineTotals
+from corral.sim.streamed import StreamedOutput
+from corral.sim.traces import Trace, TraceError, load_trace, stream_trace
 
 
 class SimulationError(ValueError):
@@ -102,6 +109,8 @@ class RunSettings:
     throughputs: Path | None = None
     #: Write every run's decisions (decisions-POLICY-PLACEMENT.jsonl), as export-trace does.
     decisions: bool = False
+    #: Read the trace as the run goes and write each job out as it ends (`_simulate_streamed`).
+    stream: bool = False
     seed: int = 0
     private_baseline: bool = False
     opportunistic_share: float = 0.0
@@ -153,17 +162,25 @@ def check_fits(trace: Trace, cluster: Cluster, skip: bool) -> tuple[list[JobSpec
     kept: list[JobSpec] = []
     dropped = 0
     for position, spec in enumerate(trace.jobs):
-        capacity = cluster.capacity_for(spec.gpu_types)
-        if spec.gpus <= capacity:
+        if fits(spec, position, cluster, skip, trace.source):
             kept.append(spec)
-            continue
-        if not skip:
-            raise SimulationError(
-                f"{trace.source}: job {spec.id} (number {position + 1} by arrival): gpus={spec.gpus} exceeds "
-                f"the {count_noun(capacity, 'GPU')} the cluster has for it; use a bigger cluster or --skip-oversized"
-            )
-        dropped += 1
+        else:
+            dropped += 1
     return kept, dropped
+
+
+def fits(spec: JobSpec, position: int, cluster: Cluster, skip: bool, source: str) -> bool:
+    """Whether some placement on this cluster could hold the job; one that none could is
+    refused (SimulationError) or, with skip, dropped (False)."""
+    capacity = cluster.capacity_for(spec.gpu_types)
+    if spec.gpus <= capacity:
+        return True
+    if not skip:
+        raise SimulationError(
+            f"{source}: job {spec.id} (number {position + 1} by arrival): gpus={spec.gpus} exceeds "
+            f"the {count_noun(capacity, 'GPU')} the cluster has for it; use a bigger cluster or --skip-oversized"
+        )
+    return False
 
 
 def service_history(settings: RunSettings, jobs: list[JobSpec]) -> list[float]:
@@ -397,7 +414,8 @@ def make_scheduler(
         throughput=throughput,
         cache=cache,
         pair_table=pair_table,
-        workload=workload if workload is not None else Workload.from_specs(jobs),
+        # a streamed run knows no jobs up front: a placement that needs a workload refuses
+        workload=workload if workload is not None or not jobs else Workload.from_specs(jobs),
         seed=settings.seed,
     )
     return build_scheduler(config, services, uses_cache=cache is not None)
@@ -627,6 +645,124 @@ def _simulate(settings: RunSettings, console: Console) -> tuple[list[SimResult],
     return results, multi_tenant
 
 
+def stream_refusal(settings: RunSettings) -> str | None:
+    """Why these settings cannot be streamed: each needs the whole trace (or every job's result)
+    before or after the run."""
+    deadlines = settings.deadline_factor is not None or any(
+        name in DEADLINE_POLICIES for name in settings.policies
+    )
+    problems = [
+        (settings.window is not None, "--window (its jobs are counted by position in the trace)"),
+        (settings.private_baseline, "--private-baseline (it replays each VC's jobs again)"),
+        (settings.opportunistic_share > 0, "--opportunistic-share"),
+        (settings.cache_gb_per_node is not None, "--cache-gb-per-node"),
+        (deadlines, "deadlines (edf, elasticflow, --deadline-factor)"),
+        (
+            settings.failure_model == "philly",
+            "--failure-model philly (it draws per job from the whole trace)",
+        ),
+        ("packing" in settings.scheduler.core.stages, "the packing stage"),
+        (
+            "gittins" in settings.policies and settings.gittins_history is None,
+            "gittins without --gittins-history (it learns job sizes from the whole trace)",
+        ),
+    ]
+    for refused, what in problems:
+        if refused:
+            return f"--stream: not with {what}"
+    return None
+
+
+def _simulate_streamed(settings: RunSettings, console: Console, out: Path) -> list[SimResult]:
+    """Each policy's run, streamed: the trace read as the run reaches each job, and each job's
+    row written (and dropped) as it ends (corral.sim.streamed), so that memory is bounded by the
+    jobs in the system, not by the trace. The timeline is kept as sums (`TimelineTotals`)."""
+    check_settings(settings)
+    refusal = stream_refusal(settings)
+    if refusal is not None:
+        raise SimulationError(refusal)
+    perf = PerfModel.default_for_durations()
+    if not settings.spread_slowdown:
+        perf = perf.with_slowdowns({})
+    if settings.slowdowns is not None:
+        perf = perf.with_overrides(load_slowdowns(settings.slowdowns))
+    speed_for = perf.speed_model
+    if settings.throughputs is not None:
+        speed_for = load_throughputs(settings.throughputs).speed_model
+    cluster, vcs, quota = build_cluster(settings)
+    if len(cluster.gpu_types) > 1:
+        raise SimulationError("--stream: not with more than one GPU type")
+    multi_tenant = {admission_of(settings, vcs, name) for name in settings.policies} - {"none"}
+    if multi_tenant:
+        raise SimulationError(f"--stream: not with admission {', '.join(sorted(multi_tenant))}")
+    out.mkdir(parents=True, exist_ok=True)
+    failures = (
+        FailureModel(settings.failure_rate, settings.max_retries)
+        if settings.failure_rate > 0
+        else None
+    )
+    options = {
+        k: str(v) if isinstance(v, Path) else v
+        for k, v in asdict(settings).items()
+        if k != "scheduler"
+    }
+    placement = settings.scheduler.core.placement
+    results: list[SimResult] = []
+    taken: set[str] = set()
+    with progress_bar(console) as progress:
+        for number, policy in enumerate(settings.policies):
+            trace = stream_trace(
+                settings.trace, perf=perf, seed=settings.seed, arrival_scale=settings.arrival_scale
+            )
+            if number == 0:
+                console.print(
+                    f"[bold]{trace.source}[/]: streamed on {cluster.describe()}", soft_wrap=True
+                )
+            run_cluster, _, _ = build_cluster(settings)
+            jobs = (
+                spec
+                for position, spec in enumerate(trace.jobs)
+                if fits(spec, position, run_cluster, settings.skip_oversized, trace.source)
+            )
+            if settings.checkpoint_every_s is not None:
+                jobs = (replace(s, checkpoint_every_s=settings.checkpoint_every_s) for s in jobs)
+            scheduler = make_scheduler(
+                settings, run_cluster, vcs, quota, config_for(settings, policy), speed_for, []
+            )
+            stem = jobs_csv_name(policy, placement, taken)
+            decisions = out / f"decisions-{stem[len('jobs-') : -len('.csv')]}.jsonl"
+            task = progress.add_task(f"{policy}/{placement}", total=None)
+            with StreamedOutput(
+                out / stem,
+                decisions if settings.decisions else None,
+                run_cluster.gpu_names(),
+            ) as written:
+                simulation = Simulation(
+                    jobs,
+                    scheduler,
+                    failures=failures,
+                    node_failures=settings.node_failures,
+                    seed=settings.seed,
+                    on_progress=lambda done, total, task=task: progress.update(
+                        task, completed=done
+                    ),
+                    options=options | {"scheduler": config_for(settings, policy).resolved(vcs)},
+                    precheck_report_s=settings.precheck_report_s,
+                    on_end=written.job_ended,
+                    on_decision=written.decided if settings.decisions else None,
+                    keep_ended=False,
+                    timeline=TimelineTotals(total_gpus=run_cluster.total_gpus),
+                )
+                result = simulation.run()
+                result.stats = written.finish(result.jobs)
+            result.written = {"jobs": str(out / stem)} | (
+                {"decisions": str(decisions)} if settings.decisions else {}
+            )
+            result.annotations.update(gandiva_summary(simulation.scheduler))
+            results.append(result)
+    return results
+
+
 def precheck_line(summary: dict[str, object]) -> str | None:
     """What the pre-runs of a run did, in one line (None: it ran none)."""
     prechecks = summary.get("prechecks")
@@ -643,7 +779,10 @@ def precheck_line(summary: dict[str, object]) -> str | None:
 def _run(
     settings: RunSettings, *, out: Path, plot: bool, console: Console
 ) -> list[dict[str, object]]:
-    results, multi_tenant = _simulate(settings, console)
+    if settings.stream:
+        results, multi_tenant = _simulate_streamed(settings, console, out), False
+    else:
+        results, multi_tenant = _simulate(settings, console)
     summaries = write_outputs(results, out, plot)
     console.print(summary_table(summaries))
     for summary in summaries:

@@ -6,6 +6,7 @@ and one entry in READERS.
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 from corral.sim.perfmodel import PerfModel
@@ -19,7 +20,15 @@ from corral.sim.traces import (
     synthetic,
     tiresias,
 )
-from corral.sim.traces.base import Reader, Trace, TraceError, finish
+from corral.sim.traces.base import (
+    Reader,
+    Streamer,
+    Trace,
+    TraceError,
+    TraceStream,
+    finish,
+    in_order,
+)
 
 READERS: dict[str, Reader] = {
     "philly": philly.read,
@@ -30,6 +39,11 @@ READERS: dict[str, Reader] = {
     "helios": helios.read,
     "synthetic": synthetic.read,
     "corral": corral.read,
+}
+
+#: The formats that can be read as the simulation goes (`stream_trace`): one entry each.
+STREAMERS: dict[str, Streamer] = {
+    "tiresias": tiresias.stream,
 }
 
 
@@ -62,8 +76,41 @@ def load_trace(
     return finish(reader(location, perf=perf, seed=seed, **options), arrival_scale)
 
 
+def stream_trace(
+    spec: str,
+    *,
+    perf: PerfModel | None = None,
+    seed: int = 0,
+    arrival_scale: float = 1.0,
+    **options: Any,
+) -> TraceStream:
+    """A trace "FORMAT:PATH" read as the simulation reaches each job, in bounded memory; the
+    file must be in submission order. The first job is read at once, so that a missing file or
+    a bad header is refused before the run starts. Raises TraceError with a one-line message."""
+    fmt, _, location = spec.partition(":")
+    fmt = fmt.strip().lower()
+    streamer = STREAMERS.get(fmt)
+    if streamer is None:
+        raise TraceError(
+            f"--stream: trace format {fmt!r} is not read as a stream; formats that are: "
+            f"{', '.join(STREAMERS)}"
+        )
+    jobs = in_order(streamer(location, perf=perf, seed=seed, **options), location, arrival_scale)
+    first = next(jobs)
+    return TraceStream(jobs=itertools.chain((first,), jobs), source=f"{fmt}:{location}")
+
+
 def known_formats() -> list[str]:
     return list(READERS)
 
 
-__all__ = ["READERS", "Trace", "TraceError", "known_formats", "load_trace"]
+__all__ = [
+    "READERS",
+    "STREAMERS",
+    "Trace",
+    "TraceError",
+    "TraceStream",
+    "known_formats",
+    "load_trace",
+    "stream_trace",
+]

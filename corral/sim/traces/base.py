@@ -52,6 +52,48 @@ class Trace:
     target_load: float | None = None
 
 
+@dataclass(slots=True)
+class TraceStream:
+    """A trace read as the simulation reaches each job (`corral simulate --stream`), for traces
+    too long to hold: the jobs in submission order, the first submitted at 0."""
+
+    jobs: Iterator[JobSpec]
+    source: str
+    notes: list[str] = field(default_factory=list)
+    #: Every job gives its run time (the policies that need one may run).
+    durations_known: bool = True
+
+
+#: A streaming reader: the jobs in file order, each with where it is in the file ("line 7").
+Streamer = Callable[..., Iterator[tuple[str, JobSpec]]]
+
+
+def in_order(
+    records: Iterator[tuple[str, JobSpec]], file: str, arrival_scale: float
+) -> Iterator[JobSpec]:
+    """A streamed trace's jobs as `finish` gives a whole one: the first submitted at 0, the gaps
+    scaled. The file must be in submission order (a stream cannot be sorted): a job submitted
+    before the one above it is refused, naming its line."""
+    check_arrival_scale(arrival_scale)
+    first: float | None = None
+    last, last_where = -math.inf, ""
+    for where, spec in records:
+        if spec.submit_time < last:
+            raise TraceError(
+                f"{file}: {where}: submit_time: {spec.submit_time:g} is before the one at "
+                f"{last_where} ({last:g}); a streamed trace must be in submission order "
+                "(sort the file, or leave out --stream)"
+            )
+        last, last_where = spec.submit_time, where
+        if first is None:
+            first = spec.submit_time
+        if first != 0.0 or arrival_scale != 1.0:
+            spec = _moved(spec, (spec.submit_time - first) * arrival_scale)
+        yield spec
+    if first is None:
+        raise TraceError(f"{file}: the trace has no jobs")
+
+
 # A reader turns a location (path, or the synthetic generator's KEY=VAL list) into jobs in file
 # order with their submit times as the file gives them; `finish` sorts, shifts and scales them.
 Reader = Callable[..., Trace]
@@ -63,17 +105,21 @@ def finish(trace: Trace, arrival_scale: float) -> Trace:
     if not trace.jobs:
         skipped = f" ({'; '.join(trace.notes)})" if trace.notes else ""
         raise TraceError(f"{trace.source}: the trace has no jobs{skipped}")
+    check_arrival_scale(arrival_scale)
+    jobs = sorted(trace.jobs, key=lambda spec: spec.submit_time)
+    first = jobs[0].submit_time
+    if first != 0.0 or arrival_scale != 1.0:
+        jobs = [_moved(spec, (spec.submit_time - first) * arrival_scale) for spec in jobs]
+    return dataclasses.replace(trace, jobs=jobs, notes=list(trace.notes))
+
+
+def check_arrival_scale(arrival_scale: float) -> None:
     if (
         isinstance(arrival_scale, bool)
         or not isinstance(arrival_scale, (int, float))
         or not (math.isfinite(arrival_scale) and arrival_scale > 0)
     ):
         raise TraceError(f"arrival_scale: must be a positive number, got {arrival_scale!r}")
-    jobs = sorted(trace.jobs, key=lambda spec: spec.submit_time)
-    first = jobs[0].submit_time
-    if first != 0.0 or arrival_scale != 1.0:
-        jobs = [_moved(spec, (spec.submit_time - first) * arrival_scale) for spec in jobs]
-    return dataclasses.replace(trace, jobs=jobs, notes=list(trace.notes))
 
 
 def _moved(spec: JobSpec, submit_time: float) -> JobSpec:

@@ -7,6 +7,8 @@ redundant with `submit_time` and ignored; `iterations` and `model_name` may be a
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from corral.core.job import JobSpec
@@ -27,18 +29,31 @@ REQUIRED = ("job_id", "num_gpu", "submit_time", "duration")
 
 
 def read(location: str, *, perf: PerfModel | None = None, seed: int = 0, **options: Any) -> Trace:
-    no_options("tiresias", options)
-    path = existing_path(location, "tiresias")
-    name = str(location)
-    perf = default_perf(perf)
     jobs: list[JobSpec] = []
     where_of: list[str] = []
+    for where, spec in stream(location, perf=perf, seed=seed, **options):
+        jobs.append(spec)
+        where_of.append(where)
+    check_unique_ids(jobs, where_of, location)
+    return Trace(jobs=jobs, source=f"tiresias:{location}")
+
+
+def stream(
+    location: str, *, perf: PerfModel | None = None, seed: int = 0, **options: Any
+) -> Iterator[tuple[str, JobSpec]]:
+    """The jobs in file order, each with where it is ("line 7"), read as they are asked for."""
+    no_options("tiresias", options)
+    return _records(existing_path(location, "tiresias"), str(location), default_perf(perf))
+
+
+def _records(path: Path, name: str, perf: PerfModel) -> Iterator[tuple[str, JobSpec]]:
     for line, row in csv_records(path, REQUIRED, name):
         where = f"{name}: line {line}"
         gpus = integer(row["num_gpu"], where, "num_gpu", positive=True)
         model = row.get("model_name", "")
         steps = row.get("iterations", "")
-        jobs.append(
+        yield (
+            f"line {line}",
             JobSpec(
                 id=text(row["job_id"], where, "job_id"),
                 submit_time=number(row["submit_time"], where, "submit_time"),
@@ -47,8 +62,5 @@ def read(location: str, *, perf: PerfModel | None = None, seed: int = 0, **optio
                 duration_s=number(row["duration"], where, "duration", positive=True),
                 total_steps=number(steps, where, "iterations") if steps else None,
                 spread_slowdown=perf.spread_slowdown(model, gpus),
-            )
+            ),
         )
-        where_of.append(f"line {line}")
-    check_unique_ids(jobs, where_of, name)
-    return Trace(jobs=jobs, source=f"tiresias:{location}")
