@@ -33,7 +33,10 @@ class StreamedOutput:
         self.decisions = decisions
         self.gpu_names = gpu_names
         self._jobs_file: IO[str] = jobs_csv.open("w", newline="")
-        self._rows = csv.DictWriter(self._jobs_file, fieldnames=list(JOB_COLUMNS))
+        # job_row gives exactly these keys: no per-row check for others
+        self._rows = csv.DictWriter(
+            self._jobs_file, fieldnames=list(JOB_COLUMNS), extrasaction="ignore"
+        )
         self._rows.writeheader()
         self._decisions_file: IO[str] | None = None
         if decisions is not None:
