@@ -12,6 +12,7 @@ lower priority than the next waiting one.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -60,6 +61,35 @@ class _Top:
 
 
 _TOP = _Top()
+
+
+class _FlatIndex(list[tuple[Key, int]]):
+    """A sorted list of (key, seq) with SortedList's `add` and `remove`, for the running jobs:
+    they are at most one per GPU (a few thousand), so one flat list moved by memmove beats
+    SortedList's layers, and a re-key that leaves the job between its neighbours (most do: few
+    running jobs share a key level) replaces it where it is (`replace`)."""
+
+    def add(self, item: tuple[Key, int]) -> None:
+        bisect.insort(self, item)
+
+    def remove(self, item: tuple[Key, int]) -> None:
+        index = bisect.bisect_left(self, item)
+        if index == len(self) or self[index] != item:
+            raise ValueError(f"{item!r} not in the index")
+        del self[index]
+
+    def replace(self, old: tuple[Key, int], new: tuple[Key, int]) -> None:
+        """`remove(old)` then `add(new)`, in place when `new` sorts where `old` was."""
+        index = bisect.bisect_left(self, old)
+        if index == len(self) or self[index] != old:
+            raise ValueError(f"{old!r} not in the index")
+        if (index == 0 or self[index - 1] < new) and (
+            index + 1 == len(self) or new < self[index + 1]
+        ):
+            self[index] = new
+            return
+        del self[index]
+        bisect.insort(self, new)
 
 
 class JobRefused(ValueError):
@@ -150,7 +180,7 @@ class Scheduler:
         self._by_seq: dict[int, Job] = {}
         self._next_seq = 0
         self._pending = SortedList()
-        self._running = SortedList()
+        self._running = _FlatIndex()
         self._stored: dict[int, Key] = {}
         self._timers: list[tuple[float, int, int]] = []
         self._lazy_timers: list[tuple[float, int, int]] = []  # not waking (Policy.rekey_wakes)
@@ -1105,7 +1135,7 @@ class Scheduler:
 
     # -- sorted indexes and timers ------------------------------------------------------------
 
-    def _index(self, index: SortedList, job: Job, now: float) -> None:
+    def _index(self, index: SortedList | _FlatIndex, job: Job, now: float) -> None:
         # The job's integer level comes first (higher first), the policy's order breaks ties:
         # in both queues, so where the policy preempts, a higher level may preempt a lower one.
         key = (-job.spec.level, *self.policy.stored_key(job, now))
@@ -1114,7 +1144,7 @@ class Scheduler:
         self._quiet = None
         self._set_timer(job, now)
 
-    def _unindex(self, index: SortedList, job: Job) -> None:
+    def _unindex(self, index: SortedList | _FlatIndex, job: Job) -> None:
         index.remove((self._stored.pop(job.seq), job.seq))
         self._quiet = None
 
@@ -1127,11 +1157,13 @@ class Scheduler:
         a waiting job of the queue the job leaves or enters may preempt it now, or no more."""
         quiet = self._quiet
         old = self._stored[job.seq]
-        self._unindex(self._running, job)
-        self._index(self._running, job, now)
+        new = (-job.spec.level, *self.policy.stored_key(job, now))  # as `_index` keys it
+        self._stored[job.seq] = new
+        self._running.replace((old, job.seq), (new, job.seq))
+        self._quiet = None
+        self._set_timer(job, now)
         if quiet is None or quiet[2]:
             return
-        new = self._stored[job.seq]
         cut = self.policy.preempt_prefix
         if cut is None:
             low, high = sorted(((old, job.seq), (new, job.seq)))
