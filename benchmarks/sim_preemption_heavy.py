@@ -26,7 +26,8 @@ stays bounded by the jobs waiting or running. The CPU time then includes generat
 `--keep` runs the ordinary way instead (the whole trace generated first, outside the timing, and
 every job and round kept), as `corral simulate` does.
 
-Prints CPU seconds, jobs/s, preemptions and peak RSS; never passes or fails on time.
+Prints CPU seconds, jobs/s, preemptions and peak RSS, and whether the core is the compiled build
+(setup.py) or the Python sources; never passes or fails on time.
 
 Run: python benchmarks/sim_preemption_heavy.py [--jobs N] [--policies las,gittins] [--keep]
 """
@@ -44,6 +45,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from corral.core import Cluster, Scheduler
+from corral.core.compiled import compiled_core
 from corral.core.job import Job, JobSpec
 from corral.core.placement import make_placement
 from corral.core.policy import make_policy
@@ -134,7 +136,8 @@ def run_one(args: argparse.Namespace, policy: str) -> None:
         f"{policy:8} + {args.placement}: {cpu:6.2f} s CPU, {args.jobs / cpu:9,.0f} jobs/s, "
         f"{result.preemptions:7,} preemptions, {result.rounds:9,} rounds, "
         f"peak RSS {peak_mib:5,.0f} MiB, avg JCT {ended[1] / max(1, ended[0]) / 3600:.2f} h, "
-        f"utilization {utilization(result.timeline, cluster.total_gpus):.1%}"
+        f"utilization {utilization(result.timeline, cluster.total_gpus):.1%}, "
+        + ("compiled core" if compiled_core() else "pure Python core")
     )
     sys.stdout.flush()
 

@@ -604,12 +604,12 @@ class Scheduler:
         # fit cannot fit either (and, being of lower priority, has no more victims to preempt).
         # The kind includes the GPUs per worker: a job of smaller workers fits where larger did not.
         # A job asking for a share, CPU or memory is of the same kind only with the same request.
-        no_fit: dict[tuple[object, ...], int] = {}
+        no_fit: dict[tuple[object, ...], float] = {}
         # Both bounds on preempting hold for the later jobs with the same victims: of those GPU
         # types, and of that queue when a quota decides who may be preempted (another VC's job,
         # or one beyond its share, may take back other jobs).
-        no_room: dict[tuple[object, ...], int] = {}
-        too_few_victims: dict[tuple[frozenset[str] | None, str], int] = {}
+        no_room: dict[tuple[object, ...], float] = {}
+        too_few_victims: dict[tuple[frozenset[str] | None, str], float] = {}
         blocked_queues: set[str] = set()
         admission = self.admission
         # Once a job may not preempt, no job behind it may in this round: their keys are higher,
@@ -1172,9 +1172,9 @@ class Scheduler:
             between = 0  # no waiting job's victims change
         else:
             # Every key of a prefix sorts after the prefix alone and before it extended by _TOP.
-            low, high = sorted((old[:cut], new[:cut]))
-            between = self._pending.bisect_left(((*high, _TOP),)) - self._pending.bisect_left(
-                (low,)
+            low_cut, high_cut = sorted((old[:cut], new[:cut]))
+            between = self._pending.bisect_left(((*high_cut, _TOP),)) - self._pending.bisect_left(
+                (low_cut,)
             )
         if between == 0:
             self._quiet = quiet

@@ -323,9 +323,9 @@ class Simulation:
                     down.add(node)
                     offline_gpus += len(cluster.node_gpus[node])
                     self.node_log.append((now, node, True))
-                    lost_before = {job.id: job.lost_gpu_s for job in scheduler.running_jobs()}
+                    lost_by_id = {job.id: job.lost_gpu_s for job in scheduler.running_jobs()}
                     for job in scheduler.node_failed(node, now):
-                        lose_attempt(job, True, lost_before[job.id])
+                        lose_attempt(job, True, lost_by_id[job.id])
                         if job.status.finished:  # the same fast failure again and again
                             count_end(job)
                     order += 1
@@ -384,15 +384,15 @@ class Simulation:
                     job = scheduler.jobs[action.job_id]
                     runs_for = job.remaining_wall_s(now)
                     kind = _FINISH
-                    failure = (
+                    drawn = (
                         self._draw_failure(job, runs_for, action.precheck)
                         if self.failures
                         else None
                     )
-                    if failure is not None:
+                    if drawn is not None:
                         kind = _FAIL
-                        runs_for = failure.after_s
-                        failing[job.id] = failure
+                        runs_for = drawn.after_s
+                        failing[job.id] = drawn
                     order += 1
                     job_events += 1
                     heapq.heappush(events, (now + runs_for, order, kind, job.id, job.attempts))

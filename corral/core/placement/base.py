@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from corral.core.cluster import MILLI, Cluster
+from corral.core.compiled import mypyc_attr
 from corral.core.job import Job, JobSpec
 from corral.core.plugin import OptionsMixin, SpeedModel
 
@@ -31,11 +32,13 @@ class NotPlaced:
     reason: str
 
 
+# Other modules (and plugins) subclass it: allowed when it is compiled (setup.py).
+@mypyc_attr(allow_interpreted_subclasses=True)
 class Placement(OptionsMixin):
     """A registry entry (`corral.core.placement.PLACEMENTS`): declares `Options` and builds itself
     with `from_options` (corral.core.plugin)."""
 
-    name = "base"
+    name: ClassVar[str] = "base"
     #: It places jobs that ask for a share of a GPU, CPU or memory (JobSpec.plain false); the
     #: others give whole GPUs only, and the scheduler refuses such jobs under them.
     shares: ClassVar[bool] = False

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
 
 from corral.core.cluster import Cluster
 from corral.core.job import Job
-from corral.core.options import option
 from corral.core.placement.algorithms import (
     best_fit_node,
     fewest_nodes_anywhere,
@@ -16,10 +14,9 @@ from corral.core.placement.algorithms import (
     first_free,
 )
 from corral.core.placement.base import NotPlaced, Placed, Placement, largest_rack, not_enough
+from corral.core.placement.named_options import DEFAULT_RELAX_AFTER_S as DEFAULT_RELAX_AFTER_S
+from corral.core.placement.named_options import ProfileOptions, RelaxOptions
 from corral.core.plugin import Services
-
-#: Seconds a job waits for a consolidated placement before relax takes the fewest nodes anywhere.
-DEFAULT_RELAX_AFTER_S = 600.0
 
 
 def consolidated(cluster: Cluster, job: Job) -> Placed | NotPlaced:
@@ -85,15 +82,6 @@ class Consolidate(Placement):
         return consolidated(cluster, job)
 
 
-@dataclass(frozen=True, slots=True)
-class RelaxOptions:
-    after_s: float = option(
-        DEFAULT_RELAX_AFTER_S,
-        help="seconds a job waits for locality before taking the fewest nodes anywhere",
-        low=0,
-    )
-
-
 class Relax(Placement):
     """Consolidate first; after `relax_after_s` of waiting, take the fewest nodes anywhere."""
 
@@ -134,13 +122,6 @@ class Relax(Placement):
         if gpus is None:
             return result
         return Placed(gpus, relaxed=True)
-
-
-@dataclass(frozen=True, slots=True)
-class ProfileOptions:
-    sensitive_above: float = option(
-        1.1, help="consolidate a job whose spread slowdown is above this factor", low=1
-    )
 
 
 class Profile(Placement):

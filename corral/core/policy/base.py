@@ -10,30 +10,36 @@ starvation promotion); the scheduler re-keys the job then. `key` is the same ord
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, ClassVar
 
+from corral.core.compiled import mypyc_attr
 from corral.core.job import Job
 from corral.core.plugin import OptionsMixin
 
 Key = tuple[Any, ...]
 
 
+# Other modules (and plugins) subclass it, which the compiled build (setup.py) must allow. Compiled
+# code reads an instance attribute from the instance, never from a subclass's class body: what a
+# subclass sets in its class body is a ClassVar here; `rekey_wakes` and `preempt_prefix` are set
+# per instance (in `__init__`, as las does), never in a class body.
+@mypyc_attr(allow_interpreted_subclasses=True)
 class Policy(OptionsMixin):
     """A registry entry (`corral.core.policy.POLICIES`): declares `Options` and builds itself with
     `from_options` (corral.core.plugin)."""
 
-    name = "base"
+    name: ClassVar[str] = "base"
     #: The admission scheme this policy runs inside, when it is not an ordinary queue order
     #: (elasticflow sizes gangs itself); `admission: auto` picks it.
-    admission: str | None = None
-    preemptive = False
+    admission: ClassVar[str | None] = None
+    preemptive: ClassVar[bool] = False
     #: A head job that cannot be placed blocks the jobs behind it (YARN-CS in Philly).
-    blocking = False
+    blocking: ClassVar[bool] = False
     #: Orders jobs by `JobSpec.duration_s`: a live shell queues only jobs that declare one.
-    needs_lengths = False
+    needs_lengths: ClassVar[bool] = False
     #: `stored_key` equals `key` at every instant (true when keys only change at announced
     #: instants); lets the scheduler compare indexed keys without recomputing them.
-    stored_is_key = True
+    stored_is_key: ClassVar[bool] = True
     #: The instants `key_changes_at` announces wake the scheduler for a round of their own; when
     #: False a key change is taken at the first round at or after its instant (rounds that
     #: arrivals, ends and other timers cause: how the Tiresias simulator checks its queues).

@@ -16,15 +16,14 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
 from corral.core.job import Job, JobStatus
-from corral.core.options import option
 from corral.core.plugin import Services, needs
 from corral.core.policy.base import Key, Policy, tie_break
+from corral.core.policy.gittins_options import GittinsOptions as GittinsOptions
 from corral.core.policy.las import DEFAULT_THRESHOLDS_GPU_S, tiresias_wake
 
 
@@ -76,45 +75,6 @@ def tiresias_rank(samples_sorted: np.ndarray, attained: float, delta: float) -> 
     spent = int(samples_sorted[first:after].sum()) + int(delta) * (count - after)
     expected = float(spent // above)
     return round(probability * 1_000_000 / expected, 4) if expected > 0 else math.inf
-
-
-@dataclass(frozen=True, slots=True)
-class GittinsOptions:
-    thresholds_gpu_s: tuple[float, ...] = option(
-        DEFAULT_THRESHOLDS_GPU_S,
-        help="service levels (GPU-seconds) where the index is evaluated, besides the quantiles",
-        low=0,
-        low_open=True,
-    )
-    quantiles: int = option(
-        20,
-        help="quantiles of the job-size distribution used as index levels (at least the number "
-        "of samples: every sample is a level)",
-        low=1,
-    )
-    queues: bool = option(
-        False,
-        help="order by LAS queue first (thresholds_gpu_s), by index inside a queue (Tiresias's "
-        "dlas-gpu-gittins)",
-    )
-    delta_gpu_s: float | None = option(
-        None,
-        help="the index for this one quantum of service instead of the best quantum (none: the "
-        "best)",
-        low=0,
-        low_open=True,
-    )
-    formula: Literal["gittins", "tiresias"] = option(
-        "gittins",
-        help="gittins (the index above) or tiresias (the Tiresias simulator's own: expected "
-        "service from the samples' sizes, not what remains of them, rounded; needs "
-        "delta_gpu_s)",
-    )
-    demote_at_rounds: bool = option(
-        False,
-        help="take index and queue changes only at rounds that happen anyway (arrivals, ends), "
-        "as the Tiresias simulator does at its events (off: at the instant they happen)",
-    )
 
 
 class Gittins(Policy):

@@ -1,0 +1,62 @@
+"""An opt-in compiled build of the simulator's hot path (docs/simulator.md, "Simulator speed").
+
+Without CORRAL_COMPILE=1 this adds nothing: pyproject.toml describes the (pure Python) package.
+With it, the modules below are compiled with mypyc (part of mypy):
+
+    CORRAL_COMPILE=1 pip install .
+
+Not editable: an editable install would leave the compiled modules (.so) beside their sources,
+where they shadow later edits to those sources.
+"""
+
+from __future__ import annotations
+
+import os
+
+from setuptools import setup
+from setuptools.command.build import build
+
+#: The compiled modules: the scheduling core's round and the simulator's event loop.
+COMPILED = [
+    "corral/core/scheduler.py",
+    "corral/core/job.py",
+    "corral/core/placement/base.py",
+    "corral/core/placement/named.py",
+    "corral/core/placement/algorithms.py",
+    "corral/core/policy/base.py",
+    "corral/core/policy/las.py",
+    "corral/core/policy/gittins.py",
+    "corral/sim/engine.py",
+    "corral/sim/result.py",
+]
+#: What compiles them; pip's isolated build installs it (setup_requires, asked for below).
+MYPYC = "mypy>=1.10"
+
+
+def main() -> None:
+    if os.environ.get("CORRAL_COMPILE") != "1":
+        setup()
+        return
+    try:
+        from mypyc.build import mypycify
+    except ImportError:
+        # pip's isolated build first asks for the build requirements (PEP 517's
+        # get_requires_for_build_wheel); setuptools answers with setup_requires, leaving setup()
+        # before anything is built. Any other build without mypy stops at `build`.
+        setup(setup_requires=[MYPYC], cmdclass={"build": _NeedsMypyc})
+        return
+    setup(ext_modules=mypycify(COMPILED, opt_level="3"))
+
+
+class _NeedsMypyc(build):
+    """`build`, refusing (see `main`)."""
+
+    def run(self) -> None:
+        raise SystemExit(
+            "CORRAL_COMPILE=1 needs mypy (its mypyc) where the package is built: "
+            f"pip install '{MYPYC}', or let pip build in isolation (no --no-build-isolation)"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,131 @@
+"""The opt-in compiled build (setup.py, `CORRAL_COMPILE=1`): its wheel holds compiled modules, and
+they decide exactly as the Python sources do.
+
+Builds the wheel from a copy of this tree with mypyc (about a minute), unpacks it into a temporary
+directory and runs the same small simulations with it and with the sources, each in a process of
+its own; compares every decision, the rounds and each job's end."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+#: Run in a child process: each policy and placement on a synthetic overloaded trace (jobs arrive
+#: faster than the cluster serves them, so las and gittins preempt); prints whether the core is
+#: compiled and, per run, its decisions, rounds, preemptions and each job's end.
+SCRIPT = r"""
+import json, random, sys
+import corral.core.scheduler
+from corral.core import Cluster, JobSpec, Scheduler
+from corral.core.compiled import compiled_core
+from corral.core.placement import make_placement
+from corral.core.policy import make_policy
+from corral.sim.engine import Simulation
+
+def trace(jobs, seed):
+    rng = random.Random(seed)
+    clock = 0.0
+    for i in range(jobs):
+        clock += rng.expovariate(1 / 60.0)
+        yield JobSpec(
+            id=f"j{i:04d}",
+            submit_time=round(clock, 3),
+            gpus=rng.choice((1, 1, 1, 2, 4, 8, 8, 16)),
+            duration_s=round(rng.lognormvariate(7.0, 1.5), 3),
+        )
+
+runs = {}
+for policy, placement in (("las", "relax"), ("gittins", "consolidate"), ("fifo", "yarn"),
+                          ("srtf", "any")):
+    options = {}
+    if policy == "gittins":
+        options["service_samples_gpu_s"] = [s.gpus * s.duration_s for s in trace(500, 9)]
+    scheduler = Scheduler(Cluster.shorthand(8, 8, racks=2), make_policy(policy, **options),
+                          make_placement(placement), restore_s=30.0)
+    result = Simulation(list(trace(300, 1)), scheduler, record_decisions=True).run()
+    runs[f"{policy}+{placement}"] = {
+        "decisions": [[now, repr(action)] for now, action in result.decisions],
+        "rounds": result.rounds,
+        "preemptions": result.preemptions,
+        "ends": sorted([job.id, job.finished_at] for job in result.jobs),
+    }
+print(json.dumps({
+    "compiled": compiled_core(),
+    "scheduler": corral.core.scheduler.__file__,
+    "runs": runs,
+}))
+"""
+
+
+def _c_compiler() -> str | None:
+    command = shlex.split(sysconfig.get_config_var("CC") or "cc")
+    return shutil.which(command[0]) if command else None
+
+
+@pytest.fixture(scope="module")
+def compiled_site() -> Iterator[Path]:
+    """A directory holding the compiled wheel of this tree, unpacked."""
+    if _c_compiler() is None:
+        pytest.skip("no C compiler: the compiled build cannot be made here")
+    work = Path(tempfile.mkdtemp(prefix="corral-compiled-"))
+    try:
+        source = work / "src"
+        source.mkdir()
+        ignore = shutil.ignore_patterns("__pycache__", "*.so", "*.c")
+        shutil.copytree(REPO / "corral", source / "corral", ignore=ignore)
+        for name in ("setup.py", "pyproject.toml", "README.md"):
+            shutil.copy(REPO / name, source / name)
+        built = subprocess.run(
+            [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation"]
+            + ["--wheel-dir", str(work / "wheel"), str(source)],
+            env={**os.environ, "CORRAL_COMPILE": "1"},
+            capture_output=True,
+            text=True,
+        )
+        assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
+        (wheel,) = (work / "wheel").glob("corral-*.whl")
+        site = work / "site"
+        with zipfile.ZipFile(wheel) as archive:
+            archive.extractall(site)
+        yield site
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _simulate(path: Path) -> dict[str, object]:
+    done = subprocess.run(
+        [sys.executable, "-c", SCRIPT],
+        cwd=path,  # the first entry of sys.path: its corral is the one imported
+        env={**os.environ, "PYTHONPATH": str(path)},
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result: dict[str, object] = json.loads(done.stdout)
+    return result
+
+
+def test_the_compiled_build_decides_as_the_sources_do(compiled_site: Path) -> None:
+    compiled = _simulate(compiled_site)
+    pure = _simulate(REPO)
+    assert compiled["compiled"] is True, compiled["scheduler"]
+    assert str(compiled["scheduler"]).startswith(str(compiled_site))
+    assert pure["compiled"] is False, pure["scheduler"]
+    runs = pure["runs"]
+    assert isinstance(runs, dict)
+    assert runs["las+relax"]["preemptions"] > 0 and runs["gittins+consolidate"]["preemptions"] > 0
+    for name, run in runs.items():
+        assert compiled["runs"][name] == run, name  # type: ignore[index]
