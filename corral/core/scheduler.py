@@ -23,6 +23,7 @@ from sortedcontainers import SortedList
 
 from corral.core.actions import Action, Decision, Preempt, Respeed, Start
 from corral.core.cluster import Cluster
+from corral.core.compiled import mypyc_attr
 from corral.core.job import Job, JobSpec, JobStatus
 from corral.core.placement.base import Placed, Placement, not_enough, whole_worker_gpus
 from corral.core.plugin import SpeedModel
@@ -63,6 +64,7 @@ class _Top:
 _TOP = _Top()
 
 
+@mypyc_attr(native_class=False)  # the compiled build cannot subclass list in a native class
 class _FlatIndex(list[tuple[Key, int]]):
     """A sorted list of (key, seq) with SortedList's `add` and `remove`, for the running jobs:
     they are at most one per GPU (a few thousand), so one flat list moved by memmove beats
