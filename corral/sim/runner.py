@@ -477,14 +477,37 @@ def simulate_results(settings: RunSettings, console: Console) -> list[SimResult]
         raise SimulationError(str(error)) from None
 
 
-def _simulate(settings: RunSettings, console: Console) -> tuple[list[SimResult], bool]:
-    """The results, and whether VCs share the cluster (multi-tenant)."""
-    check_settings(settings)
+def base_perf(settings: RunSettings) -> PerfModel:
+    """The performance model before the trace's own: spread slowdowns (off, or overridden)."""
     perf = PerfModel.default_for_durations()
     if not settings.spread_slowdown:
         perf = perf.with_slowdowns({})
     if settings.slowdowns is not None:
         perf = perf.with_overrides(load_slowdowns(settings.slowdowns))
+    return perf
+
+
+def failure_model(settings: RunSettings) -> FailureModel | PhillyFailures | None:
+    if settings.failure_model == "philly":
+        return PhillyFailures(max_retries=settings.max_retries)
+    if settings.failure_rate > 0:
+        return FailureModel(settings.failure_rate, settings.max_retries)
+    return None
+
+
+def summary_options(settings: RunSettings) -> dict[str, object]:
+    """The settings as summary.json's `options` (the scheduler's are added per run, resolved)."""
+    return {
+        k: str(v) if isinstance(v, Path) else v
+        for k, v in asdict(settings).items()
+        if k != "scheduler"
+    }
+
+
+def _simulate(settings: RunSettings, console: Console) -> tuple[list[SimResult], bool]:
+    """The results, and whether VCs share the cluster (multi-tenant)."""
+    check_settings(settings)
+    perf = base_perf(settings)
     trace = load_trace(
         settings.trace, perf=perf, seed=settings.seed, arrival_scale=settings.arrival_scale
     )
@@ -536,16 +559,8 @@ def _simulate(settings: RunSettings, console: Console) -> tuple[list[SimResult],
     )
     for note in trace.notes:
         console.print(f"  note: {note}", soft_wrap=True)
-    failures: FailureModel | PhillyFailures | None = None
-    if settings.failure_model == "philly":
-        failures = PhillyFailures(max_retries=settings.max_retries)
-    elif settings.failure_rate > 0:
-        failures = FailureModel(settings.failure_rate, settings.max_retries)
-    options = {
-        k: str(v) if isinstance(v, Path) else v
-        for k, v in asdict(settings).items()
-        if k != "scheduler"
-    }
+    failures = failure_model(settings)
+    options = summary_options(settings)
     placement = settings.scheduler.core.placement
     results: list[SimResult] = []
     with progress_bar(console) as progress:
@@ -681,11 +696,7 @@ def _simulate_streamed(settings: RunSettings, console: Console, out: Path) -> li
     refusal = stream_refusal(settings)
     if refusal is not None:
         raise SimulationError(refusal)
-    perf = PerfModel.default_for_durations()
-    if not settings.spread_slowdown:
-        perf = perf.with_slowdowns({})
-    if settings.slowdowns is not None:
-        perf = perf.with_overrides(load_slowdowns(settings.slowdowns))
+    perf = base_perf(settings)
     speed_for = perf.speed_model
     if settings.throughputs is not None:
         speed_for = load_throughputs(settings.throughputs).speed_model
@@ -696,16 +707,8 @@ def _simulate_streamed(settings: RunSettings, console: Console, out: Path) -> li
     if multi_tenant:
         raise SimulationError(f"--stream: not with admission {', '.join(sorted(multi_tenant))}")
     out.mkdir(parents=True, exist_ok=True)
-    failures = (
-        FailureModel(settings.failure_rate, settings.max_retries)
-        if settings.failure_rate > 0
-        else None
-    )
-    options = {
-        k: str(v) if isinstance(v, Path) else v
-        for k, v in asdict(settings).items()
-        if k != "scheduler"
-    }
+    failures = failure_model(settings)
+    options = summary_options(settings)
     placement = settings.scheduler.core.placement
     results: list[SimResult] = []
     taken: set[str] = set()
