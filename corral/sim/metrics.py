@@ -12,10 +12,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from corral.core.job import Job, JobStatus
-from corral.sim.jobstats import JobStats, vc_of
+from corral.sim.jobstats import JobStats
 from corral.sim.result import SimResult, Timeline, TimelineTotals
-
-__all__ = ["JobStats", "vc_of"]  # vc_of: where callers have found it
 
 JOB_COLUMNS: tuple[str, ...] = (
     "job_id",

@@ -87,6 +87,11 @@ def jobs_csv_name(policy: str, placement: str, taken: set[str]) -> str:
     return name
 
 
+def decisions_name(jobs_csv: str) -> str:
+    """decisions-POLICY-PLACEMENT.jsonl beside the run's jobs-POLICY-PLACEMENT.csv."""
+    return f"decisions-{jobs_csv.removeprefix('jobs-').removesuffix('.csv')}.jsonl"
+
+
 def _write_jobs_csv(result: SimResult, path: Path) -> None:
     with path.open("w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=list(JOB_COLUMNS))
@@ -114,13 +119,12 @@ def write_outputs(results: list[SimResult], out_dir: Path, plot: bool) -> list[d
         handle.write("\n")
     taken: set[str] = set()
     for result in results:
-        if result.written:  # a streamed run wrote its files as it ran
+        if result.stats is not None:  # a streamed run wrote its files as it ran
             continue
         name = jobs_csv_name(result.policy, result.placement, taken)
         _write_jobs_csv(result, out_dir / name)
         if result.options.get("decisions"):
-            stem = name[len("jobs-") : -len(".csv")]
-            _write_decisions(result, out_dir / f"decisions-{stem}.jsonl")
+            _write_decisions(result, out_dir / decisions_name(name))
         if result.curves:
             write_curves(result.curves, out_dir / f"curves-{name.removeprefix('jobs-')}")
     if plot:

@@ -102,10 +102,8 @@ class SimResult:
     #: Each GPU's name (`node/device`, as the live manager names it), by GPU id.
     gpu_names: list[str] = field(default_factory=list)
     #: A streamed run's jobs as they ended (`jobs` then holds only those left at its end, and
-    #: the rows and decisions were written as the run went: `written`); None: read from `jobs`.
+    #: its jobs CSV and decisions were written as it went); None: read from `jobs`.
     stats: JobStats | None = None
-    #: Files a streamed run wrote while it ran (jobs CSV, decisions), by kind: "jobs", "decisions".
-    written: dict[str, str] = field(default_factory=dict)
 
     def decision_records(self) -> list[dict[str, object]]:
         """The decisions as records of corral.core.tracefile (the live manager's history gives the

@@ -45,6 +45,7 @@ from corral.sim.perfmodel import (
 )
 from corral.sim.progress import LossCurveModel
 from corral.sim.report import (
+    decisions_name,
     jobs_csv_name,
     progress_bar,
     summary_table,
@@ -732,11 +733,11 @@ def _simulate_streamed(settings: RunSettings, console: Console, out: Path) -> li
             scheduler = make_scheduler(
                 settings, run_cluster, vcs, quota, config_for(settings, policy), speed_for, []
             )
-            stem = jobs_csv_name(policy, placement, taken)
-            decisions = out / f"decisions-{stem[len('jobs-') : -len('.csv')]}.jsonl"
+            jobs_csv = jobs_csv_name(policy, placement, taken)
+            decisions = out / decisions_name(jobs_csv)
             task = progress.add_task(f"{policy}/{placement}", total=None)
             with StreamedOutput(
-                out / stem,
+                out / jobs_csv,
                 decisions if settings.decisions else None,
                 run_cluster.gpu_names(),
             ) as written:
@@ -758,9 +759,6 @@ def _simulate_streamed(settings: RunSettings, console: Console, out: Path) -> li
                 )
                 result = simulation.run()
                 result.stats = written.finish(result.jobs)
-            result.written = {"jobs": str(out / stem)} | (
-                {"decisions": str(decisions)} if settings.decisions else {}
-            )
             result.annotations.update(gandiva_summary(simulation.scheduler))
             results.append(result)
     return results

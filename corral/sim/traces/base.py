@@ -59,12 +59,10 @@ class TraceStream:
 
     jobs: Iterator[JobSpec]
     source: str
-    notes: list[str] = field(default_factory=list)
-    #: Every job gives its run time (the policies that need one may run).
-    durations_known: bool = True
 
 
-#: A streaming reader: the jobs in file order, each with where it is in the file ("line 7").
+#: A streaming reader: the jobs in file order, each with where it is in the file ("line 7"). Every
+#: job must have its run time: a streamed run tells the policies that lengths are known.
 Streamer = Callable[..., Iterator[tuple[str, JobSpec]]]
 
 
