@@ -20,6 +20,7 @@ from setuptools.command.build import build
 COMPILED = [
     "corral/core/scheduler.py",
     "corral/core/job.py",
+    "corral/core/cluster.py",
     "corral/core/placement/base.py",
     "corral/core/placement/named.py",
     "corral/core/placement/algorithms.py",

@@ -473,6 +473,28 @@ class Cluster:
             f"{count_noun(self.total_gpus, 'GPU')}, {count_noun(len(self.racks), 'rack')}"
         )
 
+    def __deepcopy__(self, memo: dict[int, object]) -> Cluster:
+        """A cluster of its own cells in the same state: the same GPUs allocated, the same shares,
+        CPU and memory taken, the same `version`; no watchers (they watch this one). Written out
+        because the compiled build (setup.py) makes Cluster a class `copy.deepcopy` cannot copy
+        by itself; the live manager copies its pristine cluster with it."""
+        twin = Cluster(_copy_cells(self.root))
+        allocated = [gpu for gpu in range(len(self.gpus)) if not self.gpu_free[gpu]]
+        if allocated:
+            twin._change(allocated, -1)
+        # The buckets' order (the order placements meet nodes in) is their history's: kept.
+        twin._buckets = {t: [dict(b) for b in sizes] for t, sizes in self._buckets.items()}
+        twin._whole_buckets = [
+            (twin._buckets[t][size], size) for t, size in twin.max_node_gpus_by_type.items()
+        ]
+        twin.share_free = dict(self.share_free)
+        twin.share_free_total = self.share_free_total
+        twin.cpu_used = list(self.cpu_used)
+        twin.memory_used = list(self.memory_used)
+        twin.version = self.version
+        memo[id(self)] = twin
+        return twin
+
     # -- mutation -----------------------------------------------------------------------------
 
     def allocate(self, gpu_ids: Iterable[int]) -> None:
@@ -549,6 +571,20 @@ def _switch_size(node: Cell) -> int | None:
     if any(n != size for n in sizes[:-1]) or sizes[-1] > size:
         return None
     return size
+
+
+def _copy_cells(cell: Cell) -> Cell:
+    """The cell and everything under it, anew (counts and indexes are `Cluster`'s to set)."""
+    twin = Cell(
+        name=cell.name,
+        cell_type=cell.cell_type,
+        gpu_type=cell.gpu_type,
+        is_node=cell.is_node,
+        cpu_milli=cell.cpu_milli,
+        memory_mib=cell.memory_mib,
+    )
+    twin.children = [_copy_cells(child) for child in cell.children]
+    return twin
 
 
 def _has_node_ancestor(cell: Cell) -> bool:

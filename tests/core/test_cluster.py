@@ -134,3 +134,37 @@ def test_node_defs_rebuild_the_same_cluster_with_the_same_gpu_names():
     assert [d.gpus_per_switch for d in cluster.node_defs()] == [2, 2, 2, 2, None]
     shorthand = Cluster.shorthand(5, 8, racks=2, gpu_type="a100", gpus_per_switch=3)
     assert structure(Cluster.from_nodes(shorthand.node_defs())) == structure(shorthand)
+
+
+def test_a_deep_copy_has_its_own_cells_in_the_same_state():
+    """copy.deepcopy goes through Cluster.__deepcopy__ (which the compiled build needs): the copy
+    has the original's allocations, shares, CPU and memory, version and node order, and changing
+    one leaves the other as it was."""
+    import copy
+
+    cluster = Cluster.shorthand(3, 4, racks=1, gpus_per_switch=2)
+    cluster.allocate([0, 1, 2])  # node 0: 1 free (GPU 3)
+    cluster.allocate([4])
+    cluster.release([4])  # node 1 is back to 4 free, after node 2 in that bucket
+    cluster.claim([3], milli=250, node=0, cpu_milli=500, memory_mib=1024)  # node 0: 0 free
+    watched = cluster.watch()
+    twin = copy.deepcopy(cluster)
+    assert twin.root is not cluster.root and twin.nodes[0] is not cluster.nodes[0]
+    assert list(twin.gpu_free) == list(cluster.gpu_free)
+    assert twin.free_gpus == 12 - 3 - 1 == 8  # GPU 3 left the whole-GPU counts with its share
+    assert twin.gpu_milli_free(3) == 750 and twin.share_free_total == 750
+    assert (twin.cpu_used, twin.memory_used) == ([500, 0, 0], [1024, 0, 0])
+    assert twin.version == cluster.version
+    # Nodes with equal free GPUs come in the order they reached that count: node 2, then node 1
+    # (a cluster rebuilt from its allocations alone would give 1, 2).
+    assert list(twin.nodes_with_free("v100", 1)) == list(cluster.nodes_with_free("v100", 1))
+    assert list(twin.nodes_with_free("v100", 1)) == [2, 1]
+    recount(twin)
+    twin.allocate([8])
+    twin.unclaim([3], milli=250, node=0, cpu_milli=500, memory_mib=1024)
+    assert cluster.gpu_free[8] == 1 and cluster.gpu_milli_free(3) == 750
+    assert cluster.cpu_used[0] == 500 and twin.cpu_used[0] == 0
+    assert twin.free_gpus == 8 - 1 + 1 and cluster.free_gpus == 8
+    assert watched == set()  # the copy's changes reach no watcher of the original
+    recount(cluster)
+    recount(twin)

@@ -3,7 +3,7 @@ they decide exactly as the Python sources do.
 
 Builds the wheel from a copy of this tree with mypyc (about a minute), unpacks it into a temporary
 directory and runs the same small simulations with it and with the sources, each in a process of
-its own; compares every decision, the rounds and each job's end."""
+its own; compares every decision, the rounds and each job's end, and a copied cluster."""
 
 from __future__ import annotations
 
@@ -62,7 +62,13 @@ for policy, placement in (("las", "relax"), ("gittins", "consolidate"), ("fifo",
         "preemptions": result.preemptions,
         "ends": sorted([job.id, job.finished_at] for job in result.jobs),
     }
+import copy
+cluster = Cluster.shorthand(2, 4)
+cluster.allocate([1, 2])
+twin = copy.deepcopy(cluster)  # the live manager copies its cluster (Cluster.__deepcopy__)
+twin.release([1])
 print(json.dumps({
+    "copy": [list(cluster.gpu_free), list(twin.gpu_free), twin.free_gpus],
     "compiled": compiled_core(),
     "scheduler": corral.core.scheduler.__file__,
     "runs": runs,
@@ -124,6 +130,7 @@ def test_the_compiled_build_decides_as_the_sources_do(compiled_site: Path) -> No
     assert compiled["compiled"] is True, compiled["scheduler"]
     assert str(compiled["scheduler"]).startswith(str(compiled_site))
     assert pure["compiled"] is False, pure["scheduler"]
+    assert compiled["copy"] == pure["copy"] == [[1, 0, 0, 1] + [1] * 4, [1, 1, 0, 1] + [1] * 4, 7]
     runs = pure["runs"]
     assert isinstance(runs, dict)
     assert runs["las+relax"]["preemptions"] > 0 and runs["gittins+consolidate"]["preemptions"] > 0
