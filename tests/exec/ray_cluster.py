@@ -335,12 +335,45 @@ class RayCluster:
         # Its output's reader (see _wait_ready) closes the pipe once the node's processes are gone.
 
 
+def kill_named_actors(namespace: str | None = None) -> None:
+    """Kill the named actors of `namespace` (None: of every namespace) on the cluster this
+    process is connected to: a job's detached actors outlive the manager that started them, and
+    a node whose actors still run holds its shutdown up for the whole stop timeout."""
+    import ray
+
+    for actor in ray.util.list_named_actors(all_namespaces=True):
+        if namespace is None or actor["namespace"] == namespace:
+            ray.kill(ray.get_actor(actor["name"], namespace=actor["namespace"]), no_restart=True)
+
+
+@contextmanager
+def stopped_at_the_end(cluster: RayCluster) -> Iterator[RayCluster]:
+    """Start `cluster`; at the end kill every named actor the tests left on it (connecting for
+    that), then stop it."""
+    import ray
+
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        try:
+            if cluster.nodes:
+                connects = not ray.is_initialized()
+                if connects:
+                    ray.init(address=cluster.address, log_to_driver=False)
+                try:
+                    kill_named_actors()
+                finally:
+                    if connects:
+                        ray.shutdown()
+        finally:
+            cluster.stop()
+
+
 @contextmanager
 def executor_on(cluster: RayCluster) -> Iterator[RayExecutor]:
     """A RayExecutor connected to `cluster`; at the end the actors a failed test left behind
     (they would hold the nodes' shutdown up) are killed, and it is closed."""
-    import ray
-
     from corral.exec.ray import RayExecutor
 
     ray_executor = RayExecutor(cluster.address)
@@ -348,8 +381,6 @@ def executor_on(cluster: RayCluster) -> Iterator[RayExecutor]:
         yield ray_executor
     finally:
         try:
-            for actor in ray.util.list_named_actors(all_namespaces=True):
-                if actor["namespace"] == "corral":
-                    ray.kill(ray.get_actor(actor["name"], namespace="corral"), no_restart=True)
+            kill_named_actors("corral")
         finally:
             ray_executor.close()

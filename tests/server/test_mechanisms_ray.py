@@ -13,7 +13,7 @@ import pytest
 
 from corral.exec.ray import RayExecutor
 from corral.server.boot import RunningServer, ServerOptions, build_manager, ray_namespace
-from tests.exec.ray_cluster import RayCluster
+from tests.exec.ray_cluster import RayCluster, stopped_at_the_end
 from tests.server.helpers import (
     admin_token,
     api,
@@ -47,11 +47,8 @@ def cluster() -> Iterator[RayCluster]:
         head="head",
         gpu_types={"v100-a": "V100", "v100-b": "V100", "k80-a": "K80"},
     )
-    try:
-        ray_cluster.start()
+    with stopped_at_the_end(ray_cluster):
         yield ray_cluster
-    finally:
-        ray_cluster.stop()
 
 
 def serve(cluster: RayCluster, data_dir: Path, **settings: object) -> RunningServer:
