@@ -7,7 +7,8 @@ under valgrind's cachegrind (`--cache-sim=no`: it only counts, about 25 times sl
 run itself) with a fixed `PYTHONHASHSEED`, and prints the count with the run's own line.
 
 The `corral` it measures is the one Python imports: point PYTHONPATH at a copy of a commit
-(`git archive COMMIT corral benchmarks | tar -x -C DIR`), compiled or not, and run this from it.
+(`git archive COMMIT corral benchmarks | tar -x -C DIR`, DIR beside the checkout so that
+`../shared` is found), compiled or not, and run this from it.
 Needs valgrind (Debian: `apt-get install valgrind`). Instructions are a proxy for time, not time:
 a change that trades instructions for cache misses can still be slower; confirm a gain with
 timed runs where it is large enough to see.
