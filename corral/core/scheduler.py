@@ -230,6 +230,17 @@ class Scheduler:
         self._tried_victims = False  # a placement was tried (and failed) while preempting
         #: (running job's seq, "node" or "rack") -> GPUs it holds per node or rack (`_held_in`).
         self._held_by_place: dict[tuple[int, str], tuple[tuple[int, int], ...]] = {}
+        #: Waiting jobs whose search for victims found no place without trying one (`_make_room`),
+        #: by seq: (the placement's scope then, the outcome). Such a search fails again while, in
+        #: every node and rack, the free GPUs plus those of the job's victims do not grow: only a
+        #: running job it may not preempt that stops (`_unindex`), or one whose key comes to
+        #: follow the job's (`_rekey_running`), makes them grow. `_no_room_keys`: those jobs'
+        #: (key, seq) in order, so that each such event forgets the searches it may change.
+        #: Under the conditions of `_may_repeat`, and the victim rule of `Policy.preempts`.
+        self._no_room: dict[int, tuple[str, str]] = {}
+        self._no_room_keys: list[tuple[Key, int]] = []
+        self._remembers_rooms = self._may_repeat and type(policy).preempts is Policy.preempts
+        self._skipped_new = False  # `_candidates` passed over a job started at that instant
 
     # -- what the shell reports ---------------------------------------------------------------
 
@@ -383,6 +394,7 @@ class Scheduler:
     def bring_online(self, gpus: Iterable[int]) -> None:
         back = [g for g in gpus if g in self._offline]
         self._offline.difference_update(back)
+        self._forget_all_rooms()
         self.cluster.release(back)
 
     def withdraw(self, job_id: str, now: float) -> Job:
@@ -757,6 +769,11 @@ class Scheduler:
             return self._make_room_in_order(job, now, actions)
         cluster = self.cluster
         scope = self.placement.scope(cluster, job, now)
+        if self._no_room:
+            known = self._no_room.get(job.seq)
+            if known is not None and known[0] == scope:
+                return known[1]
+        self._skipped_new = False
         total = cluster.free_for(job.spec.gpu_types)
         freed_in: dict[int, int] = {}  # node or rack -> GPUs the victims so far would free there
         victims: list[Job] = []
@@ -783,13 +800,19 @@ class Scheduler:
         self._tried_victims = self._tried_victims or attempts > 0
         for held in victims[:released]:
             self._reclaim(held)
-        return "no placement" if total >= need or not plain else "too few victims"
+        outcome = "no placement" if total >= need or not plain else "too few victims"
+        if not attempts and plain and self._remembers_rooms and not self._skipped_new:
+            if job.seq not in self._no_room:  # else one of another scope (the key is the same)
+                bisect.insort(self._no_room_keys, (self._stored[job.seq], job.seq))
+            self._no_room[job.seq] = (scope, outcome)
+        return outcome
 
     def _candidates(self, job: Job, now: float) -> Iterator[Job]:
         """The job's victims (`_victims`, the lowest first) whose GPUs it could use."""
         half_pairs: dict[str, Job] = {}
         for victim in self._victims(job, now):
             if victim.run_started_at == now:
+                self._skipped_new = True  # one of its victims from the next instant on
                 continue  # never undo a start of this same instant: no preemption cycles
             if (
                 job.spec.gpu_types is not None
@@ -1037,6 +1060,7 @@ class Scheduler:
         contract and started again there, paying the restore stall; not counted as preempted."""
         gpus = job.placement
         self.cluster.release(gpus)
+        self._forget_all_rooms()
         self._account_run(job, now)
         self._enqueue(job, now)
         actions.append(Preempt(job.id, gpus, by, kind="migrated"))
@@ -1147,8 +1171,34 @@ class Scheduler:
         self._set_timer(job, now)
 
     def _unindex(self, index: SortedList | _FlatIndex, job: Job) -> None:
-        index.remove((self._stored.pop(job.seq), job.seq))
+        key = self._stored.pop(job.seq)
+        index.remove((key, job.seq))
         self._quiet = None
+        if self._no_room:
+            if index is self._running:  # its GPUs free, for the jobs that may not preempt it
+                self._forget_rooms(key, None)
+            elif self._no_room.pop(job.seq, None) is not None:
+                self._no_room_keys.remove((key, job.seq))
+
+    def _forget_rooms(self, low: Key, high: Key | None) -> None:
+        """Forget the failed searches for victims (`_no_room`) of the waiting jobs that may not
+        preempt a running job of key `low` but may preempt one of key `high` (None: the jobs
+        that may not preempt `low`): by `Policy.preempts`, those of keys from `low` up to before
+        `high`, compared by their leading `preempt_prefix` parts."""
+        cut = self.policy.preempt_prefix
+        keys = self._no_room_keys
+        start = bisect.bisect_left(keys, ((low if cut is None else low[:cut]),))
+        end = len(keys)
+        if high is not None:
+            end = bisect.bisect_left(keys, ((high if cut is None else high[:cut]),))
+        if start < end:
+            for _, seq in keys[start:end]:
+                del self._no_room[seq]
+            del keys[start:end]
+
+    def _forget_all_rooms(self) -> None:
+        self._no_room.clear()
+        self._no_room_keys.clear()
 
     def _rekey_running(self, job: Job, now: float) -> None:
         """Re-key a running job at its timer. The walk of a round is unchanged unless a waiting
@@ -1164,6 +1214,8 @@ class Scheduler:
         self._running.replace((old, job.seq), (new, job.seq))
         self._quiet = None
         self._set_timer(job, now)
+        if self._no_room:  # the waiting jobs that may now preempt it, and could not before
+            self._forget_rooms(old, new)
         if quiet is None or quiet[2]:
             return
         cut = self.policy.preempt_prefix
