@@ -10,8 +10,7 @@ from corral.core import Preempt, Start
 from corral.core.scheduler import Scheduler
 from corral.sim.engine import FailureModel, Simulation
 from corral.sim.failures import NodeFailures
-from tests.core.helpers import scheduler, spec
-from tests.core.test_repeat_rounds import _random_trace
+from tests.core.helpers import random_trace, scheduler, spec
 
 
 def _waiting_for_room() -> Scheduler:
@@ -105,7 +104,7 @@ def test_remembering_failed_searches_decides_exactly_as_searching_every_time(
     if policy == "las":
         options: dict = {"thresholds_gpu_s": [60, 200, 900], "preempt_within_queue": within}
     else:
-        history = _random_trace(seed + 100, 300)
+        history = random_trace(seed + 100, 300)
         options = {"service_samples_gpu_s": [j.gpus * (j.duration_s or 0) for j in history]}
     runs, hits = [], 0
     for remember in (True, False):
@@ -119,7 +118,7 @@ def test_remembering_failed_searches_decides_exactly_as_searching_every_time(
             return make_room(job, now, actions)
 
         s._make_room = counted  # type: ignore[method-assign]
-        result = Simulation(_random_trace(seed, 150, 20.0), s, record_decisions=True).run()
+        result = Simulation(random_trace(seed, 150, 20.0), s, record_decisions=True).run()
         runs.append(result.decisions)
     assert any(isinstance(a, Preempt) for _, a in runs[0])
     assert runs[0] == runs[1]
@@ -136,14 +135,14 @@ def test_remembering_failed_searches_decides_exactly_as_searching_with_nodes_fai
     if policy == "las":
         options: dict = {"thresholds_gpu_s": [60, 200, 900]}
     else:
-        history = _random_trace(seed + 100, 300)
+        history = random_trace(seed + 100, 300)
         options = {"service_samples_gpu_s": [j.gpus * (j.duration_s or 0) for j in history]}
     runs = []
     for remember in (True, False):
         s = scheduler(4, 4, policy, placement="relax", racks=2, policy_options=options)
         s._remembers_rooms = remember
         result = Simulation(
-            _random_trace(seed, 150, 20.0),
+            random_trace(seed, 150, 20.0),
             s,
             failures=FailureModel(rate=0.1, max_retries=3),
             node_failures=NodeFailures(mtbf_s=3_600.0, mttr_s=600.0),

@@ -3,13 +3,11 @@ hand-worked LAS scenarios where the scheduler may skip the walk of the queue."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from corral.core import Preempt, Start
-from corral.core.job import JobSpec
 from corral.sim.engine import Simulation
-from tests.core.helpers import scheduler, spec
+from tests.core.helpers import random_trace, scheduler, spec
 
 
 @pytest.mark.parametrize("within", [True, False])
@@ -89,20 +87,6 @@ def test_a_running_job_that_drops_below_a_waiting_jobs_queue_is_preempted_at_onc
     ]
 
 
-def _random_trace(seed: int, count: int, gap_s: float = 30.0) -> list[JobSpec]:
-    rng = np.random.default_rng(seed)
-    arrivals = np.cumsum(rng.exponential(gap_s, count))
-    return [
-        JobSpec(
-            id=f"j{i}",
-            submit_time=float(arrivals[i]),
-            gpus=int(rng.choice([1, 1, 1, 2, 2, 4, 8])),
-            duration_s=float(rng.lognormal(5.0, 1.5)),
-        )
-        for i in range(count)
-    ]
-
-
 @pytest.mark.parametrize("seed", range(5))
 @pytest.mark.parametrize("within", [True, False])
 @pytest.mark.parametrize("placement", ["any", "consolidate", "relax", "yarn"])
@@ -117,7 +101,7 @@ def test_skipping_quiet_rounds_decides_exactly_as_walking_every_round(
     for may_repeat in (True, False):
         s = scheduler(4, 4, "las", placement=placement, racks=2, policy_options=options)
         s._may_repeat = may_repeat
-        result = Simulation(_random_trace(seed, 150), s, record_decisions=True).run()
+        result = Simulation(random_trace(seed, 150), s, record_decisions=True).run()
         runs.append(result.decisions)
     assert len(runs[0]) > 300  # the trace preempts: each job starts at least once
     assert runs[0] == runs[1]
@@ -154,13 +138,13 @@ def test_key_changes_while_no_job_waits_decide_as_rounds_of_their_own(
     if policy == "las":
         options: dict = {"thresholds_gpu_s": [60, 200, 900]}
     else:  # quantiles of a size history drawn like the trace's: many index levels
-        history = _random_trace(seed + 100, 300)
+        history = random_trace(seed + 100, 300)
         options = {"service_samples_gpu_s": [j.gpus * (j.duration_s or 0) for j in history]}
     runs, rounds = [], []
     for may_repeat in (True, False):
         s = scheduler(4, 4, policy, placement="relax", racks=2, policy_options=options)
         s._may_repeat = may_repeat
-        result = Simulation(_random_trace(seed, 150, gap_s), s, record_decisions=True).run()
+        result = Simulation(random_trace(seed, 150, gap_s), s, record_decisions=True).run()
         runs.append(result.decisions)
         rounds.append(result.rounds)
     assert sum(isinstance(a, Start) for _, a in runs[0]) >= 150  # every job starts
@@ -202,3 +186,31 @@ def test_the_walk_stops_where_fewer_gpus_are_free_than_any_waiting_job_needs():
     # C is resized to 1 GPU (an elastic job between attempts): now it fits the free GPU.
     s.set_gpus("C", 1, 3)
     assert s.decide(3).actions == [Start("C", (3,))]
+
+
+def test_a_long_waiting_queue_keeps_its_order_as_it_grows_and_shrinks():
+    # One 1-GPU node, fifo: j0 runs and 8,999 wait, more than LONG_QUEUE, so the queue becomes
+    # a SortedList. Cancelling the even jobs from j2 to j8998 (4,499) and the odd ones from j1 to
+    # j6999 (3,500) leaves 1,000, fewer than SHORT_QUEUE: a flat list again. Each step keeps
+    # arrival order, and the next job to start is the earliest still waiting.
+    from corral.core.scheduler import LONG_QUEUE, SHORT_QUEUE, _FlatIndex
+
+    s = scheduler(1, 1, "fifo")
+    for i in range(9_000):
+        s.submit(spec(f"j{i}", 1, submit=float(i)), float(i))
+    assert s.decide(9_000).actions == [Start("j0", (0,))]
+    assert s.pending_count == 8_999 > LONG_QUEUE
+    assert not isinstance(s._pending, _FlatIndex)
+    waiting = [f"j{i}" for i in range(1, 9_000)]
+    assert [job.id for job in s.pending_jobs()] == waiting
+    for i in range(2, 9_000, 2):
+        s.cancel(f"j{i}", 9_001)
+    for i in range(1, 7_000, 2):
+        s.cancel(f"j{i}", 9_001)
+    left = [f"j{i}" for i in range(7_001, 9_000, 2)]
+    assert s.pending_count == len(left) == 1_000 < SHORT_QUEUE
+    assert isinstance(s._pending, _FlatIndex)
+    assert [job.id for job in s.pending_jobs()] == left
+    assert s.explain("j7003", 9_001).startswith("PENDING, position 2 of 1000")
+    s.finished("j0", 9_002)
+    assert s.decide(9_002).actions == [Start("j7001", (0,))]
