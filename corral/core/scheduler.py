@@ -75,12 +75,12 @@ SHORT_QUEUE = 2048
 
 
 @mypyc_attr(native_class=False)  # the compiled build cannot subclass list in a native class
-class _FlatIndex(list[tuple[Key, int]]):
-    """A sorted list of (key, seq) with SortedList's `add`, `remove` and bisects, for the
-    running jobs and a short waiting queue: the running jobs are at most one per GPU (a few
-    thousand), so one flat list moved by memmove beats SortedList's layers, and a re-key that
-    leaves the job between its neighbours (most do: few running jobs share a key level)
-    replaces it where it is (`replace`)."""
+class _FlatIndex(list[Key]):
+    """A sorted list of the scheduler's keys (each ending with its job's seq, `_index`) with
+    SortedList's `add`, `remove` and bisects, for the running jobs and a short waiting queue: the
+    running jobs are at most one per GPU (a few thousand), so one flat list moved by memmove
+    beats SortedList's layers, and a re-key that leaves the job between its neighbours (most
+    do: few running jobs share a key level) replaces it where it is (`replace`)."""
 
     def bisect_left(self, item: tuple[Any, ...]) -> int:
         return bisect.bisect_left(self, item)
@@ -88,16 +88,16 @@ class _FlatIndex(list[tuple[Key, int]]):
     def bisect_right(self, item: tuple[Any, ...]) -> int:
         return bisect.bisect_right(self, item)
 
-    def add(self, item: tuple[Key, int]) -> None:
+    def add(self, item: Key) -> None:
         bisect.insort(self, item)
 
-    def remove(self, item: tuple[Key, int]) -> None:
+    def remove(self, item: Key) -> None:
         index = bisect.bisect_left(self, item)
         if index == len(self) or self[index] != item:
             raise ValueError(f"{item!r} not in the index")
         del self[index]
 
-    def replace(self, old: tuple[Key, int], new: tuple[Key, int]) -> None:
+    def replace(self, old: Key, new: Key) -> None:
         """`remove(old)` then `add(new)`, in place when `new` sorts where `old` was."""
         index = bisect.bisect_left(self, old)
         if index == len(self) or self[index] != old:
@@ -198,7 +198,7 @@ class Scheduler:
         #: leaves it, so that a long run holds only its live jobs.
         self._by_seq: dict[int, Job] = {}
         self._next_seq = 0
-        #: Waiting jobs by (key, seq): a `_FlatIndex`, or a `SortedList` while many wait.
+        #: Waiting jobs by key: a `_FlatIndex`, or a `SortedList` while many wait.
         self._pending: SortedList | _FlatIndex = _FlatIndex()
         self._running = _FlatIndex()
         self._stored: dict[int, Key] = {}
@@ -253,10 +253,10 @@ class Scheduler:
         #: every node and rack, the free GPUs plus those of the job's victims do not grow: only a
         #: running job it may not preempt that stops (`_unindex`), or one whose key comes to
         #: follow the job's (`_rekey_running`), makes them grow. `_no_room_keys`: those jobs'
-        #: (key, seq) in order, so that each such event forgets the searches it may change.
+        #: keys in order, so that each such event forgets the searches it may change.
         #: Under the conditions of `_may_repeat`, and the victim rule of `Policy.preempts`.
         self._no_room: dict[int, tuple[str, str]] = {}
-        self._no_room_keys: list[tuple[Key, int]] = []
+        self._no_room_keys: list[Key] = []
         self._remembers_rooms = self._may_repeat and type(policy).preempts is Policy.preempts
         self._skipped_new = False  # `_candidates` passed over a job started at that instant
 
@@ -651,7 +651,7 @@ class Scheduler:
         preempting = preempt
         position = 0
         while position < len(self._pending):
-            job = self._by_seq[self._pending[position][1]]
+            job = self._by_seq[self._pending[position][-1]]
             can_preempt = preempting and self._may_preempt_for(job, now)
             if settles and not can_preempt:
                 preempting = False
@@ -739,14 +739,14 @@ class Scheduler:
     def _current_key(self, job: Job, now: float) -> Key:
         if self.policy.stored_is_key:
             return self._stored[job.seq]
-        return (-job.spec.level, *self.policy.key(job, now))
+        return (-job.spec.level, *self.policy.key(job, now), job.seq)
 
     def _may_preempt_for(self, job: Job, now: float) -> bool:
         if self.admission is not None and self.admission.can_reclaim(job):
             return True
         if not self.policy.preemptive or not self._running:
             return False
-        lowest = self._by_seq[self._running[-1][1]]
+        lowest = self._by_seq[self._running[-1][-1]]
         return self.policy.preempts(self._current_key(job, now), self._current_key(lowest, now))
 
     def _victims(self, job: Job, now: float) -> Iterator[Job]:
@@ -756,7 +756,7 @@ class Scheduler:
         job_key = self._current_key(job, now)
         offered: set[str] = set()
         if admission is not None and admission.can_reclaim(job):
-            lowest_first = (self._by_seq[seq] for _, seq in reversed(self._running))
+            lowest_first = (self._by_seq[key[-1]] for key in reversed(self._running))
             for victim in admission.reclaim(job, lowest_first):
                 offered.add(victim.id)
                 yield victim
@@ -765,8 +765,8 @@ class Scheduler:
         # The running index is not changed while the caller looks at victims (it only frees and
         # takes back their GPUs), so it is walked by an iterator, not by position.
         stored = self.policy.stored_is_key
-        for key, seq in reversed(self._running):
-            victim = self._by_seq[seq]
+        for key in reversed(self._running):
+            victim = self._by_seq[key[-1]]
             if not self.policy.preempts(job_key, key if stored else self._current_key(victim, now)):
                 return
             if victim.id in offered:
@@ -821,7 +821,7 @@ class Scheduler:
         outcome = "no placement" if total >= need or not plain else "too few victims"
         if not attempts and plain and self._remembers_rooms and not self._skipped_new:
             if job.seq not in self._no_room:  # else one of another scope (the key is the same)
-                bisect.insort(self._no_room_keys, (self._stored[job.seq], job.seq))
+                bisect.insort(self._no_room_keys, self._stored[job.seq])
             self._no_room[job.seq] = (scope, outcome)
         return outcome
 
@@ -1186,21 +1186,22 @@ class Scheduler:
     def _index(self, index: SortedList | _FlatIndex, job: Job, now: float) -> None:
         # The job's integer level comes first (higher first), the policy's order breaks ties:
         # in both queues, so where the policy preempts, a higher level may preempt a lower one.
-        key = (-job.spec.level, *self.policy.stored_key(job, now))
+        # The job's seq comes last: it names the job, and no two keys are equal.
+        key = (-job.spec.level, *self.policy.stored_key(job, now), job.seq)
         self._stored[job.seq] = key
-        index.add((key, job.seq))
+        index.add(key)
         self._quiet = None
         self._set_timer(job, now)
 
     def _unindex(self, index: SortedList | _FlatIndex, job: Job) -> None:
         key = self._stored.pop(job.seq)
-        index.remove((key, job.seq))
+        index.remove(key)
         self._quiet = None
         if self._no_room:
             if index is self._running:  # its GPUs free, for the jobs that may not preempt it
                 self._forget_rooms(key, None)
             elif self._no_room.pop(job.seq, None) is not None:
-                self._no_room_keys.remove((key, job.seq))
+                self._no_room_keys.remove(key)
 
     def _forget_rooms(self, low: Key, high: Key | None) -> None:
         """Forget the failed searches for victims (`_no_room`) of the waiting jobs that may not
@@ -1209,13 +1210,13 @@ class Scheduler:
         `high`, compared by their leading `preempt_prefix` parts."""
         cut = self.policy.preempt_prefix
         keys = self._no_room_keys
-        start = bisect.bisect_left(keys, ((low if cut is None else low[:cut]),))
+        start = bisect.bisect_left(keys, low if cut is None else low[:cut])
         end = len(keys)
         if high is not None:
-            end = bisect.bisect_left(keys, ((high if cut is None else high[:cut]),))
+            end = bisect.bisect_left(keys, high if cut is None else high[:cut])
         if start < end:
-            for _, seq in keys[start:end]:
-                del self._no_room[seq]
+            for key in keys[start:end]:
+                del self._no_room[key[-1]]
             del keys[start:end]
 
     def _forget_all_rooms(self) -> None:
@@ -1231,9 +1232,9 @@ class Scheduler:
         a waiting job of the queue the job leaves or enters may preempt it now, or no more."""
         quiet = self._quiet
         old = self._stored[job.seq]
-        new = (-job.spec.level, *self.policy.stored_key(job, now))  # as `_index` keys it
+        new = (-job.spec.level, *self.policy.stored_key(job, now), job.seq)  # as `_index` does
         self._stored[job.seq] = new
-        self._running.replace((old, job.seq), (new, job.seq))
+        self._running.replace(old, new)
         self._quiet = None
         self._set_timer(job, now)
         if self._no_room:  # the waiting jobs that may now preempt it, and could not before
@@ -1242,15 +1243,15 @@ class Scheduler:
             return
         cut = self.policy.preempt_prefix
         if cut is None:
-            low, high = sorted(((old, job.seq), (new, job.seq)))
+            low, high = sorted((old, new))
             between = self._pending.bisect_left(high) - self._pending.bisect_right(low)
         elif old[:cut] == new[:cut]:
             between = 0  # no waiting job's victims change
         else:
             # Every key of a prefix sorts after the prefix alone and before it extended by _TOP.
             low_cut, high_cut = sorted((old[:cut], new[:cut]))
-            between = self._pending.bisect_left(((*high_cut, _TOP),)) - self._pending.bisect_left(
-                (low_cut,)
+            between = self._pending.bisect_left((*high_cut, _TOP)) - self._pending.bisect_left(
+                low_cut
             )
         if between == 0:
             self._quiet = quiet
@@ -1356,10 +1357,10 @@ class Scheduler:
     # -- reading the state --------------------------------------------------------------------
 
     def pending_jobs(self) -> Iterable[Job]:
-        return (self._by_seq[seq] for _, seq in self._pending)
+        return (self._by_seq[key[-1]] for key in self._pending)
 
     def running_jobs(self) -> Iterable[Job]:
-        return (self._by_seq[seq] for _, seq in self._running)
+        return (self._by_seq[key[-1]] for key in self._running)
 
     @property
     def pending_count(self) -> int:
@@ -1387,7 +1388,7 @@ class Scheduler:
         job = self.jobs[job_id]
         if job.status is not JobStatus.PENDING:
             return f"{job.status.value}: {job.last_event}"
-        position = self._pending.bisect_left((self._stored[job.seq], job.seq))
+        position = self._pending.bisect_left(self._stored[job.seq])
         # What holds the job first (a listing that shortens the text keeps it), then its place
         # in the order: level, the policy's key, the admission's note.
         if self.blocked_by is not None and self.blocked_by != job.id and position > 0:

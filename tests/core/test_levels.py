@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from corral.core import Preempt, Start
+from corral.core import Cluster, Preempt, Scheduler, Start
+from corral.core.job import Job
+from corral.core.placement import make_placement
+from corral.core.policy.base import Key, Policy
 from tests.core.helpers import scheduler, spec, started
 
 
@@ -79,3 +82,30 @@ def test_explain_names_the_level():
         "PENDING, position 1 of 1 in the queue; "
         "waiting for free GPUs: all are in use by jobs of equal or higher priority; level 7"
     )
+
+
+class _Flat(Policy):
+    """A preemptive policy that gives every job the same key: only the level and the order the
+    scheduler saw the jobs in (its seq, appended to every key) tell them apart."""
+
+    name = "flat-test"
+    preemptive = True
+
+    def key(self, job: Job, now: float) -> Key:
+        return (0,)
+
+
+def test_jobs_of_equal_keys_keep_the_order_they_came_in_and_the_later_one_gives_way():
+    # One 2-GPU node, all keys equal. A (1 GPU) and B (2 GPUs) come at 0: A starts, and B,
+    # which came after A, may not preempt it: B waits. C (1 GPU) comes at 1 and starts on the
+    # free GPU (B does not fit there). When A ends at 2, B, which came before C, preempts C and
+    # takes both GPUs.
+    s = Scheduler(Cluster.shorthand(1, 2), _Flat(), make_placement("any"))
+    s.submit(spec("A", 1, submit=0), 0)
+    s.submit(spec("B", 2, submit=0), 0)
+    assert s.decide(0).actions == [Start("A", (0,))]
+    s.submit(spec("C", 1, submit=1), 1)
+    assert s.decide(1).actions == [Start("C", (1,))]
+    assert [job.id for job in s.pending_jobs()] == ["B"]
+    s.finished("A", 2)
+    assert s.decide(2).actions == [Preempt("C", (1,), "B"), Start("B", (0, 1))]

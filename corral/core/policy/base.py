@@ -1,10 +1,12 @@
 """What an ordering policy is: a priority key per job, piecewise constant in time.
 
-A key sorts ascending (smaller = served first). The scheduler keeps pending and running jobs in
-sorted indexes by `stored_key`, so a key must not change while a job stays in the same state,
-except at the instants a policy announces through `key_changes_at` (a LAS queue crossing, a
-starvation promotion); the scheduler re-keys the job then. `key` is the same order evaluated at
-`now`, used to compare a pending job with a running one.
+A key sorts ascending (smaller = served first), and no key may be the prefix of another: the
+scheduler appends the job's seq to it, which would then be compared with a part of the longer
+key. The scheduler keeps pending and running jobs in sorted indexes by `stored_key`, so a key must
+not change while a job stays in the same state, except at the instants a policy announces
+through `key_changes_at` (a LAS queue crossing, a starvation promotion); the scheduler re-keys
+the job then. `key` is the same order evaluated at `now`, used to compare a pending job with a
+running one.
 """
 
 from __future__ import annotations
@@ -74,7 +76,8 @@ class Policy(OptionsMixin):
 
     def preempts(self, job_key: Key, victim_key: Key) -> bool:
         """Whether a waiting job may preempt a running one, given the keys the scheduler holds
-        for them: its job level first, then this policy's key: the victim's leading
+        for them: its job level first, then this policy's key, then the job's seq (where two
+        jobs' keys are equal, the later job has the lower priority): the victim's leading
         `preempt_prefix` parts are greater (by default its whole key: any lower priority)."""
         cut = self.preempt_prefix
         if cut is None:
