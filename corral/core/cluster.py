@@ -131,6 +131,9 @@ class Cluster:
         self._watchers: list[set[int]] = []
         #: Counts every change of what is free, so that a caller can tell that nothing changed.
         self.version = 0
+        #: Counts the calls that give GPUs back (`release`, `unclaim`), so that a scheduler can
+        #: tell its own from another's on the same cluster (HiveD's opportunistic jobs).
+        self.frees = 0
 
     def _index(self, root: Cell) -> None:
         """Number GPUs and nodes depth-first, find racks, and compute counts bottom-up."""
@@ -398,6 +401,7 @@ class Cluster:
         memory_mib: int = 0,
     ) -> None:
         """Give back what `claim` took."""
+        self.frees += 1
         gpu = gpus[0] if gpus else -1
         free = 0
         if milli < MILLI:
@@ -492,6 +496,7 @@ class Cluster:
         twin.cpu_used = list(self.cpu_used)
         twin.memory_used = list(self.memory_used)
         twin.version = self.version
+        twin.frees = self.frees
         memo[id(self)] = twin
         return twin
 
@@ -501,6 +506,7 @@ class Cluster:
         self._change(gpu_ids, -1)
 
     def release(self, gpu_ids: Iterable[int]) -> None:
+        self.frees += 1
         self._change(gpu_ids, +1)
 
     def _change(self, gpu_ids: Iterable[int], delta: int) -> None:

@@ -258,6 +258,10 @@ class Scheduler:
         self._no_room: dict[int, tuple[str, str]] = {}
         self._no_room_keys: list[Key] = []
         self._remembers_rooms = self._may_repeat and type(policy).preempts is Policy.preempts
+        #: `Cluster.frees` as this scheduler's own frees left it: when the cluster says more,
+        #: another gave GPUs back on it (HiveD's VCs on the cluster of its opportunistic jobs),
+        #: which no event here forgets, so every failed search is forgotten.
+        self._frees_seen = cluster.frees
         self._skipped_new = False  # `_candidates` passed over a job started at that instant
 
     # -- what the shell reports ---------------------------------------------------------------
@@ -414,6 +418,7 @@ class Scheduler:
         self._offline.difference_update(back)
         self._forget_all_rooms()
         self.cluster.release(back)
+        self._frees_seen += 1
 
     def withdraw(self, job_id: str, now: float) -> Job:
         """Take a waiting or running job out of this scheduler, to be adopted again with its
@@ -788,9 +793,12 @@ class Scheduler:
         cluster = self.cluster
         scope = self.placement.scope(cluster, job, now)
         if self._no_room:
+            if cluster.frees != self._frees_seen:
+                self._forget_all_rooms()
             known = self._no_room.get(job.seq)
             if known is not None and known[0] == scope:
                 return known[1]
+        self._frees_seen = cluster.frees
         self._skipped_new = False
         total = cluster.free_for(job.spec.gpu_types)
         freed_in: dict[int, int] = {}  # node or rack -> GPUs the victims so far would free there
@@ -1006,6 +1014,7 @@ class Scheduler:
         if shared is None:
             if job.spec.plain:
                 self.cluster.release(job.placement)
+                self._frees_seen += 1
             else:
                 self._unclaim(job)
         else:
@@ -1033,6 +1042,7 @@ class Scheduler:
             self.cluster.unclaim(
                 job.placement, spec.gpu_milli, job.node, spec.cpu_milli, spec.memory_mib
             )
+        self._frees_seen += 1
 
     def _reclaim(self, job: Job) -> None:
         """Take again what `_unclaim` gave back (a preemption victim not needed after all)."""
@@ -1078,6 +1088,7 @@ class Scheduler:
         contract and started again there, paying the restore stall; not counted as preempted."""
         gpus = job.placement
         self.cluster.release(gpus)
+        self._frees_seen += 1
         self._forget_all_rooms()
         self._account_run(job, now)
         self._enqueue(job, now)

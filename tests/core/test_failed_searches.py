@@ -4,9 +4,15 @@ exactly as with a search at every round."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
-from corral.core import Preempt, Start
+from corral.core import Preempt, Priority, Start
+from corral.core.admission.hived import HivedScheduler
+from corral.core.config import parse_cluster_config
+from corral.core.placement import make_placement
+from corral.core.policy import make_policy
 from corral.core.scheduler import Scheduler
 from corral.sim.engine import FailureModel, Simulation
 from corral.sim.failures import NodeFailures
@@ -63,6 +69,23 @@ def test_a_node_that_comes_back_forgets_the_failed_searches():
     assert s.jobs["J"].seq in s._no_room
     s.node_recovered(1)
     assert s.decide(71).actions == [Start("J", (4, 5, 6, 7))]
+
+
+def test_gpus_another_gives_back_on_the_same_cluster_forget_the_failed_searches():
+    # As HiveD's opportunistic scheduler shares its cluster with the VCs' jobs: one 4-GPU node,
+    # GPUs 2 and 3 held by another (allocated on the cluster directly). A (2 GPUs, from 0) is in
+    # queue 1 from 50. J (4 GPUs, queue 0) comes at 60: only A's 2 GPUs to preempt, too few.
+    # The other gives GPUs 2 and 3 back at 61, by no event of this scheduler's: J preempts A and
+    # takes the node.
+    s = scheduler(1, 4, "las", policy_options={"thresholds_gpu_s": [100]})
+    s.cluster.allocate([2, 3])
+    s.submit(spec("A", 2, submit=0), 0)
+    assert s.decide(0).actions == [Start("A", (0, 1))]
+    s.submit(spec("J", 4, submit=60), 60)
+    assert s.decide(60).actions == []
+    assert s.jobs["J"].seq in s._no_room
+    s.cluster.release([2, 3])
+    assert s.decide(61).actions == [Preempt("A", (0, 1), "J"), Start("J", (0, 1, 2, 3))]
 
 
 def test_a_job_that_leaves_the_queue_leaves_no_failed_search_behind():
@@ -152,3 +175,40 @@ def test_remembering_failed_searches_decides_exactly_as_searching_with_nodes_fai
         runs.append(result.decisions)
     assert runs[0] == runs[1]
     assert sum(isinstance(a, Preempt) for _, a in runs[0]) > 10
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_remembering_failed_searches_decides_exactly_as_searching_under_hived(seed: int):
+    # HiveD: each VC's scheduler over its own cells, and the opportunistic jobs' scheduler over
+    # the whole cluster, where the VCs' jobs take and give back GPUs without it. Random
+    # overloaded traces of guaranteed and opportunistic jobs: the same decisions with failed
+    # searches remembered and with a search every time.
+    config = {
+        "cell_types": {"NODE": {"child": "V100", "count": 4, "node": True}},
+        "physical_cells": [{"type": "NODE", "count": 4}],
+        "virtual_clusters": {"a": {"NODE": 1}, "b": {"NODE": 1}},
+    }
+    options = {"thresholds_gpu_s": [60, 200, 900]}
+    trace = [
+        replace(
+            job,
+            gpus=min(job.gpus, 4) if i % 3 else job.gpus,
+            vc="ab"[i % 2],
+            priority=Priority.GUARANTEED if i % 3 else Priority.OPPORTUNISTIC,
+        )
+        for i, job in enumerate(random_trace(seed, 150, 20.0))
+    ]
+    runs = []
+    for remember in (True, False):
+        parsed = parse_cluster_config(config)
+        s = HivedScheduler(
+            parsed.cluster,
+            parsed.virtual_clusters,
+            make_policy("las", **options),
+            make_placement("consolidate"),
+        )
+        for inner in [s.opportunistic, *s.schedulers.values()]:
+            inner._remembers_rooms = remember
+        runs.append(Simulation(trace, s, record_decisions=True).run().decisions)
+    assert sum(isinstance(a, Preempt) for _, a in runs[0]) > 10
+    assert runs[0] == runs[1]
