@@ -17,7 +17,7 @@ import heapq
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
-from typing import Any, Literal
+from typing import Literal
 
 from sortedcontainers import SortedList
 
@@ -82,10 +82,10 @@ class _FlatIndex(list[Key]):
     beats SortedList's layers, and a re-key that leaves the job between its neighbours (most
     do: few running jobs share a key level) replaces it where it is (`replace`)."""
 
-    def bisect_left(self, item: tuple[Any, ...]) -> int:
+    def bisect_left(self, item: Key) -> int:
         return bisect.bisect_left(self, item)
 
-    def bisect_right(self, item: tuple[Any, ...]) -> int:
+    def bisect_right(self, item: Key) -> int:
         return bisect.bisect_right(self, item)
 
     def add(self, item: Key) -> None:
@@ -258,9 +258,10 @@ class Scheduler:
         self._no_room: dict[int, tuple[str, str]] = {}
         self._no_room_keys: list[Key] = []
         self._remembers_rooms = self._may_repeat and type(policy).preempts is Policy.preempts
-        #: `Cluster.frees` as this scheduler's own frees left it: when the cluster says more,
-        #: another gave GPUs back on it (HiveD's VCs on the cluster of its opportunistic jobs),
-        #: which no event here forgets, so every failed search is forgotten.
+        #: `Cluster.frees` as this scheduler's own frees (`_unclaim`) left it: when the cluster
+        #: says more, GPUs came back by no event that forgets searches (a node back online, a
+        #: migration, another scheduler on the same cluster: HiveD's VCs on the cluster of its
+        #: opportunistic jobs), so every failed search is forgotten.
         self._frees_seen = cluster.frees
         self._skipped_new = False  # `_candidates` passed over a job started at that instant
 
@@ -416,9 +417,7 @@ class Scheduler:
     def bring_online(self, gpus: Iterable[int]) -> None:
         back = [g for g in gpus if g in self._offline]
         self._offline.difference_update(back)
-        self._forget_all_rooms()
         self.cluster.release(back)
-        self._frees_seen += 1
 
     def withdraw(self, job_id: str, now: float) -> Job:
         """Take a waiting or running job out of this scheduler, to be adopted again with its
@@ -793,8 +792,9 @@ class Scheduler:
         cluster = self.cluster
         scope = self.placement.scope(cluster, job, now)
         if self._no_room:
-            if cluster.frees != self._frees_seen:
-                self._forget_all_rooms()
+            if cluster.frees != self._frees_seen:  # not only this scheduler's: forget them all
+                self._no_room.clear()
+                self._no_room_keys.clear()
             known = self._no_room.get(job.seq)
             if known is not None and known[0] == scope:
                 return known[1]
@@ -1012,11 +1012,7 @@ class Scheduler:
         """Free the job's GPUs, unless a packed partner keeps running on them at its speed alone."""
         shared = self._partner_release(job, now)
         if shared is None:
-            if job.spec.plain:
-                self.cluster.release(job.placement)
-                self._frees_seen += 1
-            else:
-                self._unclaim(job)
+            self._unclaim(job)
         else:
             self._change_speed(*shared, now)
 
@@ -1088,8 +1084,6 @@ class Scheduler:
         contract and started again there, paying the restore stall; not counted as preempted."""
         gpus = job.placement
         self.cluster.release(gpus)
-        self._frees_seen += 1
-        self._forget_all_rooms()
         self._account_run(job, now)
         self._enqueue(job, now)
         actions.append(Preempt(job.id, gpus, by, kind="migrated"))
@@ -1229,10 +1223,6 @@ class Scheduler:
             for key in keys[start:end]:
                 del self._no_room[key[-1]]
             del keys[start:end]
-
-    def _forget_all_rooms(self) -> None:
-        self._no_room.clear()
-        self._no_room_keys.clear()
 
     def _rekey_running(self, job: Job, now: float) -> None:
         """Re-key a running job at its timer. The walk of a round is unchanged unless a waiting
