@@ -88,6 +88,13 @@ def simulate(
     compare: Annotated[
         str | None, typer.Option(help="several policies, e.g. fifo,las,gittins,srtf")
     ] = None,
+    workers: Annotated[
+        int,
+        typer.Option(
+            help="run the policies of --compare side by side in this many processes (0: one "
+            "per CPU); the results are the same, each process reads the trace again"
+        ),
+    ] = 1,
     gittins_history: Annotated[
         Path | None,
         typer.Option(
@@ -263,6 +270,7 @@ def simulate(
             cache_policy=cache_policy,
             datasets=datasets,
             deadline_factor=parse_range("--deadline-factor", deadline_factor),
+            workers=workers,
         )
         run_simulations(settings, out=out, plot=plot, console=console)
     except UserError as error:

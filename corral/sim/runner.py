@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import csv
+import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +30,7 @@ from corral.core.packing import PairTable
 from corral.core.placement.hetero import TypeLog
 from corral.core.plugin import PluginError, Services, SpeedModel
 from corral.core.policy import POLICIES
+from corral.core.profiles import Profiles
 from corral.core.protocol import SchedulerCore
 from corral.core.text import count_noun
 from corral.sim.colocation import gandiva_line, gandiva_summary, load_pair_table
@@ -55,6 +58,7 @@ from corral.sim.report import (
 from corral.sim.result import SimResult, TimelineTotals
 from corral.sim.streamed import StreamedOutput
 from corral.sim.traces import Trace, TraceError, load_trace, stream_trace
+from corral.sim.workers import RunProgress, ShownProgress, run_in_workers
 
 
 class SimulationError(ValueError):
@@ -122,6 +126,9 @@ class RunSettings:
     # deadline = submit + U(lo, hi) x duration (ElasticFlow's evaluation); None: (0.5, 1.5) when
     # a deadline policy runs, else no deadlines
     deadline_factor: tuple[float, float] | None = None
+    #: Run the policies side by side in this many processes (0: one per CPU; 1: one by one
+    #: here). Changes no result, only the wall time (corral.sim.workers).
+    workers: int = 1
 
 
 DEADLINE_POLICIES = ("edf", "elasticflow")
@@ -247,6 +254,7 @@ def check_settings(settings: RunSettings) -> None:
         ("--optimus-noise", settings.optimus_noise < 0, "must not be negative"),
         ("--max-retries", settings.max_retries < 0, "must not be negative"),
         ("--seed", settings.seed < 0, "must not be negative"),
+        ("--workers", settings.workers < 0, "must not be negative"),
         (
             "--deadline-factor",
             settings.deadline_factor is not None
@@ -501,12 +509,48 @@ def summary_options(settings: RunSettings) -> dict[str, object]:
     return {
         k: str(v) if isinstance(v, Path) else v
         for k, v in asdict(settings).items()
-        if k != "scheduler"
+        if k not in ("scheduler", "workers")  # how many processes ran it changes no result
     }
+
+
+@dataclass(slots=True)
+class _Prepared:
+    """What every policy's run of `_simulate` shares: the trace read, the cluster's shape and
+    the models, built once (and once more in each worker process, `_each_policy`)."""
+
+    trace: Trace
+    perf: PerfModel
+    speed_for: Callable[[Cluster], SpeedModel]
+    profiles: Profiles | None
+    pair_table: PairTable | None
+    vcs: dict[str, dict[str, int]]
+    quota: dict[str, int]
+    jobs: list[JobSpec]
+    probed: bool
+    workload: Workload | None
+    grid: list[float]
+    table: PerfModel | None
+    multi_tenant: bool
+    measured: set[str] | None
+    failures: FailureModel | PhillyFailures | None
+    options: dict[str, object]
 
 
 def _simulate(settings: RunSettings, console: Console) -> tuple[list[SimResult], bool]:
     """The results, and whether VCs share the cluster (multi-tenant)."""
+    prepared = _prepare(settings, console)
+    results = _each_policy(
+        settings,
+        console,
+        len(prepared.jobs),
+        lambda number, progressed: _run_policy(settings, prepared, number, progressed),
+        None,
+    )
+    return results, prepared.multi_tenant
+
+
+def _prepare(settings: RunSettings, console: Console) -> _Prepared:
+    """Check the settings, read the trace and print what is run (its first line)."""
     check_settings(settings)
     perf = base_perf(settings)
     trace = load_trace(
@@ -562,103 +606,125 @@ def _simulate(settings: RunSettings, console: Console) -> tuple[list[SimResult],
         console.print(f"  note: {note}", soft_wrap=True)
     failures = failure_model(settings)
     options = summary_options(settings)
-    placement = settings.scheduler.core.placement
-    results: list[SimResult] = []
-    with progress_bar(console) as progress:
-        for policy in settings.policies:
-            task = progress.add_task(f"{policy}/{placement}", total=len(jobs))
-            run_cluster, _, _ = build_cluster(settings, trace)
-            type_log = TypeLog()  # which GPU type each job ran on, for the best-type share
-            cache = (
-                None
-                if settings.cache_gb_per_node is None
-                else make_cache(
-                    run_cluster,
-                    trace.perf or perf,
-                    cache_gb_per_node=settings.cache_gb_per_node,
-                    storage_gbps=settings.storage_gbps,
-                    policy=settings.cache_policy,
-                    scope=settings.datasets,
-                )
-            )
+    return _Prepared(
+        trace=trace,
+        perf=perf,
+        speed_for=speed_for,
+        profiles=profiles,
+        pair_table=pair_table,
+        vcs=vcs,
+        quota=quota,
+        jobs=jobs,
+        probed=probed,
+        workload=workload,
+        grid=grid,
+        table=table,
+        multi_tenant=multi_tenant,
+        measured=measured,
+        failures=failures,
+        options=options,
+    )
 
-            def logged_speed_for(cluster: Cluster, type_log: TypeLog = type_log) -> SpeedModel:
-                return type_log.wrap(cluster, speed_for(cluster))
 
-            scheduler = make_scheduler(
-                settings,
-                run_cluster,
-                vcs,
-                quota,
-                config_for(settings, policy),
-                logged_speed_for,
-                jobs,
-                cache=cache,
-                pair_table=pair_table,
-                throughput=table_throughput(table)
-                if table is not None
-                else (profiles.throughput if profiles is not None else None),
-                workload=workload,
-            )
-            probe = (
-                FragmentationProbe(run_cluster, workload, grid)
-                if probed and workload is not None
-                else None
-            )
-            resolved = config_for(settings, policy).resolved(vcs)
-            simulation = Simulation(
-                jobs,
-                scheduler,
-                failures=failures,
-                node_failures=settings.node_failures,
-                seed=settings.seed,
-                measured=measured,
-                on_progress=lambda done, total, task=task: progress.update(task, completed=done),
-                options=options | {"scheduler": resolved},
-                place_or_fail=trace.place_or_fail,
-                observer=probe,
-                precheck_report_s=settings.precheck_report_s,
-                record_decisions=settings.decisions,
-            )
-            result = simulation.run()
-            if probe is not None:
-                probe.finish()
-                result.annotations.update(probe.summary())
-                result.curves = probe.result_curves()
-            if settings.private_baseline:
-                progress.update(task, description=f"{policy}: private baselines")
-                alone = private_baselines(
-                    settings, jobs, run_cluster, vcs, policy, speed_for, failures
-                )
-                shared = per_vc(result)
-                for name, values in alone.items():
-                    shared.setdefault(name, {}).update(
-                        {
-                            "private_avg_queue_s": values.get("avg_queue_s"),
-                            "private_multi_gpu_avg_queue_s": values.get("multi_gpu_avg_queue_s"),
-                            "private_avg_jct_s": values.get("avg_jct_s"),
-                        }
-                    )
-                result.annotations |= {
-                    "per_vc": shared,
-                    "sharing_anomaly_vcs": sharing_anomalies(shared, alone, "avg_queue_s"),
-                    "sharing_anomaly_multi_gpu_vcs": sharing_anomalies(
-                        shared, alone, "multi_gpu_avg_queue_s"
-                    ),
+def _run_policy(
+    settings: RunSettings, prepared: _Prepared, number: int, progressed: RunProgress
+) -> SimResult:
+    """The run of `_simulate` of the policy `settings.policies[number]`, annotated."""
+    policy = settings.policies[number]
+    trace, perf, speed_for = prepared.trace, prepared.perf, prepared.speed_for
+    profiles, jobs, vcs, quota = prepared.profiles, prepared.jobs, prepared.vcs, prepared.quota
+    table, workload = prepared.table, prepared.workload
+    run_cluster, _, _ = build_cluster(settings, trace)
+    type_log = TypeLog()  # which GPU type each job ran on, for the best-type share
+    cache = (
+        None
+        if settings.cache_gb_per_node is None
+        else make_cache(
+            run_cluster,
+            trace.perf or perf,
+            cache_gb_per_node=settings.cache_gb_per_node,
+            storage_gbps=settings.storage_gbps,
+            policy=settings.cache_policy,
+            scope=settings.datasets,
+        )
+    )
+
+    def logged_speed_for(cluster: Cluster, type_log: TypeLog = type_log) -> SpeedModel:
+        return type_log.wrap(cluster, speed_for(cluster))
+
+    scheduler = make_scheduler(
+        settings,
+        run_cluster,
+        vcs,
+        quota,
+        config_for(settings, policy),
+        logged_speed_for,
+        jobs,
+        cache=cache,
+        pair_table=prepared.pair_table,
+        throughput=table_throughput(table)
+        if table is not None
+        else (profiles.throughput if profiles is not None else None),
+        workload=workload,
+    )
+    probe = (
+        FragmentationProbe(run_cluster, workload, prepared.grid)
+        if prepared.probed and workload is not None
+        else None
+    )
+    resolved = config_for(settings, policy).resolved(vcs)
+    simulation = Simulation(
+        jobs,
+        scheduler,
+        failures=prepared.failures,
+        node_failures=settings.node_failures,
+        seed=settings.seed,
+        measured=prepared.measured,
+        on_progress=progressed.advance,
+        options=prepared.options | {"scheduler": resolved},
+        place_or_fail=trace.place_or_fail,
+        observer=probe,
+        precheck_report_s=settings.precheck_report_s,
+        record_decisions=settings.decisions,
+    )
+    result = simulation.run()
+    if probe is not None:
+        probe.finish()
+        result.annotations.update(probe.summary())
+        result.curves = probe.result_curves()
+    if settings.private_baseline:
+        progressed.describe(f"{policy}: private baselines")
+        alone = private_baselines(
+            settings, jobs, run_cluster, vcs, policy, speed_for, prepared.failures
+        )
+        shared = per_vc(result)
+        for name, values in alone.items():
+            shared.setdefault(name, {}).update(
+                {
+                    "private_avg_queue_s": values.get("avg_queue_s"),
+                    "private_multi_gpu_avg_queue_s": values.get("multi_gpu_avg_queue_s"),
+                    "private_avg_jct_s": values.get("avg_jct_s"),
                 }
-            if len(run_cluster.gpu_types) > 1:
-                result.annotations.update(
-                    type_log.summary(measured_jobs(result), run_cluster, speed_for(run_cluster))
-                )
-            if cache is not None:
-                result.annotations.update(cache.summary(measured_jobs(result)))
-            result.annotations.update(gandiva_summary(simulation.scheduler))
-            counters = scheduler.counters()
-            for name in ("refused_alone", "grows", "shrinks", "suspensions"):
-                if name in counters:  # ElasticFlow's
-                    result.annotations[name] = counters[name]
-            results.append(result)
-    return results, multi_tenant
+            )
+        result.annotations |= {
+            "per_vc": shared,
+            "sharing_anomaly_vcs": sharing_anomalies(shared, alone, "avg_queue_s"),
+            "sharing_anomaly_multi_gpu_vcs": sharing_anomalies(
+                shared, alone, "multi_gpu_avg_queue_s"
+            ),
+        }
+    if len(run_cluster.gpu_types) > 1:
+        result.annotations.update(
+            type_log.summary(measured_jobs(result), run_cluster, speed_for(run_cluster))
+        )
+    if cache is not None:
+        result.annotations.update(cache.summary(measured_jobs(result)))
+    result.annotations.update(gandiva_summary(simulation.scheduler))
+    counters = scheduler.counters()
+    for name in ("refused_alone", "grows", "shrinks", "suspensions"):
+        if name in counters:  # ElasticFlow's
+            result.annotations[name] = counters[name]
+    return result
 
 
 def stream_refusal(settings: RunSettings) -> str | None:
@@ -689,10 +755,91 @@ def stream_refusal(settings: RunSettings) -> str | None:
     return None
 
 
+@dataclass(slots=True)
+class _PreparedStream:
+    """What every policy's run of `_simulate_streamed` shares (its trace is read once a run)."""
+
+    perf: PerfModel
+    speed_for: Callable[[Cluster], SpeedModel]
+    vcs: dict[str, dict[str, int]]
+    quota: dict[str, int]
+    failures: FailureModel | PhillyFailures | None
+    options: dict[str, object]
+    #: Each run's jobs-POLICY-PLACEMENT.csv, in the order of `settings.policies`.
+    jobs_csv: list[str]
+
+
 def _simulate_streamed(settings: RunSettings, console: Console, out: Path) -> list[SimResult]:
     """Each policy's run, streamed: the trace read as the run reaches each job, and each job's
     row written (and dropped) as it ends (corral.sim.streamed), so that memory is bounded by the
     jobs in the system, not by the trace. The timeline is kept as sums (`TimelineTotals`)."""
+    prepared = _prepare_streamed(settings, console, out)
+    return _each_policy(
+        settings,
+        console,
+        None,
+        lambda number, progressed: _run_streamed(settings, prepared, number, out, progressed),
+        out,
+    )
+
+
+def _each_policy(
+    settings: RunSettings,
+    console: Console,
+    total: int | None,
+    run_here: Callable[[int, RunProgress], SimResult],
+    out: Path | None,
+) -> list[SimResult]:
+    """Each policy's run, by `run_here` in this process one after the other, or side by side
+    in `settings.workers` processes (0: one per CPU), each of which reads the trace again."""
+    placement = settings.scheduler.core.placement
+    labels = [f"{policy}/{placement}" for policy in settings.policies]
+    workers = min(len(labels), settings.workers or os.cpu_count() or 1)
+    with progress_bar(console) as progress:
+        if workers <= 1:
+            return [
+                run_here(number, ShownProgress(progress, label, total))
+                for number, label in enumerate(labels)
+            ]
+        shown = [ShownProgress(progress, label, total, started=False) for label in labels]
+        return run_in_workers(
+            partial(_prepare_in_worker, settings, out),
+            partial(_run_in_worker, settings, out),
+            labels,
+            workers,
+            shown,
+        )
+
+
+def _prepare_in_worker(settings: RunSettings, out: Path | None) -> _Prepared | _PreparedStream:
+    """A worker process's share of its runs: the settings checked and the trace read again."""
+    quiet = Console(quiet=True)
+    try:
+        if settings.stream:
+            assert out is not None
+            return _prepare_streamed(settings, quiet, out)
+        return _prepare(settings, quiet)
+    except REFUSALS as error:
+        raise SimulationError(str(error)) from None
+
+
+def _run_in_worker(
+    settings: RunSettings,
+    out: Path | None,
+    prepared: _Prepared | _PreparedStream,
+    number: int,
+    progressed: RunProgress,
+) -> SimResult:
+    try:
+        if isinstance(prepared, _PreparedStream):
+            assert out is not None
+            return _run_streamed(settings, prepared, number, out, progressed)
+        return _run_policy(settings, prepared, number, progressed)
+    except REFUSALS as error:
+        raise SimulationError(str(error)) from None
+
+
+def _prepare_streamed(settings: RunSettings, console: Console, out: Path) -> _PreparedStream:
     check_settings(settings)
     refusal = stream_refusal(settings)
     if refusal is not None:
@@ -707,61 +854,72 @@ def _simulate_streamed(settings: RunSettings, console: Console, out: Path) -> li
     multi_tenant = {admission_of(settings, vcs, name) for name in settings.policies} - {"none"}
     if multi_tenant:
         raise SimulationError(f"--stream: not with admission {', '.join(sorted(multi_tenant))}")
+    trace = stream_trace(
+        settings.trace, perf=perf, seed=settings.seed, arrival_scale=settings.arrival_scale
+    )
+    console.print(f"[bold]{trace.source}[/]: streamed on {cluster.describe()}", soft_wrap=True)
     out.mkdir(parents=True, exist_ok=True)
-    failures = failure_model(settings)
-    options = summary_options(settings)
     placement = settings.scheduler.core.placement
-    results: list[SimResult] = []
     taken: set[str] = set()
-    with progress_bar(console) as progress:
-        for number, policy in enumerate(settings.policies):
-            trace = stream_trace(
-                settings.trace, perf=perf, seed=settings.seed, arrival_scale=settings.arrival_scale
-            )
-            if number == 0:
-                console.print(
-                    f"[bold]{trace.source}[/]: streamed on {cluster.describe()}", soft_wrap=True
-                )
-            run_cluster, _, _ = build_cluster(settings)
-            jobs = (
-                spec
-                for position, spec in enumerate(trace.jobs)
-                if fits(spec, position, run_cluster, settings.skip_oversized, trace.source)
-            )
-            if settings.checkpoint_every_s is not None:
-                jobs = (replace(s, checkpoint_every_s=settings.checkpoint_every_s) for s in jobs)
-            scheduler = make_scheduler(
-                settings, run_cluster, vcs, quota, config_for(settings, policy), speed_for, []
-            )
-            jobs_csv = jobs_csv_name(policy, placement, taken)
-            decisions = out / decisions_name(jobs_csv)
-            task = progress.add_task(f"{policy}/{placement}", total=None)
-            with StreamedOutput(
-                out / jobs_csv,
-                decisions if settings.decisions else None,
-                run_cluster.gpu_names(),
-            ) as written:
-                simulation = Simulation(
-                    jobs,
-                    scheduler,
-                    failures=failures,
-                    node_failures=settings.node_failures,
-                    seed=settings.seed,
-                    on_progress=lambda done, total, task=task: progress.update(
-                        task, completed=done
-                    ),
-                    options=options | {"scheduler": config_for(settings, policy).resolved(vcs)},
-                    precheck_report_s=settings.precheck_report_s,
-                    on_end=written.job_ended,
-                    on_decision=written.decided if settings.decisions else None,
-                    keep_ended=False,
-                    timeline=TimelineTotals(total_gpus=run_cluster.total_gpus),
-                )
-                result = simulation.run()
-                result.stats = written.finish(result.jobs)
-            result.annotations.update(gandiva_summary(simulation.scheduler))
-            results.append(result)
-    return results
+    return _PreparedStream(
+        perf=perf,
+        speed_for=speed_for,
+        vcs=vcs,
+        quota=quota,
+        failures=failure_model(settings),
+        options=summary_options(settings),
+        jobs_csv=[jobs_csv_name(policy, placement, taken) for policy in settings.policies],
+    )
+
+
+def _run_streamed(
+    settings: RunSettings,
+    prepared: _PreparedStream,
+    number: int,
+    out: Path,
+    progressed: RunProgress,
+) -> SimResult:
+    """The run of `_simulate_streamed` of the policy `settings.policies[number]`."""
+    policy = settings.policies[number]
+    trace = stream_trace(
+        settings.trace, perf=prepared.perf, seed=settings.seed, arrival_scale=settings.arrival_scale
+    )
+    run_cluster, _, _ = build_cluster(settings)
+    jobs = (
+        spec
+        for position, spec in enumerate(trace.jobs)
+        if fits(spec, position, run_cluster, settings.skip_oversized, trace.source)
+    )
+    if settings.checkpoint_every_s is not None:
+        jobs = (replace(s, checkpoint_every_s=settings.checkpoint_every_s) for s in jobs)
+    config = config_for(settings, policy)
+    scheduler = make_scheduler(
+        settings, run_cluster, prepared.vcs, prepared.quota, config, prepared.speed_for, []
+    )
+    jobs_csv = prepared.jobs_csv[number]
+    with StreamedOutput(
+        out / jobs_csv,
+        out / decisions_name(jobs_csv) if settings.decisions else None,
+        run_cluster.gpu_names(),
+    ) as written:
+        simulation = Simulation(
+            jobs,
+            scheduler,
+            failures=prepared.failures,
+            node_failures=settings.node_failures,
+            seed=settings.seed,
+            on_progress=progressed.advance,
+            options=prepared.options | {"scheduler": config.resolved(prepared.vcs)},
+            precheck_report_s=settings.precheck_report_s,
+            on_end=written.job_ended,
+            on_decision=written.decided if settings.decisions else None,
+            keep_ended=False,
+            timeline=TimelineTotals(total_gpus=run_cluster.total_gpus),
+        )
+        result = simulation.run()
+        result.stats = written.finish(result.jobs)
+    result.annotations.update(gandiva_summary(simulation.scheduler))
+    return result
 
 
 def precheck_line(summary: dict[str, object]) -> str | None:
