@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import csv
-import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from functools import partial
@@ -58,7 +57,7 @@ from corral.sim.report import (
 from corral.sim.result import SimResult, TimelineTotals
 from corral.sim.streamed import StreamedOutput
 from corral.sim.traces import Trace, TraceError, load_trace, stream_trace
-from corral.sim.workers import RunProgress, ShownProgress, run_in_workers
+from corral.sim.workers import RunProgress, ShownProgress, run_in_workers, worker_count
 
 
 class SimulationError(ValueError):
@@ -794,7 +793,7 @@ def _each_policy(
     in `settings.workers` processes (0: one per CPU), each of which reads the trace again."""
     placement = settings.scheduler.core.placement
     labels = [f"{policy}/{placement}" for policy in settings.policies]
-    workers = min(len(labels), settings.workers or os.cpu_count() or 1)
+    workers = worker_count(settings.workers, len(labels))
     with progress_bar(console) as progress:
         if workers <= 1:
             return [

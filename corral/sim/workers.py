@@ -12,6 +12,7 @@ main process is interrupted, the other workers are stopped, not waited for.
 from __future__ import annotations
 
 import multiprocessing
+import os
 import pickle
 import queue
 import traceback
@@ -27,14 +28,21 @@ S = TypeVar("S")
 POLL_S = 0.5
 
 
+def worker_count(requested: int, runs: int) -> int:
+    """The processes to run `runs` runs in, for `--workers requested` (0: one per CPU): never
+    more than the runs; 1 means one by one in the main process."""
+    return max(1, min(runs, requested or os.cpu_count() or 1))
+
+
 class RunProgress:
-    """What a run says as it goes: the jobs ended so far, and what it is doing now."""
+    """What a run says as it goes: how far it is (e.g. jobs ended of all), and what it is doing
+    now. This one shows nothing."""
 
     def advance(self, done: int, total: int) -> None:
-        raise NotImplementedError
+        pass
 
     def describe(self, text: str) -> None:
-        raise NotImplementedError
+        pass
 
 
 class ShownProgress(RunProgress):
@@ -133,23 +141,26 @@ def run_in_workers(
                 continue
             except queue.Empty:
                 pass
-            if all(process.exitcode is None for process in processes):
+            ended = [
+                index for index, process in enumerate(processes) if process.exitcode is not None
+            ]
+            if not ended:
                 continue
-            # What a worker that ended normally sent is in the queue (its feeder thread is
-            # joined at exit): take all of it before calling a run lost.
+            # What these workers sent was in the queue before they ended (a process joins its
+            # queue's feeder thread at exit): take all of it before calling a run lost.
             try:
                 while True:
                     take(messages.get(timeout=POLL_S))
             except queue.Empty:
                 pass
-            for index, process in enumerate(processes):
+            for index in ended:
                 number = doing[index]
-                if process.exitcode is not None and number >= 0 and number not in results:
+                if number >= 0 and number not in results:
                     raise ChildProcessError(
                         f"run {labels[number]}: its worker process ended (exit code "
-                        f"{process.exitcode}) before it gave its result"
+                        f"{processes[index].exitcode}) before it gave its result"
                     )
-            if all(process.exitcode is not None for process in processes):
+            if len(ended) == len(processes) and len(results) < len(labels):
                 lost = ", ".join(labels[n] for n in range(len(labels)) if n not in results)
                 raise ChildProcessError(f"{lost}: every worker process ended before these runs")
         return [results[number] for number in range(len(labels))]
@@ -160,6 +171,7 @@ def run_in_workers(
         for process in processes:
             if process.pid is not None:
                 process.join()
+        tasks.cancel_join_thread()  # runs no worker took stay unsent: never wait on them at exit
         tasks.close()
         messages.close()
 

@@ -15,7 +15,7 @@ import pytest
 from rich.console import Console
 
 from corral.sim.runner import RunSettings, SimulationError, run_simulations
-from corral.sim.workers import RunProgress, run_in_workers
+from corral.sim.workers import RunProgress, run_in_workers, worker_count
 
 HEADER = "job_id,num_gpu,submit_time,iterations,model_name,duration,interval\n"
 
@@ -183,3 +183,31 @@ def test_a_setup_that_fails_is_raised_again():
     with pytest.raises(OSError, match=r"^trace.csv: no such file$"):
         run_in_workers(setup_fails, run_and_say, ["a", "b", "c"], 2, shown(3))
     assert multiprocessing.active_children() == []
+
+
+def test_the_worker_count_is_what_was_asked_but_never_more_than_the_runs():
+    assert worker_count(3, 10) == 3
+    assert worker_count(8, 2) == 2  # a worker with no run would only start Python
+    assert worker_count(1, 10) == 1  # one by one, in the main process
+    assert worker_count(0, 1000) == (os.cpu_count() or 1)  # 0: one per CPU
+    assert worker_count(4, 0) == 1
+
+
+def run_slow_last(number: int, pid: int, run: int, progress: RunProgress) -> int:
+    """Run 1 lasts `number` tenths of a second; run 0 ends at once."""
+    if run == 1:
+        time.sleep(number / 10)
+    return run
+
+
+def test_results_read_after_every_worker_ended_are_all_taken():
+    # One worker ends (run 0 done) while the other still works on run 1, whose result then comes
+    # while the main process reads what the ended worker left, or just after; the worker of
+    # run 1 then ends too. Its result counts: no run is lost (an earlier version said so).
+    for tenths in range(4, 16):
+        assert run_in_workers(
+            setup_pid, partial(run_slow_last, tenths), ["a", "b"], 2, shown(2)
+        ) == [
+            0,
+            1,
+        ]
