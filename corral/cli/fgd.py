@@ -39,6 +39,13 @@ def fgd(
             help="FGD's target workload: the most popular task shapes covering this share"
         ),
     ] = 1.0,
+    workers: Annotated[
+        int,
+        typer.Option(
+            help="run the simulations side by side in this many processes (0: one per CPU); "
+            "the results are the same"
+        ),
+    ] = 1,
     out: Annotated[Path, typer.Option(help="output directory")] = Path("runs/fgd"),
     plot: Annotated[bool, typer.Option(help="write fgd.png")] = False,
 ) -> None:
@@ -61,6 +68,7 @@ def fgd(
         repeats=repeats,
         seed=seed,
         coverage=coverage,
+        workers=workers,
     )
     try:
         with progress_bar(console) as progress:

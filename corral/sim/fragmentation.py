@@ -31,6 +31,7 @@ import json
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -40,6 +41,7 @@ from rich.table import Table
 from corral.core.cluster import MILLI, Cluster
 from corral.core.fragmentation import Workload, state_of
 from corral.core.job import Job, JobStatus
+from corral.sim.workers import RunProgress, run_in_workers, worker_count
 
 METRICS = (
     "allocated_share",
@@ -189,6 +191,8 @@ class ExperimentSettings:
     seed: int = 0
     coverage: float = 1.0  # FGD's target workload: the most popular task shapes covering this
     step: float = STEP  # the grid of arrived workload the curves are recorded on
+    #: Runs side by side in this many processes (0: one per CPU; corral.sim.workers).
+    workers: int = 1
 
     def problem(self) -> str | None:
         if not self.policies:
@@ -201,6 +205,8 @@ class ExperimentSettings:
             return f"--coverage: must be in (0, 1], got {self.coverage}"
         if self.seed < 0:
             return f"--seed: must not be negative, got {self.seed}"
+        if self.workers < 0:
+            return f"--workers: must not be negative, got {self.workers}"
         return None
 
 
@@ -276,7 +282,7 @@ def summarize(experiment: Experiment) -> dict[str, object]:
         "nodes": experiment.nodes,
         "gpus": experiment.capacity_gpus,
         "trace_tasks": experiment.trace_tasks,
-        "settings": asdict(experiment.settings),
+        "settings": {k: v for k, v in asdict(experiment.settings).items() if k != "workers"},
         "workload_types": [
             {"shape": shape.describe(), "probability": weight / workload.total_weight}
             for shape, weight in workload.types
@@ -404,6 +410,45 @@ def openb_trace(nodes: Path | str, pods: Path | str, target_load: float) -> str:
     return f"openb:{nodes},{pods},load={target_load:g}"
 
 
+class _Ended(RunProgress):
+    """A run of the experiment that ended in a worker, told to `run_experiment`'s `on_run`."""
+
+    def __init__(self, on_run: Callable[[str, int], None] | None, placement: str, repeat: int):
+        self.on_run, self.placement, self.repeat = on_run, placement, repeat
+
+    def advance(self, done: int, total: int) -> None:
+        if self.on_run is not None:
+            self.on_run(self.placement, self.repeat)
+
+
+def _no_setup() -> None:
+    return None
+
+
+def _run_one(
+    trace_spec: str, settings: ExperimentSettings, state: None, number: int, progress: RunProgress
+) -> tuple[RunOutcome, list[float]]:
+    """The experiment's run `number` (placement by placement, each for every arrival order) and
+    its grid of arrived shares; says it ended through `progress` (a worker's word)."""
+    from rich.console import Console
+
+    from corral.core.framework import config_from_mapping
+    from corral.sim.runner import RunSettings, simulate_results
+
+    placement = settings.policies[number // settings.repeats]
+    repeat = number % settings.repeats
+    config = config_from_mapping(
+        {"policy": "fifo", "placement": placement, "fgd": {"coverage": settings.coverage}}
+    )
+    run_settings = RunSettings(
+        trace=trace_spec, policies=["fifo"], scheduler=config, seed=settings.seed + repeat
+    )
+    [run] = simulate_results(run_settings, Console(quiet=True))
+    progress.advance(1, 1)
+    grid = run.curves["arrived_share"]
+    return outcome(run.curves, run.annotations, run.wall_s), grid
+
+
 def run_experiment(
     nodes: Path | str,
     pods: Path | str,
@@ -411,12 +456,10 @@ def run_experiment(
     on_run: Callable[[str, int], None] | None = None,
 ) -> Experiment:
     """`corral simulate --trace openb:NODES,PODS,load=L --policy fifo --placement P --seed S`,
-    for every placement P and S in seed, seed+1, ...; on_run(placement, repeat) after each."""
-    from rich.console import Console
-
-    from corral.core.framework import config_from_mapping
+    for every placement P and S in seed, seed+1, ...; on_run(placement, repeat) after each (as
+    each ends, in `settings.workers` processes)."""
     from corral.core.placement import PLACEMENTS
-    from corral.sim.runner import RunSettings, SimulationError, simulate_results
+    from corral.sim.runner import SimulationError
     from corral.sim.traces import load_trace
 
     problem = settings.problem()
@@ -435,27 +478,21 @@ def run_experiment(
     except ValueError as error:
         raise SimulationError(str(error)) from None
     assert trace.nodes is not None and trace.workload is not None
-    quiet = Console(quiet=True)
-    results = []
-    grid: list[float] = []
-    for placement in settings.policies:
-        config = config_from_mapping(
-            {"policy": "fifo", "placement": placement, "fgd": {"coverage": settings.coverage}}
-        )
-        result = PolicyResult(placement)
-        for repeat in range(settings.repeats):
-            run_settings = RunSettings(
-                trace=trace_spec,
-                policies=["fifo"],
-                scheduler=config,
-                seed=settings.seed + repeat,
-            )
-            [run] = simulate_results(run_settings, quiet)
-            grid = run.curves["arrived_share"]
-            result.runs.append(outcome(run.curves, run.annotations, run.wall_s))
-            if on_run is not None:
-                on_run(placement, repeat)
-        results.append(result)
+    runs = [
+        (placement, repeat) for placement in settings.policies for repeat in range(settings.repeats)
+    ]
+    one_run = partial(_run_one, trace_spec, settings)
+    ended = [_Ended(on_run, placement, repeat) for placement, repeat in runs]
+    workers = worker_count(settings.workers, len(runs))
+    if workers <= 1:
+        outcomes = [one_run(None, number, ended[number]) for number in range(len(runs))]
+    else:
+        labels = [f"{placement}, order {repeat + 1}" for placement, repeat in runs]
+        outcomes = run_in_workers(_no_setup, one_run, labels, workers, ended)
+    results = [PolicyResult(placement) for placement in settings.policies]
+    for number, (run, _) in enumerate(outcomes):
+        results[number // settings.repeats].runs.append(run)
+    grid = outcomes[-1][1]  # every run's: the trace's target load sets it
     return Experiment(
         settings=settings,
         grid=grid,

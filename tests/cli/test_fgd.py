@@ -62,6 +62,26 @@ def test_fgd_writes_summary_curves_and_plot(files: tuple[Path, Path], tmp_path: 
     assert "GPU-sharing placement" in result.output and "fgd" in result.output
 
 
+def test_fgd_in_workers_writes_what_it_writes_one_run_at_a_time(files, tmp_path: Path):
+    # 3 placements x 2 orders = 6 runs in 3 worker processes; random-fit draws from each
+    # run's seed, so a run that took another's seed or order would show in its curves.
+    nodes, tasks = files
+    written = {}
+    for workers in ("1", "3"):
+        out = tmp_path / workers
+        result = invoke(
+            "--nodes", str(nodes), "--tasks", str(tasks), "--policies",
+            "fgd,random-fit,gpu-packing", "--repeats", "2", "--workers", workers, "--out", str(out),
+        )  # fmt: skip
+        assert result.exit_code == 0, result.output
+        summary = json.loads((out / "summary.json").read_text())
+        for run in summary["runs"]:
+            run.pop("seconds", None)
+        written[workers] = summary, (out / "curves.csv").read_text()
+    assert written["3"] == written["1"]
+    assert "workers" not in written["1"][0]["settings"]
+
+
 def test_fgd_without_plot_writes_no_png(files: tuple[Path, Path], tmp_path: Path):
     nodes, tasks = files
     out = tmp_path / "out"
@@ -92,6 +112,7 @@ def test_malformed_task_file_exits_2_with_one_line(files: tuple[Path, Path], tmp
         (["--repeats", "0"], "--repeats"),
         (["--target-load", "0"], "--target-load"),
         (["--coverage", "1.5"], "--coverage"),
+        (["--workers", "-1"], "--workers: must not be negative"),
     ],
 )
 def test_bad_options_exit_2(files: tuple[Path, Path], tmp_path: Path, args, needle):
