@@ -23,7 +23,6 @@ from sortedcontainers import SortedList
 
 from corral.core.actions import Action, Decision, Preempt, Respeed, Start
 from corral.core.cluster import Cluster
-from corral.core.compiled import mypyc_attr
 from corral.core.job import Job, JobSpec, JobStatus
 from corral.core.placement.base import Placed, Placement, not_enough, whole_worker_gpus
 from corral.core.plugin import SpeedModel
@@ -74,41 +73,60 @@ LONG_QUEUE = 8192
 SHORT_QUEUE = 2048
 
 
-@mypyc_attr(native_class=False)  # the compiled build cannot subclass list in a native class
-class _FlatIndex(list[Key]):
+class _FlatIndex:
     """A sorted list of the scheduler's keys (each ending with its job's seq, `_index`) with
     SortedList's `add`, `remove` and bisects, for the running jobs and a short waiting queue: the
     running jobs are at most one per GPU (a few thousand), so one flat list moved by memmove
     beats SortedList's layers, and a re-key that leaves the job between its neighbours (most
-    do: few running jobs share a key level) replaces it where it is (`replace`)."""
+    do: few running jobs share a key level) replaces it where it is (`replace`).
+
+    The keys are a plain list (`keys`), not this object: `bisect` reads a list subclass's items
+    through Python's generic item slot (a method lookup and a call per probe), 1.8 times as
+    slow as a list's (550 ns against 984 ns a bisect of 730 keys)."""
+
+    __slots__ = ("keys",)
+
+    def __init__(self, keys: Iterable[Key] = ()) -> None:
+        self.keys: list[Key] = list(keys)
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def __getitem__(self, position: int) -> Key:
+        return self.keys[position]
+
+    def __iter__(self) -> Iterator[Key]:
+        return iter(self.keys)
 
     def bisect_left(self, item: Key) -> int:
-        return bisect.bisect_left(self, item)
+        return bisect.bisect_left(self.keys, item)
 
     def bisect_right(self, item: Key) -> int:
-        return bisect.bisect_right(self, item)
+        return bisect.bisect_right(self.keys, item)
 
     def add(self, item: Key) -> None:
-        bisect.insort(self, item)
+        bisect.insort(self.keys, item)
 
     def remove(self, item: Key) -> None:
-        index = bisect.bisect_left(self, item)
-        if index == len(self) or self[index] != item:
+        keys = self.keys
+        index = bisect.bisect_left(keys, item)
+        if index == len(keys) or keys[index] != item:
             raise ValueError(f"{item!r} not in the index")
-        del self[index]
+        del keys[index]
 
     def replace(self, old: Key, new: Key) -> None:
         """`remove(old)` then `add(new)`, in place when `new` sorts where `old` was."""
-        index = bisect.bisect_left(self, old)
-        if index == len(self) or self[index] != old:
+        keys = self.keys
+        index = bisect.bisect_left(keys, old)
+        if index == len(keys) or keys[index] != old:
             raise ValueError(f"{old!r} not in the index")
-        if (index == 0 or self[index - 1] < new) and (
-            index + 1 == len(self) or new < self[index + 1]
+        if (index == 0 or keys[index - 1] < new) and (
+            index + 1 == len(keys) or new < keys[index + 1]
         ):
-            self[index] = new
+            keys[index] = new
             return
-        del self[index]
-        bisect.insort(self, new)
+        del keys[index]
+        bisect.insort(keys, new)
 
 
 class JobRefused(ValueError):
@@ -748,9 +766,10 @@ class Scheduler:
     def _may_preempt_for(self, job: Job, now: float) -> bool:
         if self.admission is not None and self.admission.can_reclaim(job):
             return True
-        if not self.policy.preemptive or not self._running:
+        running = self._running.keys
+        if not self.policy.preemptive or not running:
             return False
-        lowest = self._by_seq[self._running[-1][-1]]
+        lowest = self._by_seq[running[-1][-1]]
         return self.policy.preempts(self._current_key(job, now), self._current_key(lowest, now))
 
     def _victims(self, job: Job, now: float) -> Iterator[Job]:
@@ -760,7 +779,7 @@ class Scheduler:
         job_key = self._current_key(job, now)
         offered: set[str] = set()
         if admission is not None and admission.can_reclaim(job):
-            lowest_first = (self._by_seq[key[-1]] for key in reversed(self._running))
+            lowest_first = (self._by_seq[key[-1]] for key in reversed(self._running.keys))
             for victim in admission.reclaim(job, lowest_first):
                 offered.add(victim.id)
                 yield victim
@@ -769,7 +788,7 @@ class Scheduler:
         # The running index is not changed while the caller looks at victims (it only frees and
         # takes back their GPUs), so it is walked by an iterator, not by position.
         stored = self.policy.stored_is_key
-        for key in reversed(self._running):
+        for key in reversed(self._running.keys):
             victim = self._by_seq[key[-1]]
             if not self.policy.preempts(job_key, key if stored else self._current_key(victim, now)):
                 return
@@ -1361,7 +1380,7 @@ class Scheduler:
         return (self._by_seq[key[-1]] for key in self._pending)
 
     def running_jobs(self) -> Iterable[Job]:
-        return (self._by_seq[key[-1]] for key in self._running)
+        return (self._by_seq[key[-1]] for key in self._running.keys)
 
     @property
     def pending_count(self) -> int:
@@ -1382,7 +1401,7 @@ class Scheduler:
 
     @property
     def running_count(self) -> int:
-        return len(self._running)
+        return len(self._running.keys)
 
     def explain(self, job_id: str, now: float) -> str:
         """Why a job is where it is, in words a user understands."""
