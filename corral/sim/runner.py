@@ -829,6 +829,7 @@ def _run_in_worker(
     number: int,
     progressed: RunProgress,
 ) -> SimResult:
+    """A worker process's run of the policy `settings.policies[number]`."""
     try:
         if isinstance(prepared, _PreparedStream):
             assert out is not None
