@@ -6,7 +6,8 @@ Workers are spawned, not forked (the main process has the progress bar's thread)
 what the runs share once (it reads the trace again), takes the next run not yet taken, and
 reports its progress, then its result or its error, through one queue. A worker that ends
 without a result (killed, out of memory) is reported in one line; when one run fails, or the
-main process is interrupted, the other workers are stopped, not waited for.
+main process is interrupted, the other workers are stopped, not waited for. A worker whose main
+process is gone (killed without a chance to stop them) ends within `POLL_S`.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import multiprocessing
 import os
 import pickle
 import queue
+import threading
+import time
 import traceback
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -111,7 +114,7 @@ def run_in_workers(
     processes = [
         context.Process(
             target=_work,
-            args=(setup, run, tasks, messages, doing, index),
+            args=(setup, run, tasks, messages, doing, index, os.getpid()),
             name=f"corral-worker-{index}",
         )
         for index in range(count)
@@ -183,9 +186,11 @@ def _work(
     messages: Any,
     doing: Any,
     index: int,
+    parent: int,
 ) -> None:
     """A worker process's body: its state, then runs until there are none left; each run's
     result or error goes back (an error ends the worker)."""
+    threading.Thread(target=_end_when_orphaned, args=(parent,), daemon=True).start()
     number = -1
     try:
         state, ready = None, False
@@ -202,3 +207,11 @@ def _work(
         except Exception:  # noqa: BLE001 - an error that cannot travel: its text does
             error = RuntimeError(f"{type(error).__name__}: {error}")
         messages.put(("error", number, (error, text)))
+
+
+def _end_when_orphaned(parent: int) -> None:
+    """End this worker once the main process `parent` is gone (it is then no longer the parent):
+    nobody would read its results, and a run may last hours."""
+    while os.getppid() == parent:
+        time.sleep(POLL_S)
+    os._exit(1)

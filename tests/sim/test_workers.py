@@ -7,6 +7,9 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import signal
+import subprocess
+import sys
 import time
 from functools import partial
 from pathlib import Path
@@ -211,3 +214,56 @@ def test_results_read_after_every_worker_ended_are_all_taken():
             0,
             1,
         ]
+
+
+def run_forever(pids: Path, pid: int, number: int, progress: RunProgress) -> int:
+    """Say which process runs it, then run for an hour."""
+    (pids / f"{number}.tmp").write_text(str(os.getpid()))
+    (pids / f"{number}.tmp").rename(pids / str(number))
+    time.sleep(3600)
+    return number
+
+
+ORPHANING = """
+import sys
+from functools import partial
+from pathlib import Path
+from corral.sim.workers import RunProgress, run_in_workers
+from tests.sim.test_workers import run_forever, setup_pid
+run_in_workers(setup_pid, partial(run_forever, Path(sys.argv[1])), ["a", "b"], 2,
+               [RunProgress(), RunProgress()])
+"""
+
+
+def alive(pid: int) -> bool:
+    """The process exists and has not ended (a zombie has ended: nobody reaped it yet)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return "\nState:\tZ" not in status
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc")
+def test_workers_end_when_the_main_process_is_killed(tmp_path):
+    root = Path(__file__).resolve().parents[2]
+    main = subprocess.Popen([sys.executable, "-c", ORPHANING, str(tmp_path)], cwd=root)
+    workers: list[int] = []
+    try:
+        deadline = time.monotonic() + 120
+        while len(workers) < 2 and time.monotonic() < deadline and main.poll() is None:
+            workers = [int(p.read_text()) for p in tmp_path.iterdir() if p.suffix != ".tmp"]
+            time.sleep(0.05)
+        assert len(workers) == 2, "the workers did not start their runs"
+        main.kill()  # no chance to stop its workers
+        main.wait()
+        deadline = time.monotonic() + 60
+        while any(alive(pid) for pid in workers) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not any(alive(pid) for pid in workers)
+    finally:
+        main.kill()
+        main.wait()
+        for pid in workers:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
