@@ -229,6 +229,11 @@ class Scheduler:
         self._idle_timers: list[tuple[float, int, int]] = []
         self._idle_at: dict[int, tuple[float, int]] = {}
         self._timer_version: dict[int, int] = {}
+        #: A policy's own wake-ups (`Policy.wakes_at`, where key changes do not wake): per
+        #: running job (seq, attempt) its `Policy.wake_bound` from when it was last asked, a heap
+        #: searched lazily (`_earliest_wake`). Entries of jobs that stopped wait to be popped.
+        self._asks_wakes = not policy.rekey_wakes
+        self._wake_bounds: list[tuple[float, int, int]] = []
         self.rounds = 0
         self.preemptions = 0
         self.blocked_by: str | None = None
@@ -1216,6 +1221,8 @@ class Scheduler:
         index.add(key)
         self._quiet = None
         self._set_timer(job, now)
+        if self._asks_wakes and index is self._running:  # asked at the end of this round
+            heapq.heappush(self._wake_bounds, (-math.inf, job.seq, job.attempts))
 
     def _unindex(self, index: SortedList | _FlatIndex, job: Job) -> None:
         key = self._stored.pop(job.seq)
@@ -1370,9 +1377,39 @@ class Scheduler:
                 heapq.heappop(idle)
             if idle:
                 wake = min(wake, idle[0][0])
-        if not self.policy.rekey_wakes:  # asked again at every round, as the policy's owner does
-            wake = min([wake, *(self.policy.wakes_at(job, now) for job in self.running_jobs())])
+        if self._asks_wakes:
+            wake = self._earliest_wake(wake, now)
         return wake if wake < math.inf else None
+
+    def _earliest_wake(self, wake: float, now: float) -> float:
+        """The earliest of `wake` and every running job's `Policy.wakes_at`, as the policy's
+        owner asks them at each of its events. Only the jobs whose bound lies before the earliest
+        found so far are asked (each bound holds for the rest of the job's attempt): the same
+        instant as asking every running job, for a handful of them."""
+        bounds = self._wake_bounds
+        policy = self.policy
+        asked: list[tuple[float, int, int]] = []
+        while bounds and bounds[0][0] < wake:
+            _, seq, attempt = heapq.heappop(bounds)
+            job = self._by_seq.get(seq)
+            if job is None or job.status is not JobStatus.RUNNING or job.attempts != attempt:
+                continue  # that attempt is over
+            at = policy.wakes_at(job, now)
+            wake = min(wake, at)
+            asked.append((policy.wake_bound(job, now, at), seq, attempt))
+        for entry in asked:
+            heapq.heappush(bounds, entry)
+        if len(bounds) > 2 * len(self._running.keys) + 64:  # drop the attempts that are over
+            live: dict[int, float] = {}
+            for bound, seq, attempt in bounds:
+                job = self._by_seq.get(seq)
+                if job is not None and job.status is JobStatus.RUNNING and job.attempts == attempt:
+                    live[seq] = min(bound, live.get(seq, math.inf))
+            self._wake_bounds = [
+                (bound, seq, self._by_seq[seq].attempts) for seq, bound in live.items()
+            ]
+            heapq.heapify(self._wake_bounds)
+        return wake
 
     # -- reading the state --------------------------------------------------------------------
 

@@ -65,8 +65,15 @@ class Policy(OptionsMixin):
     def wakes_at(self, job: Job, now: float) -> float:
         """Where key changes do not wake the scheduler (`rekey_wakes` False): an instant at which
         it should still wake for this running job, its key change then taken if due; inf: none.
-        Asked again for every running job at the end of every round."""
+        Asked at the end of every round of each running job whose `wake_bound` lies before the
+        earliest wake-up found so far, so of every running job that could wake it first."""
         return math.inf
+
+    def wake_bound(self, job: Job, now: float, wake: float) -> float:
+        """A bound the running job's `wakes_at` stays at or after, at every later instant of this
+        attempt, given `wake`, its value at `now`; the scheduler asks it again only once the
+        bound is earlier than every other wake-up. Default -inf: asked at every round."""
+        return -math.inf
 
     def on_key_change(self, job: Job, now: float) -> None:
         """Called at `key_changes_at` before the job is re-keyed (e.g. LAS promotion)."""

@@ -24,7 +24,7 @@ from corral.core.job import Job, JobStatus
 from corral.core.plugin import Services, needs
 from corral.core.policy.base import Key, Policy, tie_break
 from corral.core.policy.gittins_options import GittinsOptions as GittinsOptions
-from corral.core.policy.las import DEFAULT_THRESHOLDS_GPU_S, tiresias_wake
+from corral.core.policy.las import DEFAULT_THRESHOLDS_GPU_S, tiresias_wake, tiresias_wake_bound
 
 
 def gittins_index(samples_sorted: np.ndarray, attained: float) -> float:
@@ -158,6 +158,9 @@ class Gittins(Policy):
         if not self.queues:
             return math.inf
         return tiresias_wake(job, now, self.thresholds, self._queue(job, now))
+
+    def wake_bound(self, job: Job, now: float, wake: float) -> float:
+        return tiresias_wake_bound(wake)
 
     def key_changes_at(self, job: Job, now: float) -> float:
         if job.status is not JobStatus.RUNNING:

@@ -51,6 +51,11 @@ class LasState:
     running_order: tuple[float, int, int] = (0.0, 0, 0)
 
 
+#: How far `tiresias_wake` may later fall below its value now, within one attempt (less than
+#: one second; `tiresias_wake_bound`), with room for the floats' rounding of the floors.
+TIRESIAS_WAKE_SLACK_S = 4.0
+
+
 def tiresias_wake(job: Job, now: float, thresholds: Sequence[float], queue: int) -> float:
     """The Tiresias simulator's own wake-up for a running job in LAS `queue` (run_sim.py's
     dlas `jump_time`, recomputed at each of its events): the executed seconds, not
@@ -60,6 +65,15 @@ def tiresias_wake(job: Job, now: float, thresholds: Sequence[float], queue: int)
         return math.inf
     executed = math.floor(job.executed_at(now))
     return now + max(0, math.floor((thresholds[queue] - executed) / job.spec.gpus))
+
+
+def tiresias_wake_bound(wake: float) -> float:
+    """A bound `tiresias_wake` stays at or after while the job runs on, given its value `wake`
+    now. With x the executed seconds and n = floor(x), the wake is x + c(n) plus a constant, for
+    c(n) = max(0, floor((T - n) / g)). Over d more seconds x grows by d, n by an integer k < d + 1,
+    and c falls by at most ceil(k / g) <= k: the wake falls by less than one second. A higher
+    queue (a larger T) or the last one (inf) only makes it later."""
+    return wake - TIRESIAS_WAKE_SLACK_S
 
 
 class LeastAttainedService(Policy):
@@ -174,6 +188,9 @@ class LeastAttainedService(Policy):
 
     def wakes_at(self, job: Job, now: float) -> float:
         return tiresias_wake(job, now, self.thresholds, self.queue_of(job, now))
+
+    def wake_bound(self, job: Job, now: float, wake: float) -> float:
+        return tiresias_wake_bound(wake)
 
     def _promotion_time(self, job: Job, now: float) -> float:
         if self.starvation_factor is None or self.queue_of(job, now) == 0:
