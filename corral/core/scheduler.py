@@ -281,6 +281,17 @@ class Scheduler:
         self._no_room: dict[int, tuple[str, str]] = {}
         self._no_room_keys: list[Key] = []
         self._remembers_rooms = self._may_repeat and type(policy).preempts is Policy.preempts
+        #: In-order victims are a slice of the running index (`_candidates_in_order`) under the
+        #: base victim rule with keys fixed between announced instants, where no admission offers
+        #: victims of its own and no stage keeps a victim's GPUs taken.
+        self._slices_victims = (
+            victims == "in-order"
+            and policy.preemptive
+            and policy.stored_is_key
+            and type(policy).preempts is Policy.preempts
+            and admission is None
+            and not self._shared
+        )
         #: `Cluster.frees` as this scheduler's own frees (`_unclaim`) left it: when the cluster
         #: says more, GPUs came back by no event that forgets searches (a node back online, a
         #: migration, another scheduler on the same cluster: HiveD's VCs on the cluster of its
@@ -874,6 +885,31 @@ class Scheduler:
                 continue  # its GPUs stay taken by its partner unless that is a victim too
             yield victim
 
+    def _candidates_in_order(self, job: Job, now: float) -> list[Job]:
+        """`_candidates`, the highest priority first, read as one slice of the running index:
+        under the base victim rule (`Policy.preempts`) the running jobs the job may preempt are
+        those whose keys, or their leading `preempt_prefix` parts, sort after its own."""
+        keys = self._running.keys
+        job_key = self._stored[job.seq]
+        cut = self.policy.preempt_prefix
+        if cut is None:
+            start = bisect.bisect_right(keys, job_key)
+        else:  # every key of a prefix sorts before the prefix extended by _TOP
+            start = bisect.bisect_left(keys, (*job_key[:cut], _TOP))
+        by_seq = self._by_seq
+        types = job.spec.gpu_types
+        gpus = self.cluster.gpus
+        ordered = []
+        for key in keys[start:]:
+            victim = by_seq[key[-1]]
+            if victim.run_started_at == now:
+                continue  # never undo a start of this same instant: no preemption cycles
+            if types is not None and victim.placement:
+                if not job.spec.accepts(gpus[victim.placement[0]].gpu_type):
+                    continue
+            ordered.append(victim)
+        return ordered
+
     def _make_room_in_order(self, job: Job, now: float, actions: list[Action]) -> str:
         """The Tiresias simulator's pass, for one waiting job: the running jobs it may preempt,
         from the highest priority down, keep their GPUs while they fit in the GPUs the job leaves
@@ -881,8 +917,11 @@ class Scheduler:
         With a placement that counts GPUs (`any`) each of them is needed: what is left over is
         less than any of them holds."""
         cluster = self.cluster
-        ordered = list(self._candidates(job, now))
-        ordered.reverse()  # the highest priority first
+        if self._slices_victims:
+            ordered = self._candidates_in_order(job, now)
+        else:
+            ordered = list(self._candidates(job, now))
+            ordered.reverse()  # the highest priority first
         left = (
             cluster.free_for(job.spec.gpu_types)
             + sum(victim.spec.gpus for victim in ordered)

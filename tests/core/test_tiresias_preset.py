@@ -6,13 +6,15 @@ Tiresias simulator's output, job by job."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
 from click.testing import CliRunner
 
 from corral.cli.main import app
-from corral.core import Cluster, Job, Preempt, Start
+from corral.core import Cluster, Job, Preempt, Scheduler, Start
+from corral.core.cluster import NodeDef
 from corral.core.framework import build_scheduler, config_from_mapping, merge
 from corral.core.placement import NotPlaced, Placed, make_placement
 from corral.core.plugin import PluginError, Services
@@ -20,7 +22,8 @@ from corral.core.policy import make_policy
 from corral.core.policy.gittins import gittins_index_fixed, tiresias_rank
 from corral.core.policy.las import LasState
 from corral.core.presets import TIRESIAS, get_preset, given_keys, without
-from tests.core.helpers import scheduler, spec
+from corral.sim.engine import Simulation
+from tests.core.helpers import random_trace, scheduler, spec
 
 
 def job(gpus: int) -> Job:
@@ -179,6 +182,61 @@ def test_in_order_victims_keep_their_gpus_while_they_fit_in_what_the_job_leaves(
         Preempt("D", (1,), "J"),
         Start("J", (1, 2, 3)),
     ]
+
+
+@pytest.mark.parametrize("sliced", [True, False])
+def test_in_order_a_job_started_at_this_instant_is_no_victim_until_the_next(sliced):
+    # One 2-GPU node, LAS at 10 GPU-s, Tiresias's pass. A (2 GPUs) reaches queue 1 at 5; B (2,
+    # queue 0) preempts it at 6 and ends at 8, when A starts again. J (1 GPU, queue 0) comes at
+    # that same instant: A is no victim of a round at 8 (no start undone at its instant), and
+    # gives way to J at the next round.
+    s = scheduler(
+        1, 2, "las", placement="any", policy_options={"thresholds_gpu_s": [10]}, victims="in-order"
+    )
+    s._slices_victims = sliced
+    s.submit(spec("A", 2, submit=0), 0)
+    assert s.decide(0).actions == [Start("A", (0, 1))]
+    s.submit(spec("B", 2, submit=6), 6)
+    assert s.decide(6).actions == [Preempt("A", (0, 1), "B"), Start("B", (0, 1))]
+    s.finished("B", 8)
+    assert s.decide(8).actions == [Start("A", (0, 1), resumed=True)]
+    s.submit(spec("J", 1, submit=8), 8)
+    assert s.decide(8).actions == []
+    assert s.decide(9).actions == [Preempt("A", (0, 1), "J"), Start("J", (0,))]
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("policy", ["las-started", "las-entered", "gittins"])
+def test_in_order_victims_read_as_a_slice_are_those_found_one_by_one(seed, policy):
+    # Random overloaded traces, some jobs of one GPU type on 4 nodes of 4 GPUs of two types, in
+    # Tiresias's pass: every start and preemption is the same with the victims read as one
+    # slice of the running index and found one by one (`_victims`, `_candidates`).
+    if policy == "gittins":
+        history = random_trace(seed + 100, 300)
+        options: dict = {
+            "service_samples_gpu_s": [j.gpus * (j.duration_s or 0) for j in history],
+            "queues": True,
+            "thresholds_gpu_s": [300, 2000],
+        }
+    else:
+        options = {"thresholds_gpu_s": [300, 2000], "queue_order": policy.split("-")[1]}
+    trace = [
+        replace(job, gpus=min(job.gpus, 4), gpu_types=frozenset({"k80"}) if i % 5 == 0 else None)
+        for i, job in enumerate(random_trace(seed, 200, 15.0))
+    ]
+    runs = []
+    for sliced in (True, False):
+        s = Scheduler(
+            Cluster.from_nodes([NodeDef(f"n{i}", 4, "v100" if i < 2 else "k80") for i in range(4)]),
+            make_policy(policy.split("-")[0], **options),
+            make_placement("any"),
+            victims="in-order",
+        )
+        assert s._slices_victims
+        s._slices_victims = sliced
+        runs.append(Simulation(trace, s, record_decisions=True).run().decisions)
+    assert sum(isinstance(action, Preempt) for _, action in runs[0]) > 5
+    assert runs[0] == runs[1]
 
 
 def test_in_tiresias_order_a_job_that_drops_into_a_queue_gives_way_to_those_waiting_there():
