@@ -869,7 +869,8 @@ class Scheduler:
         return outcome
 
     def _candidates(self, job: Job, now: float) -> Iterator[Job]:
-        """The job's victims (`_victims`, the lowest first) whose GPUs it could use."""
+        """The job's victims (`_victims`, the lowest first) whose GPUs it could use. The first two
+        filters stand in `_candidates_in_order` too, written out there to keep its loop tight."""
         half_pairs: dict[str, Job] = {}
         for victim in self._victims(job, now):
             if victim.run_started_at == now:
@@ -888,7 +889,8 @@ class Scheduler:
     def _candidates_in_order(self, job: Job, now: float) -> list[Job]:
         """`_candidates`, the highest priority first, read as one slice of the running index:
         under the base victim rule (`Policy.preempts`) the running jobs the job may preempt are
-        those whose keys, or their leading `preempt_prefix` parts, sort after its own."""
+        those whose keys, or their leading `preempt_prefix` parts, sort after its own. The
+        filters are `_candidates`'s (going through it took back half of the gain)."""
         keys = self._running.keys
         job_key = self._stored[job.seq]
         cut = self.policy.preempt_prefix
@@ -1430,8 +1432,8 @@ class Scheduler:
         asked: list[tuple[float, int, int]] = []
         while bounds and bounds[0][0] < wake:
             _, seq, attempt = heapq.heappop(bounds)
-            job = self._by_seq.get(seq)
-            if job is None or job.status is not JobStatus.RUNNING or job.attempts != attempt:
+            job = self._running_attempt(seq, attempt)
+            if job is None:
                 continue  # that attempt is over
             at = policy.wakes_at(job, now)
             wake = min(wake, at)
@@ -1441,14 +1443,20 @@ class Scheduler:
         if len(bounds) > 2 * len(self._running.keys) + 64:  # drop the attempts that are over
             live: dict[int, float] = {}
             for bound, seq, attempt in bounds:
-                job = self._by_seq.get(seq)
-                if job is not None and job.status is JobStatus.RUNNING and job.attempts == attempt:
+                if self._running_attempt(seq, attempt) is not None:
                     live[seq] = min(bound, live.get(seq, math.inf))
             self._wake_bounds = [
                 (bound, seq, self._by_seq[seq].attempts) for seq, bound in live.items()
             ]
             heapq.heapify(self._wake_bounds)
         return wake
+
+    def _running_attempt(self, seq: int, attempt: int) -> Job | None:
+        """The job numbered `seq` if it is still running its attempt `attempt`, else None."""
+        job = self._by_seq.get(seq)
+        if job is None or job.status is not JobStatus.RUNNING or job.attempts != attempt:
+            return None
+        return job
 
     # -- reading the state --------------------------------------------------------------------
 
