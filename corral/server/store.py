@@ -174,6 +174,40 @@ class StoreError(RuntimeError):
     """The database cannot be opened or used; the message is one line naming it."""
 
 
+class StoreUnavailable(StoreError):
+    """The database failed a call it may take again later: the server is down or restarting, the
+    connection was lost, the disk is full. Nothing of the call's transaction was written, so the
+    same call may be repeated once the database is back. The message is one line."""
+
+
+def _unavailable(error: BaseException) -> StoreUnavailable | None:
+    """The StoreUnavailable a SQLAlchemy error stands for, or None for an error that is not the
+    database's state (a statement the database refuses: a bug, not an outage)."""
+    if isinstance(error, sa.exc.DBAPIError):
+        if not (
+            isinstance(error, sa.exc.OperationalError | sa.exc.InterfaceError)
+            or error.connection_invalidated
+        ):
+            return None
+        reason = str(error.orig or error).strip().splitlines()
+        return StoreUnavailable(reason[0] if reason else type(error.orig).__name__)
+    if isinstance(error, sa.exc.TimeoutError | sa.exc.DisconnectionError):
+        return StoreUnavailable(str(error).strip().splitlines()[0])
+    return None
+
+
+@contextmanager
+def _outage_is_unavailable() -> Iterator[None]:
+    """Raise the database failing as StoreUnavailable (the API answers it with 503)."""
+    try:
+        yield
+    except sa.exc.SQLAlchemyError as error:
+        unavailable = _unavailable(error)
+        if unavailable is None:
+            raise
+        raise unavailable from error
+
+
 @dataclass(slots=True, frozen=True)
 class JobProgress:
     """What a job last reported: its step (of `total_steps`, if declared), steps/s measured over
@@ -570,7 +604,13 @@ class Store:
         else:
             # Never wait for a connection: the API's threads (AnyIO's 40) may all read at once,
             # besides the event loop, the control loop, the committer and PostgreSQL's claim.
-            kwargs = {"pool_size": POOL_SIZE, "max_overflow": POOL_OVERFLOW}
+            # A pooled connection is tried before use: after a database server restarts, the
+            # first call reconnects instead of failing on a connection the restart closed.
+            kwargs = {
+                "pool_size": POOL_SIZE,
+                "max_overflow": POOL_OVERFLOW,
+                "pool_pre_ping": not sqlite,
+            }
         try:
             self._engine: Engine = sa.create_engine(parsed, **kwargs)
         except (sa.exc.ArgumentError, ImportError) as error:
@@ -624,6 +664,26 @@ class Store:
                 raise StoreError(taken)
             self._owner = connection
 
+    def keep_claim(self) -> None:
+        """Make sure this manager still holds its claim on the database (`claim`). PostgreSQL's
+        lock lives as long as one connection: a restart of the server or a lost connection
+        drops it, and it is taken again here. StoreUnavailable while the server is down;
+        StoreError when another manager took the database meanwhile."""
+        if sa.make_url(self._engine.url).get_backend_name() != "postgresql":
+            return  # SQLite's claim is a lock on a file: it lasts as long as the process
+        owner = getattr(self, "_owner", None)
+        if owner is not None:
+            try:
+                with _outage_is_unavailable():
+                    owner.execute(sa.text("SELECT 1"))
+                    owner.commit()
+                return
+            except StoreUnavailable:
+                owner.invalidate()  # its session, and the lock with it, is gone
+                self._owner = None
+        with _outage_is_unavailable():
+            self.claim()
+
     def close(self) -> None:
         owner = getattr(self, "_owner", None)
         if isinstance(owner, int):
@@ -644,7 +704,7 @@ class Store:
         if getattr(self._local, "connection", None) is not None:
             yield
             return
-        with self._lock, self._engine.begin() as connection:
+        with _outage_is_unavailable(), self._lock, self._engine.begin() as connection:
             self._local.connection = connection
             self._local.pending = []
             try:
@@ -687,7 +747,7 @@ class Store:
         if current is not None:
             yield current
             return
-        with self._lock, self._engine.begin() as connection:
+        with _outage_is_unavailable(), self._lock, self._engine.begin() as connection:
             yield connection
 
     @contextmanager
@@ -697,10 +757,10 @@ class Store:
             self._flush(current)
             yield current  # sees the batch's own uncommitted writes
         elif self._in_memory:
-            with self._lock, self._engine.connect() as connection:
+            with _outage_is_unavailable(), self._lock, self._engine.connect() as connection:
                 yield connection
         else:
-            with self._engine.connect() as connection:
+            with _outage_is_unavailable(), self._engine.connect() as connection:
                 yield connection
 
     # -- jobs -------------------------------------------------------------------------------------
