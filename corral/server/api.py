@@ -26,7 +26,14 @@ from corral.server.logread import LogRead, UnreadableLog, read_log
 from corral.server.manager import Manager, SubmitError
 from corral.server.metrics import metrics_text
 from corral.server.spec import JobSpecModel, SpecError, array_tasks, one_line, parse_job_spec
-from corral.server.store import TOKEN_ID_CHARS, JobListRow, JobProgress, JobRow, TokenRow
+from corral.server.store import (
+    TOKEN_ID_CHARS,
+    JobListRow,
+    JobProgress,
+    JobRow,
+    StoreUnavailable,
+    TokenRow,
+)
 from corral.server.usage import usage_report
 from corral.server.views import GpuHolder
 
@@ -39,6 +46,12 @@ LOG_MAX_OFFSET = 1 << 62  # beyond any file (ext4 stops at 2**44, btrfs and XFS 
 LOG_MAX_TAIL = 1_000_000  # lines
 LOG_MAX_INDEX = 1_000_000  # attempts, ranks
 TOKEN_FIELDS = ("user", "vc", "admin", "unix_user", "expires_in_seconds")
+#: The answer to any call while the store fails (503): nothing was changed, the call may be
+#: repeated (`Retry-After` seconds later).
+STORE_UNAVAILABLE = (
+    "the store is unavailable: the call was not carried out; repeat it in a few seconds"
+)
+RETRY_AFTER_S = 2
 MAX_TOKEN_LIFE_S = 10 * 365 * 86400
 
 
@@ -601,6 +614,22 @@ def create_app(manager: Manager) -> FastAPI:
     @app.exception_handler(RequestValidationError)
     def invalid_request(request: Request, error: RequestValidationError) -> JSONResponse:
         return JSONResponse({"detail": schemas.validation_error(error)}, status_code=422)
+
+    @app.exception_handler(StoreUnavailable)
+    def store_unavailable(request: Request, error: StoreUnavailable) -> JSONResponse:
+        manager.note_outage(f"{request.method} {request.url.path}: {error}")
+        return JSONResponse(
+            {"detail": STORE_UNAVAILABLE},
+            status_code=503,
+            headers={"Retry-After": str(RETRY_AFTER_S)},
+        )
+
+    @app.exception_handler(Exception)
+    def internal_error(request: Request, error: Exception) -> JSONResponse:
+        # (Starlette logs the traceback after this answer)
+        return JSONResponse(
+            {"detail": "internal error: the manager's log has the details"}, status_code=500
+        )
 
     _document_spec_body(app, spec_schema)
     static = StaticFiles(directory=WEB_DIR, html=True) if WEB_DIR.is_dir() else None

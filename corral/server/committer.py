@@ -63,11 +63,12 @@ class SubmissionCommitter:
     _spec_models: dict[str, JobSpecModel]
     _accounts: dict[str, str]
     _cancel_on_arrival: set[str]
+    _suspect: str | None
     metrics: ManagerMetrics
 
     if TYPE_CHECKING:  # the manager's own
 
-        def _cancel_locked(self, job_id: str) -> None: ...
+        def _store_failed(self, error: BaseException, what: str) -> None: ...
         def core_spec(
             self, model: JobSpecModel, job_id: str, submit_time: float, user: str
         ) -> JobSpec: ...
@@ -208,36 +209,16 @@ class SubmissionCommitter:
             for submission in batch:
                 submission.finish(error)
             return
-        outcomes: list[BaseException | None] = []
-        queued: list[JobSpec] = []
+        for submission in batch:
+            self.metrics.submitted.labels(submission.row.vc, submission.row.user).inc()
+        # Stored: each is answered as accepted, unless the core refuses to queue it (a bug).
+        outcomes: list[BaseException | None] = [None] * len(batch)
         with self.lock:
-            for submission in batch:
-                job_id = submission.row.id
-                self._spec_models[job_id] = submission.model
-                if submission.row.unix_user is not None:
-                    self._accounts[job_id] = submission.row.unix_user
-                self._note_controls(submission.row, submission.model)
-                # A rebuild (nodes came or went) since the insert queued it from the store.
-                if job_id in self._gated:
-                    pass
-                elif self._needs_gate(job_id):  # held, dependencies, an array's cap
-                    self._gated[job_id] = Job(spec=submission.spec)
-                elif job_id not in self.scheduler.jobs:
-                    try:
-                        self.scheduler.submit(submission.spec, submission.row.submitted_at)
-                    except Exception as error:  # checked before storing; a bug, but no hang
-                        log.exception("job %s was stored but could not be queued", job_id)
-                        reason = f"not queued: {error}"
-                        self.store.update_job(job_id, status="FAILED", reason=reason)
-                        outcomes.append(error)
-                        continue
-                outcomes.append(None)
-                queued.append(submission.spec)
-                self.metrics.submitted.labels(submission.row.vc, submission.row.user).inc()
-                if job_id in self._cancel_on_arrival:  # cancelled between store and queue
-                    self._cancel_on_arrival.discard(job_id)
-                    self._cancel_locked(job_id)
-            self.learn_workload(queued)  # FGD's target workload, live
+            if self._suspect is None:  # (else the rebuild from the store queues them)
+                try:
+                    self._queue_stored(batch, outcomes)
+                except Exception as error:  # a write failed after the core moved
+                    self._store_failed(error, "queueing stored submissions")
             self._dirty = True
         for submission, outcome in zip(batch, outcomes, strict=True):
             try:
@@ -245,6 +226,35 @@ class SubmissionCommitter:
             except RuntimeError:  # the requester's event loop is gone (server shutting down)
                 pass
         self._wake.set()
+
+    def _queue_stored(self, batch: list[Submission], outcomes: list[BaseException | None]) -> None:
+        """Queue stored submissions in the core (under the lock); a job cancelled between its
+        store and its queueing is dropped (its cancel is written already)."""
+        queued: list[JobSpec] = []
+        for position, submission in enumerate(batch):
+            job_id = submission.row.id
+            if job_id in self._cancel_on_arrival:
+                self._cancel_on_arrival.discard(job_id)
+                continue
+            self._spec_models[job_id] = submission.model
+            if submission.row.unix_user is not None:
+                self._accounts[job_id] = submission.row.unix_user
+            self._note_controls(submission.row, submission.model)
+            # A rebuild (nodes came or went) since the insert queued it from the store.
+            if job_id in self._gated:
+                pass
+            elif self._needs_gate(job_id):  # held, dependencies, an array's cap
+                self._gated[job_id] = Job(spec=submission.spec)
+            elif job_id not in self.scheduler.jobs:
+                try:
+                    self.scheduler.submit(submission.spec, submission.row.submitted_at)
+                except Exception as error:  # checked before storing; a bug, but no hang
+                    log.exception("job %s was stored but could not be queued", job_id)
+                    self.store.update_job(job_id, status="FAILED", reason=f"not queued: {error}")
+                    outcomes[position] = error
+                    continue
+            queued.append(submission.spec)
+        self.learn_workload(queued)  # FGD's target workload, live
 
 
 def _ignore(error: BaseException | None) -> None:

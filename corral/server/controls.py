@@ -22,11 +22,13 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING
 
 from corral.core.actions import Start
 from corral.core.job import Job, JobSpec, JobStatus
 from corral.core.protocol import SchedulerCore
+from corral.server.metrics import ManagerMetrics
 from corral.server.spec import JobSpecModel, array_tasks, parse_job_spec, signal_before
 from corral.server.state import Attempt, Executor
 from corral.server.store import JobRow, Store
@@ -60,9 +62,11 @@ class JobControls:
     _accounts: dict[str, str]
     _dirty: bool
     _wake: threading.Event
+    metrics: ManagerMetrics
 
     if TYPE_CHECKING:  # the manager's own
 
+        def _changing(self) -> AbstractContextManager[None]: ...
         def _save_progress(self, job: Job, **fields: object) -> None: ...
         def _forget(self, job_id: str) -> None: ...
         def _drop_deferred_start(self, job: Job) -> bool: ...
@@ -181,12 +185,21 @@ class JobControls:
             return f"held by {self._held[job_id]}"
         return self._gate_reasons.get(job_id, "waiting at a gate: checked at the next round")
 
-    def _cancel_gated(self, job_id: str, now: float) -> None:
-        self._gated.pop(job_id)
-        self.store.update_job(
-            job_id, status="CANCELLED", finished_at=now, reason="cancelled by request"
-        )
-        self.store.add_event(job_id, now, "cancelled", "cancelled by request")
+    def _cancel_unqueued(
+        self, job_id: str, now: float, vc: str | None = None, user: str | None = None
+    ) -> None:
+        """Cancel a job the core does not hold (waiting at a gate; or stored and not yet queued,
+        whose `vc` and `user` are given): written first, then forgotten."""
+        if vc is None or user is None:
+            spec = self._gated[job_id].spec
+            vc, user = spec.vc, spec.user
+        with self.store.batch():
+            self.store.update_job(
+                job_id, status="CANCELLED", finished_at=now, reason="cancelled by request"
+            )
+            self.store.add_event(job_id, now, "cancelled", "cancelled by request")
+        self.metrics.finished.labels(vc, user, "CANCELLED").inc()
+        self._gated.pop(job_id, None)
         self._ended_status[job_id] = "CANCELLED"
         self._forget(job_id)
         self._dirty = True
@@ -206,17 +219,13 @@ class JobControls:
     # -- hold and release ------------------------------------------------------------------------
 
     def hold(self, job_id: str, user: str) -> None:
-        """Keep a pending job from starting until released (durable). ControlError (409) for a
-        job that is not pending."""
-        with self.lock:
+        """Keep a pending job from starting until released (durable: written first). A
+        ControlError (409) for a job that is not pending."""
+        with self._changing():
             now = self.clock()
             job = self.scheduler.jobs.get(job_id)
-            if job_id in self._gated:
-                pass
-            elif job is not None and job.status is JobStatus.PENDING:
-                self._gated[job_id] = self.scheduler.withdraw(job_id, now)
-                self._dirty = True
-            else:
+            queued = job is not None and job.status is JobStatus.PENDING
+            if job_id not in self._gated and not queued:
                 status = job.status.value if job is not None else self._status_of(job_id)
                 if job_id in self._deferred or status == "RUNNING":
                     status = "RUNNING"
@@ -224,21 +233,25 @@ class JobControls:
                     raise ControlError(
                         409, f"job {job_id} is {status}: only a pending job can be held"
                     )
-            if job_id in self._held:
-                return
-            self._held[job_id] = user
-            self.store.update_job(job_id, held_by=user, reason=f"held by {user}")
-            self.store.add_event(job_id, now, "held", f"held by {user}")
+            if job_id not in self._held:
+                with self.store.batch():
+                    self.store.update_job(job_id, held_by=user, reason=f"held by {user}")
+                    self.store.add_event(job_id, now, "held", f"held by {user}")
+                self._held[job_id] = user
+            if queued and job_id not in self._gated:
+                self._gated[job_id] = self.scheduler.withdraw(job_id, now)
+                self._dirty = True
 
     def release(self, job_id: str, user: str) -> None:
         """Let a held job start again (in its place, where the policy keeps arrival order)."""
-        with self.lock:
+        with self._changing():
             if job_id not in self._held:
                 raise ControlError(409, f"job {job_id} is not held")
             now = self.clock()
+            with self.store.batch():
+                self.store.update_job(job_id, held_by=None, reason="released")
+                self.store.add_event(job_id, now, "released", f"released by {user}")
             del self._held[job_id]
-            self.store.update_job(job_id, held_by=None, reason="released")
-            self.store.add_event(job_id, now, "released", f"released by {user}")
             self._dirty = True
         self._wake.set()
 
@@ -248,7 +261,7 @@ class JobControls:
         """A running job: stopped (its attempt "requeued", not a failure) and queued again. A
         FAILED or CANCELLED job: PENDING again under its id. Others: ControlError (409)."""
         stop: tuple[str, int] | None = None
-        with self.lock:
+        with self._changing():  # (a failed write rebuilds memory from the store)
             now = self.clock()
             job = self.scheduler.jobs.get(job_id)
             status = job.status.value if job is not None else self._status_of(job_id)

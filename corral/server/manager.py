@@ -27,7 +27,8 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -48,7 +49,7 @@ from corral.exec.local import (
 )
 from corral.server import identity
 from corral.server.committer import Submission, SubmissionCommitter
-from corral.server.controls import JobControls
+from corral.server.controls import ControlError, JobControls
 from corral.server.datacache import LiveCache
 from corral.server.factory import MIN_GITTINS_HISTORY, SchedulerFactory
 from corral.server.metrics import ManagerMetrics
@@ -61,7 +62,7 @@ from corral.server.state import (
     SubmitError,
     gpu_ids_by_name,
 )
-from corral.server.store import Store
+from corral.server.store import Store, StoreError, StoreUnavailable
 from corral.server.telemetry import Telemetry, progress_file
 from corral.server.views import ManagerViews
 
@@ -74,6 +75,11 @@ __all__ = [
 ]
 
 log = logging.getLogger("corral.manager")
+
+#: Seconds between tries to rebuild the state from the store after a failed write.
+REBUILD_RETRY_S = 1.0
+#: A failure to reach the store is logged again (one line) at most this often.
+OUTAGE_LOG_S = 30.0
 
 
 class Manager(
@@ -143,6 +149,10 @@ class Manager(
         self._pristine_cluster = copy.deepcopy(cluster)  # to rebuild the core from the store
         self._dirty = True
         self._wake_at: float | None = None
+        #: Why memory may disagree with the store (a write failed after memory changed): until
+        #: the state is rebuilt from the store, nothing acts on it and changes are refused (503).
+        self._suspect: str | None = None
+        self._outage_logged = float("-inf")
         self.next_id = store.max_job_id() + 1
         self._inbox: deque[Submission] = deque()
         self._inbox_lock = threading.Lock()
@@ -230,22 +240,92 @@ class Manager(
         self.on_stop.clear()
 
     def _run(self) -> None:
+        next_claim_check = 0.0
         while not self._stopping.is_set():
             timeout = self.settings.tick_s
             self._wake.wait(timeout)
             self._wake.clear()
+            if self._suspect is not None and not self._rebuild():
+                self._stopping.wait(REBUILD_RETRY_S)
+                continue
             try:
+                if time.monotonic() >= next_claim_check:  # PostgreSQL may have restarted
+                    next_claim_check = time.monotonic() + self.settings.node_check_s
+                    self.store.keep_claim()
                 decided = self.step()
-            except Exception:  # e.g. the database failed mid-round: memory and store disagree
-                log.exception("scheduling round failed; rebuilding the state from the store")
-                decided = True
-                try:
-                    self.resync()
-                except Exception:
-                    log.exception("rebuilding failed; trying again")
-                    self._stopping.wait(1.0)
+            except Exception as error:  # e.g. the database failed mid-round
+                self._store_failed(error, "a scheduling round")
+                continue  # memory may disagree with what was committed: rebuild it first
             if decided:  # let submissions gather: one round for many, not one round each
                 self._stopping.wait(self.settings.round_gap_s)
+
+    # -- when the store fails -------------------------------------------------------------------
+
+    @property
+    def degraded(self) -> str | None:
+        """Why the manager's state waits to be rebuilt from the store (None: it does not)."""
+        return self._suspect
+
+    @contextmanager
+    def _changing(self) -> Iterator[None]:
+        """A change of state asked through the API, made under the lock. Refused (503) while
+        memory is being rebuilt from the store. If it fails once it may have changed memory (a
+        write that failed after the core moved), memory is rolled back by rebuilding it from the
+        store before anything acts on it; a refusal (ControlError, SubmitError) changed nothing."""
+        with self.lock:
+            if self._suspect is not None:
+                raise StoreUnavailable("the manager is rebuilding its state after a failed write")
+            try:
+                yield
+            except (ControlError, SubmitError):
+                raise
+            except Exception as error:
+                self._store_failed(error, "a change of state")
+                raise
+
+    def _store_failed(self, error: BaseException, what: str) -> None:
+        """Memory may disagree with the store: the control loop rebuilds it (`_rebuild`) before
+        it decides or carries out anything again. Called from an `except` block."""
+        with self.lock:
+            self._suspect = f"{what} failed: {error}"
+        if isinstance(error, StoreUnavailable):
+            self.note_outage(f"{what} failed, the store is unavailable: {error}")
+        else:
+            log.exception("%s failed; rebuilding the state from the store", what)
+        self._wake.set()
+
+    def _rebuild(self) -> bool:
+        """Rebuild the state from the store after a failed write (what the store holds is what
+        happened: a change whose write failed is undone). True once done; False while the store
+        is still unavailable (tried again every REBUILD_RETRY_S)."""
+        try:
+            with self.lock:
+                self.store.keep_claim()
+                self._rebuilding = True  # (the jobs' owners are told nothing: nothing changed)
+                try:
+                    self.resync()
+                finally:
+                    self._rebuilding = False
+                self._suspect = None
+        except StoreUnavailable as error:
+            self.note_outage(f"the store is still unavailable: {error}")
+            return False
+        except StoreError as error:  # another manager claimed the database meanwhile
+            self.note_outage(f"{error}: this manager changes nothing until it can claim it")
+            return False
+        except Exception:
+            log.exception("rebuilding the state from the store failed; trying again")
+            return False
+        self._outage_logged = float("-inf")
+        log.warning("the store is available again: state rebuilt from it")
+        return True
+
+    def note_outage(self, message: str) -> None:
+        """A call failed because the store is unavailable: logged, one line at most every
+        OUTAGE_LOG_S while it stays so."""
+        if time.monotonic() - self._outage_logged >= OUTAGE_LOG_S:
+            self._outage_logged = time.monotonic()
+            log.error("%s", message)
 
     def step(self) -> bool:
         """One pass: collect ended attempts, decide if anything changed, record it all in one
@@ -696,16 +776,20 @@ class Manager(
     # -- cancelling (a request from the API) --------------------------------------------------
 
     def cancel(self, job_id: str) -> None:
-        with self.lock:
+        """Cancel a job: written before it takes effect (StoreUnavailable, with nothing changed
+        for good, when the store cannot take it). A job that ended is left as it is."""
+        with self._changing():
             if job_id in self._gated:  # held, or waiting for its dependencies or array cap
-                self._cancel_gated(job_id, self.clock())
-                return
-            if job_id not in self.scheduler.jobs:
+                self._cancel_unqueued(job_id, self.clock())
+            elif job_id in self.scheduler.jobs:
+                self._cancel_locked(job_id)
+            else:
                 row = self.store.get_job(job_id)
-                if row is not None and row.status == "PENDING":  # stored, not yet queued
-                    self._cancel_on_arrival.add(job_id)
-                return
-            self._cancel_locked(job_id)
+                if row is None or row.status != "PENDING":
+                    return
+                # Stored and not yet queued: the committer drops it instead of queueing it.
+                self._cancel_unqueued(job_id, self.clock(), row.vc, row.user)
+                self._cancel_on_arrival.add(job_id)
         self._wake.set()
 
     def _cancel_locked(self, job_id: str) -> None:

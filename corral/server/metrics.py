@@ -31,6 +31,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 import corral
+from corral.server.store import StoreUnavailable
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -181,10 +182,35 @@ class ManagerCollector(Collector):
         yield running
         yield allocated
         yield guaranteed
+        up = GaugeMetricFamily(
+            "corral_store_up",
+            "1 while the store answers and the manager's state is the store's; 0 from a failed "
+            "store call until the state is rebuilt from the store (changes are refused, 503).",
+        )
+        try:
+            yield from self._from_store()
+        except StoreUnavailable:
+            up.add_metric([], 0)
+        else:
+            up.add_metric([], 0 if manager.degraded else 1)
+        yield up
+        gpus = GaugeMetricFamily("corral_gpus", "GPUs in the cluster.")
+        gpus.add_metric([], manager.cluster.total_gpus)
+        yield gpus
+        offline = GaugeMetricFamily(
+            "corral_gpus_offline",
+            "GPUs held out of allocation: on nodes that left the cluster, or still used by "
+            "processes an ended attempt left behind.",
+        )
+        offline.add_metric([], len(manager.offline_gpus()))
+        yield offline
+
+    def _from_store(self) -> Iterator[Metric]:
+        """The gauges read from the store (none while it is unavailable: StoreUnavailable)."""
+        manager = self.manager
         states = GaugeMetricFamily("corral_jobs", "Jobs by state.", labels=["state"])
         for state, number in sorted(manager.store.job_counts().items()):
             states.add_metric([state], number)
-        yield states
         rates = GaugeMetricFamily(
             "corral_job_steps_per_second",
             "Steps per second each running job reports (over its latest minute of reports).",
@@ -202,18 +228,9 @@ class ManagerCollector(Collector):
             steps.add_metric(labels, row.progress.step)
             if row.progress.steps_per_s is not None:
                 rates.add_metric(labels, row.progress.steps_per_s)
+        yield states  # (all read before any is yielded: none half-filled)
         yield rates
         yield steps
-        gpus = GaugeMetricFamily("corral_gpus", "GPUs in the cluster.")
-        gpus.add_metric([], manager.cluster.total_gpus)
-        yield gpus
-        offline = GaugeMetricFamily(
-            "corral_gpus_offline",
-            "GPUs held out of allocation: on nodes that left the cluster, or still used by "
-            "processes an ended attempt left behind.",
-        )
-        offline.add_metric([], len(manager.offline_gpus()))
-        yield offline
 
 
 def metrics_text(manager: Manager) -> tuple[bytes, str]:

@@ -110,6 +110,30 @@ class PostgresServer:
     pg_ctl: Path | None = None
     directory: Path | None = None
     user: str | None = None
+    options: str = ""  # the server's own (`pg_ctl -o`): its port among them
+
+    def halt(self) -> None:
+        """Stop the server as an outage would (its clients' connections cut); `resume` starts it
+        again on the same port and data."""
+        assert self.owned and self.pg_ctl is not None and self.directory is not None
+        data = str(self.directory / "data")
+        done = run(
+            [str(self.pg_ctl), "-D", data, "-m", "fast", "-w", "-t", str(PG_CTL_WAIT_S), "stop"],
+            self.user,
+            self.directory,
+        )
+        assert done.returncode == 0, done.stderr
+
+    def resume(self) -> None:
+        assert self.owned and self.pg_ctl is not None and self.directory is not None
+        data, log = self.directory / "data", self.directory / "server.log"
+        wait = ["-w", "-t", str(PG_CTL_WAIT_S)]
+        done = run(
+            [str(self.pg_ctl), "-D", str(data), "-l", str(log), *wait, "-o", self.options, "start"],
+            self.user,
+            self.directory,
+        )
+        assert done.returncode == 0, log.read_text() if log.is_file() else done.stderr
 
     def fresh_database(self) -> str:
         """Empty the tests' database (a previous test may have left tables, rows, connections)."""
@@ -214,7 +238,9 @@ def start_server() -> PostgresServer:
         shutil.rmtree(directory, ignore_errors=True)
         raise
     url = f"postgresql+psycopg://postgres@127.0.0.1:{port}/{DATABASE}"
-    return PostgresServer(url=url, owned=True, pg_ctl=pg_ctl, directory=directory, user=user)
+    return PostgresServer(
+        url=url, owned=True, pg_ctl=pg_ctl, directory=directory, user=user, options=options
+    )
 
 
 @pytest.fixture(scope="session")
