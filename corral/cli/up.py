@@ -55,7 +55,17 @@ def up(
     ] = None,
     db: Annotated[
         str | None,
-        typer.Option(help="a database URL (postgresql+psycopg://...); default SQLite in DATA_DIR"),
+        typer.Option(
+            help="a database URL without its password (postgresql+psycopg://USER@HOST/DB); "
+            "default SQLite in DATA_DIR"
+        ),
+    ] = None,
+    db_password_file: Annotated[
+        Path | None,
+        typer.Option(
+            help="--db's password, on the first line of this file (yours, mode 0600); "
+            "default: libpq's (PGPASSFILE, ~/.pgpass)"
+        ),
     ] = None,
     scheduler_config: Annotated[
         Path | None,
@@ -144,6 +154,7 @@ def up(
     from corral.server.boot import BootError, ServerOptions, build_manager
     from corral.server.manager import ManagerSettings
 
+    db_password = _database_password(db, db_password_file)
     try:
         given = scheduler | ({"policy": policy} if policy is not None else {})
         scheduler_settings = effective_config(scheduler_config, given)
@@ -196,6 +207,7 @@ def up(
         gpu_type=gpu_type,
         config=config,
         db_url=db,
+        db_password=db_password,
         host=host,
         port=port,
         settings=settings,
@@ -217,6 +229,17 @@ def up(
     except BootError as error:
         fail(str(error))
     serve(manager, options)
+
+
+def _database_password(db: str | None, password_file: Path | None) -> str | None:
+    """--db checked (no password in it: every process reads a command line) and the password of
+    --db-password-file; exits with one line for either."""
+    from corral.server.dbsecret import DatabaseSecretError, database_password
+
+    try:
+        return database_password(db, password_file)
+    except DatabaseSecretError as error:
+        fail(str(error))
 
 
 def cache_settings(
@@ -358,7 +381,15 @@ def export_trace(
         ),
     ] = None,
     db: Annotated[
-        str | None, typer.Option(help="a database URL instead of DATA_DIR's SQLite")
+        str | None,
+        typer.Option(help="a database URL, without its password, instead of DATA_DIR's SQLite"),
+    ] = None,
+    db_password_file: Annotated[
+        Path | None,
+        typer.Option(
+            help="--db's password, on the first line of this file (yours, mode 0600); "
+            "default: libpq's (PGPASSFILE, ~/.pgpass)"
+        ),
     ] = None,
     fmt: Annotated[
         str | None,
@@ -379,10 +410,12 @@ def export_trace(
     chosen = fmt or ("helios" if out.suffix.lower() == ".csv" else "corral")
     if chosen not in ("corral", "helios"):
         fail(f"--format: unknown {fmt!r}; choose corral or helios")
+    password = _database_password(db, db_password_file)
     if data_dir is None and db is None and os.environ.get("CORRAL_URL"):
         counts = _export_from_api(out, chosen)
     else:
-        counts = _export_from_store(out, chosen, (data_dir or DEFAULT_DATA_DIR).expanduser(), db)
+        where = (data_dir or DEFAULT_DATA_DIR).expanduser()
+        counts = _export_from_store(out, chosen, where, db, password)
     written, skipped = counts["written"], counts["never_ran"]
     corral = CorralExport(out, beside(out, ".throughputs.json"), beside(out, ".decisions.jsonl"))
     for key in ("written", "nodes", "never_ran", "unfinished", "no_work"):
@@ -416,7 +449,9 @@ def export_trace(
     )
 
 
-def _export_from_store(out: Path, chosen: str, data_dir: Path, db: str | None) -> dict[str, Any]:
+def _export_from_store(
+    out: Path, chosen: str, data_dir: Path, db: str | None, password: str | None
+) -> dict[str, Any]:
     from corral.server.export import export_config, export_corral
     from corral.server.export import export_trace as write_trace
     from corral.server.store import Store, StoreError
@@ -424,7 +459,7 @@ def _export_from_store(out: Path, chosen: str, data_dir: Path, db: str | None) -
     if db is None and not (data_dir / "corral.db").is_file():
         fail(f"{data_dir / 'corral.db'}: no corral database here (--data-dir or --db)")
     try:
-        store = Store(db or Store.sqlite_url(data_dir))
+        store = Store(db or Store.sqlite_url(data_dir), password=password)
         if chosen == "helios":
             written, skipped = write_trace(store, out)
             counts: dict[str, Any] = {"written": written, "never_ran": skipped}

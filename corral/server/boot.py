@@ -50,7 +50,7 @@ class ServerOptions:
     gpus: int | None = None  # declared GPUs; None: ask NVML
     gpu_type: str = "gpu"
     config: Path | None = None
-    db_url: str | None = None
+    db_url: str | None = None  # never with a password in it (corral.server.dbsecret)
     host: str = "127.0.0.1"
     port: int = 8470
     settings: ManagerSettings = field(default_factory=ManagerSettings)
@@ -60,6 +60,8 @@ class ServerOptions:
     single_user: bool = False
     #: The memory (MiB) of this machine's GPUs (`--gpu-memory`); None: NVML's, where it tells.
     gpu_memory_mib: int | None = None
+    #: The database's password (`--db-password-file`'s); None: libpq's (PGPASSFILE, ~/.pgpass).
+    db_password: str | None = field(default=None, repr=False)
 
 
 EXECUTORS = ("local", "ray")
@@ -318,7 +320,9 @@ def _build_with(
 ) -> Manager:
     nodes = partial(ray_node_defs, executor) if options.executor == "ray" else None
     try:
-        store = Store(options.db_url or Store.sqlite_url(options.data_dir))
+        store = Store(
+            options.db_url or Store.sqlite_url(options.data_dir), password=options.db_password
+        )
     except StoreError as error:
         raise BootError(str(error)) from None
     try:

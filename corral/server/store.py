@@ -586,12 +586,16 @@ def _set_sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
 
 
 class Store:
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, password: str | None = None) -> None:
+        """`password`: the database's, given in the process (corral.server.dbsecret), never in
+        `url` on a command line; None: the URL's, or libpq's own (PGPASSFILE, ~/.pgpass)."""
         try:
             parsed = sa.make_url(url)
         except sa.exc.ArgumentError as error:
             raise StoreError(f"{url}: not a database URL ({error})") from None
         self.url = parsed.render_as_string(hide_password=True)
+        if password is not None:
+            parsed = parsed.set(password=password)
         self._lock = threading.RLock()
         self._local = threading.local()
         kwargs: dict[str, Any] = {}

@@ -111,6 +111,9 @@ class PostgresServer:
     directory: Path | None = None
     user: str | None = None
     options: str = ""  # the server's own (`pg_ctl -o`): its port among them
+    #: A superuser's URL on database `postgres`, for the tests' own administration; None: `url`
+    #: on database `postgres` (a server whose TCP connections need no password).
+    admin_url: str | None = None
 
     def halt(self) -> None:
         """Stop the server as an outage would (its clients' connections cut); `resume` starts it
@@ -139,7 +142,7 @@ class PostgresServer:
         """Empty the tests' database (a previous test may have left tables, rows, connections)."""
         if self.owned:
             # Re-create it rather than drop tables: sequences, indexes and everything else go too.
-            admin = sa.make_url(self.url).set(database="postgres")
+            admin = sa.make_url(self.admin_url or self.url).set(database="postgres")
             engine = sa.create_engine(admin, isolation_level="AUTOCOMMIT", poolclass=NullPool)
             with engine.connect() as connection:
                 # FORCE ends the connections a stopped manager's pool may still hold.
@@ -192,8 +195,13 @@ def external_server(url: str) -> PostgresServer:
     return PostgresServer(url=url, owned=False)
 
 
-def start_server() -> PostgresServer:
-    """initdb + pg_ctl start in a new temporary directory; raises PostgresUnavailable."""
+def start_server(*, superuser_password: str | None = None) -> PostgresServer:
+    """initdb + pg_ctl start in a new temporary directory; raises PostgresUnavailable.
+
+    Every connection is trusted, unless `superuser_password` is given: then a connection over
+    TCP (127.0.0.1, which every process of the machine reaches) needs its role's password
+    (scram-sha-256), and only the Unix socket, in a directory that only the server's user (and
+    root) may enter, is trusted: `admin_url` goes through it."""
     initdb, pg_ctl = find_binaries()
     user = server_user()
     # Under /tmp, not a private temporary directory of root's the server's user cannot enter.
@@ -202,12 +210,23 @@ def start_server() -> PostgresServer:
     try:
         if user is not None:
             shutil.chown(directory, user, user)
+        authentication = ["-A", "trust"]
+        if superuser_password is not None:
+            password_file = directory / "superuser.password"
+            password_file.write_text(superuser_password + "\n")
+            password_file.chmod(0o600)
+            if user is not None:
+                shutil.chown(password_file, user, user)
+            authentication = ["--auth-local=trust", "--auth-host=scram-sha-256"]
+            authentication.append(f"--pwfile={password_file}")
         created = run(
-            [str(initdb), "-D", str(data), "-U", "postgres", "-A", "trust", "-E", "UTF8"]
+            [str(initdb), "-D", str(data), "-U", "postgres", *authentication, "-E", "UTF8"]
             + ["--no-locale", "--no-sync"],
             user,
             directory,
         )
+        if superuser_password is not None:
+            password_file.unlink()
         if created.returncode != 0:
             raise PostgresUnavailable(f"{initdb} failed: {last_line(created.stderr)}")
         for _ in range(STARTS):
@@ -238,8 +257,17 @@ def start_server() -> PostgresServer:
         shutil.rmtree(directory, ignore_errors=True)
         raise
     url = f"postgresql+psycopg://postgres@127.0.0.1:{port}/{DATABASE}"
+    admin_url = None
+    if superuser_password is not None:
+        admin_url = f"postgresql+psycopg://postgres@/postgres?host={directory}&port={port}"
     return PostgresServer(
-        url=url, owned=True, pg_ctl=pg_ctl, directory=directory, user=user, options=options
+        url=url,
+        owned=True,
+        pg_ctl=pg_ctl,
+        directory=directory,
+        user=user,
+        options=options,
+        admin_url=admin_url,
     )
 
 

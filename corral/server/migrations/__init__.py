@@ -143,6 +143,7 @@ def _upgrade(connection: Connection, url: str) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     """python -m corral.server.migrations: Alembic's commands on corral's migrations."""
     import argparse
+    import sys
 
     from alembic import command
 
@@ -152,7 +153,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--db",
-        help="the database URL; `revision --autogenerate` compares the tables with it (at head)",
+        help="the database URL, without its password; `revision --autogenerate` compares the "
+        "tables with it (at head)",
+    )
+    parser.add_argument(
+        "--db-password-file",
+        metavar="FILE",
+        help="--db's password, on the first line of this file (yours, mode 0600); "
+        "default: libpq's (PGPASSFILE, ~/.pgpass)",
     )
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("upgrade", help="bring the database to head (as `corral up` does)")
@@ -166,6 +174,13 @@ def main(argv: list[str] | None = None) -> int:
         help="fill it with the differences between --db (at head) and the tables in store.py",
     )
     options = parser.parse_args(argv)
+    from corral.server.dbsecret import DatabaseSecretError, database_password
+
+    try:  # before anything else: a password on the command line is refused, whatever the command
+        password = database_password(options.db, options.db_password_file)
+    except DatabaseSecretError as error:
+        print(f"{parser.prog}: error: {error}", file=sys.stderr)
+        return 2
     if options.command == "history":
         command.history(config(), verbose=False)
         return 0
@@ -178,12 +193,15 @@ def main(argv: list[str] | None = None) -> int:
 
     if options.command == "upgrade":
         try:
-            Store(options.db).close()  # opening it upgrades it
+            Store(options.db, password=password).close()  # opening it upgrades it
         except StoreError as error:
             print(error)
             return 1
         return 0
-    engine = sa.create_engine(options.db, poolclass=NullPool)
+    url = sa.make_url(options.db)
+    engine = sa.create_engine(
+        url if password is None else url.set(password=password), poolclass=NullPool
+    )
     try:
         with engine.connect() as connection:
             if options.command == "current":
