@@ -267,8 +267,10 @@ def share_env(milli: int, memory_mib: int | None = None, device: int = 0) -> dic
     return env
 
 
-#: The manager's own variables that its jobs must not inherit (an admin's token above all).
-PRIVATE_VARIABLES = ("CORRAL_TOKEN", "CORRAL_URL")
+#: The manager's own variables that its jobs must not inherit: an admin's token above all, the
+#: database's password (libpq reads PGPASSWORD; docs/server.md#the-database) and the Ray
+#: cluster's token.
+PRIVATE_VARIABLES = ("CORRAL_TOKEN", "CORRAL_URL", "PGPASSWORD", "RAY_AUTH_TOKEN")
 
 
 def job_environment() -> dict[str, str]:

@@ -28,13 +28,17 @@ from click.testing import CliRunner
 from sqlalchemy.pool import NullPool
 
 from corral.cli.main import app
+from corral.exec.local import job_environment
 from corral.server import migrations
 from corral.server.dbsecret import DatabaseSecretError, database_password, read_password_file
 from corral.server.store import Store, StoreError
 from tests.server.helpers import (
     Corral,
+    admin_token,
     api,
     kill_jobs_of,
+    python_job,
+    start_server,
     submit,
     wait_for,
 )
@@ -455,6 +459,29 @@ def test_the_password_file_opens_the_database_for_each_command(
     assert result.exit_code == 2
     assert f'password authentication failed for user "{ROLE}"' in result.output
     assert "not-it" not in result.output
+
+
+def test_jobs_never_inherit_the_managers_database_password(
+    data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """libpq reads PGPASSWORD, so a manager may be started with it; its jobs (and their
+    supervisor) must not get it, nor the Ray cluster's token."""
+    monkeypatch.setenv("PGPASSWORD", "managers-db-password")
+    monkeypatch.setenv("RAY_AUTH_TOKEN", "managers-ray-token")
+    server = start_server(data_dir)
+    try:
+        client = api(server.url, admin_token(data_dir))
+        code = (
+            "import os; print(os.environ.get('PGPASSWORD', 'none'), "
+            "os.environ.get('RAY_AUTH_TOKEN', 'none'))"
+        )
+        job_id = submit(client, **python_job("env", code))
+        assert wait_for(client, job_id)["status"] == "SUCCEEDED"
+        log = client.get(f"/api/v1/jobs/{job_id}/logs").text
+        assert log == "none none\n"
+    finally:
+        server.stop()
+    assert not {"PGPASSWORD", "RAY_AUTH_TOKEN"} & set(job_environment())  # the supervisor's too
 
 
 def test_a_database_error_never_shows_the_password(
