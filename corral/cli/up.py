@@ -140,6 +140,49 @@ def up(
         int,
         typer.Option(min=1024, help="the API refuses (413) a request body longer than this"),
     ] = 1 << 20,
+    max_connections: Annotated[
+        int,
+        typer.Option(
+            help="the API's connections open at once, in all (at most half the open-file limit)",
+            rich_help_panel="Connections",
+        ),
+    ] = 4096,
+    max_connections_per_peer: Annotated[
+        int,
+        typer.Option(
+            help="the API's connections open at once from one peer: a Unix account on this "
+            "machine, else an address (more are answered 503)",
+            rich_help_panel="Connections",
+        ),
+    ] = 256,
+    header_timeout_s: Annotated[
+        float,
+        typer.Option(
+            help="a request's line and headers must arrive within this many seconds",
+            rich_help_panel="Connections",
+        ),
+    ] = 10.0,
+    body_timeout_s: Annotated[
+        float,
+        typer.Option(
+            help="a request's body must arrive within this many seconds of its headers",
+            rich_help_panel="Connections",
+        ),
+    ] = 30.0,
+    idle_timeout_s: Annotated[
+        float,
+        typer.Option(
+            help="a kept-alive connection with no request for this many seconds is closed",
+            rich_help_panel="Connections",
+        ),
+    ] = 5.0,
+    max_requests_per_connection: Annotated[
+        int,
+        typer.Option(
+            help="a connection is closed after this many requests",
+            rich_help_panel="Connections",
+        ),
+    ] = 1000,
     demo: Annotated[
         bool,
         typer.Option(
@@ -152,6 +195,7 @@ def up(
     """Start the embedded cluster manager on this machine."""
     from corral.cli.schedflags import effective_config
     from corral.server.boot import BootError, ServerOptions, build_manager
+    from corral.server.connections import ConnectionLimits
     from corral.server.manager import ManagerSettings
 
     db_password = _database_password(db, db_password_file)
@@ -194,12 +238,23 @@ def up(
         cache = cache_settings(cache_gb_per_node, storage_gbps, cache_policy, cache_dir)
     except UserError as error:
         fail(str(error))
+    connections = ConnectionLimits(
+        max_connections=max_connections,
+        max_per_peer=max_connections_per_peer,
+        header_timeout_s=header_timeout_s,
+        body_timeout_s=body_timeout_s,
+        idle_timeout_s=idle_timeout_s,
+        max_requests=max_requests_per_connection,
+    )
+    if (problem := connections.problem()) is not None:
+        fail(problem)
     settings = ManagerSettings(
         scheduler=scheduler_settings,
         checkpoint_root=checkpoint_root.expanduser().resolve() if checkpoint_root else None,
         cache=cache,
         log_cap_bytes=log_cap_bytes,
         max_body_bytes=max_body_bytes,
+        connections=connections,
     )
     options = ServerOptions(
         data_dir=data_dir.expanduser(),
@@ -325,6 +380,7 @@ def serve(manager: object, options: object) -> None:
 
     from corral.server.api import create_app
     from corral.server.boot import ServerOptions
+    from corral.server.connections import ConnectionGuard
     from corral.server.manager import Manager
 
     assert isinstance(manager, Manager) and isinstance(options, ServerOptions)
@@ -351,6 +407,7 @@ def serve(manager: object, options: object) -> None:
     )
     console.print(f"  state      {options.data_dir}   (Ctrl-C stops; jobs keep running)")
     console.print(f"  {identity_line(manager)}", highlight=False, soft_wrap=True)
+    guard = ConnectionGuard.start(manager.settings.connections, manager.metrics.registry)
     manager.start()
     try:
         uvicorn.run(
@@ -359,6 +416,7 @@ def serve(manager: object, options: object) -> None:
             port=options.port,
             log_level="warning",
             access_log=False,
+            **guard.uvicorn_options(),
         )
     finally:
         manager.stop()

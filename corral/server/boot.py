@@ -30,6 +30,7 @@ from corral.exec.local import LocalExecutor
 from corral.exec.shim import write_json_atomic
 from corral.server import auth, identity
 from corral.server.api import create_app
+from corral.server.connections import ConnectionGuard
 from corral.server.datacache import cache_root
 from corral.server.manager import Executor, Manager, ManagerSettings
 from corral.server.store import Store, StoreError
@@ -363,8 +364,14 @@ class RunningServer:
                 probe.bind((host, 0))
                 port = probe.getsockname()[1]
         self.url = f"http://{host}:{port}"
+        self.guard = ConnectionGuard.start(manager.settings.connections, manager.metrics.registry)
         config = uvicorn.Config(
-            create_app(manager), host=host, port=port, log_level="warning", access_log=False
+            create_app(manager),
+            host=host,
+            port=port,
+            log_level="warning",
+            access_log=False,
+            **self.guard.uvicorn_options(),
         )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, name="corral-api", daemon=True)
@@ -382,4 +389,5 @@ class RunningServer:
     def stop(self) -> None:
         self.server.should_exit = True
         self.thread.join(timeout=10)
+        self.guard.close()
         self.manager.stop()

@@ -14,6 +14,7 @@ from corral.core.cluster import Cluster
 from corral.core.framework import SchedulerConfig
 from corral.exec.local import AttemptEnded, AttemptLaunch
 from corral.exec.logcap import DEFAULT_CAP_BYTES
+from corral.server.connections import ConnectionLimits
 
 
 class Executor(Protocol):
@@ -74,6 +75,9 @@ class ManagerSettings:
     log_cap_bytes: int = DEFAULT_CAP_BYTES
     #: The API refuses (413) a request body longer than this (corral.server.limits).
     max_body_bytes: int = 1 << 20
+    #: The API's connections: at most so many in all and per peer, and how long a request may
+    #: take to arrive (corral.server.connections).
+    connections: ConnectionLimits = field(default_factory=ConnectionLimits)
     #: Each GPU type's memory in MiB, where known (NVML's, or `corral up --gpu-memory`): what a
     #: spec's `gpu_memory` is a share of, and a share's MPS memory limit (docs/fgd.md#live).
     gpu_memory_mib: dict[str, int] = field(default_factory=dict)
