@@ -191,9 +191,16 @@ def kill_jobs_of(data_dir: Path) -> int:
 class Corral:
     """`corral up` as a separate process, so that it can be killed with SIGKILL."""
 
-    def __init__(self, data_dir: Path, *up_args: str, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        *up_args: str,
+        env: dict[str, str] | None = None,
+        preexec_fn: Callable[[], None] | None = None,
+    ) -> None:
         self.data_dir = data_dir
         self.env = env
+        self.preexec_fn = preexec_fn  # run in the child before `corral up` (e.g. setrlimit)
         self.up_args = list(up_args or ("--gpus", "2"))
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
@@ -213,7 +220,11 @@ class Corral:
         command += ["--data-dir", str(self.data_dir), "--port", str(self.port)]
         with log:
             self.process = subprocess.Popen(
-                command, stdout=log, stderr=subprocess.STDOUT, env=self.env
+                command,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=self.env,
+                preexec_fn=self.preexec_fn,
             )
         try:
             return self._wait_up()
