@@ -35,6 +35,20 @@ as the NVIDIA driver numbers its device files in the order NVML indexes GPUs. cg
 devices only through eBPF programs attached to the cgroup (BPF_CGROUP_DEVICE): not done here, so
 on a pure-v2 machine the device files are not restricted.
 
+**Limits.** A container given `Limits` caps what its processes use together: memory (RAM, and
+swap with it), CPU time per wall second, and tasks (processes and threads, so that a fork bomb
+stops at its own cap, far below the host's pid_max). Each limit goes where its controller is:
+in the container's own cgroup when that is a v2 one whose hierarchy has the controller
+(`memory.max` with `memory.swap.max` 0, `cpu.max`, `pids.max`), else in a cgroup
+`<controller>/corral/<name>` of that controller's v1 hierarchy, entered like the devices one
+(`memory.limit_in_bytes`, and `memory.memsw.limit_in_bytes` where swap is accounted, so that
+swapping does not evade it; `cpu.cfs_quota_us` over `cpu.cfs_period_us`; `pids.max`). A hybrid
+machine (containers in the unified hierarchy, controllers in v1) mixes both. A limit that cannot
+be set is not silently dropped: `Container.unenforced` names it with the reason, and
+`limits_unavailable` says before any attempt which ones this machine cannot enforce. The kernel
+kills a process of a container at its memory limit (`oom_kills` counts them: memory.events'
+`oom_kill` on v2, memory.oom_control's on v1).
+
 `CORRAL_CONTAIN` (or the `mechanism` argument) picks one: auto (the default: the first
 available of the above), cgroup2, cgroup1 or subreaper. A mechanism asked for by name that is
 not available is an error (`ContainError`), not a silent fallback.
@@ -70,10 +84,80 @@ CGROUP_DIR = "corral"
 PR_SET_CHILD_SUBREAPER = 36
 #: nvidiactl, nvidia-modeset and the like share the GPUs' major; only nvidia<N> files are GPUs.
 GPU_FILE = re.compile(r"nvidia(\d+)")
+#: Each limit of `Limits` and the controller that enforces it.
+LIMIT_CONTROLLERS = {"memory": "memory", "cpus": "cpu", "pids": "pids"}
+#: The period a CPU quota is given over (the kernel's default for cpu.max and cfs_period_us).
+CPU_PERIOD_US = 100_000
+#: The smallest quota the kernel takes (1 ms a period): `cpus` 0.01.
+MIN_CPU_QUOTA_US = 1_000
+#: The most tasks (processes and threads) an attempt has at once unless the operator says
+#: otherwise: far above what a training job starts (a worker per GPU, a data loader's
+#: processes each, their threads), far below a host's pid_max, so that a fork bomb stops at
+#: its own cap and the manager and the other jobs can still fork.
+DEFAULT_PIDS_MAX = 8192
 
 
 class ContainError(Exception):
     """A container could not be made as asked (one line, for the attempt's reason)."""
+
+
+@dataclass(slots=True, frozen=True)
+class Limits:
+    """What a container's processes may use together; None: no limit of that kind.
+
+    `memory_bytes`: RAM, swap included; `cpus`: CPU seconds per wall second (0.5 is half a CPU);
+    `pids`: tasks (processes and threads) at once."""
+
+    memory_bytes: int | None = None
+    cpus: float | None = None
+    pids: int | None = None
+
+    def asked(self) -> list[str]:
+        """The names (LIMIT_CONTROLLERS) of the limits that are set."""
+        values = {"memory": self.memory_bytes, "cpus": self.cpus, "pids": self.pids}
+        return [name for name, value in values.items() if value is not None]
+
+    def record(self) -> dict[str, Any]:
+        return {"memory_bytes": self.memory_bytes, "cpus": self.cpus, "pids": self.pids}
+
+    @classmethod
+    def parse(cls, value: object) -> Limits:
+        """`record()`'s dict (None: no limits); ValueError naming the field if it is not one."""
+        if value is None:
+            return cls()
+        if not isinstance(value, dict):
+            raise ValueError("limits: not an object")
+        memory, cpus, pids = value.get("memory_bytes"), value.get("cpus"), value.get("pids")
+        for name, number in (("memory_bytes", memory), ("pids", pids)):
+            if number is not None and (type(number) is not int or number < 1):
+                raise ValueError(f"limits.{name}: not a positive integer")
+        if cpus is not None and (
+            type(cpus) not in (int, float) or not 0 < float(cpus) < float("inf")
+        ):
+            raise ValueError("limits.cpus: not a positive number")
+        return cls(memory, None if cpus is None else float(cpus), pids)
+
+
+def default_pids_max(pid_max_file: Path = Path("/proc/sys/kernel/pid_max")) -> int:
+    """DEFAULT_PIDS_MAX, or a quarter of this host's pid_max where that is less."""
+    try:
+        pid_max = int(pid_max_file.read_text())
+    except (OSError, ValueError):
+        return DEFAULT_PIDS_MAX
+    return max(1, min(DEFAULT_PIDS_MAX, pid_max // 4))
+
+
+def size_text(count: int) -> str:
+    """Bytes as people write memory sizes: 512 MiB, 16 GiB, 1.5 GiB, 4096 bytes."""
+    for unit, name in ((1 << 40, "TiB"), (1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")):
+        if count >= unit:
+            return f"{round(count / unit, 2):g} {name}"
+    return f"{count} bytes"
+
+
+def cpu_quota_us(cpus: float) -> int:
+    """The quota of `cpus` CPUs per CPU_PERIOD_US (at least the kernel's least)."""
+    return max(MIN_CPU_QUOTA_US, round(cpus * CPU_PERIOD_US))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -343,6 +427,22 @@ def devices_unavailable() -> str | None:
     return None
 
 
+def limits_unavailable(mechanism: str | None = None) -> dict[str, str]:
+    """Why each limit (memory, cpus, pids) cannot be enforced on this machine with `mechanism`
+    (None: $CORRAL_CONTAIN, else auto), found by trying: a container with every limit is made,
+    without a process, and removed at once. {} when every limit can be."""
+    names = list(LIMIT_CONTROLLERS)
+    if os.geteuid() != 0:
+        return {name: f"{name}: limits need root (they are cgroups)" for name in names}
+    probe = Limits(memory_bytes=1 << 50, cpus=float(os.cpu_count() or 1), pids=1 << 22)
+    try:
+        container = Container._build("limits-probe", mechanism, None, Path("/dev"), probe)
+    except (ContainError, OSError) as error:
+        return {name: f"{name}: no container ({error})" for name in names}
+    container.remove()
+    return dict(container.unenforced)
+
+
 def gpu_device_numbers(device_dir: Path) -> dict[int, tuple[int, int]]:
     """GPU index -> (major, minor) of each `nvidia<N>` character device in `device_dir`."""
     found: dict[int, tuple[int, int]] = {}
@@ -384,6 +484,13 @@ class Container:
     denied: list[str] = field(default_factory=list)
     #: (a cgroup of the container, this process's own cgroup in the same hierarchy).
     joins: list[tuple[Path, Path]] = field(default_factory=list)
+    #: The limits asked for, and the cgroup that holds each one that is set (by name).
+    limits: Limits = field(default_factory=Limits)
+    limit_cgroups: dict[str, Path] = field(default_factory=dict)
+    #: The limits asked for that could not be set, and why (one line each).
+    unenforced: dict[str, str] = field(default_factory=dict)
+    #: The v1 cgroups made for limits only (not `cgroup` nor `devices`).
+    limit_only: list[Path] = field(default_factory=list)
 
     @classmethod
     def create(
@@ -392,10 +499,23 @@ class Container:
         mechanism: str | None = None,
         gpu_devices: list[int] | None = None,
         device_dir: Path = Path("/dev"),
+        limits: Limits | None = None,
     ) -> Container:
         """Make a container named after `hint` (e.g. job id and attempt; made unique here).
-        `mechanism` None: $CORRAL_CONTAIN, else auto. `gpu_devices` None: no device rules."""
+        `mechanism` None: $CORRAL_CONTAIN, else auto. `gpu_devices` None: no device rules.
+        `limits` that cannot be set are named in `unenforced`; the container is made anyway."""
         become_subreaper()
+        return cls._build(hint, mechanism, gpu_devices, device_dir, limits)
+
+    @classmethod
+    def _build(
+        cls,
+        hint: str,
+        mechanism: str | None,
+        gpu_devices: list[int] | None,
+        device_dir: Path,
+        limits: Limits | None,
+    ) -> Container:
         wanted = mechanism or os.environ.get(ENV_MECHANISM) or "auto"
         if wanted not in MECHANISMS:
             raise ContainError(f"unknown mechanism {wanted!r} (one of {', '.join(MECHANISMS)})")
@@ -416,6 +536,8 @@ class Container:
                     raise ContainError(f"{candidate}: {why}")
             if gpu_devices is not None:
                 container._restrict_devices(gpu_devices, device_dir)
+            if limits is not None:
+                container._limit(limits)
         except BaseException:
             container.remove()
             raise
@@ -437,6 +559,59 @@ class Container:
         path = parent / self.name
         path.mkdir(mode=0o755)
         return path
+
+    def _limit(self, limits: Limits) -> None:
+        self.limits = limits
+        for name in limits.asked():
+            controller = LIMIT_CONTROLLERS[name]
+            try:
+                cgroup, v2 = self._limit_cgroup(controller)
+                _set_limit(cgroup, v2, name, limits)
+            except (OSError, _NoController) as error:
+                why = str(error) if isinstance(error, _NoController) else _os_error(error)
+                self.unenforced[name] = f"{name}: {why}"
+                continue
+            self.limit_cgroups[name] = cgroup
+
+    def _limit_cgroup(self, controller: str) -> tuple[Path, bool]:
+        """The cgroup of this container that holds `controller`'s limit, and whether it is a v2
+        one: the container's own v2 cgroup where its hierarchy has the controller, else one of
+        the controller's v1 hierarchy (made here, or shared with a co-mounted one)."""
+        no_v2 = ""
+        if self.mechanism == "cgroup2" and self.cgroup is not None:
+            try:
+                _enable_v2(self.cgroup, controller)
+                return self.cgroup, True
+            except _NoController as error:
+                no_v2 = f"{error}, and "
+        if os.geteuid() != 0:
+            raise _NoController("limits need root (they are cgroups)")
+        hierarchy = _hierarchy(controller)
+        if hierarchy is None:
+            raise _NoController(f"{no_v2}no writable cgroup v1 {controller} hierarchy")
+        for cgroup, _ in self.joins:
+            if cgroup.parent.parent == hierarchy.mount:  # co-mounted with one joined already
+                return cgroup, False
+        cgroup = self._mkdir(hierarchy)
+        self.limit_only.append(cgroup)
+        self.joins.append((cgroup, hierarchy.here))
+        return cgroup, False
+
+    def oom_kills(self) -> int:
+        """How many of the container's processes the kernel killed at its memory limit (0
+        without one). A v1 kernel before 4.13 has no count: every time the limit was hit
+        (memory.failcnt) counts then."""
+        cgroup = self.limit_cgroups.get("memory")
+        if cgroup is None:
+            return 0
+        v2 = self.mechanism == "cgroup2" and cgroup == self.cgroup
+        counts = _key_values(cgroup / ("memory.events" if v2 else "memory.oom_control"))
+        if "oom_kill" in counts:
+            return counts["oom_kill"]
+        try:
+            return 0 if v2 else int((cgroup / "memory.failcnt").read_text())
+        except (OSError, ValueError):
+            return 0
 
     def _restrict_devices(self, allowed: list[int], device_dir: Path) -> None:
         if devices_unavailable() is not None:
@@ -466,6 +641,10 @@ class Container:
             "cgroup": None if self.cgroup is None else str(self.cgroup),
             "devices": None if self.devices is None else str(self.devices),
             "denied": list(self.denied),
+            "limits": self.limits.record(),
+            "limit_cgroups": {name: str(path) for name, path in self.limit_cgroups.items()},
+            "limit_only": [str(path) for path in self.limit_only],
+            "unenforced": dict(self.unenforced),
         }
 
     @contextmanager
@@ -493,7 +672,8 @@ class Container:
         the kernel, or frozen by someone else), [] when all ended."""
         deadline = time.monotonic() + timeout_s
         self._leave()
-        _, left = _end_cgroups(self.mechanism, self.cgroup, self.devices, deadline)
+        plain = [self.devices, *self.limit_only]
+        _, left = _end_cgroups(self.mechanism, self.cgroup, plain, deadline)
         _, swept = sweep(keep, deadline)
         left_over = sorted(set(left) | set(swept))
         if not left_over:
@@ -511,9 +691,78 @@ class Container:
                     _write(cgroup.parent / "cgroup.procs", str(me))
 
     def remove(self) -> None:
-        for path in (self.cgroup, self.devices):
+        for path in (self.cgroup, self.devices, *self.limit_only):
             if path is not None:
                 _rmdir(path)
+
+
+class _NoController(Exception):
+    """A limit's controller is not to be had here (one line)."""
+
+
+def _os_error(error: OSError) -> str:
+    return f"cannot set it: {error.strerror or error}" + (
+        f" ({error.filename})" if error.filename else ""
+    )
+
+
+def _enable_v2(cgroup: Path, controller: str) -> None:
+    """Make `controller` available in `cgroup` (<mount>/corral/<name>): enabled in the
+    subtree_control of corral's cgroup, and of the hierarchy's top where it is not yet (the top
+    may hold processes; corral's cgroup never does, so it may enable controllers)."""
+    parent = cgroup.parent
+    try:
+        if controller in (parent / "cgroup.subtree_control").read_text().split():
+            return
+        if controller not in (parent / "cgroup.controllers").read_text().split():
+            top = parent.parent
+            if controller not in (top / "cgroup.controllers").read_text().split():
+                raise _NoController(f"the cgroup v2 hierarchy has no {controller} controller")
+            _write(top / "cgroup.subtree_control", f"+{controller}")
+        _write(parent / "cgroup.subtree_control", f"+{controller}")
+    except OSError as error:
+        raise _NoController(
+            f"cannot enable the cgroup v2 {controller} controller ({error.strerror or error})"
+        ) from None
+
+
+def _set_limit(cgroup: Path, v2: bool, name: str, limits: Limits) -> None:
+    if name == "memory":
+        assert limits.memory_bytes is not None
+        amount = str(limits.memory_bytes)
+        if v2:
+            _write(cgroup / "memory.max", amount)
+            if (cgroup / "memory.swap.max").exists():  # swap counts apart on v2: none at all
+                _write(cgroup / "memory.swap.max", "0")
+        else:
+            _write(cgroup / "memory.limit_in_bytes", amount)
+            if (cgroup / "memory.memsw.limit_in_bytes").exists():  # memory and swap together
+                _write(cgroup / "memory.memsw.limit_in_bytes", amount)
+    elif name == "cpus":
+        assert limits.cpus is not None
+        quota = cpu_quota_us(limits.cpus)
+        if v2:
+            _write(cgroup / "cpu.max", f"{quota} {CPU_PERIOD_US}")
+        else:
+            _write(cgroup / "cpu.cfs_period_us", str(CPU_PERIOD_US))
+            _write(cgroup / "cpu.cfs_quota_us", str(quota))
+    else:
+        assert limits.pids is not None
+        _write(cgroup / "pids.max", str(limits.pids))
+
+
+def _key_values(path: Path) -> dict[str, int]:
+    """A cgroup file of `key value` lines (memory.events, memory.oom_control) as a dict."""
+    found: dict[str, int] = {}
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return found
+    for line in lines:
+        key, _, value = line.partition(" ")
+        if value.strip().isdigit():
+            found[key] = int(value)
+    return found
 
 
 def _rmdir(path: Path) -> bool:
@@ -622,17 +871,20 @@ def _end_plain(cgroup: Path, deadline: float) -> tuple[set[int], list[int]]:
 
 
 def _end_cgroups(
-    mechanism: str, cgroup: Path | None, devices: Path | None, deadline: float
+    mechanism: str, cgroup: Path | None, plain: Iterable[Path | None], deadline: float
 ) -> tuple[set[int], list[int]]:
+    """End the container's own cgroup (v2, or v1 freezer), then the v1 cgroups without a
+    freezer (devices, limits), which hold the same processes: whatever is left in them."""
     killed: set[int] = set()
     left: list[int] = []
     if cgroup is not None:
         end = _end_cgroup2 if mechanism == "cgroup2" else _end_freezer
         killed, left = end(cgroup, deadline)
-    if devices is not None:
-        more, left_here = _end_plain(devices, deadline)
-        killed |= more
-        left = sorted(set(left) | set(left_here))
+    for other in plain:
+        if other is not None:
+            more, left_here = _end_plain(other, deadline)
+            killed |= more
+            left = sorted(set(left) | set(left_here))
     return killed, left
 
 
@@ -681,9 +933,12 @@ def end_recorded(
     left over)."""
     deadline = time.monotonic() + timeout_s
     cgroup = _recorded_cgroup(record.get("cgroup"))
-    devices = _recorded_cgroup(record.get("devices"))
+    limit_only = record.get("limit_only")
+    plain = [_recorded_cgroup(record.get("devices"))] + [
+        _recorded_cgroup(path) for path in (limit_only if isinstance(limit_only, list) else [])
+    ]
     mechanism = str(record.get("mechanism", ""))
-    killed, left = _end_cgroups(mechanism, cgroup, devices, deadline)
+    killed, left = _end_cgroups(mechanism, cgroup, plain, deadline)
     name = record.get("name")
     if isinstance(name, str) and name:
         step = 0.002
@@ -696,7 +951,7 @@ def end_recorded(
                     killed.add(pid)
             step = _sleep(step, deadline)
     if not left:
-        for path in (cgroup, devices):
+        for path in (cgroup, *plain):
             if path is not None:
                 _rmdir(path)
     return killed, left

@@ -7,7 +7,9 @@ finds each attempt again from the files in its directory (see corral/exec/shim.p
 Every attempt runs in a container of its own (corral.exec.contain: a cgroup as root, the shim as
 subreaper always) that the shim ends before it writes the result; when the shim itself died,
 `kill_attempt` ends the container it recorded. As root, an attempt may run as a user's account
-(`RunAs`) and be kept from the device files of GPUs that are not its own (`gpu_devices`).
+(`RunAs`) and be kept from the device files of GPUs that are not its own (`gpu_devices`). Its
+container caps its memory, CPU time and tasks (`AttemptLaunch`'s limits, `attempt_limits`) where
+the machine's cgroups allow it (`unenforced_limits` says which it cannot).
 """
 
 from __future__ import annotations
@@ -78,6 +80,13 @@ class AttemptLaunch:
     gpu_devices: list[int] | None = None
     #: Each worker's stdout and stderr keep at most about this many bytes (0: no cap).
     log_cap_bytes: int = logcap.DEFAULT_CAP_BYTES
+    #: The spec's `memory` (bytes) and `cpus`: each worker's, with everything it starts. None:
+    #: no limit.
+    memory_bytes: int | None = None
+    cpus: float | None = None
+    #: The most tasks (processes and threads) at once: the attempt's on the local executor,
+    #: each worker's on Ray (`corral up --job-pids-max`). None: no limit.
+    pids_max: int | None = None
 
 
 @dataclass(slots=True)
@@ -108,6 +117,17 @@ class _Tracked:
 # do not stay zombies while this process lives on (e.g. in tests that restart an executor).
 _unreaped: list[subprocess.Popen[bytes]] = []
 _unreaped_lock = threading.Lock()
+
+
+def attempt_limits(launch: AttemptLaunch) -> contain.Limits:
+    """The limits of an attempt whose workers share one container (the local executor's): the
+    workers' memory and CPUs added up, and its tasks."""
+    workers = len(launch.workers)
+    return contain.Limits(
+        memory_bytes=None if launch.memory_bytes is None else launch.memory_bytes * workers,
+        cpus=None if launch.cpus is None else launch.cpus * workers,
+        pids=launch.pids_max,
+    )
 
 
 def command_argv(command: str | list[str]) -> list[str]:
@@ -409,6 +429,15 @@ class LocalExecutor:
         self.end_timeout_s = end_timeout_s
         self._tracked: dict[tuple[str, int], _Tracked] = {}
         self._lock = threading.Lock()
+        self._unenforced: dict[str, str] | None = None
+
+    def unenforced_limits(self) -> dict[str, str]:
+        """The limits (memory, cpus, pids) an attempt's container cannot have on this machine,
+        each with its one-line reason; found once, by trying (contain.limits_unavailable)."""
+        with self._lock:
+            if self._unenforced is None:
+                self._unenforced = contain.limits_unavailable(self.containment)
+            return dict(self._unenforced)
 
     # -- launching and stopping ----------------------------------------------------------------
 
@@ -454,6 +483,7 @@ class LocalExecutor:
                     "log_cap_bytes": int(launch.log_cap_bytes),
                     "contain": self.containment,
                     "end_timeout_s": float(self.end_timeout_s),
+                    "limits": attempt_limits(launch).record(),
                 },
                 durable=True,
             )

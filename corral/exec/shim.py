@@ -7,7 +7,8 @@ the server that spawned it (even a `kill -9`); a restarted server finds it again
 Files in ATTEMPT_DIR (the control files are the shim's, mode 0600):
   launch.json        read: job_id, attempt, workdir, stop_signal, grace_s, workers [{rank, argv, env}],
                      and optionally run_as {user, uid, gid, home}, gpu_devices [int], device_dir,
-                     log_cap_bytes, contain (a corral.exec.contain mechanism), end_timeout_s
+                     log_cap_bytes, contain (a corral.exec.contain mechanism), end_timeout_s,
+                     limits {memory_bytes, cpus, pids} (the attempt's, all its workers together)
   shim.json          written at start: {"pid", "start_time"} (start_time = field 22 of
                      /proc/PID/stat, so that a reused pid is not mistaken for this shim), and again
                      with "container" (`Container.record`) once the container exists, before any
@@ -298,14 +299,21 @@ class Shim:
         if self.stop_requested:
             return AttemptResult(None, None, True, "stopped before the workers started")
         try:
+            limits = contain.Limits.parse(self.launch.get("limits"))
+        except ValueError as exc:
+            return AttemptResult(None, None, False, f"bad launch.json: {exc}")
+        try:
             self.container = contain.Container.create(
                 f"{self.launch.get('job_id')}-{self.launch.get('attempt')}",
                 self.launch.get("contain"),
                 gpu_devices,
                 device_dir,
+                limits,
             )
         except (contain.ContainError, OSError) as exc:
             return AttemptResult(None, None, False, f"cannot contain the attempt: {exc}")
+        for why in self.container.unenforced.values():  # the executor warned at launch too
+            print(f"corral: limit not enforced: {why}", file=sys.stderr, flush=True)
         shim_info["container"] = self.container.record()
         write_json_atomic(self.attempt_dir / "shim.json", shim_info, durable=True)
         start_error = self.start_workers(specs, workdir, run_as)
@@ -314,7 +322,7 @@ class Shim:
             self.wait(stop_signal, grace_s)
             return start_error
         self.wait(stop_signal, grace_s)
-        return self.outcome(stop_signal, grace_s)
+        return out_of_memory(self.container, self.outcome(stop_signal, grace_s))
 
     def open_log(self, path: Path, run_as: dict[str, Any] | None) -> int:
         """A worker's output file: never through a link, readable by its owner only."""
@@ -515,6 +523,24 @@ class Shim:
                 reason = f"stopped: ended by {signal_name(-first)}"
             return AttemptResult(_exit_code(first), _signal_of(first), True, reason, "", workers)
         return AttemptResult(first, None, False, f"exit code {first}", "", workers)
+
+
+def out_of_memory(container: contain.Container, result: AttemptResult) -> AttemptResult:
+    """A failed attempt whose processes the kernel killed at its memory limit says so first
+    (the retry rule sees its own signature; `corral describe` shows it); before the container
+    is ended, while its counts can still be read."""
+    if result.stopped or (result.exit_code == 0 and result.signal is None):
+        return result
+    kills = container.oom_kills()
+    if kills <= 0 or container.limits.memory_bytes is None:
+        return result
+    what = "a process" if kills == 1 else f"{kills} processes"
+    limit = contain.size_text(container.limits.memory_bytes)
+    result.reason = (
+        f"out of memory: the kernel killed {what} at the attempt's memory limit {limit}; "
+        f"{result.reason}"
+    )
+    return result
 
 
 #: What a job running as another account takes from the supervisor's environment (never the
