@@ -21,7 +21,10 @@ Options:
   --control-stdin       stdin is a pipe from the actor: a "k" on it means "kill everything now"
                         (the end of a stop's grace; a SIGKILL to the group would kill the guard
                         before it could end the container), and its end means the actor died
-  --report PATH         write {"leftover": [pids]} there as the guard ends
+  --report PATH         write {"leftover": [pids], "oom_kills": N} there as the guard ends
+  --memory BYTES, --cpus CPUS, --pids-max N
+                        the container's limits (corral.exec.contain.Limits); one that this node
+                        cannot enforce is named on stderr (the worker's log) and not set
 """
 
 from __future__ import annotations
@@ -53,6 +56,8 @@ UNHANDLED = {
     signal.SIGSYS,
 }
 KILL_REQUEST = b"k"
+#: The options that take a value.
+LONG_OPTIONS = ("--contain", "--name", "--log-cap", "--report", "--memory", "--cpus", "--pids-max")
 USAGE = "usage: python -m corral.exec.guard PARENT_PID [OPTIONS] -- ARGV..."
 
 
@@ -71,7 +76,7 @@ def _parse(argv: list[str]) -> tuple[int, dict[str, str], list[str]] | None:
         word = words.pop(0)
         if word == "--control-stdin":
             options["control"] = "stdin"
-        elif word in ("--contain", "--name", "--log-cap", "--report") and words:
+        elif word in LONG_OPTIONS and words:
             options[word[2:]] = words.pop(0)
         else:
             return None
@@ -175,10 +180,21 @@ def _keep(options: dict[str, str], command: list[str], life_read: int) -> int:
     log_cap = int(options.get("log-cap", "0"))
     wake_read = _wake_pipe()
     try:
-        container = contain.Container.create(options.get("name", "worker"), options.get("contain"))
-    except (contain.ContainError, OSError) as error:
+        limits = contain.Limits.parse(
+            {
+                "memory_bytes": int(options["memory"]) if "memory" in options else None,
+                "cpus": float(options["cpus"]) if "cpus" in options else None,
+                "pids": int(options["pids-max"]) if "pids-max" in options else None,
+            }
+        )
+        container = contain.Container.create(
+            options.get("name", "worker"), options.get("contain"), limits=limits
+        )
+    except (contain.ContainError, OSError, ValueError) as error:
         print(f"corral: cannot contain {command[0]}: {error}", file=sys.stderr)
         return 127
+    for why in container.unenforced.values():
+        print(f"corral: limit not enforced on this node: {why}", file=sys.stderr, flush=True)
     try:
         with container.entered():
             child = subprocess.Popen(command, stdin=subprocess.DEVNULL if control else None)
@@ -207,13 +223,14 @@ def _keep(options: dict[str, str], command: list[str], life_read: int) -> int:
             container.end({child.pid})
             returncode = child.wait()
     # Whatever the command left behind goes with it, before the actor learns of its end.
+    oom_kills = container.oom_kills()  # (before its cgroups go)
     left = container.end({child.pid})
     capper.cap()
     if left:
         print(f"corral: {len(left)} process(es) could not be ended: {left}", file=sys.stderr)
     if "report" in options:
         with open(options["report"], "w", encoding="utf-8") as report:
-            json.dump({"leftover": left, "ended_at": time.time()}, report)
+            json.dump({"leftover": left, "ended_at": time.time(), "oom_kills": oom_kills}, report)
     return returncode
 
 

@@ -25,7 +25,10 @@ copy, which it caps the same way.
 
 Ray workers run as the Ray node's user (`AttemptLaunch.run_as` is not applied here, nor are GPU
 device files restricted): a multi-user Ray cluster would need the Ray node to start each worker
-under its user's account.
+under its user's account. Each worker's guard gives its container the attempt's limits: the
+spec's `memory` and `cpus` (each worker's, as on the local executor) and `pids_max` (each
+worker's here, the attempt's there), where the node's cgroups allow it (a limit it cannot set is
+named in the worker's log); a worker the kernel killed at its memory limit fails "out of memory".
 """
 
 from __future__ import annotations
@@ -271,6 +274,7 @@ class WorkerActor:
         self.rank = 0
         self.log_dir = Path(tempfile.gettempdir())
         self.kill_requested = threading.Event()
+        self.memory_bytes: int | None = None
 
     def pick_port(self) -> int:
         """A TCP port free on this node a moment ago, for rank 0's MASTER_PORT."""
@@ -280,6 +284,7 @@ class WorkerActor:
 
     def start(self, spec: dict[str, Any], master_port: int | None) -> dict[str, Any]:
         self.rank = rank = int(spec["rank"])
+        self.memory_bytes = spec.get("memory_bytes")
         # On this node, not the manager's disk: the executor copies the output across. The
         # actor's id keeps apart the same job's attempts of different managers and runs.
         actor_id = ray.get_runtime_context().get_actor_id()
@@ -335,6 +340,7 @@ class WorkerActor:
                             "--report",
                             str(self._report_path()),
                             "--control-stdin",
+                            *_limit_options(spec),
                             "--",
                         ]
                         self.popen = subprocess.Popen(
@@ -362,9 +368,12 @@ class WorkerActor:
 
     def _result(self, returncode: int | None, reason: str = "") -> dict[str, Any]:
         leftover: list[int] = []
+        oom_kills = 0
         try:
             with open(self._report_path(), encoding="utf-8") as report:
-                leftover = [int(pid) for pid in json.load(report).get("leftover", [])]
+                guard_report = json.load(report)
+            leftover = [int(pid) for pid in guard_report.get("leftover", [])]
+            oom_kills = int(guard_report.get("oom_kills", 0))
         except (OSError, ValueError, TypeError, AttributeError):
             pass
         return {
@@ -377,6 +386,8 @@ class WorkerActor:
             "error_tail": last_line(self.log_dir / f"rank-{self.rank}.stderr"),
             "ended_at": time.time(),
             "leftover": leftover,
+            "oom_kills": oom_kills,
+            "memory_bytes": self.memory_bytes,
         }
 
     def _reap(self) -> None:
@@ -648,7 +659,7 @@ class RayExecutor:
                     [node.name for _, node in placed],
                     log_cap=int(launch.log_cap_bytes),
                 )
-                self._start_workers(tracked, placed, launch.workdir, self.containment)
+                self._start_workers(tracked, placed, launch, self.containment)
             except BaseException:  # nothing of it may linger: no actor holds its GPUs
                 for actor in actors:
                     ray.kill(actor, no_restart=True)
@@ -675,7 +686,7 @@ class RayExecutor:
     def _start_workers(
         tracked: _Attempt,
         placed: list[tuple[WorkerLaunch, RayNode]],
-        workdir: str,
+        launch: AttemptLaunch,
         containment: str | None,
     ) -> None:
         rank0_env = placed[0][0].env
@@ -692,9 +703,13 @@ class RayExecutor:
                 "rank": worker.rank,
                 "argv": list(worker.argv),
                 "env": env,
-                "workdir": workdir,
+                "workdir": launch.workdir,
                 "log_cap_bytes": tracked.log_cap,
                 "contain": containment,
+                # each worker's own container: its own limits (the attempt's on one machine)
+                "memory_bytes": launch.memory_bytes,
+                "cpus": launch.cpus,
+                "pids_max": launch.pids_max,
             }
             tracked.starting[actor.start.remote(spec, port_ref)] = worker.rank
             tracked.waiting[actor.wait.remote(WAIT_S)] = worker.rank
@@ -1006,6 +1021,31 @@ def _lost_result(tracked: _Attempt, rank: int, error: object) -> dict[str, Any]:
     }
 
 
+def _limit_options(spec: Mapping[str, Any]) -> list[str]:
+    """The guard's options for a worker's limits (`corral.exec.guard`)."""
+    options = []
+    for key, option in (
+        ("memory_bytes", "--memory"),
+        ("cpus", "--cpus"),
+        ("pids_max", "--pids-max"),
+    ):
+        if spec.get(key) is not None:
+            options += [option, str(spec[key])]
+    return options
+
+
+def _out_of_memory(result: Mapping[str, Any]) -> str:
+    """ "out of memory: ...; " for a worker the kernel killed at its memory limit, else ""."""
+    kills, limit = int(result.get("oom_kills") or 0), result.get("memory_bytes")
+    if kills <= 0 or limit is None:
+        return ""
+    what = "a process" if kills == 1 else f"{kills} processes"
+    return (
+        f"out of memory: the kernel killed {what} at the worker's memory limit "
+        f"{contain.size_text(int(limit))}; "
+    )
+
+
 def _attempt_ended(tracked: _Attempt) -> AttemptEnded:
     """The attempt's end from its workers' results, by the shim's rules."""
     results = tracked.results
@@ -1034,6 +1074,7 @@ def _attempt_ended(tracked: _Attempt) -> AttemptEnded:
             reason = f"killed by {signal_name(int(failed['signal']))} (rank {rank})"
         else:
             reason = f"{failed.get('reason') or 'failed'} (rank {rank})"
+        reason = _out_of_memory(failed) + reason
         return make(
             failed.get("exit_code"), failed.get("signal"), False, reason, failed["error_tail"]
         )

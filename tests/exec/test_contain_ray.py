@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 import ray
 
-from corral.exec import logcap
+from corral.exec import contain, logcap
 from corral.exec.local import AttemptEnded, AttemptLaunch, WorkerLaunch, placement_worker_envs
 from corral.exec.ray import RayExecutor, actor_name
 from tests.exec.contain_helpers import (
@@ -187,3 +188,37 @@ def test_a_capped_log_comes_across_with_its_holes(executor: RayExecutor, tmp_pat
         tail = os.pread(handle.fileno(), CAP // 2, info.st_size - CAP // 2)
     lines = tail.split(b"\n")
     assert set(lines[1:-2]) == {b"corral-flood"} and lines[-2:] == [b"THE-END", b""]
+
+
+HOG = "chunks = [bytearray(8 << 20) for _ in range(64)]\nprint('survived')\n"
+
+
+def test_a_ray_worker_beyond_its_memory_fails_out_of_memory(
+    executor: RayExecutor, tmp_path: Path
+) -> None:
+    # The guard gives the worker's container the spec's memory (each worker's), where the
+    # node's cgroups allow: as root here.
+    if contain.limits_unavailable().get("memory"):
+        pytest.skip(contain.limits_unavailable()["memory"])
+    checkpoint = tmp_path / "checkpoint"
+    env = placement_worker_envs("hog", 1, [("a", [0])], checkpoint)[0]
+    launch = AttemptLaunch(
+        "hog",
+        1,
+        [WorkerLaunch(0, [sys.executable, "-c", HOG], env, "a")],
+        str(tmp_path),
+        signal.SIGTERM,
+        0.5,
+        tmp_path / "attempt-1",
+        checkpoint_dir=checkpoint,
+        memory_bytes=64 << 20,
+        pids_max=64,
+    )
+    executor.launch(launch)
+    ended = wait_ended(executor, timeout=120)
+    assert ended.reason == (
+        "out of memory: the kernel killed a process at the worker's memory limit 64 MiB; "
+        "killed by SIGKILL (rank 0)"
+    ), ended
+    stdout = launch.attempt_dir / "rank-0.stdout"  # (not made when there was no output)
+    assert not stdout.exists() or "survived" not in stdout.read_text()

@@ -23,7 +23,7 @@ import pytest
 
 from corral.exec import contain
 from corral.exec.local import LocalExecutor, RunAs, kill_attempt
-from tests.exec.contain_helpers import job_env, marked, mechanism_or_skip, wait_until_none
+from tests.exec.contain_helpers import MARK, job_env, marked, mechanism_or_skip, wait_until_none
 from tests.exec.helpers import PYTHON, make_launch, sh, wait_ended, wait_for_text
 
 CONTROLLERS = ("memory", "cpu", "pids")
@@ -297,3 +297,49 @@ def test_a_busy_job_uses_at_most_its_cpus(
     assert wait_ended(executor).stopped
     wait_until_none(mark)
     assert_removed(record)
+
+
+# ---------------------------------------------------------------------------------------------
+# On a Ray node: the guard gives each worker's container the same limits
+
+
+def run_guard(
+    tmp_path: Path, limits: list[str], *argv: str, mark: str = ""
+) -> tuple[int, str, dict[str, Any]]:
+    """The guard (as a Ray worker's actor starts it) with `limits`, its command's processes
+    marked with `mark`; its returncode, its output and its report."""
+    report = tmp_path / "guard.json"
+    command = [
+        PYTHON,
+        "-m",
+        "corral.exec.guard",
+        str(os.getpid()),
+        "--name",
+        "limits-test",
+        "--report",
+        str(report),
+        *limits,
+        "--",
+        *argv,
+    ]
+    env = {**os.environ, MARK: mark}
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
+    return done.returncode, done.stdout + done.stderr, json.loads(report.read_text())
+
+
+def test_the_guard_kills_at_the_memory_limit_and_reports_it(mechanism: str, tmp_path: Path) -> None:
+    code, output, report = run_guard(tmp_path, ["--memory", str(64 << 20)], PYTHON, "-c", HOG)
+    assert (code, report["oom_kills"], report["leftover"]) == (-9, 1, []), output
+    assert "survived" not in output
+
+
+def test_the_guard_caps_the_tasks_of_its_worker(mechanism: str, tmp_path: Path, mark: str) -> None:
+    # The forker says what it could start and exits; the guard ends its sleepers with it.
+    forker = FORKER.replace("time.sleep(600)", "")
+    code, output, report = run_guard(
+        tmp_path, ["--pids-max", str(PIDS_MAX)], PYTHON, "-c", forker, str(4 * PIDS_MAX), mark=mark
+    )
+    started, refused = (int(word) for word in output.split()[1:4:2])
+    assert code == 0 and report["leftover"] == [], output
+    assert started + 1 <= PIDS_MAX and refused >= 3 * PIDS_MAX, output
+    assert marked(mark) == []
