@@ -7,6 +7,8 @@ first problem found: an unknown field first (it often explains a "missing" one: 
     name: train-resnet          # required; 1-63 of [A-Za-z0-9._-]
     gpus: 4                     # required; or a share of one GPU: 0.5 (at most 3 decimals)
     gpu_memory: 8GiB            # GPU memory it needs (a share may grow to hold it)
+    memory: 16GiB               # each worker's memory limit (RAM and swap), all it starts too
+    cpus: 4                     # each worker's CPU limit (CPU seconds per second)
     command: python train.py    # required; a string runs through /bin/sh -c, a list is argv
     workers: 2                  # each worker gets gpus/workers GPUs
     gpu_type: [a100, h100]      # acceptable GPU types, any case
@@ -96,6 +98,12 @@ MAX_GPU_MEMORY_MIB = 1 << 20
 _MEMORY_UNITS = {"mib": 1, "gib": 1 << 10, "tib": 1 << 20}
 _MEMORY = re.compile(r"^\s*([0-9]{1,9}(?:\.[0-9]{1,9})?)\s*([MmGgTt][Ii][Bb])\s*$")
 GPU_MEMORY_RULE = "must be a size such as 8GiB or 512MiB, or a whole number of MiB"
+#: `memory` in MiB: 64 TiB is beyond any one machine's memory.
+MAX_MEMORY_MIB = 64 << 20
+#: `cpus`: at most this many, in thousandths (Kubernetes' milli-CPU), at least 0.01 (the
+#: kernel's smallest CPU quota, 1 ms in 100 ms).
+MAX_CPUS = 4096
+MIN_CPUS = 0.01
 #: JSON schema patterns: no NUL; and, for text that must not be blank, a non-space character.
 NO_NUL = r"^[^\x00]*$"
 NOT_BLANK = r"^[^\x00]*[^\s\x00][^\x00]*$"
@@ -213,6 +221,15 @@ def _gpus(value: object) -> int | float:
 def gpu_memory_mib(value: object) -> int | None:
     """`gpu_memory` in MiB: "8GiB", "1.5GiB", "512MiB" (MiB, GiB, TiB, any case), or an integer
     of MiB; a whole number of MiB, at least 1 and at most 1 TiB."""
+    return _size_mib(value, MAX_GPU_MEMORY_MIB)
+
+
+def memory_mib(value: object) -> int | None:
+    """`memory` in MiB: as `gpu_memory_mib`, at most 64 TiB."""
+    return _size_mib(value, MAX_MEMORY_MIB)
+
+
+def _size_mib(value: object, most: int) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | str):
@@ -228,9 +245,27 @@ def gpu_memory_mib(value: object) -> int | None:
             raise _refuse(f"must be a whole number of MiB (got {one_line(repr(value), 40)})")
     if mib < 1:
         raise _refuse("must be at least 1MiB")
-    if mib > MAX_GPU_MEMORY_MIB:
-        raise _refuse(f"must be at most 1TiB ({MAX_GPU_MEMORY_MIB} MiB)")
+    if mib > most:
+        raise _refuse(f"must be at most {most >> 20}TiB ({most} MiB)")
     return int(mib)
+
+
+def _cpus(value: object) -> float | None:
+    """`cpus`: a number of CPUs, 0.01 to MAX_CPUS, at most 3 decimals (milli-CPUs)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise _refuse(
+            f"must be a number of CPUs such as 4 or 0.5 (got {one_line(repr(value), 40)})"
+        )
+    if value < MIN_CPUS:
+        raise _refuse(f"must be at least {MIN_CPUS:g} (got {value!r})")
+    if value > MAX_CPUS:
+        raise _refuse(f"must be at most {MAX_CPUS} (got {value!r})")
+    milli = round(value * 1000)
+    if abs(value * 1000 - milli) > 1e-6:
+        raise _refuse(f"must have at most 3 decimals (got {value!r})")
+    return milli / 1000
 
 
 def _name(value: object) -> str:
@@ -614,6 +649,35 @@ GpuMemory = Annotated[
         }
     ),
 ]
+Memory = Annotated[
+    int | None,
+    PlainValidator(memory_mib),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "integer", "minimum": 1, "maximum": MAX_MEMORY_MIB},
+                {
+                    "type": "string",
+                    "maxLength": 32,
+                    "pattern": r"^\s*[0-9]{1,9}(\.[0-9]{1,9})?\s*[MmGgTt][Ii][Bb]\s*$",
+                },
+                {"type": "null"},
+            ]
+        }
+    ),
+]
+Cpus = Annotated[
+    float | None,
+    PlainValidator(_cpus),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "number", "minimum": MIN_CPUS, "maximum": MAX_CPUS},
+                {"type": "null"},
+            ]
+        }
+    ),
+]
 NonNegative = Annotated[
     int,
     PlainValidator(_count(0, "non-negative")),
@@ -885,6 +949,19 @@ class JobSpecModel(BaseModel):
         None,
         description="GPU memory the job needs on each of its GPUs: 8GiB, 512MiB, or MiB as an "
         "integer; a share grows to hold it (needs the GPU type's memory known)",
+    )
+    memory: Memory = Field(
+        None,
+        description="the most memory (RAM and swap) each worker may use, with everything it "
+        "starts: 16GiB, 512MiB, or MiB as an integer; at the limit the kernel kills a process "
+        "and the attempt fails as 'out of memory' (a limit, not a request: corral places no "
+        "job by it)",
+    )
+    cpus: Cpus = Field(
+        None,
+        description="the most CPU time each worker may use, with everything it starts, in CPUs "
+        "(CPU seconds per second): 4, 0.5; at most 3 decimals; beyond it the kernel throttles "
+        "the worker (a limit, not a request)",
     )
     workers: Positive = Field(1, description="processes; each gets gpus/workers GPUs")
     gpu_type: GpuTypes = Field(None, description="acceptable GPU types (any case)")

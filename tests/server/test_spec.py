@@ -80,6 +80,20 @@ BAD_SPECS = [
     (spec_with(gpu_memory=0), "gpu_memory: must be at least 1MiB"),
     (spec_with(gpu_memory="0GiB"), "gpu_memory: must be at least 1MiB"),
     (spec_with(gpu_memory="2TiB"), "gpu_memory: must be at most 1TiB (1048576 MiB)"),
+    # memory and cpus: each worker's limits
+    (spec_with(memory="16G"), "memory: " + MEMORY_RULE.split(": ", 1)[1] + " (got '16G')"),
+    (spec_with(memory=0), "memory: must be at least 1MiB"),
+    (spec_with(memory=-5), "memory: must be at least 1MiB"),
+    (spec_with(memory=1.5), "memory: " + MEMORY_RULE.split(": ", 1)[1]),
+    (spec_with(memory="0.5MiB"), "memory: must be a whole number of MiB (got '0.5MiB')"),
+    (spec_with(memory="65TiB"), "memory: must be at most 64TiB (67108864 MiB)"),
+    (spec_with(cpus="4"), "cpus: must be a number of CPUs such as 4 or 0.5 (got '4')"),
+    (spec_with(cpus=True), "cpus: must be a number of CPUs such as 4 or 0.5 (got True)"),
+    (spec_with(cpus=math.inf), "cpus: must be a number of CPUs such as 4 or 0.5 (got inf)"),
+    (spec_with(cpus=0), "cpus: must be at least 0.01 (got 0)"),
+    (spec_with(cpus=0.005), "cpus: must be at least 0.01 (got 0.005)"),
+    (spec_with(cpus=4097), "cpus: must be at most 4096 (got 4097)"),
+    (spec_with(cpus=0.1234), "cpus: must have at most 3 decimals (got 0.1234)"),
     # unknown and missing fields
     (spec_with(colour="red"), "colour: unknown field"),
     (spec_with(gpus=DROP, gpu=4), "gpu: unknown field (did you mean 'gpus'?)"),
@@ -194,6 +208,8 @@ def test_a_minimal_spec_gets_every_default() -> None:
         "level": 0,
         "gpus": 4,
         "gpu_memory": None,
+        "memory": None,
+        "cpus": None,
         "workers": 1,
         "gpu_type": None,
         "locality": "node",
@@ -218,6 +234,24 @@ def test_a_minimal_spec_gets_every_default() -> None:
         "array": None,
         "after": [],
     }
+
+
+@pytest.mark.parametrize(
+    ("given", "memory_mib", "cpus"),
+    [
+        ({"memory": "16GiB", "cpus": 4}, 16384, 4.0),
+        ({"memory": "1.5gib", "cpus": 0.5}, 1536, 0.5),
+        ({"memory": 512, "cpus": 0.01}, 512, 0.01),
+        ({"memory": "64TiB", "cpus": 4096}, 64 << 20, 4096.0),
+    ],
+)
+def test_memory_and_cpus_are_kept_as_mib_and_cpus(
+    given: dict[str, object], memory_mib: int, cpus: float
+) -> None:
+    model = parse_job_spec(spec_with(**given))
+    assert (model.memory, model.cpus) == (memory_mib, cpus)
+    again = parse_job_spec(json.loads(json.dumps(model.model_dump(mode="json"))))
+    assert (again.memory, again.cpus) == (memory_mib, cpus)  # as the store keeps it
 
 
 TELEMETRY_REFUSALS = [
