@@ -183,6 +183,16 @@ def up(
             rich_help_panel="Connections",
         ),
     ] = 1000,
+    job_pids_max: Annotated[
+        int | None,
+        typer.Option(
+            min=0,
+            help="the most tasks (processes and threads) an attempt may have at once, its "
+            "cgroup's pids.max (on Ray: each worker's); 0: no limit [default: 8192, or a "
+            "quarter of this machine's pid_max where that is less]",
+            show_default=False,
+        ),
+    ] = None,
     demo: Annotated[
         bool,
         typer.Option(
@@ -194,6 +204,7 @@ def up(
 ) -> None:
     """Start the embedded cluster manager on this machine."""
     from corral.cli.schedflags import effective_config
+    from corral.exec.contain import default_pids_max
     from corral.server.boot import BootError, ServerOptions, build_manager
     from corral.server.connections import ConnectionLimits
     from corral.server.manager import ManagerSettings
@@ -255,6 +266,7 @@ def up(
         log_cap_bytes=log_cap_bytes,
         max_body_bytes=max_body_bytes,
         connections=connections,
+        job_pids_max=default_pids_max() if job_pids_max is None else job_pids_max or None,
     )
     options = ServerOptions(
         data_dir=data_dir.expanduser(),
@@ -364,6 +376,29 @@ def identity_line(manager: object) -> str:
     return f"jobs       {identity.single_user_note()}"
 
 
+def limits_line(manager: object) -> str:
+    """Says once what caps each attempt here, and which limits this machine cannot enforce (a
+    spec that asks for one of those runs without it, and its events say so)."""
+    from corral.server.manager import Manager
+
+    assert isinstance(manager, Manager)
+    pids = manager.settings.job_pids_max
+    cap = f"at most {pids} tasks" if pids else "no task limit (--job-pids-max 0)"
+    unenforced = getattr(manager.executor, "unenforced_limits", None)
+    if unenforced is None:
+        return (
+            f"limits     each worker: {cap}, its spec's memory and cpus, where its Ray node's "
+            "cgroups allow (the worker's log says what they do not)"
+        )
+    missing = unenforced()
+    if not pids:
+        missing.pop("pids", None)
+    line = f"limits     each attempt: {cap}, its spec's memory and cpus"
+    if missing:
+        line += "; unavailable here: " + "; ".join(missing[name] for name in sorted(missing))
+    return line
+
+
 def check_port_free(host: str, port: int) -> None:
     import socket
 
@@ -407,6 +442,7 @@ def serve(manager: object, options: object) -> None:
     )
     console.print(f"  state      {options.data_dir}   (Ctrl-C stops; jobs keep running)")
     console.print(f"  {identity_line(manager)}", highlight=False, soft_wrap=True)
+    console.print(f"  {limits_line(manager)}", highlight=False, soft_wrap=True)
     guard = ConnectionGuard.start(manager.settings.connections, manager.metrics.registry)
     manager.start()
     try:

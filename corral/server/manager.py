@@ -481,6 +481,7 @@ class Manager(
             f"attempt {number} {verb} on {', '.join(names)}{share}"
             f"{self._sharing_note(job.id, gpus)}",
         )
+        self._note_unenforced(job.id, number, spec_model, now)
         checkpoint = self.checkpoint_dir(job.id)
         attempt_dir = self.attempt_dir(job.id, number)
         self.telemetry.watch(
@@ -521,7 +522,25 @@ class Manager(
             checkpoint_dir=checkpoint,
             gpu_devices=sorted({device for _, devices in placement for device in devices}),
             log_cap_bytes=self.settings.log_cap_bytes,
+            memory_bytes=None if spec_model.memory is None else spec_model.memory << 20,
+            cpus=spec_model.cpus,
+            pids_max=self.settings.job_pids_max,
         )
+
+    def _note_unenforced(self, job_id: str, number: int, spec: JobSpecModel, now: float) -> None:
+        """A limit the spec asks for that this machine cannot set: the attempt runs without it
+        (the limit guards the other jobs and the host, whose operator `corral up` told at its
+        start), and the job's events say so."""
+        unenforced = getattr(self.executor, "unenforced_limits", None)
+        asked = [name for name in ("memory", "cpus") if getattr(spec, name) is not None]
+        if unenforced is None or not asked:
+            return
+        missing = unenforced()
+        whys = [missing[name] for name in asked if name in missing]
+        if whys:
+            self.store.add_event(
+                job_id, now, "limits", f"attempt {number} runs without: {'; '.join(whys)}"
+            )
 
     def _record_preempt(self, action: Preempt, now: float) -> tuple[str, int] | None:
         """The core preempted a job: record it and return the attempt to stop (None when the

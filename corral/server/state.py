@@ -12,6 +12,7 @@ from typing import Protocol
 
 from corral.core.cluster import Cluster
 from corral.core.framework import SchedulerConfig
+from corral.exec.contain import default_pids_max
 from corral.exec.local import AttemptEnded, AttemptLaunch
 from corral.exec.logcap import DEFAULT_CAP_BYTES
 from corral.server.connections import ConnectionLimits
@@ -73,6 +74,9 @@ class ManagerSettings:
     multi_user: bool = False
     #: Each worker's stdout and stderr keep at most this many bytes (the oldest are dropped).
     log_cap_bytes: int = DEFAULT_CAP_BYTES
+    #: The most tasks (processes and threads) of one attempt at once, its pids.max (`corral up
+    #: --job-pids-max`; each worker's on Ray); None: no limit.
+    job_pids_max: int | None = field(default_factory=default_pids_max)
     #: The API refuses (413) a request body longer than this (corral.server.limits).
     max_body_bytes: int = 1 << 20
     #: The API's connections: at most so many in all and per peer, and how long a request may
