@@ -24,7 +24,7 @@ import pytest
 from corral.exec import contain
 from corral.exec.local import LocalExecutor, RunAs, kill_attempt
 from tests.exec.contain_helpers import MARK, job_env, marked, mechanism_or_skip, wait_until_none
-from tests.exec.helpers import PYTHON, make_launch, sh, wait_ended, wait_for_text
+from tests.exec.helpers import PYTHON, make_launch, wait_ended, wait_for_text
 
 CONTROLLERS = ("memory", "cpu", "pids")
 #: cgroup2-v2: the cgroup2 mechanism with the limits in the v2 hierarchy itself (skipped where
@@ -242,8 +242,8 @@ def test_the_workers_limits_add_up_in_their_attempts_container(
 # ---------------------------------------------------------------------------------------------
 # CPU
 
-#: Two processes that spin: unlimited, they would take two CPUs.
-SPIN = "spin() { while :; do :; done; }; spin & spin & wait"
+#: Two processes that spin, at nice -10 (the test runs as root).
+SPIN = ["nice", "-n", "-10", "/bin/sh", "-c", "spin() { while :; do :; done; }; spin & spin & wait"]
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -267,7 +267,7 @@ def cpu_stat(cgroup: Path) -> dict[str, int]:
 def test_a_busy_job_uses_at_most_its_cpus(
     mechanism: str, executor: LocalExecutor, tmp_path: Path, mark: str
 ) -> None:
-    launch = make_launch(tmp_path, [sh(SPIN)], extra_env=job_env(mark, tmp_path))
+    launch = make_launch(tmp_path, [SPIN], extra_env=job_env(mark, tmp_path))
     launch.cpus = 0.5
     executor.launch(launch)
     deadline = time.monotonic() + 60
@@ -275,6 +275,15 @@ def test_a_busy_job_uses_at_most_its_cpus(
         assert time.monotonic() < deadline, "the spinners did not start"
         time.sleep(0.05)
     spinners = marked(mark)  # the shell and its two spinning subshells
+    # Without a quota they must take well over half a CPU, also on a machine that others keep
+    # busy: where the kernel shares the CPUs between sessions (autogroups) whatever a process's
+    # nice, the job's session (the shim's) gets the weight of nice -10 too. (A task in a cpu
+    # cgroup of its own, as the job is under a quota, is not in an autogroup at all.)
+    for pid in spinners:
+        try:
+            Path(f"/proc/{pid}/autogroup").write_text("-10")
+        except OSError:  # no autogroups here: the processes' nice is what counts
+            pass
     # Over a wall interval long enough for 1.5 CPU seconds at the cap (3 s), on any machine:
     # the cap can only be slower on a loaded one, never faster.
     used_before, began = cpu_seconds(spinners), time.monotonic()
