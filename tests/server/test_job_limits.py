@@ -20,7 +20,8 @@ from corral.cli.main import app
 from corral.cli.up import limits_line
 from corral.exec import contain
 from corral.exec.local import LocalExecutor
-from corral.server.boot import RunningServer
+from corral.server import boot
+from corral.server.boot import BootError, RunningServer, ServerOptions
 from tests.server.helpers import (
     admin_token,
     api,
@@ -196,9 +197,30 @@ def test_the_default_pids_max_is_a_quarter_of_pid_max_at_most(tmp_path: Path) ->
     assert contain.default_pids_max() == min(8192, real // 4)
 
 
+@pytest.mark.parametrize(
+    ("given", "settled"), [([], contain.default_pids_max()), (["--job-pids-max", "500"], 500)]
+)
+def test_corral_up_hands_its_job_pids_max_to_the_manager(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, given: list[str], settled: int
+) -> None:
+    seen: list[int | None] = []
+
+    def build_manager(options: ServerOptions) -> None:
+        seen.append(options.settings.job_pids_max)
+        raise BootError("stopped here by the test")
+
+    monkeypatch.setattr(boot, "build_manager", build_manager)
+    result = CliRunner().invoke(
+        app, ["up", "--data-dir", str(tmp_path / "d"), "--gpus", "1", *given]
+    )
+    assert "stopped here by the test" in result.output
+    assert seen == [settled]
+
+
 def test_a_negative_job_pids_max_is_refused(tmp_path: Path) -> None:
     result = CliRunner().invoke(
         app, ["up", "--data-dir", str(tmp_path / "d"), "--gpus", "1", "--job-pids-max", "-1"]
     )
     assert result.exit_code == 2
-    assert "--job-pids-max" in result.output and "Traceback" not in result.output
+    assert "Invalid value for '--job-pids-max'" in result.output
+    assert "Traceback" not in result.output
