@@ -24,7 +24,7 @@ import pytest
 from corral.exec import contain
 from corral.exec.local import LocalExecutor, RunAs, kill_attempt
 from tests.exec.contain_helpers import MARK, job_env, marked, mechanism_or_skip, wait_until_none
-from tests.exec.helpers import PYTHON, make_launch, wait_ended, wait_for_text
+from tests.exec.helpers import PYTHON, make_launch, sh, wait_ended, wait_for_text
 
 CONTROLLERS = ("memory", "cpu", "pids")
 #: cgroup2-v2: the cgroup2 mechanism with the limits in the v2 hierarchy itself (skipped where
@@ -187,6 +187,27 @@ def test_a_job_that_forks_without_bound_stops_at_its_pids_max(
     executor.stop(launch.job_id, launch.attempt)
     ended = wait_ended(executor)
     assert ended.stopped and ended.leftover == 0
+    assert marked(mark) == []
+    assert_removed(record)
+
+
+def test_a_lost_attempts_limit_cgroups_are_ended_and_removed(
+    mechanism: str, mark: str, make_executor: Callable[[], LocalExecutor], tmp_path: Path
+) -> None:
+    # The shim dies (SIGKILL): the executor ends what it recorded, the limits' cgroups too.
+    script = 'setsid sleep 600 & echo $! > "$READY/escaped"; exec sleep 600'
+    launch = make_launch(tmp_path, [sh(script)], extra_env=job_env(mark, tmp_path))
+    launch.pids_max, launch.memory_bytes, launch.cpus = PIDS_MAX, 256 << 20, 1.0
+    executor = make_executor()
+    executor.launch(launch)
+    wait_for_text(tmp_path / "escaped", "\n")
+    record = container_of(launch.attempt_dir)
+    for name in ("pids", "memory", "cpus"):
+        limit_cgroup(record, name, mechanism)
+    shim = json.loads((launch.attempt_dir / "shim.json").read_text())
+    os.kill(shim["pid"], 9)
+    ended = wait_ended(executor)
+    assert ended.reason.startswith("lost") and ended.leftover == 0, ended
     assert marked(mark) == []
     assert_removed(record)
 
