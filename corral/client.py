@@ -27,7 +27,7 @@ from typing import Any
 from urllib.parse import quote, urlencode, urlsplit
 
 DEFAULT_URL = "http://127.0.0.1:8470"
-FINAL_STATUSES = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
+FINAL_STATUSES = frozenset({"SUCCEEDED", "FAILED", "CANCELLED", "REFUSED"})
 POLL_SECONDS = 0.5
 #: Jobs per request when listing (the server's most), and its header naming the next page.
 PAGE_SIZE = 10_000
@@ -209,8 +209,8 @@ class Client:
         return self._request("POST", f"/jobs/{_segment(job_id)}/requeue")
 
     def wait(self, job_id: str | int, timeout: float, poll_s: float = POLL_SECONDS) -> dict:
-        """The job's detail once it is SUCCEEDED, FAILED or CANCELLED; ClientError after
-        `timeout` seconds."""
+        """The job's detail once it has ended (SUCCEEDED, FAILED, CANCELLED or REFUSED);
+        ClientError after `timeout` seconds."""
         deadline = time.monotonic() + timeout
         while True:
             job = self.job(job_id)

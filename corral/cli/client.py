@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
 DEFAULT_LS_LIMIT = 50
 REASON_WIDTH = 60  # `ls -o table` shortens the reason to this many characters
-STATUSES = ("PENDING", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED")
+STATUSES = ("PENDING", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED", "REFUSED")
 #: The scheduler's explanation of a pending job starts with its place in the queue; `ls` shows
 #: the status in its own column, so its REASON starts after that prefix.
 QUEUE_PREFIX = re.compile(r"^PENDING, position \d+ of \d+ in the queue(; )?")
@@ -151,6 +151,8 @@ def submit(
         click.echo(job["id"])
     else:
         print_data(job, output)
+    if job["status"] == "REFUSED":  # stored, and will never run (ElasticFlow's admission)
+        refuse(f"job {job['id']} was refused: {job['reason'].removeprefix('refused: ')}")
 
 
 def _set_field(spec: dict[str, Any], setting: str) -> None:

@@ -32,7 +32,9 @@ def parse_instant(option: str, text: str, now: float) -> float:
     return at.timestamp()
 
 
-def _columns(by: str) -> tuple[Column, ...]:
+def _columns(by: str, refused: bool = False) -> tuple[Column, ...]:
+    """The table's columns; REFUSED (ElasticFlow's admission) only where some job was."""
+
     def ended(status: str) -> Column:
         return Column(status, lambda row: row["finished"].get(status, 0), right=True)
 
@@ -43,6 +45,7 @@ def _columns(by: str) -> tuple[Column, ...]:
         ended("SUCCEEDED"),
         ended("FAILED"),
         ended("CANCELLED"),
+        *([ended("REFUSED")] if refused else []),
         Column("STARTED", lambda row: row["started"], right=True),
         Column("MEAN WAIT", lambda row: _wait(row["mean_wait_s"]), right=True),
         Column("P95 WAIT", lambda row: _wait(row["p95_wait_s"]), right=True),
@@ -76,7 +79,8 @@ def usage(since: str, until: str | None, by: str, output: str) -> None:
         return
     click.echo(f"usage {_stamp(start)} to {_stamp(end)} (UTC)")
     total: dict[str, Any] = {**report["total"], "key": "total"}
-    emit([*report["rows"], total], _columns(by), output)
+    refused = bool(total["finished"].get("REFUSED"))
+    emit([*report["rows"], total], _columns(by, refused), output)
 
 
 def _stamp(at: float) -> str:

@@ -488,7 +488,10 @@ class ElasticScheduler:
         self._elastic[job.id] = _Elastic(curve, best_effort=no_plan)
 
     def withdraw(self, job_id: str, now: float) -> Job:
-        """Take a job out (see SchedulerCore.withdraw); adopted again, it is planned anew."""
+        """Take a job out (see SchedulerCore.withdraw); adopted again, it is planned anew. A
+        refused job, which the inner scheduler never had, is only forgotten."""
+        if self.jobs[job_id].status is JobStatus.REFUSED:
+            return self.jobs.pop(job_id)
         job = self.inner.withdraw(job_id, now)
         del self.jobs[job_id]
         self._elastic.pop(job_id, None)

@@ -38,7 +38,9 @@ from corral.server.usage import usage_report
 from corral.server.views import GpuHolder
 
 WEB_DIR = Path(__file__).resolve().parent.parent / "web"
-STATUSES = ("PENDING", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED")
+#: REFUSED: a job the scheduler refused when it was submitted (ElasticFlow: a deadline it cannot
+#: meet); it never runs.
+STATUSES = ("PENDING", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED", "REFUSED")
 #: A listing with more jobs than it returned says where the next page starts (its `before_id`).
 NEXT_PAGE_HEADER = "X-Corral-Next-Before-Id"
 LOG_CHUNK = 1 << 20  # at most 1 MiB of a log per call
@@ -191,7 +193,9 @@ def create_app(manager: Manager) -> FastAPI:
     def list_jobs(
         who: Caller,
         response: Response,
-        status: Annotated[str | None, Query(description="PENDING, RUNNING, ...")] = None,
+        status: Annotated[
+            str | None, Query(description=f"one of {', '.join(STATUSES)} (any case)")
+        ] = None,
         vc: str | None = None,
         user: str | None = None,
         name: Annotated[str | None, Query(description="only jobs of this name")] = None,

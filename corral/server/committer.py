@@ -2,9 +2,10 @@
 
 The API's handlers call `submit` (or `submit_async`, on the event loop). Each checks the job against
 the cluster's shape (`Scheduler.refusal`, no lock needed), gives it its id and puts it in an inbox.
-One committing thread takes every submission that arrived meanwhile, stores them all in one
-transaction, queues them in the core under the manager's lock, and only then answers the waiting
-requests: an answer means stored.
+One committing thread takes every submission that arrived meanwhile and, under the manager's lock,
+stores them all and queues them in the core in one transaction (a job the core refuses at once,
+ElasticFlow's admission, is stored as REFUSED in it), and only then answers the waiting requests:
+an answer means stored.
 """
 
 from __future__ import annotations
@@ -18,14 +19,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from corral.core.job import Job, JobSpec
+from corral.core.job import Job, JobSpec, JobStatus
 from corral.core.protocol import SchedulerCore
 from corral.server import identity
 from corral.server.identity import AccountError
 from corral.server.metrics import ManagerMetrics
 from corral.server.spec import JobSpecModel, SpecError, array_tasks
 from corral.server.state import ManagerSettings, SubmitError
-from corral.server.store import JobRow, Store
+from corral.server.store import JobRow, Store, StoreUnavailable
 
 log = logging.getLogger("corral.manager")
 
@@ -62,13 +63,13 @@ class SubmissionCommitter:
     _dirty: bool
     _spec_models: dict[str, JobSpecModel]
     _accounts: dict[str, str]
-    _cancel_on_arrival: set[str]
     _suspect: str | None
     metrics: ManagerMetrics
 
     if TYPE_CHECKING:  # the manager's own
 
         def _store_failed(self, error: BaseException, what: str) -> None: ...
+        def _forget(self, job_id: str) -> None: ...
         def core_spec(
             self, model: JobSpecModel, job_id: str, submit_time: float, user: str
         ) -> JobSpec: ...
@@ -203,23 +204,32 @@ class SubmissionCommitter:
             self._inbox.clear()
         if not batch:
             return
-        try:
-            self.store.insert_jobs([s.row for s in batch])
-        except BaseException as error:  # nothing stored: every waiting submitter hears why
-            for submission in batch:
-                submission.finish(error)
-            return
-        for submission in batch:
-            self.metrics.submitted.labels(submission.row.vc, submission.row.user).inc()
-        # Stored: each is answered as accepted, unless the core refuses to queue it (a bug).
-        outcomes: list[BaseException | None] = [None] * len(batch)
+        outcomes: list[BaseException | None] = []
+        queued: list[JobSpec] = []
+        # Stored and queued in one transaction, under the lock: what the core decides as it
+        # queues a job (ElasticFlow refuses one whose deadline it cannot meet) is stored with
+        # the job, so that no crash can leave a refused job stored as pending (a restart would
+        # start it), and nothing reads the core's state of a job that is not stored.
         with self.lock:
-            if self._suspect is None:  # (else the rebuild from the store queues them)
+            if self._suspect is not None:  # the state is being rebuilt: it decides nothing
+                unavailable = StoreUnavailable("the manager is rebuilding its state")
+                outcomes = [unavailable] * len(batch)
+            else:
                 try:
-                    self._queue_stored(batch, outcomes)
-                except Exception as error:  # a write failed after the core moved
-                    self._store_failed(error, "queueing stored submissions")
-            self._dirty = True
+                    with self.store.batch():
+                        self.store.insert_jobs([s.row for s in batch])
+                        outcomes = [self._queue_submission(submission) for submission in batch]
+                except BaseException as error:  # nothing stored: the core may have moved, and
+                    # is rebuilt from the store (the rollback) before anything acts on it
+                    self._store_failed(error, "storing submissions")
+                    outcomes = [error] * len(batch)
+                else:
+                    for submission, outcome in zip(batch, outcomes, strict=True):
+                        if outcome is None:
+                            self._queued(submission)
+                            queued.append(submission.spec)
+                    self.learn_workload(queued)  # FGD's target workload, live
+                    self._dirty = True
         for submission, outcome in zip(batch, outcomes, strict=True):
             try:
                 submission.finish(outcome)
@@ -227,34 +237,41 @@ class SubmissionCommitter:
                 pass
         self._wake.set()
 
-    def _queue_stored(self, batch: list[Submission], outcomes: list[BaseException | None]) -> None:
-        """Queue stored submissions in the core (under the lock); a job cancelled between its
-        store and its queueing is dropped (its cancel is written already)."""
-        queued: list[JobSpec] = []
-        for position, submission in enumerate(batch):
-            job_id = submission.row.id
-            if job_id in self._cancel_on_arrival:
-                self._cancel_on_arrival.discard(job_id)
-                continue
-            self._spec_models[job_id] = submission.model
-            if submission.row.unix_user is not None:
-                self._accounts[job_id] = submission.row.unix_user
-            self._note_controls(submission.row, submission.model)
-            # A rebuild (nodes came or went) since the insert queued it from the store.
-            if job_id in self._gated:
-                pass
-            elif self._needs_gate(job_id):  # held, dependencies, an array's cap
-                self._gated[job_id] = Job(spec=submission.spec)
-            elif job_id not in self.scheduler.jobs:
-                try:
-                    self.scheduler.submit(submission.spec, submission.row.submitted_at)
-                except Exception as error:  # checked before storing; a bug, but no hang
-                    log.exception("job %s was stored but could not be queued", job_id)
-                    self.store.update_job(job_id, status="FAILED", reason=f"not queued: {error}")
-                    outcomes[position] = error
-                    continue
-            queued.append(submission.spec)
-        self.learn_workload(queued)  # FGD's target workload, live
+    def _queue_submission(self, submission: Submission) -> BaseException | None:
+        """Give a job being stored to the core (or to a gate); a job the core refuses at once
+        is stored as REFUSED in the same transaction. Returns the error of a job that could
+        not be queued (stored as FAILED)."""
+        job_id = submission.row.id
+        self._spec_models[job_id] = submission.model
+        if submission.row.unix_user is not None:
+            self._accounts[job_id] = submission.row.unix_user
+        self._note_controls(submission.row, submission.model)
+        if self._needs_gate(job_id):  # held, dependencies, an array's cap
+            self._gated[job_id] = Job(spec=submission.spec)
+            return None
+        try:
+            job = self.scheduler.submit(submission.spec, submission.row.submitted_at)
+        except Exception as error:  # checked before storing; a bug, but no hang
+            log.exception("job %s was stored but could not be queued", job_id)
+            self.store.update_job(job_id, status="FAILED", reason=f"not queued: {error}")
+            return error
+        if job.status is JobStatus.REFUSED:  # ElasticFlow's admission: it never runs
+            row = submission.row  # (the submitter's answer is this row)
+            row.status, row.finished_at, row.reason = "REFUSED", row.submitted_at, job.last_event
+            self.store.update_job(
+                job_id, status="REFUSED", finished_at=row.finished_at, reason=row.reason
+            )
+            self.store.add_event(job_id, row.finished_at, "refused", row.reason)
+        return None
+
+    def _queued(self, submission: Submission) -> None:
+        """A job stored and queued (or refused): counted; a refused one is forgotten."""
+        row = submission.row
+        self.metrics.submitted.labels(row.vc, row.user).inc()
+        job = self.scheduler.jobs.get(row.id)
+        if job is not None and job.status is JobStatus.REFUSED:
+            self.metrics.finished.labels(row.vc, row.user, "REFUSED").inc()
+            self._forget(row.id)
 
 
 def _ignore(error: BaseException | None) -> None:

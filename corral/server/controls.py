@@ -55,6 +55,7 @@ class JobControls:
     lock: threading.RLock
     scheduler: SchedulerCore
     telemetry: Telemetry
+    metrics: ManagerMetrics
     _attempts: dict[str, Attempt]
     _draining: dict[tuple[str, int], tuple[int, ...]]
     _deferred: dict[str, Start]
@@ -159,9 +160,10 @@ class JobControls:
             reason, fails = self._gate(job_id, in_core)
             if fails:
                 assert reason is not None
-                self._gated.pop(job_id)
+                spec = self._gated.pop(job_id).spec
                 self.store.update_job(job_id, status="FAILED", finished_at=now, reason=reason)
                 self.store.add_event(job_id, now, "failed", f"{reason}; never started")
+                self.metrics.finished.labels(spec.vc, spec.user, "FAILED").inc()
                 self._ended_status[job_id] = "FAILED"
                 self._forget(job_id)
                 continue
@@ -185,21 +187,16 @@ class JobControls:
             return f"held by {self._held[job_id]}"
         return self._gate_reasons.get(job_id, "waiting at a gate: checked at the next round")
 
-    def _cancel_unqueued(
-        self, job_id: str, now: float, vc: str | None = None, user: str | None = None
-    ) -> None:
-        """Cancel a job the core does not hold (waiting at a gate; or stored and not yet queued,
-        whose `vc` and `user` are given): written first, then forgotten."""
-        if vc is None or user is None:
-            spec = self._gated[job_id].spec
-            vc, user = spec.vc, spec.user
+    def _cancel_gated(self, job_id: str, now: float) -> None:
+        """Cancel a job waiting at a gate (the core does not hold it): written first."""
+        spec = self._gated[job_id].spec
         with self.store.batch():
             self.store.update_job(
                 job_id, status="CANCELLED", finished_at=now, reason="cancelled by request"
             )
             self.store.add_event(job_id, now, "cancelled", "cancelled by request")
-        self.metrics.finished.labels(vc, user, "CANCELLED").inc()
-        self._gated.pop(job_id, None)
+        self.metrics.finished.labels(spec.vc, spec.user, "CANCELLED").inc()
+        del self._gated[job_id]
         self._ended_status[job_id] = "CANCELLED"
         self._forget(job_id)
         self._dirty = True

@@ -140,7 +140,6 @@ class Manager(
         self._spec_models: dict[str, JobSpecModel] = {}
         self._accounts: dict[str, str] = {}  # job id -> Unix account (multi-user mode)
         self._retrying: set[str] = set()  # requeued after a failed attempt
-        self._cancel_on_arrival: set[str] = set()  # cancelled while stored but not yet queued
         #: Attempts the manager stops on its own (hung, over their time limit): how to report
         #: their end to the core.
         self._ending: dict[str, FailureReport] = {}
@@ -799,16 +798,11 @@ class Manager(
         for good, when the store cannot take it). A job that ended is left as it is."""
         with self._changing():
             if job_id in self._gated:  # held, or waiting for its dependencies or array cap
-                self._cancel_unqueued(job_id, self.clock())
+                self._cancel_gated(job_id, self.clock())
             elif job_id in self.scheduler.jobs:
                 self._cancel_locked(job_id)
-            else:
-                row = self.store.get_job(job_id)
-                if row is None or row.status != "PENDING":
-                    return
-                # Stored and not yet queued: the committer drops it instead of queueing it.
-                self._cancel_unqueued(job_id, self.clock(), row.vc, row.user)
-                self._cancel_on_arrival.add(job_id)
+            else:  # ended (a job is stored and queued in one transaction, under the lock)
+                return
         self._wake.set()
 
     def _cancel_locked(self, job_id: str) -> None:

@@ -36,7 +36,10 @@ class JobSummary(BaseModel):
     name: str
     user: str
     vc: str
-    status: str = Field(description="PENDING, RUNNING, SUCCEEDED, FAILED or CANCELLED")
+    status: str = Field(
+        description="PENDING, RUNNING, SUCCEEDED, FAILED, CANCELLED or REFUSED (refused when "
+        "submitted: ElasticFlow could not meet its deadline; it never runs)"
+    )
     gpus: int
     workers: int
     priority: str

@@ -228,7 +228,9 @@
     usage.textContent = `${used} / ${gpus.length}`;
     usage.dataset.used = used;
     usage.dataset.total = gpus.length;
-    const items = STATES.map((status) =>
+    // REFUSED (ElasticFlow's admission) only where some job was refused
+    const shown = counts.REFUSED ? [...STATES, "REFUSED"] : STATES;
+    const items = shown.map((status) =>
       el(
         "span",
         { class: `count status-${status}`, data: { count: status }, title: status.toLowerCase() },

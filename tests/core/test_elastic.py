@@ -160,6 +160,9 @@ def test_a_job_that_would_break_an_admitted_deadline_is_refused_and_never_runs()
     assert s.jobs["C"].attempts == 0 and s.jobs["D"].attempts == 0
     assert s.pending_count + s.running_count == 2
     assert s.cancel("C", 10).status is JobStatus.REFUSED  # nothing to cancel
+    # withdrawn (a shell that could not store it), a refused job is only forgotten
+    assert s.withdraw("C", 10).status is JobStatus.REFUSED
+    assert "C" not in s.jobs and s.pending_count + s.running_count == 2
 
 
 def test_a_job_without_a_deadline_gets_no_share_only_what_is_left_over():

@@ -303,3 +303,38 @@ def test_gpus_with_processes_left_go_to_no_one_until_they_are_gone(tmp_path: Pat
     assert executor.launched[1].gpu_devices == [0]
     events = [event.message for event in manager.store.events("1")]
     assert "attempt 1's last processes are gone" in events
+
+
+def test_a_refusal_is_stored_with_the_job_or_not_at_all(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ElasticFlow refuses a job as it is queued (1 GPU for 3600 s of work, due in 60 s): the
+    refusal is written in the transaction that stores the job. When that transaction fails the
+    job is neither stored (not even as pending, which a restart would start) nor in the core."""
+    manager = Manager(
+        Store(Store.sqlite_url(tmp_path)),
+        ScriptedExecutor(LOST, Clock()),
+        Cluster.shorthand(1, 2),
+        tmp_path,
+        settings=manager_settings(policy="elasticflow"),
+        clock=Clock(),
+    )
+    late = parse_job_spec(python_job("late", "pass", time_limit=3600, deadline=60))
+    real_add_event = manager.store.add_event
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(manager.store, "add_event", broken)
+    with pytest.raises(OSError, match="disk full"):
+        manager.submit(late, "u")
+    assert manager.store.get_job("1") is None and "1" not in manager.scheduler.jobs
+    monkeypatch.setattr(manager.store, "add_event", real_add_event)
+    row = manager.submit(late, "u")
+    assert (row.id, row.status) == ("2", "REFUSED")
+    stored = manager.store.get_job("2")
+    assert stored is not None and stored.status == "REFUSED" and stored.finished_at == 1000.0
+    assert stored.reason.startswith("refused: its deadline (in 60s) cannot be met")
+    assert [e.kind for e in manager.store.events("2")] == ["submitted", "refused"]
+    manager.step()
+    assert manager.scheduler.jobs["2"].attempts == 0 and manager.store.unfinished_jobs() == []
