@@ -137,6 +137,15 @@ def create_app(manager: Manager) -> FastAPI:
             "eta_s": progress.eta_s(manager.clock()) if live else None,
         }
 
+    def first_hidden_parent(after: list[int], who: Principal) -> tuple[int, int] | None:
+        """The first (position, id) of `after` naming a job `who` may not see (or none)."""
+        rows = {row.id: row for row in store.list_jobs(ids=after)}  # one query, no specs
+        for position, parent in enumerate(after):
+            row = rows.get(str(parent))
+            if row is None or not auth.can_read_job(who, row.user, row.vc):
+                return position, parent
+        return None
+
     spec_schema = JobSpecModel.model_json_schema(ref_template="#/components/schemas/{model}")
 
     @app.post("/api/v1/jobs", status_code=201, tags=["jobs"], response_model=schemas.JobSummary)
@@ -159,6 +168,12 @@ def create_app(manager: Manager) -> FastAPI:
             raise HTTPException(
                 403, f"level: user {who.user} may not raise a job above level 0 (admins only)"
             )
+        if model.after and not who.admin:
+            # A job the submitter may not see is, to them, a job that does not exist: its id
+            # and outcome ("dependency 12 failed") are not theirs to learn.
+            hidden = await run_in_threadpool(first_hidden_parent, model.after, who)
+            if hidden is not None:
+                raise HTTPException(422, f"after.{hidden[0]}: no job {hidden[1]}")
         if model.workdir is not None and isinstance(manager.executor, LocalExecutor):
             # Here, not when the job starts (Ray's nodes are elsewhere: not checked there).
             problem = await run_in_threadpool(limits.workdir_problem, model.workdir)
