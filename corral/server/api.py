@@ -19,7 +19,7 @@ from fastapi.staticfiles import StaticFiles
 from starlette.concurrency import run_in_threadpool
 
 from corral.exec.local import LocalExecutor
-from corral.server import auth, limits, schemas
+from corral.server import auth, limits, redact, schemas
 from corral.server.auth import Principal
 from corral.server.controls import ControlError
 from corral.server.logread import LogRead, UnreadableLog, read_log
@@ -125,6 +125,14 @@ def create_app(manager: Manager) -> FastAPI:
             "array_index": row.array_index,
         }
 
+    def shown(who: Principal, answers: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Summaries as `who` may read them: other jobs their reasons name that `who` may not
+        see are named without their ids (corral.server.redact)."""
+        show = redact.for_reader(store, who, (answer["reason"] for answer in answers))
+        for answer in answers:
+            answer["reason"] = show(answer["reason"])
+        return answers
+
     def progress_view(progress: JobProgress | None, live: bool) -> dict[str, Any] | None:
         if progress is None:
             return None
@@ -184,6 +192,7 @@ def create_app(manager: Manager) -> FastAPI:
         except SubmitError as error:
             raise HTTPException(422, str(error)) from None
         answer = summary(row, {row.id: "submitted: waiting for the next scheduling round"})
+        shown(who, [answer])
         if model.array is not None:  # a job array: its tasks have consecutive ids
             count = len(array_tasks(model.array)[0])
             answer["array_tasks"] = [str(int(row.id) + i) for i in range(count)]
@@ -244,7 +253,7 @@ def create_app(manager: Manager) -> FastAPI:
             response.headers[NEXT_PAGE_HEADER] = rows[-1].id
         live = [r.id for r in rows if r.status in ("PENDING", "RUNNING")]
         why = manager.pending_reasons(live)
-        return [summary(row, why) for row in rows]
+        return shown(who, [summary(row, why) for row in rows])
 
     @app.get("/api/v1/queue", tags=["jobs"], response_model=schemas.QueueView)
     def job_queue(
@@ -257,7 +266,9 @@ def create_app(manager: Manager) -> FastAPI:
         rows = {row.id: row for row in store.list_jobs(ids=reasons)}  # one query, no specs
         return {
             "total": total,
-            "jobs": [summary(rows[job_id], reasons) for job_id in reasons if job_id in rows],
+            "jobs": shown(
+                who, [summary(rows[job_id], reasons) for job_id in reasons if job_id in rows]
+            ),
         }
 
     @app.get("/api/v1/jobs/{job_id}", tags=["jobs"], response_model=schemas.JobDetail)
@@ -266,11 +277,24 @@ def create_app(manager: Manager) -> FastAPI:
         job_id = row.id
         detail = summary(row)
         detail["spec"] = row.spec
-        detail["attempt_history"] = [
+        attempts = [
             asdict(a) | {"gpus": [g if isinstance(g, str) else manager.gpu_name(g) for g in a.gpus]}
             for a in store.attempts(job_id)
         ]
-        detail["events"] = [asdict(e) for e in store.events(job_id)]
+        events = [asdict(e) for e in store.events(job_id)]
+        texts = [
+            detail["reason"],
+            *(a["reason"] for a in attempts),
+            *(e["message"] for e in events),
+        ]
+        show = redact.for_reader(store, who, texts)  # other tenants' jobs they name: no ids
+        detail["reason"] = show(detail["reason"])
+        for attempt in attempts:
+            attempt["reason"] = show(attempt["reason"])
+        for event in events:
+            event["message"] = show(event["message"])
+        detail["attempt_history"] = attempts
+        detail["events"] = events
         detail["progress_history"] = [asdict(p) for p in store.progress(job_id, limit=500)]
         detail["progress_problems"] = manager.progress_problems(job_id)
         model = row.spec.get("model") or row.name
@@ -305,7 +329,7 @@ def create_app(manager: Manager) -> FastAPI:
         ids = acted_on(job_id, who, "cancel", array)
         for member in ids:
             manager.cancel(member)
-        return summary(store.get_job(ids[0] if ids else job_id))
+        return shown(who, [summary(store.get_job(ids[0] if ids else job_id))])[0]
 
     def control(job_id: str, who: Caller, verb: str, array: bool) -> dict[str, Any]:
         ids = acted_on(job_id, who, verb, array)
@@ -315,7 +339,7 @@ def create_app(manager: Manager) -> FastAPI:
                 act[verb](member, who.user)
         except ControlError as error:
             raise HTTPException(error.status, str(error)) from None
-        answer = summary(store.get_job(ids[0] if ids else job_id))
+        answer = shown(who, [summary(store.get_job(ids[0] if ids else job_id))])[0]
         if array:
             answer["array_tasks"] = ids
         return answer
