@@ -4,8 +4,10 @@ errors every route may give, so that a schema-driven client (or fuzzer) is told 
 Every error is `ErrorBody`, `{"detail": "one line"}`: FastAPI's own validation errors included
 (`validation_error` turns them into one line naming the parameter). `document_errors` adds to
 every /api/ operation of the document the errors the middleware and the token check can give
-(401 and 422 everywhere, 413 where a body is taken, 404 where the path names something, 403
-where the caller's rights matter), whichever module defines the route.
+(401, 422 and 503 everywhere, 413 where a body is taken, 404 where the path names something, 403
+where the caller's rights matter, 409 where the job's state matters), whichever module defines
+the route. tests/server/test_api_statuses.py reads the routes' code for the statuses each can
+answer and checks that the document lists exactly those.
 """
 
 from __future__ import annotations
@@ -235,8 +237,11 @@ ERRORS = {
     "403": "not allowed for this token",
     "404": "no such job (or one this token may not see), or no such item",
     "413": "the request body is larger than the server's limit (1 MiB by default)",
+    "409": "the job's state does not allow it (holding a running job, releasing one not "
+    "held, requeueing a pending one), or its log is not a regular file",
     "422": "a refused parameter or body: a NUL character, a number out of range, invalid "
     "JSON, a refused job spec",
+    "503": "the store is unavailable: try again (Retry-After)",
 }
 #: Operations whose answer depends on the caller's rights beyond seeing: (method, path prefix).
 FORBIDDEN = (
@@ -245,6 +250,14 @@ FORBIDDEN = (
     ("get", "/api/v1/tokens"),  # admins only, every token route
     ("post", "/api/v1/tokens"),
     ("delete", "/api/v1/tokens"),
+    ("get", "/api/v1/export"),  # admins only
+)
+#: Operations refused (409) when the job's state does not allow them: (method, path), exactly.
+CONFLICT = (
+    ("post", "/api/v1/jobs/{job_id}/hold"),
+    ("post", "/api/v1/jobs/{job_id}/release"),
+    ("post", "/api/v1/jobs/{job_id}/requeue"),
+    ("get", "/api/v1/jobs/{job_id}/logs"),
 )
 _ERROR_REF = {"$ref": "#/components/schemas/ErrorBody"}
 _BODY_METHODS = ("post", "put", "patch")
@@ -269,17 +282,19 @@ def document_errors(schema: dict[str, Any]) -> dict[str, Any]:
                 continue
             operation.setdefault("security", [{"bearer": []}])
             responses = operation["responses"]
-            wanted = ["401", "422"]
+            wanted = ["401", "422", "503"]
             if method in _BODY_METHODS or "requestBody" in operation:
                 wanted.append("413")
             if "{" in path:
                 wanted.append("404")
             if any(method == m and path.startswith(p) for m, p in FORBIDDEN):
                 wanted.append("403")
+            if (method, path) in CONFLICT:
+                wanted.append("409")
             for status in wanted:
                 responses.setdefault(status, _error_response(ERRORS[status]))
             for status, found in responses.items():
-                if status.startswith("4"):  # every error is ErrorBody (the app's handlers)
+                if status[0] in "45":  # every error is ErrorBody (the app's handlers)
                     if found.get("description") in (None, "", "Validation Error"):
                         found["description"] = ERRORS.get(status, "refused")
                     found["content"] = {"application/json": {"schema": _ERROR_REF}}
