@@ -193,6 +193,21 @@ def up(
             show_default=False,
         ),
     ] = None,
+    metrics_token_file: Annotated[
+        Path | None,
+        typer.Option(
+            help="/metrics asks for the token in this file (owner-only mode), as Prometheus's "
+            "`authorization: credentials_file:` sends it; admins' tokens work too "
+            "[default: DATA_DIR/metrics.token, written at the first start]"
+        ),
+    ] = None,
+    metrics_public: Annotated[
+        bool,
+        typer.Option(
+            help="serve /metrics without a token (its per-job gauges name users' jobs): only "
+            "where nothing untrusted reaches the port"
+        ),
+    ] = False,
     demo: Annotated[
         bool,
         typer.Option(
@@ -243,6 +258,8 @@ def up(
         )
     except UserError as error:
         fail(str(error))
+    if metrics_public and metrics_token_file is not None:
+        fail("--metrics-public and --metrics-token-file: give one of them")
     if gpu_memory_mib is not None and gpu_memory_mib < 1:
         fail(f"--gpu-memory: must be at least 1M, got {gpu_memory!r}")
     try:
@@ -282,6 +299,8 @@ def up(
         ray_address=ray_address,
         single_user=single_user,
         gpu_memory_mib=gpu_memory_mib,
+        metrics_token_file=metrics_token_file.expanduser() if metrics_token_file else None,
+        metrics_public=metrics_public,
     )
     if demo:
         from corral.server.demo import run_demo
@@ -440,6 +459,12 @@ def serve(manager: object, options: object) -> None:
         highlight=False,
         soft_wrap=True,
     )
+    if options.metrics_public:
+        scrape = "no token (--metrics-public)"
+    else:
+        token_at = options.metrics_token_file or options.data_dir / "metrics.token"
+        scrape = f"Authorization: Bearer $(cat {token_at}), or an admin's token"
+    console.print(f"  metrics    {url}/metrics   ({scrape})", highlight=False, soft_wrap=True)
     console.print(f"  state      {options.data_dir}   (Ctrl-C stops; jobs keep running)")
     console.print(f"  {identity_line(manager)}", highlight=False, soft_wrap=True)
     console.print(f"  {limits_line(manager)}", highlight=False, soft_wrap=True)

@@ -643,7 +643,28 @@ def create_app(manager: Manager) -> FastAPI:
             raise HTTPException(422, str(error)) from None
 
     @app.get("/metrics", include_in_schema=False)
-    def metrics() -> Response:
+    def metrics(request: Request) -> Response:
+        """Prometheus's text format, for the metrics token (`corral up --metrics-token-file`,
+        by default DATA_DIR/metrics.token) or an admin's token: the per-job gauges name every
+        user's jobs. `--metrics-public`: for anyone."""
+        settings = manager.settings
+        if not settings.metrics_public:
+            scheme, _, token = request.headers.get("authorization", "").partition(" ")
+            token = token.strip() if scheme.lower() == "bearer" else ""
+            digest = settings.metrics_token_sha256
+            if not (token and digest is not None and auth.matches_secret(token, digest)):
+                who = auth.verify(store, token)
+                if who is None:
+                    raise HTTPException(
+                        401,
+                        "a token is needed for /metrics: Authorization: Bearer TOKEN (the "
+                        "metrics token file of corral up, or an admin's token)",
+                        headers={"WWW-Authenticate": "Bearer"},
+                    )
+                if not who.admin:
+                    raise HTTPException(
+                        403, "only the metrics token or an admin's token may read /metrics"
+                    )
         body, content_type = metrics_text(manager)
         return Response(body, media_type=content_type)
 

@@ -10,10 +10,12 @@ and submit only to their own VC when they have one; admins may do everything.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import math
 import os
 import re
 import secrets
+import stat
 import time
 import weakref
 from dataclasses import dataclass, field
@@ -23,6 +25,11 @@ from corral.server.store import TOKEN_ID_CHARS, Store, TokenRow
 
 ADMIN_TOKEN_FILE = "admin.token"
 ADMIN_USER = "admin"
+#: The token Prometheus sends for /metrics (`corral up` writes it, unless given another file).
+METRICS_TOKEN_FILE = "metrics.token"
+#: A secret file's token: at least this many characters (`openssl rand -hex 32` gives 64).
+MIN_SECRET_CHARS = 32
+MAX_SECRET_BYTES = 4096
 
 
 @dataclass(slots=True, frozen=True)
@@ -221,6 +228,68 @@ def ensure_admin_token(store: Store, data_dir: str | Path) -> Path:
     secret = create_token(store, ADMIN_USER, admin=True, name=ADMIN_TOKEN_FILE)
     _write_private(path, secret + "\n")
     return path
+
+
+def read_secret_file(path: Path, flag: str) -> str:
+    """The token a secret file holds (one line, whitespace around it ignored, as Prometheus reads
+    its `credentials_file`). The file must be a regular file (no symbolic link is followed), of
+    the manager's own user or root, that no one else may read or write; ValueError, one line
+    naming `flag` and the file, otherwise."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as error:
+        raise ValueError(f"{flag}: cannot open {path}: {error.strerror or error}") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise ValueError(f"{flag}: {path} is not a regular file")
+        if info.st_uid not in (os.geteuid(), 0):
+            raise ValueError(
+                f"{flag}: {path} belongs to uid {info.st_uid}, not to this manager's user or "
+                "root: someone else could change the token"
+            )
+        mode = stat.S_IMODE(info.st_mode)
+        if mode & 0o077:
+            raise ValueError(
+                f"{flag}: {path} is open to others (mode {mode:04o}); make it readable by its "
+                f"owner only: chmod 600 {path}"
+            )
+        data = os.read(fd, MAX_SECRET_BYTES + 1)
+    finally:
+        os.close(fd)
+    try:
+        token = data.decode("utf-8").strip()
+    except UnicodeDecodeError:
+        token = ""
+    if len(data) > MAX_SECRET_BYTES or not token.isprintable() or " " in token:
+        raise ValueError(f"{flag}: {path} must hold one token, a line without spaces")
+    if len(token) < MIN_SECRET_CHARS:
+        raise ValueError(
+            f"{flag}: the token in {path} has {len(token)} characters; give at least "
+            f"{MIN_SECRET_CHARS} (e.g. openssl rand -hex 32)"
+        )
+    return token
+
+
+def metrics_token(data_dir: str | Path, given: Path | None = None) -> str:
+    """The token /metrics asks for: the one in `given` (`--metrics-token-file`), else the one
+    in DIR/metrics.token, written (mode 0600) when there is none. A file that is not a good
+    secret file is refused (ValueError), never replaced: Prometheus holds a copy."""
+    path = given if given is not None else Path(data_dir) / METRICS_TOKEN_FILE
+    if given is None and not os.path.lexists(path):
+        _write_private(path, secrets.token_urlsafe(32) + "\n")
+    return read_secret_file(path, "--metrics-token-file")
+
+
+def secret_digest(token: str) -> bytes:
+    """What the manager keeps of a shared secret: its SHA-256 (compared in constant time)."""
+    return hashlib.sha256(token.encode("utf-8")).digest()
+
+
+def matches_secret(token: str, digest: bytes) -> bool:
+    """Whether `token` is the secret of `digest`, in time that does not depend on where they
+    differ (both sides are hashed first: neither its length nor a prefix leaks)."""
+    return hmac.compare_digest(secret_digest(token), digest)
 
 
 def _write_private(path: Path, text: str) -> None:

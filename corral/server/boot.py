@@ -63,6 +63,11 @@ class ServerOptions:
     gpu_memory_mib: int | None = None
     #: The database's password (`--db-password-file`'s); None: libpq's (PGPASSFILE, ~/.pgpass).
     db_password: str | None = field(default=None, repr=False)
+    #: The file whose token /metrics asks for (`--metrics-token-file`); None: DATA_DIR's
+    #: metrics.token, written at the first start.
+    metrics_token_file: Path | None = None
+    #: /metrics without a token (`--metrics-public`).
+    metrics_public: bool = False
 
 
 EXECUTORS = ("local", "ray")
@@ -333,6 +338,11 @@ def _build_with(
                 if (options.data_dir / name).exists():
                     (options.data_dir / name).chmod(0o600)
         auth.ensure_admin_token(store, options.data_dir)
+        settings = options.settings
+        settings.metrics_public = options.metrics_public
+        if not options.metrics_public:
+            token = auth.metrics_token(options.data_dir, options.metrics_token_file)
+            settings.metrics_token_sha256 = auth.secret_digest(token)
         manager = Manager(
             store,
             executor,

@@ -87,6 +87,10 @@ class ManagerSettings:
     gpu_memory_mib: dict[str, int] = field(default_factory=dict)
     #: FGD's target workload live: the task shapes of the latest this many jobs submitted.
     workload_jobs: int = 1000
+    #: /metrics: the SHA-256 of the token Prometheus sends (`corral up`'s metrics token file);
+    #: None: only admins' API tokens read it. `metrics_public`: it needs no token at all.
+    metrics_token_sha256: bytes | None = None
+    metrics_public: bool = False
 
 
 @dataclass(slots=True)

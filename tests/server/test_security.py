@@ -158,6 +158,7 @@ def test_jobs_of_two_users_cannot_reach_each_other_or_the_manager(site: Site) ->
     bob_dir = data / "jobs" / bobs
     targets = {
         "token": data / "admin.token",
+        "metrics-token": data / "metrics.token",
         "db": data / "corral.db",
         "bob-log": bob_dir / "attempt-1" / "rank-0.stdout",
         "bob-launch": bob_dir / "attempt-1" / "launch.json",
@@ -198,6 +199,7 @@ def test_jobs_of_two_users_cannot_reach_each_other_or_the_manager(site: Site) ->
         (bob_dir / "attempt-1" / "rank-0.stdout", bob_uid, 0o600),
         (bob_dir, 0, 0o711),
         (data / "admin.token", 0, 0o600),
+        (data / "metrics.token", 0, 0o600),
         (data / "corral.db", 0, 0o600),
     ]:
         info = os.stat(path)
