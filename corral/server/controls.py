@@ -6,7 +6,9 @@ A job waits at a gate, outside the core, while it is held (`corral hold`), while
 eligible, as if it were submitted at that instant (its submit time kept, so a policy that keeps
 arrival order puts it back in its place), and the core never knows gates exist. Each round
 (`_open_gates`) the manager looks at the gated jobs in id order: a job whose gates are open is
-adopted by the core; one whose dependency failed, was cancelled or refused fails at once
+given to the core (submitted, as if it arrived then, when it never ran, so that an admission
+such as ElasticFlow's judges it, and may refuse it: REFUSED in the round's transaction; adopted
+with its history otherwise); one whose dependency failed, was cancelled or refused fails at once
 ("dependency 12 failed") and never starts. What a gate needs survives a restart: `held_by`,
 `array_id` and `array_index` are columns of the job's row, `after` is in its spec.
 
@@ -174,10 +176,24 @@ class JobControls:
                 continue
             job = self._gated.pop(job_id)
             self._gate_reasons.pop(job_id, None)
-            self.scheduler.adopt(job, now)
+            if job.attempts:  # it ran before: queued again with its history
+                self.scheduler.adopt(job, now)
+            else:  # it never ran: queued as if submitted now (ElasticFlow's admission judges it)
+                job = self.scheduler.submit(job.spec, now)
+                if job.status is JobStatus.REFUSED:
+                    self._refused_at_gate(job, now)
+                    continue
             if job_id in self._array_of:
                 in_core[self._array_of[job_id][0]] += 1
             self._dirty = True
+
+    def _refused_at_gate(self, job: Job, now: float) -> None:
+        """The core refused a job whose gate opened: stored REFUSED in the round's transaction."""
+        self.store.update_job(job.id, status="REFUSED", finished_at=now, reason=job.last_event)
+        self.store.add_event(job.id, now, "refused", job.last_event)
+        self.metrics.finished.labels(job.spec.vc, job.spec.user, "REFUSED").inc()
+        self._ended_status[job.id] = "REFUSED"
+        self._forget(job.id)
 
     def gate_reason(self, job_id: str) -> str | None:
         """Why a gated job waits (None: it is not gated)."""

@@ -7,12 +7,15 @@ The refusal, worked out by hand: 2 GPUs, no measured throughput (every job runs 
 the GPUs it asks for). "late" asks for 1 GPU, not elastic, and its work is its `time_limit`,
 3600 s; its deadline is 60 s after its submission. On its only count, 1 GPU, it needs 3600 s > 60
 s even alone on the empty cluster: refused, "its deadline (in 60s) cannot be met even on 1 GPUs
-of an empty cluster". "ontime" (1 GPU, 600 s of work due in 3600 s) fits: admitted, it runs.
+of an empty cluster". "ontime" (1 GPU, 600 s of work due in 3600 s) fits: admitted, it runs. "gated" is "late" again,
+waiting for a job of a few seconds (`after:`): when its gate opens it is judged as if submitted
+then, and refused as well.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import sqlite3
 import subprocess
 import sys
@@ -104,17 +107,29 @@ def test_a_refused_job_is_refused_in_the_store_api_cli_metrics_and_after_a_resta
         wait_for(client, ontime, ["RUNNING"])
         failed = wait_for(client, child)
         assert (failed["status"], failed["reason"]) == ("FAILED", f"dependency {late} was refused")
+        # A job that waited at a gate is judged when the gate opens, as if submitted then: the
+        # same 3600 s of work, due 60 s after its submission, cannot be done in what is left.
+        parent = submit(client, **python_job("parent", "pass"))
+        gated = submit(
+            client,
+            **python_job("gated", SLEEPER, time_limit=3600, deadline=60, after=[int(parent)]),
+        )
+        refused = wait_for(client, gated, ["REFUSED", "RUNNING"])
+        assert refused["status"] == "REFUSED" and refused["attempts"] == 0, refused
+        assert re.fullmatch(
+            r"refused: its deadline \(in \d+s\) cannot be met even on 1 GPUs of an empty cluster",
+            refused["reason"],
+        )
+        assert [e["kind"] for e in refused["events"]] == ["submitted", "refused"]
+        assert stored(up.data_dir, gated)["status"] == "REFUSED"
         assert_refused(client, up, late)
 
         listed = corral_cli(up, "ls", "--status", "refused")
         assert listed.returncode == 0, listed.stderr
-        rows = listed.stdout.splitlines()[1:]
-        assert len(rows) == 1 and rows[0].split()[:5] == [
-            late,
-            "late",
-            "admin",
-            "default",
-            "REFUSED",
+        rows = [line.split()[:5] for line in listed.stdout.splitlines()[1:]]
+        assert rows == [
+            [gated, "gated", "admin", "default", "REFUSED"],
+            [late, "late", "admin", "default", "REFUSED"],
         ], listed.stdout
         cancel = corral_cli(up, "cancel", late)
         assert cancel.returncode == 1
@@ -130,13 +145,14 @@ def test_a_refused_job_is_refused_in_the_store_api_cli_metrics_and_after_a_resta
             f"error: job {again.stdout.strip()} was refused: {REFUSAL.removeprefix('refused: ')}\n"
         )
 
-        assert metric(client, "corral_jobs", "corral_jobs")[(("state", "REFUSED"),)] == 2
+        assert metric(client, "corral_jobs", "corral_jobs")[(("state", "REFUSED"),)] == 3
         assert metric(client, "corral_jobs_finished", "corral_jobs_finished_total") == {
-            (("status", "REFUSED"), ("user", "admin"), ("vc", "default")): 2,
+            (("status", "REFUSED"), ("user", "admin"), ("vc", "default")): 3,
             (("status", "FAILED"), ("user", "admin"), ("vc", "default")): 1,
+            (("status", "SUCCEEDED"), ("user", "admin"), ("vc", "default")): 1,
         }
         usage = client.get("/api/v1/usage", params={"since": 0}).json()
-        assert usage["total"]["finished"]["REFUSED"] == 2
+        assert usage["total"]["finished"]["REFUSED"] == 3
 
         # Killed and started again: the refused job is not recovered, never starts, and stays
         # REFUSED while the new manager runs rounds (a job submitted after the restart runs).
@@ -146,7 +162,7 @@ def test_a_refused_job_is_refused_in_the_store_api_cli_metrics_and_after_a_resta
         assert wait_for(client, probe)["status"] == "SUCCEEDED"
         assert job(client, ontime)["status"] == "RUNNING"  # found again, still running
         assert_refused(client, up, late)
-        assert metric(client, "corral_jobs", "corral_jobs")[(("state", "REFUSED"),)] == 2
+        assert metric(client, "corral_jobs", "corral_jobs")[(("state", "REFUSED"),)] == 3
     finally:
         up.stop()
         kill_jobs_of(data_dir)
