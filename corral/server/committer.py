@@ -5,7 +5,8 @@ the cluster's shape (`Scheduler.refusal`, no lock needed), gives it its id and p
 One committing thread takes every submission that arrived meanwhile and, under the manager's lock,
 stores them all and queues them in the core in one transaction (a job the core refuses at once,
 ElasticFlow's admission, is stored as REFUSED in it), and only then answers the waiting requests:
-an answer means stored.
+an answer means stored. When that transaction fails, nothing is stored and the core, which may
+have moved, is rebuilt from the store before it decides anything (`Manager._store_failed`).
 """
 
 from __future__ import annotations

@@ -328,7 +328,10 @@ class Manager(
 
     def step(self) -> bool:
         """One pass: collect ended attempts, decide if anything changed, record it all in one
-        transaction, then carry it out. Returns whether a scheduling round ran."""
+        transaction, then carry it out. Returns whether a scheduling round ran. After a failed
+        write, the state is rebuilt from the store first (nothing else while that fails)."""
+        if self._suspect is not None and not self._rebuild():
+            return False
         with self.lock:
             began = time.perf_counter()
             now = self.clock()

@@ -11,7 +11,7 @@ from corral.core.cluster import Cluster
 from corral.exec.local import AttemptEnded, AttemptLaunch
 from corral.server.manager import Manager, ManagerSettings
 from corral.server.spec import parse_job_spec
-from corral.server.store import Store
+from corral.server.store import Store, StoreUnavailable
 from tests.server.helpers import (
     admin_token,
     api,
@@ -328,13 +328,20 @@ def test_a_refusal_is_stored_with_the_job_or_not_at_all(
     monkeypatch.setattr(manager.store, "add_event", broken)
     with pytest.raises(OSError, match="disk full"):
         manager.submit(late, "u")
-    assert manager.store.get_job("1") is None and "1" not in manager.scheduler.jobs
+    assert manager.store.get_job("1") is None
+    # The core may have moved: nothing is decided or accepted until it is rebuilt from the store.
+    assert manager.degraded is not None
     monkeypatch.setattr(manager.store, "add_event", real_add_event)
-    row = manager.submit(late, "u")
-    assert (row.id, row.status) == ("2", "REFUSED")
-    stored = manager.store.get_job("2")
+    with pytest.raises(StoreUnavailable):
+        manager.submit(late, "u")
+    manager.step()  # rebuilds the state from the store: the unstored job is gone
+    assert manager.degraded is None and "1" not in manager.scheduler.jobs
+    row = manager.submit(late, "u")  # (ids 1 and 2 went to the two submissions not stored)
+    assert (row.id, row.status) == ("3", "REFUSED")
+    stored = manager.store.get_job("3")
     assert stored is not None and stored.status == "REFUSED" and stored.finished_at == 1000.0
     assert stored.reason.startswith("refused: its deadline (in 60s) cannot be met")
-    assert [e.kind for e in manager.store.events("2")] == ["submitted", "refused"]
+    assert [e.kind for e in manager.store.events("3")] == ["submitted", "refused"]
     manager.step()
-    assert manager.scheduler.jobs["2"].attempts == 0 and manager.store.unfinished_jobs() == []
+    assert manager.scheduler.jobs["3"].attempts == 0 and manager.store.unfinished_jobs() == []
+    assert [job.id for job in manager.store.list_jobs()] == ["3"]
