@@ -21,7 +21,7 @@ import pytest
 
 from corral.server.boot import RunningServer
 from corral.server.connections import ConnectionGuard, ConnectionLimits, SocketOwners
-from tests.server.helpers import wait_until
+from tests.server.helpers import admin_token, wait_until
 from tests.server.inert import start_inert
 
 #: Short timeouts, so that a test sees them pass; long enough that a loaded machine does not
@@ -406,7 +406,9 @@ def test_headers_over_the_cap_are_refused_431(
 def test_metrics_count_the_refusals_by_reason(server: RunningServer) -> None:
     import httpx
 
-    text = httpx.get(server.url + "/metrics", timeout=30).text
+    token = admin_token(server.manager.data_dir)
+    headers = {"Authorization": f"Bearer {token}"}
+    text = httpx.get(server.url + "/metrics", headers=headers, timeout=30).text
     for reason, count in server.guard.refused.items():
         assert f'corral_connections_refused_total{{reason="{reason}"}} {float(count)}' in text
     assert "corral_connections_open " in text and "corral_connection_peers " in text
