@@ -14,7 +14,6 @@ the machine's cgroups allow it (`unenforced_limits` says which it cannot).
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import signal
@@ -28,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from corral.exec import contain, logcap
+from corral.exec import contain, logcap, safefs
 from corral.exec.shim import (
     FORWARD_FILE,
     FORWARD_SIGNAL,
@@ -300,12 +299,10 @@ def job_environment() -> dict[str, str]:
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        with open(path, encoding="utf-8") as json_file:
-            data = json.load(json_file)
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
+    """An attempt's control file (shim.json, workers.json, result.json): None when it is
+    missing, not JSON, or not the manager's own in a directory only the manager may write
+    (corral.exec.safefs): the pids and cgroups it names are killed."""
+    return safefs.read_json_in(path.parent, path.name)
 
 
 def _ended_from_result(job_id: str, attempt: int, result: dict[str, Any]) -> AttemptEnded:
@@ -377,21 +374,44 @@ def _kill_attempt(
 
 def own_directory(path: Path, run_as: RunAs | None, mode: int = 0o700) -> None:
     """Create `path` (and its parents) and give it `mode` and, with run_as, to that account.
-    An existing directory is kept (a job's checkpoint or work dir across attempts); with run_as
-    a link in its place is refused, so a job cannot have a path of its choosing given to it.
-    The mode is set explicitly: the manager's umask may be 077."""
+    An existing directory is kept (a job's checkpoint or work dir across attempts) when it is
+    the manager's or, with run_as, that account's; one that belongs to anyone else is refused
+    (made first by another account: it may hold what they put there), and with run_as so is a
+    link in its place, so a job cannot have a path of its choosing given to it. The mode is set
+    explicitly: the manager's umask may be 077."""
     path.mkdir(parents=True, exist_ok=True)
-    if run_as is None:  # the manager's own: a link an admin made (to another disk) is fine
-        path.chmod(mode)
-        return
-    if stat.S_ISLNK(os.lstat(path).st_mode):
+    if run_as is not None and stat.S_ISLNK(os.lstat(path).st_mode):
         raise ValueError(f"{path} is a symbolic link: not given to account {run_as.user}")
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    # Without run_as, the manager's own: a link an admin made (to another disk) is followed.
+    nofollow = os.O_NOFOLLOW if run_as is not None else 0
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | nofollow | os.O_CLOEXEC)
     try:
-        os.fchown(fd, run_as.uid, run_as.gid)
+        owner = os.fstat(fd).st_uid
+        allowed = safefs.trusted_uids() | ({run_as.uid} if run_as is not None else set())
+        if owner not in allowed:
+            mine = f"the manager's or account {run_as.user}'s" if run_as else "the manager's"
+            raise safefs.UnsafePath(
+                f"{path} belongs to {safefs.owner_name(owner)}, not {mine}: not used"
+            )
+        if run_as is not None:
+            os.fchown(fd, run_as.uid, run_as.gid)
         os.fchmod(fd, mode)
     finally:
         os.close(fd)
+
+
+def attempt_directory(attempt_dir: Path, mode: int) -> int:
+    """A descriptor of an attempt's directory (absolute), made with `mode` (its parents too,
+    when missing); it and every directory above it must be the manager's (or root's) and
+    writable by no one else (corral.exec.safefs), an existing one too: a directory someone else
+    made first, or one they could swap entries in, would let them choose what the supervisor
+    (root) reads from launch.json. UnsafePath (a ValueError) names what failed."""
+    attempt_dir.parent.mkdir(parents=True, exist_ok=True)
+    parent_fd = safefs.open_trusted_dir(attempt_dir.parent)
+    try:
+        return safefs.make_dir_at(parent_fd, attempt_dir.name, mode, str(attempt_dir))
+    finally:
+        os.close(parent_fd)
 
 
 def _fill_master(workers: list[WorkerLaunch], address: str) -> None:
@@ -448,80 +468,93 @@ class LocalExecutor:
         with self._lock:
             if key in self._tracked:
                 raise ValueError(f"attempt {launch.attempt} of job {launch.job_id} is running")
-            attempt_dir.mkdir(parents=True, exist_ok=True)
             # The control files are the manager's. With run_as, the account may reach its own
             # log files (made by the shim, owned by it) but not list the directory.
-            attempt_dir.chmod(0o711 if launch.run_as is not None else 0o700)
-            if launch.checkpoint_dir is not None:
-                own_directory(Path(launch.checkpoint_dir), launch.run_as)
-            _fill_master(launch.workers, "127.0.0.1")
-            run_as = launch.run_as
-            write_json_atomic(
-                attempt_dir / "launch.json",
-                {
-                    "job_id": launch.job_id,
-                    "attempt": launch.attempt,
-                    "workdir": launch.workdir,
-                    "stop_signal": int(launch.stop_signal),
-                    "grace_s": float(launch.grace_s),
-                    "workers": [
-                        {"rank": worker.rank, "argv": list(worker.argv), "env": dict(worker.env)}
-                        for worker in launch.workers
-                    ],
-                    "run_as": None
-                    if run_as is None
-                    else {
-                        "user": run_as.user,
-                        "uid": run_as.uid,
-                        "gid": run_as.gid,
-                        "home": run_as.home,
-                    },
-                    "gpu_devices": None
-                    if launch.gpu_devices is None
-                    else [int(gpu) for gpu in launch.gpu_devices],
-                    "device_dir": str(self.device_dir),
-                    "log_cap_bytes": int(launch.log_cap_bytes),
-                    "contain": self.containment,
-                    "end_timeout_s": float(self.end_timeout_s),
-                    "limits": attempt_limits(launch).record(),
-                },
-                durable=True,
-            )
-            # SIGTERM stays blocked in the shim until its handler is installed, so a stop()
-            # right after launch() is a clean stop, not a dead shim. The mask is per thread and
-            # inherited by the child.
-            old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, FORWARD_SIGNAL})
+            mode = 0o711 if launch.run_as is not None else 0o700
+            dir_fd = attempt_directory(attempt_dir, mode)
             try:
-                log_fd = os.open(
-                    attempt_dir / "shim.log",
-                    os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC,
-                    0o600,
-                )
-                with open(log_fd, "ab") as shim_log:
-                    popen = subprocess.Popen(
-                        [self.shim_python, "-m", "corral.exec.shim", str(attempt_dir)],
-                        stdin=subprocess.DEVNULL,
-                        stdout=shim_log,
-                        stderr=shim_log,
-                        cwd=attempt_dir,
-                        start_new_session=True,
-                        env=job_environment(),
-                    )
+                self._launch_in(launch, key, attempt_dir, dir_fd)
             finally:
-                signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
-            start_time = process_start_time(popen.pid)
-            # The shim writes the same file as it starts; writing it here as well closes the
-            # window in which a server crash would make a started attempt look never-started.
-            # Never over the shim's own (which records its container).
-            if start_time is not None:
-                write_json_atomic(
-                    attempt_dir / "shim.json",
-                    {"pid": popen.pid, "start_time": start_time},
-                    replace=False,
-                )
-            self._tracked[key] = _Tracked(
-                launch.job_id, launch.attempt, attempt_dir, popen.pid, start_time, popen
+                os.close(dir_fd)
+
+    def _launch_in(
+        self, launch: AttemptLaunch, key: tuple[str, int], attempt_dir: Path, dir_fd: int
+    ) -> None:
+        """`launch` with the attempt's checked directory `dir_fd`: every control file is written
+        relative to it."""
+        if launch.checkpoint_dir is not None:
+            own_directory(Path(launch.checkpoint_dir), launch.run_as)
+        _fill_master(launch.workers, "127.0.0.1")
+        run_as = launch.run_as
+        write_json_atomic(
+            Path("launch.json"),
+            {
+                "job_id": launch.job_id,
+                "attempt": launch.attempt,
+                "workdir": launch.workdir,
+                "stop_signal": int(launch.stop_signal),
+                "grace_s": float(launch.grace_s),
+                "workers": [
+                    {"rank": worker.rank, "argv": list(worker.argv), "env": dict(worker.env)}
+                    for worker in launch.workers
+                ],
+                "run_as": None
+                if run_as is None
+                else {
+                    "user": run_as.user,
+                    "uid": run_as.uid,
+                    "gid": run_as.gid,
+                    "home": run_as.home,
+                },
+                "gpu_devices": None
+                if launch.gpu_devices is None
+                else [int(gpu) for gpu in launch.gpu_devices],
+                "device_dir": str(self.device_dir),
+                "log_cap_bytes": int(launch.log_cap_bytes),
+                "contain": self.containment,
+                "end_timeout_s": float(self.end_timeout_s),
+                "limits": attempt_limits(launch).record(),
+            },
+            durable=True,
+            dir_fd=dir_fd,
+        )
+        # SIGTERM stays blocked in the shim until its handler is installed, so a stop()
+        # right after launch() is a clean stop, not a dead shim. The mask is per thread and
+        # inherited by the child.
+        old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, FORWARD_SIGNAL})
+        try:
+            log_fd = os.open(
+                "shim.log",
+                os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC,
+                0o600,
+                dir_fd=dir_fd,
             )
+            with open(log_fd, "ab") as shim_log:
+                popen = subprocess.Popen(
+                    [self.shim_python, "-m", "corral.exec.shim", str(attempt_dir)],
+                    stdin=subprocess.DEVNULL,
+                    stdout=shim_log,
+                    stderr=shim_log,
+                    cwd=attempt_dir,
+                    start_new_session=True,
+                    env=job_environment(),
+                )
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+        start_time = process_start_time(popen.pid)
+        # The shim writes the same file as it starts; writing it here as well closes the
+        # window in which a server crash would make a started attempt look never-started.
+        # Never over the shim's own (which records its container).
+        if start_time is not None:
+            write_json_atomic(
+                Path("shim.json"),
+                {"pid": popen.pid, "start_time": start_time},
+                replace=False,
+                dir_fd=dir_fd,
+            )
+        self._tracked[key] = _Tracked(
+            launch.job_id, launch.attempt, attempt_dir, popen.pid, start_time, popen
+        )
 
     def stop(self, job_id: str, attempt: int) -> None:
         """Ask an attempt's shim to stop its workers. Idempotent; a no-op once the shim is gone."""

@@ -4,6 +4,11 @@ The shim is the only parent of an attempt's workers. It runs in its own session,
 the server that spawned it (even a `kill -9`); a restarted server finds it again through
 `shim.json` and learns how the attempt ended from `result.json`.
 
+ATTEMPT_DIR and every directory above it must belong to root or the shim's own account and be
+writable by no one else (a world-writable parent only with the sticky bit, like /tmp), and
+launch.json must be such a file too (corral.exec.safefs): otherwise the shim refuses in one line
+and runs nothing. Every file below is opened relative to the checked directory's descriptor.
+
 Files in ATTEMPT_DIR (the control files are the shim's, mode 0600):
   launch.json        read: job_id, attempt, workdir, stop_signal, grace_s, workers [{rank, argv, env}],
                      and optionally run_as {user, uid, gid, home}, gpu_devices [int], device_dir,
@@ -46,6 +51,7 @@ import json
 import os
 import select
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -54,7 +60,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from corral.exec import contain, logcap
+from corral.exec import contain, logcap, safefs
 
 #: Where a worker appends its progress reports (corral.progress; the protocol: docs/progress.md).
 PROGRESS_VARIABLE = "CORRAL_PROGRESS_FILE"
@@ -95,39 +101,53 @@ def is_alive(pid: int, start_time: int) -> bool:
 
 
 def write_json_atomic(
-    path: Path, data: dict[str, Any], durable: bool = False, replace: bool = True
+    path: Path,
+    data: dict[str, Any],
+    durable: bool = False,
+    replace: bool = True,
+    dir_fd: int | None = None,
 ) -> bool:
     """Write `data` to `path` all at once (mode 0600: a job's environment is no one else's).
-    `replace=False` leaves an existing file as it is; returns whether `path` was written."""
+    `replace=False` leaves an existing file as it is; returns whether `path` was written. With
+    `dir_fd`, `path` is a name in that directory (one checked by corral.exec.safefs)."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(tmp, flags, 0o600, dir_fd=dir_fd)
     with open(fd, "w", encoding="utf-8") as out:
         json.dump(data, out)
         if durable:
             out.flush()
             os.fsync(out.fileno())
     if replace:
-        os.replace(tmp, path)
+        os.replace(tmp, path, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
         return True
     try:
-        os.link(tmp, path)  # fails if it exists: never clobbers what the shim wrote
+        # Fails if it exists: never clobbers what the shim wrote.
+        os.link(tmp, path, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
         return True
     except FileExistsError:
         return False
     finally:
-        os.unlink(tmp)
+        os.unlink(tmp, dir_fd=dir_fd)
 
 
-def last_line(path: Path, max_chars: int = MAX_TAIL_CHARS) -> str:
-    """The last non-empty line of a (possibly large) text file, at most `max_chars` long."""
+def last_line(path: Path, max_chars: int = MAX_TAIL_CHARS, dir_fd: int | None = None) -> str:
+    """The last non-empty line of a (possibly large) text file, at most `max_chars` long; "" for
+    anything but a regular file (never through a link, never blocking on a FIFO). With `dir_fd`,
+    `path` is a name in that directory."""
     try:
-        with open(path, "rb") as text_file:
-            text_file.seek(0, os.SEEK_END)
-            size = text_file.tell()
-            text_file.seek(max(0, size - TAIL_BYTES))
-            data = text_file.read()
+        fd = os.open(path, safefs.READ_FLAGS, dir_fd=dir_fd)
     except OSError:
         return ""
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            return ""
+        data = os.pread(fd, TAIL_BYTES, max(0, info.st_size - TAIL_BYTES))
+    except OSError:
+        return ""
+    finally:
+        os.close(fd)
     for line in reversed(data.decode("utf-8", errors="replace").splitlines()):
         stripped = line.strip()
         if stripped:
@@ -214,8 +234,11 @@ def _ignore(signum: int, frame: object) -> None:
 
 
 class Shim:
-    def __init__(self, attempt_dir: Path) -> None:
+    def __init__(self, attempt_dir: Path, dir_fd: int) -> None:
         self.attempt_dir = attempt_dir
+        #: The attempt's directory, checked from `/` down (corral.exec.safefs): every control
+        #: file is read and written relative to it.
+        self.dir_fd = dir_fd
         self.stop_requested = False
         self.launch: dict[str, Any] = {}
         self.workers: list[Worker] = []
@@ -248,9 +271,11 @@ class Shim:
         """Send the workers' group the signal the executor wrote to FORWARD_FILE (once)."""
         self.forward_requested = False
         try:
-            with open(self.attempt_dir / FORWARD_FILE, encoding="utf-8") as request:
-                number = int(json.load(request)["signal"])
-        except (OSError, ValueError, KeyError, TypeError):
+            request = safefs.read_trusted_json(
+                self.dir_fd, FORWARD_FILE, self.attempt_dir / FORWARD_FILE
+            )
+            number = int(request["signal"])
+        except (OSError, ValueError, KeyError, TypeError):  # UnsafePath is a ValueError
             return
         if number in (signal.SIGKILL, signal.SIGSTOP) or number not in signal.valid_signals():
             return
@@ -276,12 +301,23 @@ class Shim:
             "pid": os.getpid(),
             "start_time": process_start_time(os.getpid()),
         }
-        write_json_atomic(self.attempt_dir / "shim.json", shim_info)
+        write_json_atomic(Path("shim.json"), shim_info, dir_fd=self.dir_fd)
         # Before any worker exists: every orphan of the attempt is re-parented here.
         contain.become_subreaper()
         try:
-            with open(self.attempt_dir / "launch.json", encoding="utf-8") as launch_file:
-                self.launch = json.load(launch_file)
+            # Root's own file, or nothing runs: its run_as says whose account the workers get.
+            launch = safefs.read_trusted_json(
+                self.dir_fd, "launch.json", self.attempt_dir / "launch.json"
+            )
+        except safefs.UnsafePath as exc:
+            print(f"corral shim: launch.json refused: {exc}; nothing was run", file=sys.stderr)
+            return AttemptResult(None, None, False, f"launch.json refused: {exc}")
+        except (OSError, ValueError) as exc:
+            return AttemptResult(None, None, False, f"bad launch.json: {exc}")
+        try:
+            if not isinstance(launch, dict):
+                raise TypeError("not a JSON object")
+            self.launch = launch
             specs = sorted(self.launch["workers"], key=lambda worker: int(worker["rank"]))
             stop_signal = int(self.launch["stop_signal"])
             grace_s = float(self.launch["grace_s"])
@@ -315,7 +351,7 @@ class Shim:
         for why in self.container.unenforced.values():  # the executor warned at launch too
             print(f"corral: limit not enforced: {why}", file=sys.stderr, flush=True)
         shim_info["container"] = self.container.record()
-        write_json_atomic(self.attempt_dir / "shim.json", shim_info, durable=True)
+        write_json_atomic(Path("shim.json"), shim_info, durable=True, dir_fd=self.dir_fd)
         start_error = self.start_workers(specs, workdir, run_as)
         if start_error is not None:
             self.begin_gang_stop(stop_signal, grace_s)
@@ -324,9 +360,10 @@ class Shim:
         self.wait(stop_signal, grace_s)
         return out_of_memory(self.container, self.outcome(stop_signal, grace_s))
 
-    def open_log(self, path: Path, run_as: dict[str, Any] | None) -> int:
-        """A worker's output file: never through a link, readable by its owner only."""
-        fd = os.open(path, LOG_FLAGS, 0o600)
+    def open_log(self, name: str, run_as: dict[str, Any] | None) -> int:
+        """A worker's output file in the attempt's directory: never through a link, readable by
+        its owner only."""
+        fd = os.open(name, LOG_FLAGS, 0o600, dir_fd=self.dir_fd)
         self.log_fds.append(fd)
         if run_as is not None:
             os.fchown(fd, run_as["uid"], run_as["gid"])
@@ -349,15 +386,15 @@ class Shim:
             env = dict(os.environ) if run_as is None else account_environment(run_as)
             env.update({str(key): str(value) for key, value in spec.get("env", {}).items()})
             env[contain.KEY_VARIABLE] = self.container.name
-            progress = self.attempt_dir / f"rank-{rank}.progress"
+            progress = f"rank-{rank}.progress"
             self.open_log(progress, run_as)
-            env[PROGRESS_VARIABLE] = str(progress)
+            env[PROGRESS_VARIABLE] = str(self.attempt_dir / progress)
             argv = [str(arg) for arg in spec["argv"]]
             if run_as is not None:
                 argv = ["/bin/sh", "-c", 'cd -- "$0" && exec "$@"', workdir, *argv]
-            stdout = self.open_log(self.attempt_dir / f"rank-{rank}.stdout", run_as)
-            stderr_path = self.attempt_dir / f"rank-{rank}.stderr"
-            stderr = self.open_log(stderr_path, run_as)
+            stdout = self.open_log(f"rank-{rank}.stdout", run_as)
+            stderr_name = f"rank-{rank}.stderr"
+            stderr = self.open_log(stderr_name, run_as)
             try:
                 with self.container.entered():
                     popen = subprocess.Popen(
@@ -379,7 +416,8 @@ class Shim:
                 code = 126 if exc.errno in (errno.EACCES, errno.ENOEXEC, errno.EPERM) else 127
                 self.failed_rank = rank
                 self.record_workers()
-                return AttemptResult(code, None, False, message, last_line(stderr_path))
+                tail = last_line(Path(stderr_name), dir_fd=self.dir_fd)
+                return AttemptResult(code, None, False, message, tail)
             if self.pgid is None:
                 self.pgid = popen.pid
             self.workers.append(Worker(rank, popen))
@@ -388,7 +426,7 @@ class Shim:
 
     def record_workers(self) -> None:
         write_json_atomic(
-            self.attempt_dir / "workers.json",
+            Path("workers.json"),
             {
                 "pgid": self.pgid,
                 "workers": [
@@ -400,6 +438,7 @@ class Shim:
                     for worker in self.workers
                 ],
             },
+            dir_fd=self.dir_fd,
         )
 
     def reap(self) -> None:
@@ -507,7 +546,7 @@ class Shim:
                 reason = f"exit code {code} (rank {failed.rank})"
             else:
                 reason = f"killed by {signal_name(-code)} (rank {failed.rank})"
-            tail = last_line(self.attempt_dir / f"rank-{failed.rank}.stderr")
+            tail = last_line(Path(f"rank-{failed.rank}.stderr"), dir_fd=self.dir_fd)
             return AttemptResult(_exit_code(code), _signal_of(code), False, reason, tail, workers)
         first = self.workers[0].returncode
         assert first is not None
@@ -592,7 +631,15 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m corral.exec.shim ATTEMPT_DIR", file=sys.stderr)
         return 2
     attempt_dir = Path(args[0])
-    shim = Shim(attempt_dir)
+    try:
+        # Every directory from / down is root's (or the manager's) and no one else may write
+        # it: else someone could swap launch.json (run_as null: root) before it is read.
+        dir_fd = safefs.open_trusted_dir(attempt_dir)
+    except (OSError, safefs.UnsafePath) as exc:
+        shown = exc if isinstance(exc, safefs.UnsafePath) else f"{exc.filename}: {exc.strerror}"
+        print(f"corral shim: refused {attempt_dir}: {shown}; nothing was run", file=sys.stderr)
+        return 2
+    shim = Shim(attempt_dir, dir_fd)
     try:
         result = shim.run()
     except Exception as exc:  # the result file must be written whatever went wrong
@@ -607,7 +654,7 @@ def main(argv: list[str] | None = None) -> int:
         reason += f"; {len(shim.leftover)} process(es) could not be ended"
     launch = shim.launch
     write_json_atomic(
-        attempt_dir / "result.json",
+        Path("result.json"),
         {
             "job_id": launch.get("job_id"),
             "attempt": launch.get("attempt"),
@@ -621,6 +668,7 @@ def main(argv: list[str] | None = None) -> int:
             "leftover": shim.leftover,
         },
         durable=True,
+        dir_fd=dir_fd,
     )
     return 0
 

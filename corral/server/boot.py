@@ -19,6 +19,7 @@ import uvicorn
 
 from corral.core.cluster import Cluster, ClusterError, NodeDef
 from corral.core.config import ConfigError, vc_gpu_quota
+from corral.exec import safefs
 from corral.exec.gpus import (
     NoGpusError,
     discover_gpus,
@@ -148,9 +149,48 @@ def lock_data_dir(data_dir: Path) -> int:
     return fd
 
 
-def build_manager(options: ServerOptions, executor: Executor | None = None) -> Manager:
+def trusted_directory(flag: str, path: Path) -> None:
+    """BootError (one line: the path, what is wrong, the fix) unless `path` and every directory
+    above it belong to root or the manager's account and no one else may write them (a parent
+    others may write only with the sticky bit, as /tmp has): whoever could write there could
+    swap what root reads, an attempt's launch.json above all (corral.exec.safefs)."""
+    problem = safefs.check_trusted_dir(path)
+    if problem is None:
+        return
+    trusted = " or ".join(
+        safefs.owner_name(uid).split(" ")[0] for uid in sorted(safefs.trusted_uids())
+    )
+    raise BootError(
+        f"{flag} {path}: {problem}; use a directory that only {trusted} may write, inside "
+        f"directories that only {trusted} may write or that have the sticky bit (as /tmp has); "
+        "one that another account made first may hold what it put there: remove it, or choose "
+        "another"
+    )
+
+
+def prepare_data_dir(options: ServerOptions) -> None:
+    """Make the data directory (and `--cache-dir`, `--checkpoint-root` when given) and check,
+    before anything is written there, that no one but root or the manager's account can change
+    what is in them (`trusted_directory`): its `jobs/` tree too, when it exists."""
     options.data_dir = options.data_dir.resolve()
     options.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # logs may hold secrets
+    trusted_directory("--data-dir", options.data_dir)
+    if (options.data_dir / "jobs").exists():
+        trusted_directory("--data-dir", options.data_dir / "jobs")
+    settings = options.settings
+    if settings.cache is not None:
+        root = cache_root(settings.cache, options.data_dir)
+        root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        trusted_directory("--cache-dir", root)
+    if settings.checkpoint_root is not None:
+        settings.checkpoint_root = Path(settings.checkpoint_root).resolve()
+        # Jobs' accounts pass through it to their own directories, never list it.
+        settings.checkpoint_root.mkdir(mode=0o711, parents=True, exist_ok=True)
+        trusted_directory("--checkpoint-root", settings.checkpoint_root)
+
+
+def build_manager(options: ServerOptions, executor: Executor | None = None) -> Manager:
+    prepare_data_dir(options)
     lock = lock_data_dir(options.data_dir)
     try:
         manager = _build_manager(options, executor)
@@ -189,6 +229,14 @@ def prepare_multi_user(options: ServerOptions) -> None:
             f"--cache-dir: jobs run under their users' accounts and could not reach their data "
             f"sets' caches there ({blocked} is closed to others); choose a directory others may "
             "pass through"
+        )
+    checkpoints = options.settings.checkpoint_root
+    blocked = None if checkpoints is None else identity.check_reachable(checkpoints / "job")
+    if blocked is not None:
+        raise BootError(
+            f"--checkpoint-root: jobs run under their users' accounts and could not reach their "
+            f"checkpoint directories there ({blocked} is closed to others); chmod o+x it, or "
+            "choose a directory others may pass through"
         )
     options.settings.multi_user = True
 

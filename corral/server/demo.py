@@ -21,7 +21,7 @@ from rich.table import Table
 from corral.client import Client
 from corral.core.framework import config_from_mapping, merge
 from corral.server import identity
-from corral.server.boot import RunningServer, ServerOptions, build_manager
+from corral.server.boot import RunningServer, ServerOptions, build_manager, prepare_data_dir
 
 TRAIN_SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "train.py"
 
@@ -58,7 +58,7 @@ def run_demo(options: ServerOptions, console: Console) -> None:
         from corral.server.boot import BootError
 
         raise BootError(f"{TRAIN_SCRIPT}: the demo's training script is missing (run from a clone)")
-    options.data_dir.mkdir(parents=True, exist_ok=True)
+    prepare_data_dir(options)  # checked before the demo writes its config there
     config = options.data_dir / "demo-cluster.yaml"
     config.write_text(DEMO_CLUSTER)
     options.config = config
