@@ -183,8 +183,13 @@ def create_app(manager: Manager) -> FastAPI:
             if hidden is not None:
                 raise HTTPException(422, f"after.{hidden[0]}: no job {hidden[1]}")
         if model.workdir is not None and isinstance(manager.executor, LocalExecutor):
-            # Here, not when the job starts (Ray's nodes are elsewhere: not checked there).
-            problem = await run_in_threadpool(limits.workdir_problem, model.workdir)
+            # Here, not when the job starts (Ray's nodes are elsewhere: not checked there). In
+            # multi-user mode the job's account is checked first, then the workdir as it sees
+            # it (manager.submit): root's look would tell whether a closed path exists.
+            check = limits.workdir_problem
+            if manager.settings.multi_user:
+                check = limits.workdir_form_problem
+            problem = await run_in_threadpool(check, model.workdir)
             if problem is not None:
                 raise HTTPException(422, f"workdir: {problem}")
         try:

@@ -17,7 +17,6 @@ import threading
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from corral.core.job import Job, JobSpec, JobStatus
@@ -180,7 +179,9 @@ class SubmissionCommitter:
 
     def _account_for(self, model: JobSpecModel, user: str, unix_user: str | None) -> str | None:
         """The Unix account the job will run as (None in single-user mode); SubmitError if it
-        does not exist, may not run jobs, or cannot enter the job's workdir."""
+        does not exist, may not run jobs, or cannot enter the job's workdir. The account comes
+        first, then the workdir as that account would see it (the API does not look at it as
+        root first: that would tell whether a path it cannot read exists)."""
         if not self.settings.multi_user:
             return None
         try:
@@ -188,9 +189,9 @@ class SubmissionCommitter:
         except AccountError as error:
             raise SubmitError(str(error)) from None
         if model.workdir:
-            blocked = identity.may_enter(Path(model.workdir), run_as)
-            if blocked is not None:
-                raise SubmitError(f"workdir: account {run_as.user} cannot enter {blocked}")
+            problem = identity.workdir_problem_as(model.workdir, run_as)
+            if problem is not None:
+                raise SubmitError(f"workdir: {problem}")
         return run_as.user
 
     def _commit_loop(self) -> None:

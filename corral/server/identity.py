@@ -61,6 +61,74 @@ def groups_of(run_as: RunAs) -> set[int]:
     return set(os.getgrouplist(run_as.user, run_as.gid))
 
 
+#: As the kernel's limit on symbolic links followed in one lookup.
+MAX_LINKS = 40
+
+
+def _searchable(info: os.stat_result, run_as: RunAs, groups: set[int]) -> bool:
+    if info.st_uid == run_as.uid:
+        return bool(info.st_mode & stat.S_IXUSR)
+    if info.st_gid in groups:
+        return bool(info.st_mode & stat.S_IXGRP)
+    return bool(info.st_mode & stat.S_IXOTH)
+
+
+def _closed(path: str, info: os.stat_result) -> str:
+    mode = stat.S_IMODE(info.st_mode)
+    return f"{path} (owner {_user_name(info.st_uid)}, mode {mode:04o})"
+
+
+def workdir_problem_as(path: str, run_as: RunAs) -> str | None:
+    """Why the account may not make `path` its working directory, as that account would find
+    out itself (one line), or None. The path is looked up one component at a time as the kernel
+    would for it: a directory it may not search stops the walk there (`account X cannot enter
+    DIR (owner, mode)`), and nothing beyond it is looked at, so the answer never tells whether
+    something exists where the account cannot look; a symbolic link is followed (its target is
+    readable to whoever may search its directory). Only then: missing, or not a directory. The
+    owner, group and other bits decide (ACLs are not read); the kernel checks again when the
+    job starts, as the account."""
+    if not os.path.isabs(path):
+        return f"must be an absolute path on the manager's machine (got {path!r})"
+    groups = groups_of(run_as)
+    todo = [part for part in path.split("/") if part]
+    current = "/"
+    links = 0
+    while True:
+        try:
+            info = os.stat(current)
+        except OSError as error:  # a directory of the walk went away meanwhile
+            return f"{current}: {error.strerror}"
+        if not _searchable(info, run_as, groups):
+            return f"account {run_as.user} cannot enter {_closed(current, info)}"
+        if not todo:
+            return None
+        part = todo.pop(0)
+        if part == ".":
+            continue
+        if part == "..":
+            current = os.path.dirname(current)
+            continue
+        child = os.path.join(current, part)
+        try:
+            found = os.lstat(child)
+        except FileNotFoundError:
+            return f"{child} does not exist on the manager's machine"
+        except OSError as error:
+            return f"{child}: {error.strerror}"
+        if stat.S_ISLNK(found.st_mode):
+            links += 1
+            if links > MAX_LINKS:
+                return f"{child}: too many levels of symbolic links"
+            target = os.readlink(child)
+            todo[:0] = [part for part in target.split("/") if part]
+            if target.startswith("/"):
+                current = "/"
+            continue
+        if not stat.S_ISDIR(found.st_mode):
+            return f"{child} is not a directory (on the manager's machine)"
+        current = child
+
+
 def may_enter(path: Path, run_as: RunAs) -> str | None:
     """None if the account may reach `path` and enter it (search permission on every directory
     from the root down, by the usual owner / group / other bits); else the first place it may

@@ -162,10 +162,18 @@ def strict_json(body: bytes | str, max_depth: int = MAX_JSON_DEPTH) -> object:
     return value
 
 
-def workdir_problem(path: str) -> str | None:
-    """Why `path` cannot be a job's working directory on this machine (one line), or None."""
+def workdir_form_problem(path: str) -> str | None:
+    """Why `path` cannot name a job's working directory, by its form alone (one line), or None."""
     if not os.path.isabs(path):
         return f"must be an absolute path on the manager's machine (got {one_line(path, 200)})"
+    return None
+
+
+def workdir_problem(path: str) -> str | None:
+    """Why `path` cannot be a job's working directory on this machine (one line), or None."""
+    form = workdir_form_problem(path)
+    if form is not None:
+        return form
     try:
         if os.path.isdir(path):
             return None

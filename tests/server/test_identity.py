@@ -107,3 +107,26 @@ def test_root_refuses_a_data_dir_the_jobs_accounts_cannot_reach(tmp_path: Path) 
     assert "is closed to others" in message and "--single-user" in message
     # Nothing is left holding the directory: a single-user manager may start there at once.
     build_manager(ServerOptions(data_dir=closed / "state", gpus=1, single_user=True)).stop()
+
+
+def test_the_workdir_walk_stops_where_the_account_cannot_search(open_base: Path) -> None:
+    nobody = identity.account("nobody")
+    (open_base / "closed" / "inner").mkdir(parents=True)
+    (open_base / "closed").chmod(0o700)
+    (open_base / "open").mkdir(mode=0o755)
+    (open_base / "open").chmod(0o755)
+    (open_base / "open" / "up").symlink_to("../closed/inner")
+    (open_base / "open" / "loop").symlink_to("loop")
+    closed = f"account nobody cannot enter {open_base / 'closed'} (owner root, mode 0700)"
+    for path in ("closed/inner", "closed/none/deeper", "open/up", "open/../closed"):
+        assert identity.workdir_problem_as(f"{open_base}/{path}", nobody) == closed
+    assert identity.workdir_problem_as(str(open_base / "open"), nobody) is None
+    assert identity.workdir_problem_as(f"{open_base}/open/./none", nobody) == (
+        f"{open_base}/open/none does not exist on the manager's machine"
+    )
+    assert identity.workdir_problem_as(f"{open_base}/open/loop", nobody) == (
+        f"{open_base}/open/loop: too many levels of symbolic links"
+    )
+    assert identity.workdir_problem_as("relative", nobody) == (
+        "must be an absolute path on the manager's machine (got 'relative')"
+    )

@@ -255,3 +255,55 @@ def test_a_submission_needs_an_account_that_may_run_jobs(site: Site) -> None:
     assert response.status_code == 422, response.text
     assert response.json()["detail"].startswith("workdir: account crl-alice-")
     assert [row["id"] for row in site.admin.get("/api/v1/jobs").json()] == []
+
+
+def test_a_workdir_is_checked_as_the_account_and_after_it(site: Site) -> None:
+    """Whether a path exists where the job's account cannot look is never told: the walk stops
+    at the first directory it may not search, whatever lies beyond; and a user without an
+    account hears about the account, not about the workdir."""
+    alice = site.client("alice", "vision")
+    account = site.accounts["alice"]
+    closed = Path(tempfile.mkdtemp(prefix="corral-closed-"))  # root's, 0700
+    opened = Path(tempfile.mkdtemp(prefix="corral-open-"))
+    try:
+        opened.chmod(0o755)
+        (closed / "exists").mkdir()
+        (opened / "into-closed").symlink_to(closed / "exists")
+        (opened / "file").write_text("")
+
+        def refusal(client: httpx.Client, workdir: str) -> str:
+            response = client.post(
+                "/api/v1/jobs",
+                json={
+                    "name": "x",
+                    "vc": "vision",
+                    "gpus": 1,
+                    "command": "true",
+                    "workdir": workdir,
+                },
+            )
+            assert response.status_code == 422, response.text
+            detail = str(response.json()["detail"])
+            assert "\n" not in detail
+            return detail
+
+        blocked = f"workdir: account {account} cannot enter {closed} (owner root, mode 0700)"
+        for workdir in ("exists", "missing", "missing/deeper", "exists/.."):
+            assert refusal(alice, f"{closed}/{workdir}") == blocked
+        assert refusal(alice, f"{opened}/into-closed") == blocked  # through a link too
+        assert refusal(alice, f"{opened}/missing") == (
+            f"workdir: {opened}/missing does not exist on the manager's machine"
+        )
+        assert refusal(alice, f"{opened}/file") == (
+            f"workdir: {opened}/file is not a directory (on the manager's machine)"
+        )
+        # The account first: carol has none, and hears that, not where her workdir is.
+        token = site.admin.post("/api/v1/tokens", json={"user": "carol", "vc": "vision"})
+        carol = api(site.corral.url, token.json()["token"])
+        assert refusal(carol, f"{closed}/missing").startswith(
+            "unix user: no Unix account 'carol' on this machine"
+        )
+        assert [row["id"] for row in site.admin.get("/api/v1/jobs").json()] == []
+    finally:
+        shutil.rmtree(closed, ignore_errors=True)
+        shutil.rmtree(opened, ignore_errors=True)
