@@ -185,7 +185,7 @@ class SubmissionCommitter:
         if not self.settings.multi_user:
             return None
         try:
-            run_as = identity.account(unix_user or user)
+            run_as = identity.account(unix_user or user, named=unix_user is not None)
         except AccountError as error:
             raise SubmitError(str(error)) from None
         if model.workdir:

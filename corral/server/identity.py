@@ -41,8 +41,35 @@ def single_user_note() -> str:
     )
 
 
-def account(name: str, field: str = "unix user") -> RunAs:
-    """The account `name` as a RunAs; AccountError if it does not exist or may not run jobs."""
+#: Where the system says which uids are its users' (not its services'): shadow's login.defs.
+LOGIN_DEFS = Path("/etc/login.defs")
+#: login.defs' defaults, where it does not say.
+DEFAULT_UID_RANGE = (1000, 60000)
+
+
+def user_uid_range(login_defs: Path = LOGIN_DEFS) -> tuple[int, int]:
+    """(UID_MIN, UID_MAX) of `login_defs`: the uids of people's accounts; system accounts
+    (daemons, `nobody`) lie outside. Its defaults, 1000 and 60000, where it does not say."""
+    found = dict(zip(("UID_MIN", "UID_MAX"), DEFAULT_UID_RANGE, strict=True))
+    try:
+        text = login_defs.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        text = ""
+    for line in text.splitlines():
+        words = line.split()
+        if len(words) >= 2 and words[0] in found:
+            try:
+                found[words[0]] = int(words[1], 0)
+            except ValueError:
+                continue
+    return found["UID_MIN"], found["UID_MAX"]
+
+
+def account(name: str, field: str = "unix user", *, named: bool = True) -> RunAs:
+    """The account `name` as a RunAs; AccountError if it does not exist or may not run jobs.
+    `named`: an admin named it (a token's `unix_user`); otherwise it is the account named like
+    the corral user, which must be a person's account (uid in login.defs' UID_MIN..UID_MAX),
+    never a system account such as `daemon` that a user merely shares a name with."""
     try:
         entry = pwd.getpwnam(name)
     except (KeyError, ValueError):
@@ -54,6 +81,15 @@ def account(name: str, field: str = "unix user") -> RunAs:
         raise AccountError(f"{field}: {name!r} is root; jobs never run as root")
     if entry.pw_uid == os.geteuid():
         raise AccountError(f"{field}: {name!r} is the manager's own account; jobs never run as it")
+    if not named:
+        low, high = user_uid_range()
+        if not low <= entry.pw_uid <= high:
+            where = f"below UID_MIN {low}" if entry.pw_uid < low else f"above UID_MAX {high}"
+            raise AccountError(
+                f"{field}: {name!r} is a system account (uid {entry.pw_uid}, {where} in "
+                f"{LOGIN_DEFS}): a user's jobs run as it only if an admin names it, with "
+                f"`corral token create {name} --unix-user {name}`"
+            )
     return RunAs(user=entry.pw_name, uid=entry.pw_uid, gid=entry.pw_gid, home=entry.pw_dir)
 
 

@@ -438,8 +438,9 @@ class Manager(
         run_as = None
         if self.settings.multi_user:
             # A job stored by a single-user manager has no account: its user's name is one.
-            name = self._accounts.get(job_id) or self.scheduler.jobs[job_id].spec.user
-            run_as = identity.account(name, field="unix user")
+            named = self._accounts.get(job_id)  # checked at submission
+            name = named or self.scheduler.jobs[job_id].spec.user
+            run_as = identity.account(name, field="unix user", named=named is not None)
         job_dir = self.job_dir(job_id)
         # Passable by the jobs' accounts, never listable (the mode is set: the umask is 077).
         passable = 0o711 if run_as is not None else 0o700

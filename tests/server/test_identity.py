@@ -109,6 +109,32 @@ def test_root_refuses_a_data_dir_the_jobs_accounts_cannot_reach(tmp_path: Path) 
     build_manager(ServerOptions(data_dir=closed / "state", gpus=1, single_user=True)).stop()
 
 
+def test_people_s_uids_come_from_login_defs(tmp_path: Path) -> None:
+    defs = tmp_path / "login.defs"
+    defs.write_text("# UID_MIN 10\nUID_MIN\t\t 500\nUID_MAX   0x7530\nSYS_UID_MIN 100\n")
+    assert identity.user_uid_range(defs) == (500, 30000)
+    defs.write_text("UID_MIN lots\n")
+    assert identity.user_uid_range(defs) == identity.DEFAULT_UID_RANGE
+    assert identity.user_uid_range(tmp_path / "missing") == (1000, 60000)
+
+
+def test_an_account_named_like_the_user_must_be_a_person_s(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    daemon = pwd.getpwnam("daemon")
+    with pytest.raises(identity.AccountError) as refused:
+        identity.account("daemon", named=False)
+    assert str(refused.value).startswith(
+        f"unix user: 'daemon' is a system account (uid {daemon.pw_uid}, below UID_MIN"
+    )
+    assert str(refused.value).endswith("`corral token create daemon --unix-user daemon`")
+    assert identity.account("daemon").uid == daemon.pw_uid  # an admin named it
+    nobody = pwd.getpwnam("nobody")
+    if nobody.pw_uid > identity.user_uid_range()[1]:
+        with pytest.raises(identity.AccountError, match=r"\(uid \d+, above UID_MAX \d+ in"):
+            identity.account("nobody", named=False)
+
+
 def test_the_workdir_walk_stops_where_the_account_cannot_search(open_base: Path) -> None:
     nobody = identity.account("nobody")
     (open_base / "closed" / "inner").mkdir(parents=True)

@@ -22,6 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from corral.server import identity
 from tests.server.helpers import Corral, api, kill_jobs_of, submit, wait_for
 
 pytestmark = pytest.mark.skipif(
@@ -307,3 +308,32 @@ def test_a_workdir_is_checked_as_the_account_and_after_it(site: Site) -> None:
     finally:
         shutil.rmtree(closed, ignore_errors=True)
         shutil.rmtree(opened, ignore_errors=True)
+
+
+def test_a_system_account_runs_jobs_only_when_an_admin_names_it(site: Site) -> None:
+    """A user called `daemon` does not get uid 1 by sharing its name; an admin may still name a
+    system account for a user (`--unix-user`), and a person's account maps by name."""
+    person = f"crl-person-{uuid.uuid4().hex[:6]}"
+    subprocess.run(["useradd", "--no-create-home", person], check=True, capture_output=True)
+    try:
+        job = {"name": "x", "vc": "vision", "gpus": 1, "command": "true"}
+        daemon = site.admin.post("/api/v1/tokens", json={"user": "daemon", "vc": "vision"})
+        response = api(site.corral.url, daemon.json()["token"]).post("/api/v1/jobs", json=job)
+        assert response.status_code == 422, response.text
+        uid, low = pwd.getpwnam("daemon").pw_uid, identity.user_uid_range()[0]
+        assert response.json()["detail"] == (
+            f"unix user: 'daemon' is a system account (uid {uid}, below UID_MIN {low} in "
+            "/etc/login.defs): a user's jobs run as it only if an admin names it, with "
+            "`corral token create daemon --unix-user daemon`"
+        )
+        named = site.admin.post(
+            "/api/v1/tokens", json={"user": "daemon2", "vc": "vision", "unix_user": "daemon"}
+        )
+        accepted = submit(api(site.corral.url, named.json()["token"]), **job)
+        assert wait_for(site.admin, accepted, timeout=120)["status"] == "SUCCEEDED"
+        token = site.admin.post("/api/v1/tokens", json={"user": person, "vc": "vision"})
+        mapped = submit(api(site.corral.url, token.json()["token"]), **job)
+        assert wait_for(site.admin, mapped, timeout=120)["status"] == "SUCCEEDED"
+    finally:
+        subprocess.run(["pkill", "-KILL", "-u", person], capture_output=True)
+        subprocess.run(["userdel", person], capture_output=True)
