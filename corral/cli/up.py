@@ -388,10 +388,7 @@ def identity_line(manager: object) -> str:
 
     assert isinstance(manager, Manager)
     if manager.settings.multi_user:
-        return (
-            "jobs       run under their users' Unix accounts (a token's --unix-user, "
-            "else the user's name)"
-        )
+        return f"jobs       {identity.multi_user_note()}"
     return f"jobs       {identity.single_user_note()}"
 
 

@@ -84,7 +84,8 @@ DEMO_ACCOUNT = "nobody"
 def demo_account(options: ServerOptions) -> tuple[str | None, str]:
     """As root, the demo runs its jobs as `nobody` when that account can run them (this
     Python, the training script, the data dir); otherwise, or not as root, as the manager's own
-    user. Returns the account (None: the manager's) and a line that says which, and why."""
+    user. Returns the account (None: the manager's) and the line that says which, and why, in
+    the words of `corral up`'s own (`identity.single_user_note`, `identity.multi_user_note`)."""
     if options.single_user or not identity.multi_user_possible():
         return None, identity.single_user_note()
     try:
@@ -99,10 +100,11 @@ def demo_account(options: ServerOptions) -> tuple[str | None, str]:
         )
     if problem is not None:
         options.single_user = True
-        return None, (
-            f"run as root (single-user): account {DEMO_ACCOUNT} cannot run them here ({problem})"
-        )
-    return DEMO_ACCOUNT, f"run as Unix account {DEMO_ACCOUNT} (alice's and bob's tokens name it)"
+        why = f"for the demo: its account {DEMO_ACCOUNT} cannot run its jobs here ({problem})"
+        return None, identity.single_user_note(why)
+    return DEMO_ACCOUNT, identity.multi_user_note(
+        f"the demo's alice and bob: their tokens name account {DEMO_ACCOUNT}"
+    )
 
 
 class _Narrator:

@@ -27,17 +27,29 @@ def multi_user_possible() -> bool:
     return os.geteuid() == 0
 
 
-def single_user_note() -> str:
+def single_user_note(why: str = "with --single-user") -> str:
+    """The line that says, once at start, that every job runs as the manager's own account;
+    `why` says why a root manager does so (`--single-user`, or the demo's reason)."""
     me = pwd.getpwuid(os.geteuid()).pw_name
     if os.geteuid() == 0:
         return (
-            "single-user mode (--single-user): every job runs as root, the manager's own "
-            "account, and can read and change anything on this machine"
+            f"single-user mode: corral runs as root {why}, so every job runs as root and can "
+            "read and change anything on this machine"
         )
     return (
         f"single-user mode: corral runs as {me}, not root, so every job runs as {me} and can "
         "read what that account can (run `corral up` as root to give each user's jobs their own "
         "Unix account)"
+    )
+
+
+def multi_user_note(
+    accounts: str = "a token's --unix-user, else the account named like the user",
+) -> str:
+    """The line that says, once at start, that each user's jobs run under their own account."""
+    return (
+        f"multi-user mode: corral runs as root, so each user's jobs run under that user's Unix "
+        f"account ({accounts})"
     )
 
 
@@ -73,9 +85,17 @@ def account(name: str, field: str = "unix user", *, named: bool = True) -> RunAs
     try:
         entry = pwd.getpwnam(name)
     except (KeyError, ValueError):
+        if named:
+            raise AccountError(
+                f"{field}: no Unix account {name!r} on this machine (the user's token names it; "
+                "an admin names one that exists with `corral token create USER --unix-user "
+                "ACCOUNT`)"
+            ) from None
         raise AccountError(
-            f"{field}: no Unix account {name!r} on this machine (an admin names the account with "
-            "`corral token create USER --unix-user ACCOUNT`)"
+            f"{field}: no Unix account {name!r} on this machine: as root, corral runs each "
+            f"user's jobs under a Unix account of theirs; an admin names one with `corral token "
+            f"create {name} --unix-user ACCOUNT` (then submit with that token), or starts `corral "
+            "up --single-user` to run every job as root"
         ) from None
     if entry.pw_uid == 0:
         raise AccountError(f"{field}: {name!r} is root; jobs never run as root")

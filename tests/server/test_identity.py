@@ -133,6 +133,12 @@ def test_an_account_named_like_the_user_must_be_a_person_s(
     if nobody.pw_uid > identity.user_uid_range()[1]:
         with pytest.raises(identity.AccountError, match=r"\(uid \d+, above UID_MAX \d+ in"):
             identity.account("nobody", named=False)
+    # A missing account named like the user: the two ways out, in one line.
+    with pytest.raises(identity.AccountError) as missing:
+        identity.account("admin-without-account", named=False)
+    message = str(missing.value)
+    assert "`corral token create admin-without-account --unix-user ACCOUNT`" in message
+    assert "`corral up --single-user`" in message and "\n" not in message
 
 
 def test_the_workdir_walk_stops_where_the_account_cannot_search(open_base: Path) -> None:

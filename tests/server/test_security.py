@@ -12,6 +12,7 @@ import pwd
 import shutil
 import stat
 import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -23,7 +24,7 @@ import httpx
 import pytest
 
 from corral.server import identity
-from tests.server.helpers import Corral, api, kill_jobs_of, submit, wait_for
+from tests.server.helpers import REPO, Corral, admin_token, api, kill_jobs_of, submit, wait_for
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("useradd") is None,
@@ -337,3 +338,63 @@ def test_a_system_account_runs_jobs_only_when_an_admin_names_it(site: Site) -> N
     finally:
         subprocess.run(["pkill", "-KILL", "-u", person], capture_output=True)
         subprocess.run(["userdel", person], capture_output=True)
+
+
+def _cli(*args: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "corral.cli", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_the_readme_flow_as_root() -> None:
+    """README's "Using the manager" as root: `corral up` says it is multi-user; the admin token's
+    submission is refused in one line that names both ways out; a token that names an account
+    submits `examples/jobs/train.yaml`, which runs under that account to the end."""
+    account = f"crl-ana-{uuid.uuid4().hex[:6]}"
+    base = Path(tempfile.mkdtemp(prefix="corral-readme-"))
+    corral: Corral | None = None
+    try:
+        base.chmod(0o711)
+        _useradd(account)
+        # The job runs where it is submitted from: a copy of the examples the account may read.
+        shutil.copytree(REPO / "examples", base / "examples")
+        for path in [base / "examples", *(base / "examples").rglob("*")]:
+            path.chmod(0o755 if path.is_dir() else 0o644)
+        corral = Corral(base / "state", "--gpus", "1", "--multi-user")
+        admin = corral.start()
+        started = " ".join(corral.log().read_text().split())
+        assert (
+            "jobs multi-user mode: corral runs as root, so each user's jobs run under that "
+            "user's Unix account (a token's --unix-user, else the account named like the user)"
+        ) in started
+        env = {**os.environ, "CORRAL_URL": corral.url, "CORRAL_TOKEN": admin_token(corral.data_dir)}
+        quick = ["--set", "env.TRAIN_STEPS=5", "--set", "env.STEP_SECONDS=0.05"]
+        refused = _cli("submit", "examples/jobs/train.yaml", *quick, env=env, cwd=base)
+        assert refused.returncode != 0
+        lines = [line for line in refused.stderr.splitlines() if line.strip()]
+        assert len(lines) == 1, refused.stderr
+        assert "unix user: no Unix account 'admin' on this machine" in lines[0]
+        assert "`corral token create admin --unix-user ACCOUNT`" in lines[0]
+        assert "`corral up --single-user`" in lines[0]
+        created = _cli("token", "create", "ana", "--unix-user", account, env=env, cwd=base)
+        assert created.returncode == 0, created.stderr
+        env["CORRAL_TOKEN"] = created.stdout.strip()
+        submitted = _cli("submit", "examples/jobs/train.yaml", *quick, env=env, cwd=base)
+        assert submitted.returncode == 0, submitted.stderr
+        job_id = submitted.stdout.strip()
+        done = wait_for(admin, job_id, timeout=120)
+        assert done["status"] == "SUCCEEDED", (done, _log(admin, job_id))
+        attempt = corral.data_dir / "jobs" / job_id / "attempt-1"
+        assert os.stat(attempt / "rank-0.stdout").st_uid == pwd.getpwnam(account).pw_uid
+    finally:
+        if corral is not None:
+            corral.stop()
+            kill_jobs_of(corral.data_dir)
+        subprocess.run(["pkill", "-KILL", "-u", account], capture_output=True)
+        _userdel(account)
+        shutil.rmtree(base, ignore_errors=True)
