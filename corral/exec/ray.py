@@ -53,9 +53,15 @@ import ray
 from ray.exceptions import GetTimeoutError, RayError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from corral.exec import cachedir, contain, logcap
+from corral.exec import cachedir, contain, logcap, safefs
 from corral.exec.guard import KILL_REQUEST
-from corral.exec.local import PRIVATE_VARIABLES, AttemptEnded, AttemptLaunch, WorkerLaunch
+from corral.exec.local import (
+    PRIVATE_VARIABLES,
+    AttemptEnded,
+    AttemptLaunch,
+    WorkerLaunch,
+    attempt_directory,
+)
 from corral.exec.shim import PROGRESS_VARIABLE, last_line, signal_name, write_json_atomic
 
 log = logging.getLogger(__name__)
@@ -629,7 +635,8 @@ class RayExecutor:
         with self._lock:
             if key in self._tracked:
                 raise ValueError(f"attempt {launch.attempt} of job {launch.job_id} is running")
-            attempt_dir.mkdir(parents=True, exist_ok=True)
+            # The manager's, checked as the local executor's are (recover reads it back).
+            os.close(attempt_directory(attempt_dir, 0o700))
             if launch.checkpoint_dir is not None:
                 Path(launch.checkpoint_dir).mkdir(parents=True, exist_ok=True)
             write_json_atomic(
@@ -873,10 +880,8 @@ class RayExecutor:
         with self._lock:
             if (job_id, attempt) in self._tracked:
                 return "running"
-        try:
-            with open(attempt_dir / LAUNCH_FILE, encoding="utf-8") as launch_file:
-                launched = json.load(launch_file)
-        except (OSError, ValueError):
+        launched = safefs.read_json_in(attempt_dir, LAUNCH_FILE)  # the manager's own, or none
+        if launched is None:
             return "never-started"
         tracked = _Attempt(
             job_id,
@@ -943,17 +948,15 @@ class RayExecutor:
     def _recover_partial(self, tracked: _Attempt) -> AttemptEnded:
         """Some actors are gone: the attempt ended (results on disk) or was lost."""
         for rank, actor in enumerate(tracked.actors):
-            result_file = tracked.attempt_dir / f"rank-{rank}.result.json"
-            try:
-                with open(result_file, encoding="utf-8") as result_json:
-                    tracked.results[rank] = json.load(result_json)
-            except (OSError, ValueError):
-                if actor is None:
-                    tracked.results[rank] = _lost_result(tracked, rank, "its actor is gone")
-                else:  # alive but part of a broken gang: it must not run on alone
-                    actor.stop.remote(signal.SIGKILL, 0.0)
-                    result = self._collect(tracked, rank, actor.wait.remote(WAIT_S))
-                    tracked.results[rank] = result or _lost_result(tracked, rank, "no end")
+            written = safefs.read_json_in(tracked.attempt_dir, f"rank-{rank}.result.json")
+            if written is not None:
+                tracked.results[rank] = written
+            elif actor is None:
+                tracked.results[rank] = _lost_result(tracked, rank, "its actor is gone")
+            else:  # alive but part of a broken gang: it must not run on alone
+                actor.stop.remote(signal.SIGKILL, 0.0)
+                result = self._collect(tracked, rank, actor.wait.remote(WAIT_S))
+                tracked.results[rank] = result or _lost_result(tracked, rank, "no end")
             self._note_failure(tracked, rank)
         self._copy_attempt_logs(tracked, last=True)
         for actor in tracked.actors:
