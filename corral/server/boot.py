@@ -135,7 +135,8 @@ def build_cluster(
 def lock_data_dir(data_dir: Path) -> int:
     """Hold DIR/corral.lock for the life of the manager: a second manager on the same state would
     run every job twice. The kernel drops the lock when the process dies, kill -9 included."""
-    fd = os.open(data_dir / "corral.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(data_dir / "corral.lock", flags, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
