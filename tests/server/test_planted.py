@@ -36,6 +36,7 @@ from corral.exec.local import (
     kill_attempt,
     own_directory,
 )
+from corral.exec.shim import process_start_time
 from corral.server.boot import BootError, ServerOptions, build_manager
 from corral.server.manager import ManagerSettings
 from corral.server.state import CacheSettings
@@ -362,3 +363,27 @@ def test_a_sticky_parent_like_tmp_is_passed_through(root_dir: Path) -> None:
     (sticky / "state" / "jobs").chmod(0o777)
     with pytest.raises(BootError, match=r"^--data-dir .*/jobs: .*writable by others"):
         build_manager(ServerOptions(data_dir=sticky / "state", gpus=1, single_user=True))
+
+
+def test_the_manager_kills_nothing_a_planted_record_names(
+    mallory: Attacker, root_dir: Path
+) -> None:
+    """shim.json and workers.json name the processes the manager kills (and the cgroup it
+    ends): one that is not the manager's own is ignored, as if missing."""
+    victim = subprocess.Popen(["sleep", "600"], start_new_session=True)
+    try:
+        started = process_start_time(victim.pid)
+        attempt = root_dir / "jobs" / "1" / "attempt-1"
+        attempt.mkdir(parents=True, mode=0o700)
+        record = {"pid": victim.pid, "start_time": started}
+        workers = {"pgid": victim.pid, "workers": [{"rank": 0, **record}]}
+        (attempt / "shim.json").write_text(json.dumps(record))
+        (attempt / "workers.json").write_text(json.dumps(workers))
+        for name in ("shim.json", "workers.json"):
+            os.chown(attempt / name, mallory.run_as.uid, mallory.run_as.gid)
+        assert kill_attempt(attempt) == 0
+        assert LocalExecutor().recover("1", 1, attempt) == "never-started"
+        assert victim.poll() is None, "a record another account wrote was obeyed"
+    finally:
+        victim.kill()
+        victim.wait(timeout=30)
