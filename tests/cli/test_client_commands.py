@@ -75,7 +75,8 @@ def test_completion_completes_command_names_subcommands_and_options() -> None:
     assert sorted(complete("corral ")) == sorted(COMMANDS)
     assert complete("corral token r") == ["revoke"]
     assert complete("corral ls --st") == ["--status"]
-    assert complete("corral ls --status R") == ["running"]  # any case is accepted
+    assert complete("corral ls --status RU") == ["running"]  # any case is accepted
+    assert complete("corral ls --status r") == ["running", "refused"]
     assert complete("corral ls -o y") == ["yaml"]
 
 
