@@ -8,13 +8,13 @@ import re
 import pytest
 
 from corral.core import Cluster, Job, JobSpec, NodeDef
-from corral.core.profiles import Profiles, ProfilesError, Shape
+from corral.core.profiles import Measure, Profiles, ProfilesError, Shape
 from corral.sim.colocation import load_pair_table
 from corral.sim.perfmodel import PerfModel
 
 
-def job(model: str, gpus: int = 1, spread_slowdown: float = 1.0) -> Job:
-    return Job(JobSpec("j", 0.0, gpus, model=model, spread_slowdown=spread_slowdown))
+def job(model: str, gpus: int = 1, spread_slowdown: float = 1.0, vc: str = "default") -> Job:
+    return Job(JobSpec("j", 0.0, gpus, model=model, spread_slowdown=spread_slowdown, vc=vc))
 
 
 def cluster() -> Cluster:
@@ -191,6 +191,13 @@ def test_from_gavel_reads_back_what_to_gavel_wrote_and_gives_the_same_speeds():
     ("table", "message"),
     [
         ([1], "expected an object of GPU types at the top level"),
+        ({"@vcs": []}, "@vcs: expected an object of VCs' tables"),
+        ({"@vcs": {"": {}}}, "@vcs: '': a VC's name must not be empty"),
+        ({"@vcs": {"nlp": 1}}, "@vcs: nlp: expected an object of GPU types"),
+        ({"@vcs": {"nlp": {"v100": {"bert": {}}}}}, "@vcs: nlp: v100: bert: bad key"),
+        ({"@shared": "bert"}, "@shared: expected a list of model names"),
+        ({"@shared": [""]}, "@shared: expected a list of model names"),
+        ({"@tenants": {}}, "@tenants: unknown key (corral's own are @vcs and @shared)"),
         ({"v100": []}, "v100: expected an object of '(model, gpus)' keys"),
         ({"v100": {"resnet": {"null": 1.0}}}, "v100: resnet: bad key"),
         ({"v100": {"('resnet', 0)": {"null": 1.0}}}, "the GPU count must be positive"),
@@ -218,3 +225,142 @@ def test_a_speed_model_answers_from_what_was_measured_by_the_time_it_is_asked():
     spread = (0, 4)  # v1 and v2
     assert speed(job("resnet", 2, spread_slowdown=2.0), spread) == pytest.approx(0.5)
     assert speed(job("resnet", 2, spread_slowdown=4.0), spread) == pytest.approx(0.25)
+
+
+# -- per VC: one tenant's measurements are not another's ---------------------------------------
+
+
+def tenants() -> Profiles:
+    """vision's job claimed bert ran at 1000 steps/s on a v100 (30 s); nlp measured 4 (60 s) there
+    and 2 on a k80 (60 s); a trace's table (no VC) has resnet at 10 on a v100 and 2.5 on a k80."""
+    profiles = Profiles()
+    profiles.add(Shape("bert", "v100", 1, vc="vision"), 1000.0, 30.0, new_run=True)
+    profiles.add(Shape("bert", "v100", 1, vc="nlp"), 4.0, 60.0, new_run=True)
+    profiles.add(Shape("bert", "k80", 1, vc="nlp"), 2.0, 60.0, new_run=True)
+    profiles.add(Shape("resnet", "v100", 1), 10.0, 60.0)
+    profiles.add(Shape("resnet", "k80", 1), 2.5, 60.0)
+    return profiles
+
+
+def test_each_vc_reads_its_own_measurements_then_those_of_no_vc():
+    profiles = tenants()
+    assert profiles.rate("bert", "v100", 1, vc="nlp") == 4.0
+    assert profiles.rate("bert", "v100", 1, vc="vision") == 1000.0
+    # A VC that measured nothing of bert reads nobody else's: the model is unknown to it.
+    assert profiles.rate("bert", "v100", 1, vc="cv") is None
+    assert not profiles.knows("bert", vc="cv") and profiles.knows("bert", vc="nlp")
+    assert profiles.best_rate("bert", vc="nlp") == 4.0  # sjf's lengths: not vision's 1000
+    assert profiles.throughput(job("bert", vc="nlp"), 2) == 8.0  # 4 x 2 (scaled from 1)
+    assert profiles.throughput(job("bert", vc="cv"), 2) == 2.0  # unmeasured: perfect scaling
+    # The measurements of no VC (a trace's, or stored before VCs): every VC reads them.
+    for vc in ("nlp", "vision", "cv", ""):
+        assert profiles.rate("resnet", "k80", 1, vc=vc) == 2.5
+    # The speed model: nlp's bert on a k80 runs at half its v100 speed (2 of 4); vision's, never
+    # measured there, at the prior of the models vision reads: resnet's 1/4 (the trace's), not
+    # nlp's bert; cv's, unmeasured, at 1.0.
+    speed = profiles.speed_model(cluster())
+    assert speed(job("bert", vc="nlp"), (8,)) == pytest.approx(0.5)
+    assert speed(job("bert", vc="vision"), (8,)) == pytest.approx(0.25)
+    assert speed(job("bert", vc="cv"), (8,)) == 1.0
+    assert profiles.type_rates("bert", 1, ["v100", "k80"], vc="vision") == pytest.approx(
+        {"v100": 1000.0, "k80": 250.0}
+    )
+
+
+def test_a_shared_model_is_read_pooled_by_the_vcs_that_did_not_measure_it():
+    profiles = tenants()
+    assert profiles.share("bert") and not profiles.share("bert")
+    assert profiles.shared == {"bert"}
+    # cv measured nothing: it reads vision's and nlp's, the median of the two, (1000 + 4) / 2 =
+    # 502 steps/s (each VC one voice, however long it ran), over 90 s in two runs.
+    pooled = profiles.view("cv").get(Shape("bert", "v100", 1))
+    assert pooled == Measure(502.0, 90.0, 2)
+    assert profiles.rate("bert", "k80", 1, vc="cv") == 2.0  # only nlp measured it there
+    # Its own measurement comes first: nlp still reads 4, vision 1000.
+    assert profiles.rate("bert", "v100", 1, vc="nlp") == 4.0
+    assert profiles.rate("bert", "v100", 1, vc="vision") == 1000.0
+    # vision, which measured no k80: nlp's 2 steps/s there now.
+    assert profiles.rate("bert", "k80", 1, vc="vision") == 2.0
+    # A third VC's measurement: the median of 1000, 4 and 5 is 5; vision's claim no longer
+    # counts for more than one voice.
+    profiles.add(Shape("bert", "v100", 1, vc="speech"), 5.0, 10.0)
+    assert profiles.rate("bert", "v100", 1, vc="cv") == 5.0
+    # Unmarked: back to each VC's own.
+    speed = profiles.speed_model(cluster())
+    assert speed(job("bert", vc="cv"), (8,)) == pytest.approx(2.0 / 5.0)
+    assert profiles.share("bert", False)
+    assert speed(job("bert", vc="cv"), (8,)) == 1.0  # the memo forgot with the mark
+    assert profiles.rate("bert", "v100", 1, vc="cv") is None
+
+
+def test_a_pair_is_judged_from_each_jobs_own_vc():
+    # resnet (vision) shares a v100 with lm (nlp): each one's relative speed comes from its own
+    # VC's measurements: resnet 6 of 10 (0.6), lm 3 of 4 (0.75). nlp's measurements of resnet
+    # (made up to be different) and vision's of lm do not enter.
+    profiles = Profiles()
+    profiles.add(Shape("resnet", "v100", 1, vc="vision"), 10.0, 60.0)
+    profiles.add(Shape("resnet", "v100", 1, colocated="lm", vc="vision"), 6.0, 60.0)
+    profiles.add(Shape("lm", "v100", 1, vc="nlp"), 4.0, 60.0)
+    profiles.add(Shape("lm", "v100", 1, colocated="resnet", vc="nlp"), 3.0, 60.0)
+    profiles.add(Shape("resnet", "v100", 1, vc="nlp"), 100.0, 60.0)
+    profiles.add(Shape("resnet", "v100", 1, colocated="lm", vc="nlp"), 1.0, 60.0)
+    guest, host = job("lm", vc="nlp"), job("resnet", vc="vision")
+    assert profiles.pair_speeds(guest, host, "v100") == pytest.approx((0.75, 0.6))
+    assert profiles.pair_speeds(host, guest, "v100") == pytest.approx((0.6, 0.75))
+    # Both in nlp: nlp's resnet runs at 1 of 100 beside lm.
+    assert profiles.pair_speeds(guest, job("resnet", vc="nlp"), "v100") == pytest.approx(
+        (0.75, 0.01)
+    )
+
+
+def test_withdraw_takes_back_what_add_folded_in():
+    profiles = Profiles()
+    shape = Shape("resnet", "v100", 1, vc="nlp")
+    profiles.add(shape, 10.0, 30.0, new_run=True)
+    profiles.add(shape, 20.0, 10.0, samples_per_s=640.0, new_run=True)
+    assert profiles.get(shape) == Measure(12.5, 40.0, 2, 640.0)
+    # Without the second run: 10 steps/s over 30 s, one run, (640 x 40 - 640 x 10) / 30.
+    assert profiles.withdraw(shape, 20.0, 10.0, samples_per_s=640.0, run=True) == Measure(
+        10.0, 30.0, 1, pytest.approx(640.0)
+    )
+    assert profiles.view("nlp").get(Shape("resnet", "v100", 1)) == profiles.get(shape)
+    # Without the first too: nothing is left of the shape.
+    assert profiles.withdraw(shape, 10.0, 30.0, run=True) is None
+    assert profiles.get(shape) is None and len(profiles) == 0
+    assert profiles.rate("resnet", "v100", 1, vc="nlp") is None
+    assert profiles.withdraw(shape, 10.0, 30.0) is None  # nothing there: nothing to take
+
+
+def test_the_gavel_table_keeps_each_vcs_measurements_and_the_shared_models():
+    profiles = tenants()
+    profiles.add(Shape("bert", "v100", 1, colocated="resnet", vc="nlp"), 2.0, 60.0)
+    profiles.add(Shape("resnet", "v100", 1, colocated="bert", vc="nlp"), 5.0, 60.0)
+    profiles.share("bert")
+    table = json.loads(json.dumps(profiles.to_gavel()))
+    assert table == {
+        "v100": {"('resnet', 1)": {"null": 10.0}},
+        "k80": {"('resnet', 1)": {"null": 2.5}},
+        "@vcs": {
+            "nlp": {
+                "v100": {
+                    "('bert', 1)": {"null": 4.0, "('resnet', 1)": [2.0, 5.0]},
+                    "('resnet', 1)": {"null": 0.0, "('bert', 1)": [5.0, 2.0]},
+                },
+                "k80": {"('bert', 1)": {"null": 2.0}},
+            },
+            "vision": {"v100": {"('bert', 1)": {"null": 1000.0}}},
+        },
+        "@shared": ["bert"],
+    }
+    back = Profiles.from_gavel(table)
+    assert back.shared == {"bert"}
+    assert {s: m.steps_per_s for s, m in back.items()} == {
+        s: m.steps_per_s for s, m in profiles.items()
+    }
+    speed, again = profiles.speed_model(cluster()), back.speed_model(cluster())
+    for model in ("bert", "resnet"):
+        for vc in ("nlp", "vision", "cv"):
+            for gpus in [(0,), (8,)]:
+                assert again(job(model, vc=vc), gpus) == speed(job(model, vc=vc), gpus)
+    # A table without VCs has neither key: Gavel's format as it was.
+    assert set(Profiles.from_gavel({"v100": {"('a', 1)": {"null": 1.0}}}).to_gavel()) == {"v100"}
