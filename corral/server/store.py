@@ -138,7 +138,8 @@ progress_table = sa.Table(
     sa.Column("loss", sa.Double),
 )
 
-#: Measured throughput per model and placement shape (corral.core.profiles).
+#: Measured throughput per VC, model and placement shape (corral.core.profiles): `vc` is the VC
+#: whose jobs measured it ("": measured before profiles were kept per VC, read by every VC).
 profiles_table = sa.Table(
     "profiles",
     metadata,
@@ -147,11 +148,21 @@ profiles_table = sa.Table(
     sa.Column("gpus", sa.Integer, primary_key=True, autoincrement=False),
     sa.Column("nodes", sa.Integer, primary_key=True, autoincrement=False),
     sa.Column("colocated", sa.String, primary_key=True),
+    sa.Column("vc", sa.String, primary_key=True, server_default=""),
     sa.Column("steps_per_s", sa.Double, nullable=False),
     sa.Column("samples_per_s", sa.Double),
     sa.Column("seconds", sa.Double, nullable=False),
     sa.Column("runs", sa.Integer, nullable=False),
     sa.Column("updated_at", sa.Double, nullable=False),
+)
+
+#: The models an admin marked shared: every VC reads every VC's measurements of them.
+shared_models_table = sa.Table(
+    "shared_models",
+    metadata,
+    sa.Column("model", sa.String, primary_key=True),
+    sa.Column("marked_by", sa.String, nullable=False),
+    sa.Column("marked_at", sa.Double, nullable=False),
 )
 
 meta_table = sa.Table(
@@ -447,6 +458,17 @@ class ProfileRow:
     seconds: float
     runs: int
     updated_at: float
+    #: The VC whose jobs measured it ("": none's, read by every VC).
+    vc: str = ""
+
+
+@dataclass(slots=True)
+class SharedModelRow:
+    """A model an admin marked shared: who, and when."""
+
+    model: str
+    marked_by: str
+    marked_at: float
 
 
 @dataclass(slots=True)
@@ -554,7 +576,7 @@ def _column_values(
 _INSERT_ATTEMPT = attempts_table.insert()
 _INSERT_EVENT = events_table.insert()
 _INSERT_PROGRESS = progress_table.insert()
-PROFILE_KEY = ("model", "gpu_type", "gpus", "nodes", "colocated")
+PROFILE_KEY = ("model", "gpu_type", "gpus", "nodes", "colocated", "vc")
 _UPDATES: dict[tuple[str, frozenset[str]], Any] = {}
 
 
@@ -1089,6 +1111,38 @@ class Store:
             result = connection.execute(profiles_table.update().where(where).values(values))
             if result.rowcount == 0:
                 connection.execute(profiles_table.insert(), key | values)
+
+    def delete_profile(self, row: ProfileRow) -> None:
+        """Forget one shape's measurement (all it held was taken back)."""
+        where = sa.and_(*(profiles_table.c[name] == getattr(row, name) for name in PROFILE_KEY))
+        with self._writing() as connection:
+            connection.execute(profiles_table.delete().where(where))
+
+    def shared_models(self) -> list[SharedModelRow]:
+        """The models marked shared, by name."""
+        query = sa.select(shared_models_table).order_by(shared_models_table.c.model)
+        with self._reading() as connection:
+            return [
+                SharedModelRow(row["model"], row["marked_by"], row["marked_at"])
+                for row in connection.execute(query).mappings()
+            ]
+
+    def set_shared(self, model: str, shared: bool, by: str, at: float) -> bool:
+        """Mark `model` shared (or not); returns whether that changed the store."""
+        table = shared_models_table
+        with self._writing() as connection:
+            found = connection.execute(
+                sa.select(table.c.model).where(table.c.model == model)
+            ).first()
+            if shared and found is None:
+                connection.execute(
+                    table.insert(), {"model": model, "marked_by": by, "marked_at": at}
+                )
+                return True
+            if not shared and found is not None:
+                connection.execute(table.delete().where(table.c.model == model))
+                return True
+            return False
 
     # -- settings ---------------------------------------------------------------------------------
 

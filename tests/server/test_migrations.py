@@ -145,9 +145,10 @@ def test_the_previous_release_s_database_upgrades_and_reads_back(database_url: s
         assert bob is not None and bob.revoked_at == T0 + 100
         # by creation time, then hash: secret-bob's 121d..., secret-admin's 3ca2..., alice's 9596...
         assert [token.user for token in store.list_tokens()] == ["bob", "root", "alice"]
-        assert [(p.model, p.gpu_type, p.steps_per_s) for p in store.profiles()] == [
-            ("bert", "V100", 1.5),
-            ("resnet", "A100", 4.0),
+        # measured before profiles were kept per VC: no VC's (every VC reads them)
+        assert [(p.model, p.gpu_type, p.steps_per_s, p.vc) for p in store.profiles()] == [
+            ("bert", "V100", 1.5, ""),
+            ("resnet", "A100", 4.0, ""),
         ]
         assert store.get_meta("config") == '{"cluster": "2x4"}'
         # and it takes new rows: the next job id, an event after the old ones (PostgreSQL's
@@ -167,6 +168,18 @@ def test_the_previous_release_s_database_upgrades_and_reads_back(database_url: s
         assert [event.id for event in store.events(6)] == [6]
         store.save_profile(ProfileRow("bert", "V100", 1, 1, "gpt", 2.0, None, 20.0, 2, T0 + 300))
         assert [p.steps_per_s for p in store.profiles()] == [2.0, 4.0]
+        # a VC's own measurement of the same shape is a row of its own
+        store.save_profile(
+            ProfileRow("bert", "V100", 1, 1, "gpt", 3.0, None, 20.0, 1, T0 + 300, vc="vc-a")
+        )
+        assert [(p.vc, p.steps_per_s) for p in store.profiles()] == [
+            ("", 2.0),
+            ("vc-a", 3.0),
+            ("", 4.0),
+        ]
+        assert store.set_shared("bert", True, "root", T0 + 400)
+        assert not store.set_shared("bert", True, "root", T0 + 400)
+        assert [(m.model, m.marked_by) for m in store.shared_models()] == [("bert", "root")]
     finally:
         store.close()
     assert revision_of(database_url) == migrations.head()
