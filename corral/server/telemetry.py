@@ -10,6 +10,11 @@ it) every `progress_check_s` and learns, per attempt:
   excluded from nothing but as a base, so start-up and checkpoint restore do not count;
 * its loss curve (step, loss), kept across attempts, thinned: what optimus fits.
 
+Every report is stamped with the manager's clock, the moment it was read: a job's own `time`
+is not trusted (a job that claims a million steps per second of its own time must not be
+believed). The reports of one read share its moment, so a rate is measured from the latest
+report of one read to the latest of another (the report nearest the moment of its read).
+
 and per placement shape (corral.core.profiles.Shape: model, GPU type and count, nodes, the
 partner's model when a GPU is shared) the measured steps/s, folded into `Profiles` every
 `FOLD_EVERY_S` (the manager's `profile_fold_s`) of an attempt's reports and when it ends, and
@@ -216,29 +221,35 @@ class Telemetry:
         if not reports:
             return False
         curve = self.curve(watch.job_id)
+        previous = watch.last.step if watch.last is not None else None
+        went_back = False
         for report in reports:
-            if watch.first is None:
-                watch.first = watch.folded = report
-            elif watch.last is not None and report.step < watch.last.step:
-                watch.folded = report  # the job went back (a restore): rates start again
-                watch.recent.clear()
-            watch.last = report
-            watch.recent.append(report)
-            watch.reports += 1
+            if previous is not None and report.step < previous:
+                went_back = True  # the job went back (a restore): rates start again
+            previous = report.step
             curve.add(report.step, report.loss)
+        newest = reports[-1]
+        # The manager's clock, not the job's: the moment this read found it.
+        latest = Report(now, newest.step, newest.loss, newest.samples)
+        if watch.first is None:
+            watch.first = watch.folded = latest
+        elif went_back:
+            watch.folded = latest
+            watch.recent.clear()
+        watch.last = latest
+        watch.recent.append(latest)
+        watch.reports += len(reports)
         watch.last_report_at = now
-        last = watch.last
-        assert last is not None
         self.store.update_job(
             watch.job_id,
-            step=last.step,
+            step=latest.step,
             steps_per_s=watch.rate(),
-            loss=last.loss,
+            loss=latest.loss,
             progress_at=now,
         )
         if now - watch.stored_at >= POINT_EVERY_S:
             watch.stored_at = now
-            self.store.add_progress(watch.job_id, watch.attempt, now, last.step, last.loss)
+            self.store.add_progress(watch.job_id, watch.attempt, now, latest.step, latest.loss)
         return True
 
     def _fold(self, watch: Watch, now: float) -> None:
