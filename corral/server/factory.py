@@ -217,18 +217,18 @@ def measured_spec(
     user: str,
     gpu_memory: dict[str, int | None] | None = None,
 ) -> JobSpec:
-    """The core's view of a job with what `profiles` measured of its model: steps/s (its length,
-    from `total_steps`) and its slowdown when spread over nodes (`profile`); `gpu_memory`: each
-    GPU type's memory, for a share asked in GPU memory. The live manager queues this;
-    `export-trace` writes it."""
+    """The core's view of a job with what `profiles` measured of its model, as its VC sees
+    them: steps/s (its length, from `total_steps`) and its slowdown when spread over nodes
+    (`profile`); `gpu_memory`: each GPU type's memory, for a share asked in GPU memory. The live
+    manager queues this; `export-trace` writes it."""
     key = model_key(model)
     return to_core_spec(
         model,
         job_id,
         submit_time,
         user,
-        rate=profiles.best_rate(key, whole_gpus(model)),
-        spread_slowdown=profiles.spread_slowdown(key, whole_gpus(model)),
+        rate=profiles.best_rate(key, whole_gpus(model), vc=model.vc),
+        spread_slowdown=profiles.spread_slowdown(key, whole_gpus(model), vc=model.vc),
         gpu_memory=gpu_memory,
     )
 

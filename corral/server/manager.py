@@ -604,11 +604,23 @@ class Manager(
     # -- progress: what the jobs report ------------------------------------------------------
 
     def shape_of(self, job: Job, gpus: tuple[int, ...]) -> Shape:
-        """The placement shape a job's throughput is measured on (corral.core.profiles)."""
+        """The placement shape a job's throughput is measured on (corral.core.profiles), its
+        VC's own."""
         cluster = self.cluster
         gpu_type = min(cluster.gpus[g].gpu_type for g in gpus)  # a gang never mixes types
         nodes = len({cluster.gpu_node[g] for g in gpus})
-        return Shape(job.spec.model, gpu_type, len(gpus), nodes)
+        return Shape(job.spec.model, gpu_type, len(gpus), nodes, vc=job.spec.vc)
+
+    def share_model(self, model: str, shared: bool, by: str) -> bool:
+        """An admin marks `model` shared (every VC reads every VC's measurements of it) or
+        not; the next round decides with it. Returns whether it changed."""
+        with self.lock:
+            changed = self.telemetry.share(model, shared, by, self.clock())
+            if changed:
+                self._dirty = True
+        if changed:
+            self._wake.set()
+        return changed
 
     def _check_progress(self, now: float) -> list[tuple[str, int]]:
         """Read the running attempts' reports (corral.server.telemetry); a pre-run passes on its

@@ -16,7 +16,8 @@ believed). The reports of one read share its moment, so a rate is measured from 
 report of one read to the latest of another (the report nearest the moment of its read).
 
 and per placement shape (corral.core.profiles.Shape: model, GPU type and count, nodes, the
-partner's model when a GPU is shared) the measured steps/s, folded into `Profiles` every
+partner's model when a GPU is shared, and the job's VC: a tenant's reports shape only its own
+VC's profiles) the measured steps/s, folded into `Profiles` every
 `FOLD_EVERY_S` (the manager's `profile_fold_s`) of an attempt's reports and when it ends, and
 stored: the speeds `hetero`, `profile`, ElasticFlow and the jobs' lengths come from, and the pairs
 Gandiva's packing judges.
@@ -60,15 +61,16 @@ def progress_file(attempt_dir: Path, rank: int = 0) -> Path:
 
 
 def stored_profiles(store: Store) -> Profiles:
-    """The measured throughputs the store holds (what the manager's plugins and `export-trace`
-    read)."""
+    """The measured throughputs the store holds, each VC's, and the models marked shared (what
+    the manager's plugins and `export-trace` read)."""
     return Profiles(
         {
-            Shape(row.model, row.gpu_type, row.gpus, row.nodes, row.colocated): Measure(
+            Shape(row.model, row.gpu_type, row.gpus, row.nodes, row.colocated, row.vc): Measure(
                 row.steps_per_s, row.seconds, row.runs, row.samples_per_s
             )
             for row in store.profiles()
-        }
+        },
+        shared=[row.model for row in store.shared_models()],
     )
 
 
@@ -201,6 +203,12 @@ class Telemetry:
         self.curves.pop(job_id, None)
         self.malformed.pop(job_id, None)
 
+    def share(self, model: str, shared: bool, by: str, now: float) -> bool:
+        """An admin marks `model` shared (every VC reads every VC's measurements of it) or
+        not: stored, then in the profiles the plugins read. Returns whether it changed."""
+        changed = self.store.set_shared(model, shared, by, now)
+        return self.profiles.share(model, shared) or changed
+
     def poll(self, now: float) -> list[str]:
         """Read every running attempt's new reports; returns the jobs whose attempt reported
         for the first time."""
@@ -288,6 +296,7 @@ class Telemetry:
                 seconds=measure.seconds,
                 runs=measure.runs,
                 updated_at=now,
+                vc=shape.vc,
             )
         )
 

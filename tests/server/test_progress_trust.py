@@ -1,5 +1,5 @@
 """What a job reports is not trusted (docs/progress.md, "What corral trusts"): its reports are
-stamped with the manager's clock.
+stamped with the manager's clock, and a tenant's measurements are its own VC's.
 
 The telemetry here is the manager's own (corral.server.telemetry) on a real SQLite store, reading
 a real progress file that the test appends to, at instants of a fake clock: every rate below is
@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from corral.core.profiles import Shape
+from corral.core.profiles import Measure, Shape
 from corral.server.store import Store
 from corral.server.telemetry import Telemetry
 
-BERT = Shape("bert-large", "gpu", 1)
+BERT = Shape("bert-large", "gpu", 1, vc="nlp")
 
 
 @pytest.fixture
@@ -59,8 +59,8 @@ def watched(telemetry: Telemetry, tmp_path: Path, job_id: str = "1", now: float 
     return job
 
 
-def rows(store: Store) -> dict[str, tuple[float, float, int]]:
-    return {p.model: (p.steps_per_s, p.seconds, p.runs) for p in store.profiles()}
+def rows(store: Store) -> dict[tuple[str, str], tuple[float, float, int]]:
+    return {(p.vc, p.model): (p.steps_per_s, p.seconds, p.runs) for p in store.profiles()}
 
 
 def test_reports_are_stamped_with_the_managers_clock_not_the_jobs(
@@ -79,7 +79,7 @@ def test_reports_are_stamped_with_the_managers_clock_not_the_jobs(
     assert row.progress.steps_per_s == 5.0
     assert row.progress.at == 110.0
     telemetry.unwatch("1", 110.0)
-    assert rows(store) == {"bert-large": (5.0, 10.0, 1)}
+    assert rows(store) == {("nlp", "bert-large"): (5.0, 10.0, 1)}
 
 
 def test_a_rate_runs_from_the_latest_report_of_one_read_to_the_latest_of_another(
@@ -95,4 +95,34 @@ def test_a_rate_runs_from_the_latest_report_of_one_read_to_the_latest_of_another
     telemetry.poll(110.0)
     telemetry.unwatch("1", 110.0)
     # (90 - 40) / 10 = 5 steps/s; from the read's first report (step 0) it would be 9.
-    assert rows(store) == {"bert-large": (5.0, 10.0, 1)}
+    assert rows(store) == {("nlp", "bert-large"): (5.0, 10.0, 1)}
+
+
+def test_a_measurement_is_kept_under_the_vc_of_the_job_that_made_it(
+    store: Store, tmp_path: Path
+) -> None:
+    telemetry = Telemetry(store, fold_every_s=1000.0)
+    job = Job(tmp_path / "vision" / "rank-0.progress")
+    telemetry.watch(
+        "1", 1, job.path, Shape("bert-large", "gpu", 1, vc="vision"), 0.0, resumed=False
+    )
+    job.write({"step": 0})
+    telemetry.poll(0.0)
+    job.write({"step": 5000})
+    telemetry.poll(10.0)
+    telemetry.unwatch("1", 10.0)
+    assert rows(store) == {("vision", "bert-large"): (500.0, 10.0, 1)}
+    profiles = telemetry.profiles
+    assert profiles.rate("bert-large", "gpu", 1, vc="vision") == 500.0
+    assert profiles.rate("bert-large", "gpu", 1, vc="nlp") is None
+    # An admin shares the model: stored, and nlp reads vision's measurement now.
+    assert telemetry.share("bert-large", True, "root", 20.0)
+    assert [(m.model, m.marked_by, m.marked_at) for m in store.shared_models()] == [
+        ("bert-large", "root", 20.0)
+    ]
+    assert profiles.view("nlp").get(Shape("bert-large", "gpu", 1)) == Measure(500.0, 10.0, 1)
+    assert Telemetry(store).profiles.shared == {"bert-large"}  # a restart reads it back
+    assert telemetry.share("bert-large", False, "root", 30.0)
+    assert not telemetry.share("bert-large", False, "root", 30.0)
+    assert profiles.rate("bert-large", "gpu", 1, vc="nlp") is None
+    assert store.shared_models() == []

@@ -55,7 +55,7 @@ from corral.cli.main import app
 from corral.core.cluster import Cluster, NodeDef
 from corral.core.framework import config_from_mapping
 from corral.core.job import JobSpec
-from corral.core.profiles import Profiles
+from corral.core.profiles import Measure, Profiles
 from corral.exec.local import AttemptLaunch
 from corral.server.export import job_work
 from corral.server.manager import Manager, ManagerSettings
@@ -269,10 +269,13 @@ def test_the_trace_holds_each_jobs_work_its_spec_and_the_measured_throughputs(
     table = json.loads(trace.with_name("history.throughputs.json").read_text())
     profiles = stored_profiles(live.store)
     assert table == json.loads(json.dumps(profiles.to_gavel()))
-    measured = {(s.model, s.gpu_type, s.gpus): m for s, m in profiles.items()}
-    assert measured[("bert", "v100", 4)].steps_per_s == 4.0
-    assert measured[("resnet", "a100", 2)].steps_per_s == 16.0
-    assert measured[("resnet", "a100", 1)].seconds > 60.0
+    # The jobs' VC measured its own shapes; the seeded rows (no VC's) are as they were seeded.
+    measured = {(s.vc, s.model, s.gpu_type, s.gpus): m for s, m in profiles.items()}
+    assert measured[("default", "bert", "v100", 4)].steps_per_s == 4.0
+    assert measured[("default", "resnet", "a100", 2)].steps_per_s == 16.0
+    assert measured[("default", "resnet", "a100", 1)].steps_per_s == 8.0
+    assert measured[("", "resnet", "a100", 1)] == Measure(8.0, 60.0, 1)
+    assert set(table) == {"a100", "v100", "@vcs"} and set(table["@vcs"]) == {"default"}
     read_back = Profiles.from_gavel(table)
     assert {s: m.steps_per_s for s, m in read_back.items()} == {
         s: m.steps_per_s for s, m in profiles.items()
