@@ -340,8 +340,8 @@ def describe_text(job: dict[str, Any]) -> str:
         fields.append(("Exit code", str(job["exit_code"])))
     if job.get("progress"):
         fields.append(("Progress", _progress_line(job["progress"], job.get("progress_history"))))
-    problems = job.get("progress_problems")
-    if problems:
+    problems = job.get("progress_problems") or {}
+    if problems.get("malformed_lines") or problems.get("last_error"):
         fields.append(
             (
                 "Reports",
@@ -349,6 +349,8 @@ def describe_text(job: dict[str, Any]) -> str:
                 f"(latest: {problems['last_error']})",
             )
         )
+    if problems.get("rejected"):
+        fields.append(("Reports", problems["rejected"]))
     for measured in job.get("throughput") or []:
         fields.append(("Throughput", _throughput_line(measured)))
     if spec.get("command"):

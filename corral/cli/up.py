@@ -208,6 +208,13 @@ def up(
             "where nothing untrusted reaches the port"
         ),
     ] = False,
+    max_steps_per_s: Annotated[
+        float,
+        typer.Option(
+            help="a job attempt measured faster than this many steps/s (by the manager's clock) "
+            "has its progress reports rejected: none of its measurements count"
+        ),
+    ] = 100_000.0,
     demo: Annotated[
         bool,
         typer.Option(
@@ -235,6 +242,8 @@ def up(
         fail("--admission hived: needs --config FILE whose virtual_clusters give the VCs' cells")
     if gpus is not None and gpus <= 0:
         fail("--gpus: must be a positive integer")
+    if not 0 < max_steps_per_s < float("inf"):
+        fail(f"--max-steps-per-s: must be a positive number of steps/s, got {max_steps_per_s:g}")
     if executor not in ("local", "ray"):
         fail(f"--executor: unknown {executor!r}; choose local or ray")
     if executor == "ray" and not ray_address:
@@ -284,6 +293,7 @@ def up(
         max_body_bytes=max_body_bytes,
         connections=connections,
         job_pids_max=default_pids_max() if job_pids_max is None else job_pids_max or None,
+        max_steps_per_s=max_steps_per_s,
     )
     options = ServerOptions(
         data_dir=data_dir.expanduser(),

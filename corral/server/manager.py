@@ -122,7 +122,9 @@ class Manager(
         self._gpu_ids = gpu_ids_by_name(cluster)
         #: Each VC's guaranteed cells ({cell type: count}, as the config gives them), for hived.
         self.vc_cells = {vc: dict(cells) for vc, cells in (vc_cells or {}).items()}
-        self.telemetry = Telemetry(store, self.settings.profile_fold_s)  # speeds, progress
+        self.telemetry = Telemetry(  # speeds, progress
+            store, self.settings.profile_fold_s, self.settings.max_steps_per_s
+        )
         self._init_data_cache()  # the nodes' data caches, if any (corral.server.datacache)
         self.scheduler = self._make_scheduler()
         self.record_config()

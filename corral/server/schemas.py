@@ -134,7 +134,9 @@ class JobDetail(JobSummary):
     progress_problems: dict[str, Any] | None = Field(
         None,
         description="the running attempt's progress file: lines that were not reports "
-        "(`malformed_lines`) and the latest problem (`last_error`); null when none",
+        "(`malformed_lines`) and the latest problem (`last_error`); why its reports were "
+        "rejected (`rejected`, one line: a rate above the manager's max_steps_per_s; none of "
+        "its measurements count); null when none",
     )
     throughput: list[ProfileInfo] = Field(
         default_factory=list, description="its model's measured throughput per shape"

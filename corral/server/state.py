@@ -62,6 +62,10 @@ class ManagerSettings:
     #: An attempt's measured rate is folded into its shape's profile after this many seconds of
     #: its reports (and when it ends, or starts or stops sharing its GPUs).
     profile_fold_s: float = 30.0
+    #: An attempt measured faster than this many steps/s (by the manager's clock) has its progress
+    #: reports rejected: none of its measurements count (corral.server.telemetry); None: no
+    #: ceiling.
+    max_steps_per_s: float | None = 100_000.0
     #: How often a cluster whose nodes come and go (Ray) is read again.
     node_check_s: float = 1.0
     #: Where jobs' checkpoint dirs go (one per job); storage every node sees. Default: the

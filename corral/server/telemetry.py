@@ -13,7 +13,11 @@ it) every `progress_check_s` and learns, per attempt:
 Every report is stamped with the manager's clock, the moment it was read: a job's own `time`
 is not trusted (a job that claims a million steps per second of its own time must not be
 believed). The reports of one read share its moment, so a rate is measured from the latest
-report of one read to the latest of another (the report nearest the moment of its read).
+report of one read to the latest of another (the report nearest the moment of its read). An
+attempt whose steps advance faster than `max_steps_per_s` over any span the manager measures
+(`MIN_SPAN_S` or more) is rejected: what it measured is taken back from the profiles and
+nothing more of it is folded in, its shown rate is none, and its problem says why
+(`rejected`).
 
 and per placement shape (corral.core.profiles.Shape: model, GPU type and count, nodes, the
 partner's model when a GPU is shared, and the job's VC: a tenant's reports shape only its own
@@ -34,6 +38,7 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from corral.core.estimate import Sample, thin
 from corral.core.job import Job
@@ -52,6 +57,10 @@ MIN_SPAN_S = 1.0
 POINT_EVERY_S = 5.0
 #: Loss samples kept per job in memory (thinned evenly beyond it, as optimus does).
 MAX_SAMPLES = 2000
+#: The most steps/s an attempt may be measured at (the manager's `max_steps_per_s`): faster,
+#: its reports are rejected. A training step that runs on an accelerator takes tens of kernel
+#: launches at several microseconds each: 10 microseconds a step is already beyond any.
+MAX_STEPS_PER_S = 100_000.0
 
 
 def progress_file(attempt_dir: Path, rank: int = 0) -> Path:
@@ -74,6 +83,17 @@ def stored_profiles(store: Store) -> Profiles:
     )
 
 
+class Fold(NamedTuple):
+    """One measurement an attempt folded into a profile (taken back if the attempt is
+    rejected)."""
+
+    shape: Shape
+    steps_per_s: float
+    seconds: float
+    samples_per_s: float | None
+    new_run: bool
+
+
 @dataclass(slots=True)
 class Watch:
     """One running attempt whose reports the manager reads."""
@@ -92,14 +112,23 @@ class Watch:
     recent: deque[Report] = field(default_factory=lambda: deque(maxlen=256))
     stored_at: float = -math.inf
     reports: int = 0
+    #: What it folded into the profiles so far.
+    folds: list[Fold] = field(default_factory=list)
+    #: Why its reports were rejected ("" while they were not).
+    rejected: str = ""
 
-    def rate(self) -> float | None:
-        """Steps/s over the reports of the last RATE_WINDOW_S (None: too few yet)."""
+    def window(self) -> tuple[Report, Report] | None:
+        """The first and the latest of the reports of the last RATE_WINDOW_S (None: none)."""
         last = self.last
         if last is None or not self.recent:
             return None
         base = next((r for r in self.recent if r.time >= last.time - RATE_WINDOW_S), self.recent[0])
-        return steps_per_s(base, last)
+        return base, last
+
+    def rate(self) -> float | None:
+        """Steps/s over the reports of the last RATE_WINDOW_S (None: too few yet)."""
+        window = self.window()
+        return None if window is None else steps_per_s(*window)
 
 
 def steps_per_s(base: Report, last: Report) -> float | None:
@@ -129,9 +158,16 @@ class JobCurve:
 class Telemetry:
     """The reports of the running attempts, the jobs' curves and the cluster's profiles."""
 
-    def __init__(self, store: Store, fold_every_s: float = FOLD_EVERY_S) -> None:
+    def __init__(
+        self,
+        store: Store,
+        fold_every_s: float = FOLD_EVERY_S,
+        max_steps_per_s: float | None = MAX_STEPS_PER_S,
+    ) -> None:
         self.store = store
         self.fold_every_s = fold_every_s
+        #: Faster than this, an attempt's reports are rejected (None: no ceiling).
+        self.max_steps_per_s = max_steps_per_s
         #: Set when a measurement of jobs sharing GPUs was folded in (the manager then lets the
         #: scheduler judge its pairs again); the manager clears it.
         self.shared_measured = False
@@ -141,6 +177,8 @@ class Telemetry:
         #: Per job, report lines its running attempt wrote that were not reports, and the latest
         #: problem (`GET /api/v1/jobs/ID` shows them; the job is not stopped for them).
         self.malformed: dict[str, tuple[int, str]] = {}
+        #: Per job, why its running attempt's reports were rejected (one line).
+        self.rejected: dict[str, str] = {}
         self.load()
 
     def load(self) -> None:
@@ -157,6 +195,7 @@ class Telemetry:
         measurement counts twice)."""
         tail = ProgressTail(path)
         watch = Watch(job_id, attempt, shape, tail, now)
+        self.rejected.pop(job_id, None)  # an earlier attempt's (its event stays)
         if resumed:
             tail.skip_to_end()
         self.watches[job_id] = watch
@@ -202,6 +241,7 @@ class Telemetry:
         self.watches.pop(job_id, None)
         self.curves.pop(job_id, None)
         self.malformed.pop(job_id, None)
+        self.rejected.pop(job_id, None)
 
     def share(self, model: str, shared: bool, by: str, now: float) -> bool:
         """An admin marks `model` shared (every VC reads every VC's measurements of it) or
@@ -248,10 +288,15 @@ class Telemetry:
         watch.recent.append(latest)
         watch.reports += len(reports)
         watch.last_report_at = now
+        window = None if watch.rejected else watch.window()
+        rate = None if window is None else steps_per_s(*window)
+        if rate is not None and window is not None:
+            if self._implausible(watch, rate, *window, now):
+                rate = None
         self.store.update_job(
             watch.job_id,
             step=latest.step,
-            steps_per_s=watch.rate(),
+            steps_per_s=rate,
             loss=latest.loss,
             progress_at=now,
         )
@@ -260,45 +305,70 @@ class Telemetry:
             self.store.add_progress(watch.job_id, watch.attempt, now, latest.step, latest.loss)
         return True
 
+    def _implausible(
+        self, watch: Watch, rate: float, base: Report, last: Report, now: float
+    ) -> bool:
+        """Reject the attempt if `rate` (from `base` to `last`) is above the ceiling: what it
+        folded is taken back, nothing more of it is, and its problem and an event say why."""
+        ceiling = self.max_steps_per_s
+        if ceiling is None or rate <= ceiling:
+            return False
+        watch.rejected = (
+            f"attempt {watch.attempt}: rejected: {rate:.4g} steps/s (step {base.step:.12g} to "
+            f"{last.step:.12g} in {last.time - base.time:.3g} s by the manager's clock) is above "
+            f"the ceiling of {ceiling:g} steps/s (max_steps_per_s); none of its measurements "
+            "count"
+        )
+        self.rejected[watch.job_id] = watch.rejected
+        for fold in reversed(watch.folds):
+            measure = self.profiles.withdraw(
+                fold.shape,
+                fold.steps_per_s,
+                fold.seconds,
+                samples_per_s=fold.samples_per_s,
+                run=fold.new_run,
+            )
+            if measure is None:
+                self.store.delete_profile(_profile_row(fold.shape, None, now))
+            else:
+                self.store.save_profile(_profile_row(fold.shape, measure, now))
+            if fold.shape.colocated:
+                self.shared_measured = True
+        watch.folds.clear()
+        self.store.add_event(watch.job_id, now, "progress", watch.rejected)
+        return True
+
     def _fold(self, watch: Watch, now: float) -> None:
+        if watch.rejected:
+            return
         base, last = watch.folded, watch.last
         rate = None if base is None or last is None else steps_per_s(base, last)
         if rate is None:
             return
         assert base is not None and last is not None
+        if self._implausible(watch, rate, base, last, now):
+            return
         span = last.time - base.time
         samples = None
         if base.samples is not None and last.samples is not None and last.samples > base.samples:
             samples = (last.samples - base.samples) / span
+        new_run = not watch.counted_run
         measure = self.profiles.add(
             watch.shape,
             rate,
             span,
             samples_per_s=samples,
-            new_run=not watch.counted_run,
+            new_run=new_run,
         )
         watch.folded = last
         if measure is None:
             return
+        watch.folds.append(Fold(watch.shape, rate, span, samples, new_run))
         watch.counted_run = True
         shape = watch.shape
         if shape.colocated:
             self.shared_measured = True
-        self.store.save_profile(
-            ProfileRow(
-                model=shape.model,
-                gpu_type=shape.gpu_type,
-                gpus=shape.gpus,
-                nodes=shape.nodes,
-                colocated=shape.colocated,
-                steps_per_s=measure.steps_per_s,
-                samples_per_s=measure.samples_per_s,
-                seconds=measure.seconds,
-                runs=measure.runs,
-                updated_at=now,
-                vc=shape.vc,
-            )
-        )
+        self.store.save_profile(_profile_row(shape, measure, now))
 
     # -- what the plugins and the views ask ----------------------------------------------------
 
@@ -319,3 +389,20 @@ class Telemetry:
         """Optimus's view of a job: its step and its loss samples."""
         curve = self.curve(job.id)
         return Progress(steps_done=curve.step, samples=tuple(curve.samples))
+
+
+def _profile_row(shape: Shape, measure: Measure | None, now: float) -> ProfileRow:
+    """The store's row of a shape's measurement (None: only its key, to delete it)."""
+    return ProfileRow(
+        model=shape.model,
+        gpu_type=shape.gpu_type,
+        gpus=shape.gpus,
+        nodes=shape.nodes,
+        colocated=shape.colocated,
+        steps_per_s=measure.steps_per_s if measure is not None else 0.0,
+        samples_per_s=measure.samples_per_s if measure is not None else None,
+        seconds=measure.seconds if measure is not None else 0.0,
+        runs=measure.runs if measure is not None else 0,
+        updated_at=now,
+        vc=shape.vc,
+    )

@@ -103,12 +103,15 @@ class ManagerViews:
 
     def progress_problems(self, job_id: str) -> dict[str, object] | None:
         """What was wrong with the running attempt's progress file, if anything: lines that
-        were not reports, and the latest problem (one line)."""
+        were not reports, and the latest problem (one line); why its reports were rejected (one
+        line, `rejected`)."""
         with self.lock:
             found = self.telemetry.malformed.get(job_id)
-        if found is None:
+            rejected = self.telemetry.rejected.get(job_id)
+        if found is None and rejected is None:
             return None
-        return {"malformed_lines": found[0], "last_error": found[1]}
+        malformed, last_error = found or (0, "")
+        return {"malformed_lines": malformed, "last_error": last_error, "rejected": rejected}
 
     def placement_of(self, job_id: str) -> list[str]:
         with self.lock:
