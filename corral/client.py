@@ -314,8 +314,21 @@ class Client:
         return self._request("GET", "/cluster")
 
     def profiles(self) -> list[dict]:
-        """Measured throughput per model and placement shape (steps/s)."""
+        """Measured throughput per VC, model and placement shape (steps/s): {model, gpu_type,
+        gpus, nodes, colocated, vc, shared, steps_per_s, samples_per_s, seconds, runs,
+        updated_at}; a user sees their VC's, the shared models' and those of no VC."""
         return self._request("GET", "/profiles")
+
+    def shared_models(self) -> list[dict]:
+        """The models marked shared: {model, marked_by, marked_at}."""
+        return self._request("GET", "/profiles/shared")
+
+    def share_model(self, model: str, shared: bool = True) -> dict:
+        """Mark `model` shared, or with `shared=False` not (admins only): {model, shared,
+        changed}."""
+        return self._request(
+            "POST", "/profiles/share" if shared else "/profiles/unshare", json={"model": model}
+        )
 
     def scheduler_config(self) -> dict:
         """The scheduler config the manager runs with: {"scheduler": {...}}."""

@@ -1,4 +1,4 @@
-"""The client commands: submit, ls, queue, describe, logs, cancel, vc ls, token, profile ls.
+"""The client commands: submit, ls, queue, describe, logs, cancel, vc ls, token, profile.
 
 They talk to a running `corral up` through corral.client (CORRAL_URL, CORRAL_TOKEN). They are
 plain click commands and import neither typer, rich, numpy nor the scheduling core: a call
@@ -626,6 +626,8 @@ PROFILE_COLUMNS = (
     Column("GPUS", lambda r: r["gpus"], right=True),
     Column("NODES", lambda r: r["nodes"], right=True),
     Column("SHARED WITH", lambda r: r["colocated"] or "-"),
+    # whose measurement: a VC's ("-": none's, read by all), and whether every VC reads it
+    Column("VC", lambda r: (r.get("vc") or "-") + (" (shared)" if r.get("shared") else "")),
     Column("STEPS/S", lambda r: f"{r['steps_per_s']:.3g}", right=True),
     Column("SAMPLES/S", lambda r: _optional(r["samples_per_s"], ".4g"), right=True),
     Column("MEASURED", lambda r: _age(r["seconds"]), right=True),
@@ -638,7 +640,8 @@ PROFILE_COLUMNS = (
 @click.option("--model", help="only this model")
 @output_option()
 def profile_ls(model: str | None, output: str) -> None:
-    """Steps/s each model ran at, per GPU type, GPU count, nodes spanned and sharing partner."""
+    """Steps/s each model ran at, per VC, GPU type, GPU count, nodes spanned and sharing
+    partner (VC -: measured by no VC's jobs; every VC reads those)."""
     with connected() as client:
         profiles = client.profiles()
     if model is not None:
@@ -650,6 +653,33 @@ def profile_ls(model: str | None, output: str) -> None:
         empty="nothing measured yet: jobs report progress through $CORRAL_PROGRESS_FILE "
         "(docs/progress.md)",
     )
+
+
+@profile_group.command("share")
+@click.argument("model")
+@output_option(formats=(TABLE, JSON, YAML))
+def profile_share(model: str, output: str) -> None:
+    """Mark MODEL shared (admins only): every VC's jobs read every VC's measurements of it
+    where their own VC measured none."""
+    _share(model, True, output)
+
+
+@profile_group.command("unshare")
+@click.argument("model")
+@output_option(formats=(TABLE, JSON, YAML))
+def profile_unshare(model: str, output: str) -> None:
+    """Unmark MODEL (admins only): each VC reads only its own measurements of it again."""
+    _share(model, False, output)
+
+
+def _share(model: str, shared: bool, output: str) -> None:
+    with connected() as client:
+        answer = client.share_model(model, shared)
+    if output != TABLE:
+        print_data(answer, output)
+        return
+    state = "shared" if shared else "not shared"
+    click.echo(f"{model} is {'now' if answer['changed'] else 'already'} {state}")
 
 
 # -- formatting -------------------------------------------------------------------------------

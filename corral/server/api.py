@@ -25,7 +25,14 @@ from corral.server.controls import ControlError
 from corral.server.logread import LogRead, UnreadableLog, read_log
 from corral.server.manager import Manager, SubmitError
 from corral.server.metrics import metrics_text
-from corral.server.spec import JobSpecModel, SpecError, array_tasks, one_line, parse_job_spec
+from corral.server.spec import (
+    MAX_TEXT_CHARS,
+    JobSpecModel,
+    SpecError,
+    array_tasks,
+    one_line,
+    parse_job_spec,
+)
 from corral.server.store import (
     TOKEN_ID_CHARS,
     JobListRow,
@@ -303,16 +310,65 @@ def create_app(manager: Manager) -> FastAPI:
         detail["progress_history"] = [asdict(p) for p in store.progress(job_id, limit=500)]
         detail["progress_problems"] = manager.progress_problems(job_id)
         model = row.spec.get("model") or row.name
-        detail["throughput"] = [
-            asdict(p) for p in store.profiles() if p.model == model and not p.colocated
+        detail["throughput"] = [  # what the job reads: its VC's, no VC's, a shared model's
+            p
+            for p in profile_rows(lambda vc, shared: shared or vc in ("", row.vc))
+            if p["model"] == model and not p["colocated"]
         ]
         return detail
 
+    # -- profiles: measured throughput, each VC's own, some models shared ----------------------
+
+    def profile_rows(visible: Any) -> list[dict[str, Any]]:
+        """The stored profiles `visible(vc, shared)` lets through, each with `shared`."""
+        shared = {mark.model for mark in store.shared_models()}
+        return [
+            asdict(p) | {"shared": p.model in shared}
+            for p in store.profiles()
+            if visible(p.vc, p.model in shared)
+        ]
+
     @app.get("/api/v1/profiles", tags=["cluster"], response_model=list[schemas.ProfileInfo])
     def list_profiles(who: Caller) -> list[dict[str, Any]]:
-        """The throughput measured per model and placement shape (steps/s), from the jobs'
-        progress reports: what hetero, profile placement, ElasticFlow and job lengths use."""
-        return [asdict(p) for p in store.profiles()]
+        """The throughput measured per VC, model and placement shape (steps/s), from the jobs'
+        progress reports: what hetero, profile placement, ElasticFlow and job lengths use. Each
+        VC's jobs read their VC's own, then a shared model's from every VC, then those of no VC
+        (`vc` ""). Users see their VC's, the shared models' and those of no VC; admins all."""
+        return profile_rows(
+            lambda vc, shared: (
+                who.admin or shared or vc == "" or (who.vc is not None and vc == who.vc)
+            )
+        )
+
+    @app.get("/api/v1/profiles/shared", tags=["cluster"], response_model=list[schemas.SharedModel])
+    def list_shared_models(who: Caller) -> list[dict[str, Any]]:
+        """The models marked shared: every VC reads every VC's measurements of them."""
+        return [asdict(mark) for mark in store.shared_models()]
+
+    def share(who: Principal, body: dict[str, Any], shared: bool) -> dict[str, Any]:
+        admins_only(who, ("mark" if shared else "unmark") + " a model shared")
+        only_fields(body, ("model",))
+        model = body.get("model")
+        if not isinstance(model, str) or not model.strip():
+            raise HTTPException(422, "model: must be a non-empty string")
+        if len(model) > MAX_TEXT_CHARS or not model.isprintable():
+            raise HTTPException(
+                422, f"model: at most {MAX_TEXT_CHARS} characters, none of them control characters"
+            )
+        changed = manager.share_model(model, shared, who.user)
+        return {"model": model, "shared": shared, "changed": changed}
+
+    @app.post("/api/v1/profiles/share", tags=["cluster"], response_model=schemas.ShareAnswer)
+    def share_model(who: Caller, body: Annotated[dict[str, Any], Body()]) -> dict[str, Any]:
+        """Mark `{"model": M}` shared (admins only): every VC's jobs read every VC's
+        measurements of M where their own VC has none. `changed`: false when it already was."""
+        return share(who, body, True)
+
+    @app.post("/api/v1/profiles/unshare", tags=["cluster"], response_model=schemas.ShareAnswer)
+    def unshare_model(who: Caller, body: Annotated[dict[str, Any], Body()]) -> dict[str, Any]:
+        """Unmark `{"model": M}` (admins only): each VC reads only its own measurements of M
+        again (and those of no VC)."""
+        return share(who, body, False)
 
     def acted_on(job_id: str, who: Principal, verb: str, array: bool = False) -> list[str]:
         """The job (or, with `array`, the unfinished tasks of the array it names) that the

@@ -94,6 +94,26 @@ class ProfileInfo(BaseModel):
     seconds: float = Field(description="seconds of running measured")
     runs: int = Field(description="attempts measured")
     updated_at: float
+    vc: str = Field("", description="the VC whose jobs measured it ('': none's, read by all)")
+    shared: bool = Field(False, description="its model is marked shared: every VC reads it")
+
+
+class SharedModel(BaseModel):
+    """A model an admin marked shared."""
+
+    model_config = _OPEN
+
+    model: str
+    marked_by: str = Field(description="the admin who marked it")
+    marked_at: float
+
+
+class ShareAnswer(BaseModel):
+    model_config = _OPEN
+
+    model: str
+    shared: bool = Field(description="whether it is marked shared now")
+    changed: bool = Field(description="false when it already was (or was not)")
 
 
 class AttemptInfo(BaseModel):
@@ -253,6 +273,8 @@ FORBIDDEN = (
     ("post", "/api/v1/tokens"),
     ("delete", "/api/v1/tokens"),
     ("get", "/api/v1/export"),  # admins only
+    ("post", "/api/v1/profiles/share"),  # admins only (and /unshare)
+    ("post", "/api/v1/profiles/unshare"),
 )
 #: Operations refused (409) when the job's state does not allow them: (method, path), exactly.
 CONFLICT = (

@@ -13,6 +13,7 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from corral.core.profiles import Measure, Shape
@@ -259,3 +260,92 @@ def test_corral_up_takes_the_ceiling_and_refuses_a_nonsense_one(
         assert result.output.strip().endswith(
             f"--max-steps-per-s: must be a positive number of steps/s, got {float(bad):g}"
         ), result.output
+
+
+def test_users_see_their_vcs_profiles_and_only_admins_mark_a_model_shared(
+    tmp_path: Path,
+) -> None:
+    from click.testing import CliRunner
+
+    from corral.cli.main import app
+    from tests.server.helpers import TWO_VCS, admin_token, api, start_server
+
+    data_dir = tmp_path / "corral"
+    server = start_server(data_dir, gpus=2, config=TWO_VCS)
+    clients = []
+    try:
+        store = server.manager.store
+        for vc, model, rate in (("a", "bert", 4.0), ("b", "bert", 5000.0), ("", "resnet", 10.0)):
+            store.save_profile(ProfileRow(model, "gpu", 1, 1, "", rate, None, 60.0, 1, 0.0, vc))
+        admin = api(server.url, admin_token(data_dir))
+        clients.append(admin)
+        tokens = {}
+        for vc in ("a", "b"):
+            made = admin.post("/api/v1/tokens", json={"user": f"user-{vc}", "vc": vc})
+            assert made.status_code == 201, made.text
+            tokens[vc] = made.json()["token"]
+            clients.append(api(server.url, tokens[vc]))
+        user_a = clients[1]
+
+        def seen(client: httpx.Client) -> set[tuple[str, str, bool]]:
+            listed = client.get("/api/v1/profiles")
+            assert listed.status_code == 200, listed.text
+            return {(p["vc"], p["model"], p["shared"]) for p in listed.json()}
+
+        # a's user sees a's measurements and those of no VC, not b's; the admin sees all.
+        assert seen(user_a) == {("a", "bert", False), ("", "resnet", False)}
+        assert seen(admin) == {("a", "bert", False), ("b", "bert", False), ("", "resnet", False)}
+        # Only an admin marks a model shared; a bad body is refused naming the field.
+        refused = user_a.post("/api/v1/profiles/share", json={"model": "bert"})
+        assert (refused.status_code, refused.json()["detail"]) == (
+            403,
+            "only an admin may mark a model shared",
+        )
+        for body, detail in (
+            ({}, "model: must be a non-empty string"),
+            ({"model": " "}, "model: must be a non-empty string"),
+            ({"model": 3}, "model: must be a non-empty string"),
+            ({"model": "a\nb"}, "model: at most 128 characters, none of them control characters"),
+            ({"model": "bert", "vc": "a"}, "'vc': unknown field; the fields are model"),
+        ):
+            answer = admin.post("/api/v1/profiles/share", json=body)
+            assert (answer.status_code, answer.json()["detail"]) == (422, detail)
+        assert admin.get("/api/v1/profiles/shared").json() == []
+        answer = admin.post("/api/v1/profiles/share", json={"model": "bert"})
+        assert answer.json() == {"model": "bert", "shared": True, "changed": True}
+        again = admin.post("/api/v1/profiles/share", json={"model": "bert"})
+        assert again.json()["changed"] is False
+        # Marked: stored, in the manager's profiles, and every user sees every VC's bert.
+        (mark,) = user_a.get("/api/v1/profiles/shared").json()
+        assert (mark["model"], mark["marked_by"]) == ("bert", "admin")
+        assert server.manager.telemetry.profiles.shared == {"bert"}
+        assert seen(user_a) == {("a", "bert", True), ("b", "bert", True), ("", "resnet", False)}
+
+        def corral(token: str, *args: str) -> tuple[int, str]:
+            env = {"CORRAL_URL": server.url, "CORRAL_TOKEN": token}
+            result = CliRunner().invoke(app, list(args), env=env)
+            return result.exit_code, result.output
+
+        code, output = corral(tokens["a"], "profile", "unshare", "bert")
+        assert code == 1 and "only an admin may unmark a model shared" in output
+        assert corral(admin_token(data_dir), "profile", "unshare", "bert") == (
+            0,
+            "bert is now not shared\n",
+        )
+        assert server.manager.telemetry.profiles.shared == frozenset()
+        assert corral(admin_token(data_dir), "profile", "unshare", "bert") == (
+            0,
+            "bert is already not shared\n",
+        )
+        code, output = corral(tokens["a"], "profile", "ls")
+        assert code == 0, output
+        table = [line.split() for line in output.splitlines()]
+        assert table[0][:7] == ["MODEL", "GPU", "TYPE", "GPUS", "NODES", "SHARED", "WITH"]
+        assert sorted(row[:6] for row in table[1:]) == [
+            ["bert", "gpu", "1", "1", "-", "a"],
+            ["resnet", "gpu", "1", "1", "-", "-"],
+        ]
+    finally:
+        for client in clients:
+            client.close()
+        server.stop()
