@@ -105,9 +105,11 @@ def test_hetero_learns_each_models_speed_per_gpu_type_and_uses_it(
     fast = "k80" if tie.startswith("v100") else "v100"
     slow = "v100" if fast == "k80" else "k80"
     times = {fast: 0.02, slow: 0.1}
+    # 200 steps: 4 s on the fast type, long enough to be measured on the manager's clock (the
+    # reports come with the logs, about once a second).
     for gpu_type in (fast, slow):
         pinned = submit(
-            client, **typed_job("fussy", 60, times["v100"], times["k80"], gpu_type=gpu_type)
+            client, **typed_job("fussy", 200, times["v100"], times["k80"], gpu_type=gpu_type)
         )
         assert wait_for(client, pinned)["status"] == "SUCCEEDED"
     rates = {
@@ -123,7 +125,7 @@ def test_hetero_learns_each_models_speed_per_gpu_type_and_uses_it(
     assert ran_on(client, free).startswith(fast)
     # A model measured on the slow type only is ranked on the fast one by fussy's ratio (the
     # prior), so it goes there too, though it never ran there.
-    only = submit(client, **typed_job("other", 100, 0.02, 0.02, gpu_type=slow))
+    only = submit(client, **typed_job("other", 200, 0.02, 0.02, gpu_type=slow))
     assert wait_for(client, only)["status"] == "SUCCEEDED"
     assert [row["gpu_type"] for row in job(client, only)["throughput"]] == [slow]
     placed = submit(client, **typed_job("other", 5, 0.02, 0.02))
@@ -167,10 +169,14 @@ def test_profile_placement_consolidates_a_model_measured_to_slow_down_when_sprea
         }
 
     def runs_for(client: httpx.Client, job_id: str, reports: int) -> None:
-        wait_until(
-            lambda: (job(client, job_id)["progress"] or {}).get("step", 0) >= reports,
-            f"job {job_id}'s reports",
-        )
+        """Until the job made `reports` steps and the manager measured its rate (on its own
+        clock: over a second of reports at least)."""
+
+        def measured() -> bool:
+            progress = job(client, job_id)["progress"] or {}
+            return progress.get("step", 0) >= reports and bool(progress.get("steps_per_s"))
+
+        wait_until(measured, f"job {job_id}'s reports and rate")
 
     # Measured with `any` (the first free GPUs): packed on v100-a, then spread over both V100
     # nodes behind a 1-GPU blocker on v100-a/0.
