@@ -15,12 +15,12 @@ import math
 import os
 import re
 import secrets
-import stat
 import time
 import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from corral.server.privatefile import read_private_file
 from corral.server.store import TOKEN_ID_CHARS, Store, TokenRow
 
 ADMIN_TOKEN_FILE = "admin.token"
@@ -29,7 +29,6 @@ ADMIN_USER = "admin"
 METRICS_TOKEN_FILE = "metrics.token"
 #: A secret file's token: at least this many characters (`openssl rand -hex 32` gives 64).
 MIN_SECRET_CHARS = 32
-MAX_SECRET_BYTES = 4096
 
 
 @dataclass(slots=True, frozen=True)
@@ -232,40 +231,14 @@ def ensure_admin_token(store: Store, data_dir: str | Path) -> Path:
 
 def read_secret_file(path: Path, flag: str) -> str:
     """The token a secret file holds (one line, whitespace around it ignored, as Prometheus reads
-    its `credentials_file`). The file must be a regular file (no symbolic link is followed), of
-    the manager's own user or root, that no one else may read or write; ValueError, one line
-    naming `flag` and the file, otherwise."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as error:
-        raise ValueError(f"{flag}: cannot open {path}: {error.strerror or error}") from None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise ValueError(f"{flag}: {path} is not a regular file")
-        if info.st_uid not in (os.geteuid(), 0):
-            raise ValueError(
-                f"{flag}: {path} belongs to uid {info.st_uid}, not to this manager's user or "
-                "root: someone else could change the token"
-            )
-        mode = stat.S_IMODE(info.st_mode)
-        if mode & 0o077:
-            raise ValueError(
-                f"{flag}: {path} is open to others (mode {mode:04o}); make it readable by its "
-                f"owner only: chmod 600 {path}"
-            )
-        data = os.read(fd, MAX_SECRET_BYTES + 1)
-    finally:
-        os.close(fd)
-    try:
-        token = data.decode("utf-8").strip()
-    except UnicodeDecodeError:
-        token = ""
-    if len(data) > MAX_SECRET_BYTES or not token.isprintable() or " " in token:
-        raise ValueError(f"{flag}: {path} must hold one token, a line without spaces")
+    its `credentials_file`): a private file (corral.server.privatefile), not reached through a
+    link; ValueError, one line naming `flag` and the file, otherwise."""
+    token = read_private_file(path, flag, follow_links=False).strip()
+    if not token.isprintable() or " " in token:
+        raise ValueError(f"{flag} {path}: must hold one token, a line without spaces")
     if len(token) < MIN_SECRET_CHARS:
         raise ValueError(
-            f"{flag}: the token in {path} has {len(token)} characters; give at least "
+            f"{flag} {path}: the token has {len(token)} characters; give at least "
             f"{MIN_SECRET_CHARS} (e.g. openssl rand -hex 32)"
         )
     return token

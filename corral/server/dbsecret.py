@@ -12,17 +12,14 @@ argv or in a child's environment.
 
 from __future__ import annotations
 
-import os
-import pwd
-import stat
 from pathlib import Path
 
 import sqlalchemy as sa
 
+from corral.server.privatefile import read_private_file
+
 #: Query parameters of a URL that libpq (and psycopg) take as secrets.
 SECRET_PARAMETERS = ("password", "sslpassword")
-#: A password file longer than this is not one (a key, a log named by mistake): refused unread.
-MAX_PASSWORD_BYTES = 4096
 HOW = (
     "give the URL without it and the password in a file only the manager's user can read: "
     "--db-password-file FILE, or libpq's PGPASSFILE or ~/.pgpass"
@@ -59,41 +56,9 @@ def refuse_password_in_url(url: str, flag: str = "--db") -> None:
 
 def read_password_file(path: str | Path, flag: str = "--db-password-file") -> str:
     """The password in `path`: its first line, without the line's end. Refused (one line) unless
-    it is a regular file owned by this process's user that neither group nor others may read or
-    write (libpq's rule for .pgpass), holding one non-empty line."""
-    try:
-        # Not blocking: a FIFO put there would hang the manager's start.
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
-    except OSError as error:
-        raise DatabaseSecretError(
-            f"{flag} {path}: cannot open it ({error.strerror or error})"
-        ) from None
-    try:
-        info = os.fstat(fd)  # of the file opened, whatever a symbolic link on the way named
-        if not stat.S_ISREG(info.st_mode):
-            raise DatabaseSecretError(f"{flag} {path}: not a regular file")
-        if info.st_uid != os.geteuid():
-            raise DatabaseSecretError(
-                f"{flag} {path}: owned by {_user_name(info.st_uid)}, not by the manager's user "
-                f"({_user_name(os.geteuid())}): chown it"
-            )
-        if info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
-            raise DatabaseSecretError(
-                f"{flag} {path}: group or others may open it (mode "
-                f"{stat.S_IMODE(info.st_mode):04o}): chmod 600 it"
-            )
-        if info.st_size > MAX_PASSWORD_BYTES:
-            raise DatabaseSecretError(
-                f"{flag} {path}: {info.st_size} bytes, not a password (at most "
-                f"{MAX_PASSWORD_BYTES})"
-            )
-        data = os.read(fd, MAX_PASSWORD_BYTES + 1)
-    finally:
-        os.close(fd)
-    try:
-        text = data.decode()
-    except UnicodeDecodeError:
-        raise DatabaseSecretError(f"{flag} {path}: not UTF-8 text") from None
+    it is a private file (corral.server.privatefile; a link to one is followed) holding one
+    non-empty line."""
+    text = read_private_file(path, flag, follow_links=True, error=DatabaseSecretError)
     lines = text.splitlines()
     if not lines or not lines[0]:
         raise DatabaseSecretError(f"{flag} {path}: empty; write the password on its first line")
@@ -116,10 +81,3 @@ def database_password(
     if url is None:
         raise DatabaseSecretError(f"--db-password-file: needs {flag} URL (SQLite has no password)")
     return read_password_file(password_file)
-
-
-def _user_name(uid: int) -> str:
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return f"uid {uid}"

@@ -15,7 +15,6 @@ import os
 import pwd
 import secrets
 import shutil
-import subprocess
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -32,6 +31,7 @@ from corral.exec.local import job_environment
 from corral.server import migrations
 from corral.server.dbsecret import DatabaseSecretError, database_password, read_password_file
 from corral.server.store import Store, StoreError
+from tests.accounts import useradd, userdel
 from tests.server.helpers import (
     Corral,
     admin_token,
@@ -171,14 +171,6 @@ echo attack-done
 """
 
 
-def _useradd(name: str) -> None:
-    subprocess.run(
-        ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name],
-        check=True,
-        capture_output=True,
-    )
-
-
 def _every_process_text() -> bytes:
     """Every command line and environment on this machine, as root reads them."""
     found = []
@@ -205,7 +197,7 @@ def test_a_job_finds_no_database_password_and_cannot_make_itself_admin(
     corral: Corral | None = None
     try:
         base.chmod(0o711)  # the jobs' account passes through to its own directories
-        _useradd(account)
+        useradd(account)
         created = True
         password_file = private_file(base / "db.password", database.password + "\n")
         # The manager's environment has no password either (libpq would read PGPASSWORD).
@@ -273,8 +265,7 @@ def test_a_job_finds_no_database_password_and_cannot_make_itself_admin(
             corral.stop()
             kill_jobs_of(corral.data_dir)
         if created:
-            subprocess.run(["pkill", "-KILL", "-u", account], capture_output=True)
-            subprocess.run(["userdel", account], capture_output=True)
+            userdel(account)
         shutil.rmtree(base, ignore_errors=True)
 
 
@@ -376,12 +367,13 @@ def test_a_password_file_others_could_read_or_swap_is_refused(tmp_path: Path) ->
     assert refused(private_file(tmp_path / "two", "s3cret\nmore\n")).endswith(
         "holds more than one line; write the password alone"
     )
-    assert "not a password" in refused(private_file(tmp_path / "big", "x" * 5000))
+    assert "5000 bytes, not a secret" in refused(private_file(tmp_path / "big", "x" * 5000))
     if os.geteuid() == 0:  # only root gives a file away
         theirs = private_file(tmp_path / "theirs", "s3cret\n")
         os.chown(theirs, 65534, 65534)
         assert refused(theirs).endswith(
-            f"owned by {pwd.getpwuid(65534).pw_name}, not by the manager's user (root): chown it"
+            f"owned by {pwd.getpwuid(65534).pw_name}, not by root: someone else could change it; "
+            "chown it"
         )
 
 

@@ -6,6 +6,7 @@ and a real Prometheus scraping a real manager with the shipped scrape config.
 from __future__ import annotations
 
 import os
+import pwd
 import shutil
 import socket
 import stat
@@ -100,12 +101,12 @@ def test_a_token_file_of_ones_own_and_metrics_in_public(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("make", "message"),
     [
-        (lambda p: secret(p, mode=0o644), "is open to others (mode 0644); make it readable by"),
-        (lambda p: secret(p, mode=0o620), "is open to others (mode 0620)"),
+        (lambda p: secret(p, mode=0o644), "group or others may open it (mode 0644): chmod 600"),
+        (lambda p: secret(p, mode=0o620), "group or others may open it (mode 0620)"),
         (lambda p: secret(p, "short"), "has 5 characters; give at least 32"),
         (lambda p: secret(p, "two words " + TOKEN), "must hold one token, a line without spaces"),
         (lambda p: p, "cannot open"),  # missing
-        (lambda p: (p.mkdir(mode=0o700), p)[1], "is not a regular file"),
+        (lambda p: (p.mkdir(mode=0o700), p)[1], "not a regular file"),
     ],
 )
 def test_a_bad_token_file_is_refused_at_start_in_one_line(
@@ -116,7 +117,7 @@ def test_a_bad_token_file_is_refused_at_start_in_one_line(
     result = CliRunner().invoke(app, [*args, "--metrics-token-file", str(path)])
     assert result.exit_code == 2, result.output
     lines = result.output.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: --metrics-token-file: "), lines
+    assert len(lines) == 1 and lines[0].startswith(f"error: --metrics-token-file {path}: "), lines
     assert message in lines[0] and "Traceback" not in result.output
 
 
@@ -126,14 +127,16 @@ def test_a_link_or_anothers_file_is_refused(tmp_path: Path) -> None:
     link.symlink_to(real)
     args = ["up", "--gpus", "1", "--data-dir", str(tmp_path / "d"), "--port", str(free_port())]
     result = CliRunner().invoke(app, [*args, "--metrics-token-file", str(link)])
-    assert result.exit_code == 2 and f"cannot open {link}" in result.output, result.output
+    assert result.exit_code == 2, result.output
+    assert f"--metrics-token-file {link}: cannot open it" in result.output, result.output
     both = CliRunner().invoke(app, [*args, "--metrics-token-file", str(real), "--metrics-public"])
     assert both.exit_code == 2
     assert "--metrics-public and --metrics-token-file: give one of them" in both.output
     if os.geteuid() == 0:  # a file of another user's: they could change the token
         os.chown(real, 65534, 65534)
         result = CliRunner().invoke(app, [*args, "--metrics-token-file", str(real)])
-        assert result.exit_code == 2 and "belongs to uid 65534" in result.output, result.output
+        owner = pwd.getpwuid(65534).pw_name
+        assert result.exit_code == 2 and f"owned by {owner}, not by root" in result.output
 
 
 PROMETHEUS = shutil.which("prometheus")
