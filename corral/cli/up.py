@@ -21,6 +21,14 @@ if TYPE_CHECKING:
 DEFAULT_DATA_DIR = Path(
     os.environ.get("CORRAL_HOME", "/var/lib/corral" if os.geteuid() == 0 else "~/.corral")
 ).expanduser()
+#: `--db-password-file`, of every command that takes `--db` (corral.server.dbsecret).
+DbPasswordFile = Annotated[
+    Path | None,
+    typer.Option(
+        help="--db's password, on the first line of this file (yours, mode 0600); "
+        "default: libpq's (PGPASSFILE, ~/.pgpass)"
+    ),
+]
 
 
 def up(
@@ -60,13 +68,7 @@ def up(
             "default SQLite in DATA_DIR"
         ),
     ] = None,
-    db_password_file: Annotated[
-        Path | None,
-        typer.Option(
-            help="--db's password, on the first line of this file (yours, mode 0600); "
-            "default: libpq's (PGPASSFILE, ~/.pgpass)"
-        ),
-    ] = None,
+    db_password_file: DbPasswordFile = None,
     scheduler_config: Annotated[
         Path | None,
         typer.Option(
@@ -510,13 +512,7 @@ def export_trace(
         str | None,
         typer.Option(help="a database URL, without its password, instead of DATA_DIR's SQLite"),
     ] = None,
-    db_password_file: Annotated[
-        Path | None,
-        typer.Option(
-            help="--db's password, on the first line of this file (yours, mode 0600); "
-            "default: libpq's (PGPASSFILE, ~/.pgpass)"
-        ),
-    ] = None,
+    db_password_file: DbPasswordFile = None,
     fmt: Annotated[
         str | None,
         typer.Option(
