@@ -9,14 +9,11 @@ from __future__ import annotations
 import errno
 import json
 import os
-import pwd
 import shutil
 import signal
 import stat
-import subprocess
 import tempfile
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -33,6 +30,7 @@ from corral.exec.local import (
     worker_envs,
 )
 from corral.exec.shim import is_alive
+from tests.accounts import unix_account
 from tests.exec.contain_helpers import (
     ESCAPES,
     MECHANISMS,
@@ -175,17 +173,8 @@ def account() -> Iterator[RunAs]:
         pytest.skip("creating an account needs root")
     if shutil.which("useradd") is None:
         pytest.skip("no useradd here")
-    name = f"corral-test-{uuid.uuid4().hex[:8]}"
-    subprocess.run(
-        ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name],
-        check=True,
-        capture_output=True,
-    )
-    try:
-        entry = pwd.getpwnam(name)
-        yield RunAs(name, entry.pw_uid, entry.pw_gid, entry.pw_dir)
-    finally:
-        subprocess.run(["userdel", name], check=False, capture_output=True)
+    with unix_account("corral-test") as run_as:
+        yield run_as
 
 
 @pytest.fixture

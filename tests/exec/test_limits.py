@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import json
 import os
-import pwd
 import shutil
 import subprocess
 import tempfile
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +21,7 @@ import pytest
 
 from corral.exec import contain
 from corral.exec.local import LocalExecutor, RunAs, kill_attempt
+from tests.accounts import unix_account
 from tests.exec.contain_helpers import MARK, job_env, marked, mechanism_or_skip, wait_until_none
 from tests.exec.helpers import PYTHON, make_launch, sh, wait_ended, wait_for_text
 
@@ -105,18 +104,8 @@ def assert_removed(record: dict[str, Any]) -> None:
 def account() -> Iterator[RunAs]:
     if shutil.which("useradd") is None:
         pytest.skip("no useradd here")
-    name = f"corral-lim-{uuid.uuid4().hex[:8]}"
-    subprocess.run(
-        ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name],
-        check=True,
-        capture_output=True,
-    )
-    try:
-        entry = pwd.getpwnam(name)
-        yield RunAs(name, entry.pw_uid, entry.pw_gid, entry.pw_dir)
-    finally:
-        subprocess.run(["pkill", "-KILL", "-u", name], check=False, capture_output=True)
-        subprocess.run(["userdel", name], check=False, capture_output=True)
+    with unix_account("corral-lim") as run_as:
+        yield run_as
 
 
 @pytest.fixture

@@ -26,6 +26,7 @@ import httpx
 import pytest
 
 from corral.server.connections import ConnectionLimits
+from tests.accounts import useradd, userdel
 from tests.server.helpers import Corral, admin_token, api, kill_jobs_of, submit
 
 pytestmark = pytest.mark.skipif(
@@ -94,14 +95,6 @@ def _lower_open_files() -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (OPEN_FILES, OPEN_FILES))
 
 
-def _useradd(name: str) -> None:
-    subprocess.run(
-        ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name],
-        check=True,
-        capture_output=True,
-    )
-
-
 def _open_files(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
@@ -152,7 +145,7 @@ def test_a_jobs_connection_flood_does_not_silence_the_api() -> None:
     try:
         base.chmod(0o711)  # the jobs' accounts pass through to their directories
         for account in (flooder, tenant):
-            _useradd(account)
+            useradd(account)
             created.append(account)
         (base / "cluster.yaml").write_text(TWO_TEAMS)
         script = base / "flood.py"
@@ -237,6 +230,5 @@ def test_a_jobs_connection_flood_does_not_silence_the_api() -> None:
             corral.stop()
             kill_jobs_of(corral.data_dir)
         for account in created:
-            subprocess.run(["pkill", "-KILL", "-u", account], capture_output=True)
-            subprocess.run(["userdel", account], capture_output=True)
+            userdel(account)
         shutil.rmtree(base, ignore_errors=True)

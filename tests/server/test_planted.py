@@ -40,6 +40,7 @@ from corral.exec.shim import process_start_time
 from corral.server.boot import BootError, ServerOptions, build_manager
 from corral.server.manager import ManagerSettings
 from corral.server.state import CacheSettings
+from tests.accounts import unix_account
 from tests.server.helpers import REPO, wait_until
 
 pytestmark = pytest.mark.skipif(
@@ -100,18 +101,8 @@ class Attacker:
 @pytest.fixture
 def mallory() -> Iterator[Attacker]:
     """A real unprivileged account; its processes are ended and it is removed afterwards."""
-    name = f"crl-mal-{uuid.uuid4().hex[:6]}"
-    subprocess.run(
-        ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name],
-        check=True,
-        capture_output=True,
-    )
-    try:
-        entry = pwd.getpwnam(name)
-        yield Attacker(RunAs(name, entry.pw_uid, entry.pw_gid, entry.pw_dir))
-    finally:
-        subprocess.run(["pkill", "-KILL", "-u", name], capture_output=True)
-        subprocess.run(["userdel", name], capture_output=True)
+    with unix_account("crl-mal") as run_as:
+        yield Attacker(run_as)
 
 
 @pytest.fixture

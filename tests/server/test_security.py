@@ -24,6 +24,7 @@ import httpx
 import pytest
 
 from corral.server import identity
+from tests.accounts import useradd, userdel
 from tests.server.helpers import REPO, Corral, admin_token, api, kill_jobs_of, submit, wait_for
 
 pytestmark = pytest.mark.skipif(
@@ -58,18 +59,6 @@ class Site:
         return api(self.corral.url, response.json()["token"])
 
 
-def _useradd(name: str) -> None:
-    subprocess.run(
-        ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name],
-        check=True,
-        capture_output=True,
-    )
-
-
-def _userdel(name: str) -> None:
-    subprocess.run(["userdel", name], capture_output=True)
-
-
 @pytest.fixture
 def site() -> Iterator[Site]:
     suffix = uuid.uuid4().hex[:6]
@@ -83,7 +72,7 @@ def site() -> Iterator[Site]:
     try:
         base.chmod(0o711)
         for account in accounts.values():
-            _useradd(account)
+            useradd(account)
             created.append(account)
         config = base / "cluster.yaml"
         config.write_text(TWO_TEAMS)
@@ -105,8 +94,7 @@ def site() -> Iterator[Site]:
             corral.stop()
             kill_jobs_of(corral.data_dir)
         for account in created:
-            subprocess.run(["pkill", "-KILL", "-u", account], capture_output=True)
-            _userdel(account)
+            userdel(account)
         shutil.rmtree(base, ignore_errors=True)
 
 
@@ -360,7 +348,7 @@ def test_the_readme_flow_as_root() -> None:
     corral: Corral | None = None
     try:
         base.chmod(0o711)
-        _useradd(account)
+        useradd(account)
         # The job runs where it is submitted from: a copy of the examples the account may read.
         shutil.copytree(REPO / "examples", base / "examples")
         for path in [base / "examples", *(base / "examples").rglob("*")]:
@@ -395,6 +383,5 @@ def test_the_readme_flow_as_root() -> None:
         if corral is not None:
             corral.stop()
             kill_jobs_of(corral.data_dir)
-        subprocess.run(["pkill", "-KILL", "-u", account], capture_output=True)
-        _userdel(account)
+        userdel(account)
         shutil.rmtree(base, ignore_errors=True)
