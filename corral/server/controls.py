@@ -242,7 +242,7 @@ class JobControls:
                 status = job.status.value if job is not None else self._status_of(job_id)
                 if job_id in self._deferred or status == "RUNNING":
                     status = "RUNNING"
-                if status != "PENDING":  # (else stored, not yet queued: gated when queued)
+                if status != "PENDING":
                     raise ControlError(
                         409, f"job {job_id} is {status}: only a pending job can be held"
                     )

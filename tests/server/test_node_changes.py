@@ -4,6 +4,7 @@ on it meanwhile, and that a job waits for nodes to join rather than fail."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -157,17 +158,31 @@ def test_a_start_on_a_node_that_left_waits_for_it_to_be_dropped(tmp_path: Path) 
 
 
 def test_a_submission_that_races_a_rebuild_is_queued_once(tmp_path: Path) -> None:
+    """A rebuild (a node joins) asked while a submission is being stored waits until the job is
+    stored and queued (one transaction, under the manager's lock), then queues it from the store:
+    the job is in the core once."""
     nodes = Nodes("n1")
     manager, executor = manager_on(tmp_path, nodes)
     insert = manager.store.insert_jobs
+    rebuilt = threading.Event()
 
-    def insert_then_rebuild(rows: list[JobRow]) -> None:
-        insert(rows)  # stored, not yet queued: a node joins now and the core is rebuilt
+    def rebuild() -> None:
         nodes.live.append(NodeDef("n2", 4, "gpu"))
         manager.rebuild(Cluster.from_nodes(nodes()))
+        rebuilt.set()
 
-    manager.store.insert_jobs = insert_then_rebuild  # type: ignore[method-assign]
+    racing = threading.Thread(target=rebuild)
+
+    def insert_while_a_node_joins(rows: list[JobRow]) -> None:
+        insert(rows)  # stored, not yet queued (nor committed): a node joins now
+        racing.start()
+        assert not rebuilt.wait(0.5)  # it waits for the lock (a bounded look, not a sleep)
+
+    manager.store.insert_jobs = insert_while_a_node_joins  # type: ignore[method-assign]
     row = manager.submit(parse_job_spec(python_job("j", "pass", gpus=2)), "u")
+    racing.join(timeout=60)
+    assert rebuilt.is_set()
+    assert {node.name for node in manager.cluster.nodes} == {"n1", "n2"}
     stored = manager.store.get_job(row.id)
     assert stored is not None and stored.status == "PENDING"
     assert list(manager.scheduler.jobs) == [row.id]
