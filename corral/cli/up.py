@@ -422,8 +422,14 @@ def limits_line(manager: object) -> str:
     if not pids:
         missing.pop("pids", None)
     line = f"limits     each attempt: {cap}, its spec's memory and cpus"
-    if missing:
-        line += "; unavailable here: " + "; ".join(missing[name] for name in sorted(missing))
+    if missing:  # the limits that fail for one reason, named together
+        names_by_reason: dict[str, list[str]] = {}
+        for name in sorted(missing):
+            why = missing[name].removeprefix(f"{name}: ")
+            names_by_reason.setdefault(why, []).append(name)
+        line += "; unavailable here: " + "; ".join(
+            f"{', '.join(names)} ({why})" for why, names in names_by_reason.items()
+        )
     return line
 
 

@@ -433,7 +433,7 @@ def limits_unavailable(mechanism: str | None = None) -> dict[str, str]:
     without a process, and removed at once. {} when every limit can be."""
     names = list(LIMIT_CONTROLLERS)
     if os.geteuid() != 0:
-        return {name: f"{name}: limits need root (they are cgroups)" for name in names}
+        return {name: f"{name}: limits need root: they are cgroups" for name in names}
     probe = Limits(memory_bytes=1 << 50, cpus=float(os.cpu_count() or 1), pids=1 << 22)
     try:
         container = Container._build("limits-probe", mechanism, None, Path("/dev"), probe)
@@ -585,7 +585,7 @@ class Container:
             except _NoController as error:
                 no_v2 = f"{error}, and "
         if os.geteuid() != 0:
-            raise _NoController("limits need root (they are cgroups)")
+            raise _NoController("limits need root: they are cgroups")
         hierarchy = _hierarchy(controller)
         if hierarchy is None:
             raise _NoController(f"{no_v2}no writable cgroup v1 {controller} hierarchy")

@@ -152,8 +152,8 @@ def test_a_limit_this_machine_cannot_enforce_runs_with_a_warning_event(
     running = start_server(data_dir, gpus=1, job_pids_max=100)
     try:
         assert limits_line(running.manager) == (  # what `corral up` says once at its start
-            f"limits     each attempt: at most 100 tasks, its spec's memory and cpus; "
-            f"unavailable here: {why}"
+            "limits     each attempt: at most 100 tasks, its spec's memory and cpus; "
+            "unavailable here: memory (no writable cgroup v1 memory hierarchy)"
         )
         client = api(running.url, admin_token(data_dir))
         limited = submit(client, **python_job("limited", "pass", memory="1GiB", cpus=2))
