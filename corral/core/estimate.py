@@ -29,6 +29,15 @@ MIN_POINTS = 3
 Sample = tuple[float, float]  # (step, loss)
 
 
+@dataclass(slots=True, frozen=True)
+class Progress:
+    """What a job reported: its current step count and its (step, loss) samples, oldest first
+    (what a shell's `Services.observe` answers for a job; Optimus fits its curve to them)."""
+
+    steps_done: float = 0.0
+    samples: Sequence[Sample] = ()
+
+
 class EstimateError(ValueError):
     """Malformed progress samples (the message names the sample and the field)."""
 

@@ -26,11 +26,12 @@ unless its partner is preempted too (`frees_gpus`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from corral.core.cluster import Cluster
+from corral.core.colocation import PairKey, PairSpeeds
 from corral.core.job import Job, JobStatus
 from corral.core.options import option
 from corral.core.placement.base import Placed
@@ -39,10 +40,6 @@ from corral.core.stages import RoundHost, Stage
 
 if TYPE_CHECKING:
     from corral.core.actions import Action
-
-#: (guest, host, GPU type) -> (guest's, host's) throughput when they share their GPUs, each
-#: relative to its throughput alone; None when the pair cannot share (not measured, no room).
-PairSpeeds = Callable[[Job, Job, str], tuple[float, float] | None]
 
 #: Gandiva keeps a packing when it beats time-slicing, whose total is 1; 10 % more is asked for.
 DEFAULT_THRESHOLD = 1.1
@@ -58,30 +55,6 @@ MAX_TRIES_PER_ROUND = 64
 #: A running pair's speeds follow its measurement when one of them moved by more than this share
 #: (a measurement refined by every fold would otherwise change them a little, often).
 RESPEED_TOLERANCE = 0.05
-
-
-PairKey = tuple[str, int, str, str]
-
-
-class PairTable:
-    """Measured co-location speeds by (GPU type, GPU count, guest model, host model).
-
-    `complete`: the table is all that will ever be known (the simulator's, which measures
-    nothing): a pair it lacks cannot share, (0, 0), rather than unknown (None), so the stage's
-    prior for pairs never measured does not apply to it."""
-
-    def __init__(
-        self, pairs: Mapping[PairKey, tuple[float, float]], *, complete: bool = False
-    ) -> None:
-        self._pairs = dict(pairs)
-        self._missing = (0.0, 0.0) if complete else None
-
-    def __len__(self) -> int:
-        return len(self._pairs)
-
-    def __call__(self, guest: Job, host: Job, gpu_type: str) -> tuple[float, float] | None:
-        key = (gpu_type, guest.spec.gpus, guest.spec.model, host.spec.model)
-        return self._pairs.get(key, self._missing)
 
 
 @dataclass(slots=True)

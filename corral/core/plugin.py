@@ -22,15 +22,17 @@ from corral.core.options import NoOptions
 
 if TYPE_CHECKING:
     from corral.core.cache import DataCache
+    from corral.core.colocation import PairSpeeds
+    from corral.core.estimate import Progress
     from corral.core.fragmentation import Workload
     from corral.core.job import Job
-    from corral.core.packing import PairSpeeds
-    from corral.core.policy.optimus import Observe
 
 #: Given a job and the GPUs chosen for it, its speed in ideal seconds per wall second.
 SpeedModel = Callable[["Job", tuple[int, ...]], float]
 #: A job's throughput (work per second) on a GPU count: ElasticFlow's scaling curve.
 Throughput = Callable[["Job", int], float]
+#: A job's training progress at an instant: its steps and losses so far (Optimus's fit).
+Observe = Callable[["Job", float], "Progress"]
 
 
 class PluginError(ValueError):

@@ -333,7 +333,7 @@ class Profiles:
         return None if mine is None or theirs is None else (mine, theirs)
 
     def pair_speeds(self, guest: Job, host: Job, gpu_type: str) -> tuple[float, float] | None:
-        """`pair` for two jobs of one GPU count (corral.core.packing.PairSpeeds): the live
+        """`pair` for two jobs of one GPU count (corral.core.colocation.PairSpeeds): the live
         manager's co-location table, following what it measures."""
         if guest.spec.gpus != host.spec.gpus or not guest.spec.model or not host.spec.model:
             return None

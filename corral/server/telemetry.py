@@ -40,9 +40,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
-from corral.core.estimate import Sample, thin
+from corral.core.estimate import Progress, Sample, thin
 from corral.core.job import Job
-from corral.core.policy.optimus import Progress
 from corral.core.profiles import Measure, Profiles, Shape
 from corral.progress.reader import ProgressTail, Report
 from corral.server.store import ProfileRow, Store

@@ -16,7 +16,7 @@ import ast
 import math
 from pathlib import Path
 
-from corral.core.packing import PairTable
+from corral.core.colocation import PairTable
 from corral.sim.perfmodel import PerfModelError, read_throughput_table
 
 

@@ -19,13 +19,12 @@ import math
 import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import overload
+from typing import Protocol, overload
 
 import numpy as np
 
-from corral.core.estimate import DEFAULT_CONVERGE_FRACTION, LossCurve
+from corral.core.estimate import DEFAULT_CONVERGE_FRACTION, LossCurve, Progress
 from corral.core.job import Job, JobSpec
-from corral.core.policy.optimus import Optimus, Progress
 
 EXCESS_RANGE = (0.5, 3.0)
 ASYMPTOTE_RANGE = (0.05, 1.0)
@@ -141,10 +140,26 @@ class LossCurveModel:
         return Progress(steps_done, LoggedLosses(hidden, count, self.noise))
 
 
+class Estimated(Protocol):
+    """An estimate of a job's total work: from a fit of its losses ("fit") or a "prior"."""
+
+    @property
+    def total_work_s(self) -> float: ...
+
+    @property
+    def source(self) -> str: ...
+
+
+class Estimator(Protocol):
+    """A policy that estimates a job's length from its progress (optimus, built by name)."""
+
+    def estimate(self, job: Job, now: float) -> Estimated: ...
+
+
 def estimation_errors(
     specs: Sequence[JobSpec],
     model: LossCurveModel,
-    policy: Optimus,
+    policy: Estimator,
     fractions: Sequence[float] = (0.25, 0.5, 0.75),
 ) -> dict[float, tuple[list[float], int]]:
     """Relative error |estimated - true| / true of each job's remaining work once it has done

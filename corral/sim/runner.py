@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 from rich.console import Console
 
-from corral.core.admission.virtual import build_virtual_cluster
 from corral.core.cache import CACHE_POLICIES, CacheError, DataCache
 from corral.core.cluster import MILLI, Cluster, ClusterError
+from corral.core.colocation import PairTable
 from corral.core.config import ConfigError
 from corral.core.fragmentation import Workload, WorkloadError
 from corral.core.framework import (
@@ -23,15 +23,15 @@ from corral.core.framework import (
     config_from_mapping,
     merge,
 )
+from corral.core.gputypes import TypeLog
 from corral.core.job import Elastic, Job, JobSpec, Priority
 from corral.core.options import OptionError
-from corral.core.packing import PairTable
-from corral.core.placement.hetero import TypeLog
 from corral.core.plugin import PluginError, Services, SpeedModel
 from corral.core.policy import POLICIES
 from corral.core.profiles import Profiles
 from corral.core.protocol import SchedulerCore
 from corral.core.text import count_noun
+from corral.core.vcluster import build_virtual_cluster
 from corral.sim.colocation import gandiva_line, gandiva_summary, load_pair_table
 from corral.sim.datasets import DATASET_SCOPES, cache_line, make_cache
 from corral.sim.engine import DEFAULT_PRECHECK_REPORT_S, FailureModel, Simulation

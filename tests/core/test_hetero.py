@@ -12,15 +12,14 @@ import math
 import pytest
 
 from corral.core import Cluster, Job, JobSpec, NodeDef, Scheduler
+from corral.core.gputypes import TypeLog, type_speeds
 from corral.core.placement import make_placement
 from corral.core.placement.hetero import (
     Hetero,
     JobSpeeds,
-    TypeLog,
     match_types,
     run_times,
     type_backlog,
-    type_speeds,
 )
 from corral.core.policy import make_policy
 from tests.core.helpers import started

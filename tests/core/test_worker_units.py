@@ -17,8 +17,8 @@ from corral.core import Cluster, Job, JobRefused, JobSpec, NodeDef, Priority, St
 from corral.core.admission.hived import HivedScheduler
 from corral.core.cache import DataCache, DataRead
 from corral.core.config import parse_cluster_config
+from corral.core.gputypes import type_speeds
 from corral.core.placement import NotPlaced, Placed, Placement, make_placement
-from corral.core.placement.hetero import type_speeds
 from corral.core.policy import make_policy
 from corral.core.scheduler import Scheduler
 from tests.core.helpers import scheduler, spec, started

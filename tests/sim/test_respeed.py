@@ -11,7 +11,8 @@ from click.testing import CliRunner
 
 from corral.cli.main import app
 from corral.core import Cluster, JobSpec, JobStatus, Scheduler
-from corral.core.packing import Packing, PairTable
+from corral.core.colocation import PairTable
+from corral.core.packing import Packing
 from corral.core.placement import make_placement
 from corral.core.policy import make_policy
 from corral.sim.colocation import load_pair_table

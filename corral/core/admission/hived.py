@@ -27,7 +27,6 @@ from typing import Any
 
 from corral.core.actions import Action, Decision, Preempt, Start
 from corral.core.admission.base import AdmissionScheme, Assembly
-from corral.core.admission.virtual import VirtualCluster, build_virtual_cluster
 from corral.core.cells import CellAllocator
 from corral.core.cluster import Cell, Cluster
 from corral.core.job import Job, JobSpec, JobStatus, Priority
@@ -39,6 +38,7 @@ from corral.core.precheck import precheck_problem
 from corral.core.protocol import SchedulerCore
 from corral.core.retry import FailureReport, RetryRule
 from corral.core.scheduler import Scheduler, refuse_new, worker_refusal
+from corral.core.vcluster import VirtualCluster, build_virtual_cluster
 
 #: The name under which opportunistic jobs are reported (they belong to no VC's guarantee).
 OPPORTUNISTIC = "opportunistic"

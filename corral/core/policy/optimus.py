@@ -25,7 +25,6 @@ so far), so a job is fit O(log length) times.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,28 +34,17 @@ from corral.core.estimate import (
     DEFAULT_CONVERGE_FRACTION,
     MIN_POINTS,
     EstimateError,
-    Sample,
+    Progress,
     fit_loss_curve,
     thin,
 )
 from corral.core.job import Job, JobStatus
 from corral.core.options import option
-from corral.core.plugin import Services, needs
+from corral.core.plugin import Observe, Services, needs
 from corral.core.policy.base import Key, Policy, tie_break
 
 #: Expected length of a job before any job has finished (ideal seconds).
 DEFAULT_PRIOR_S = 3_600.0
-
-
-@dataclass(slots=True, frozen=True)
-class Progress:
-    """What a job reported: its current step count and its (step, loss) samples, oldest first."""
-
-    steps_done: float = 0.0
-    samples: Sequence[Sample] = ()
-
-
-Observe = Callable[[Job, float], Progress]
 
 
 @dataclass(slots=True)
