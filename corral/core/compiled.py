@@ -3,6 +3,7 @@ mypyc marker the compiled classes need."""
 
 from __future__ import annotations
 
+import importlib.util
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -17,7 +18,7 @@ else:
 
 def compiled_core() -> bool:
     """Whether the scheduling core imported is the mypyc-compiled build (an extension module)
-    rather than its Python source."""
-    from corral.core import scheduler
-
-    return not (scheduler.__file__ or "").endswith(".py")
+    rather than its Python source. The scheduler's file is looked up, not imported: this module
+    lies below everything it compiles (their classes import `mypyc_attr` from here)."""
+    spec = importlib.util.find_spec("corral.core.scheduler")
+    return spec is not None and not (spec.origin or "").endswith(".py")
