@@ -9,13 +9,14 @@ from typing import Annotated, Any
 import typer
 
 from corral.cli.common import UserError, console, fail
+from corral.cli.registries import policy_help
 
 
 def show(
     scheduler_config: Annotated[
         Path | None, typer.Option(help="start from this file's `scheduler:` section")
     ] = None,
-    policy: Annotated[str | None, typer.Option(help="the ordering policy")] = None,
+    policy: Annotated[str | None, typer.Option(help=policy_help())] = None,
     preset: Annotated[
         str | None,
         typer.Option(help="start from a named configuration (tiresias), as `simulate --preset`"),
@@ -68,26 +69,16 @@ def show(
 
 
 def plugins() -> None:
-    """List every registered policy, placement, admission scheme and round stage."""
+    """List every registered policy, placement, admission scheme, round stage and trace format."""
+    from rich.markup import escape
     from rich.table import Table
 
-    from corral.core.admission import ADMISSIONS
-    from corral.core.framework import STAGES
-    from corral.core.options import describe
-    from corral.core.placement import PLACEMENTS
-    from corral.core.policy import POLICIES
+    from corral.cli.registries import KINDS
 
-    table = Table("kind", "name", "what it does", "options", box=None, pad_edge=False)
-    registries: list[tuple[str, dict[str, Any]]] = [
-        ("policy", POLICIES),
-        ("placement", PLACEMENTS),
-        ("admission", ADMISSIONS),
-        ("stage", STAGES),
-    ]
-    for kind, registry in registries:
-        for name, plugin in registry.items():
-            options = ", ".join(info.name for info in describe(plugin.Options))
-            table.add_row(kind, name, plugin.summary, options or "-")
+    table = Table("kind", "name", "what it does", "options or usage", box=None, pad_edge=False)
+    for kind, rows in KINDS:
+        for row in rows():
+            table.add_row(kind, row.name, escape(row.summary), escape(row.use) or "-")
     console.print(table)
 
 

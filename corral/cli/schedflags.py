@@ -61,6 +61,9 @@ def _parameter(name: str, section: str | None, info: OptionInfo, panel: str) -> 
     flag = flag_name(section, info.name)
     default = _default_text(info)
     text = info.help
+    names = info.choices_text()  # read from the registry now: a late entry is listed too
+    if names:
+        text += f" ({'any' if info.base is not str else 'one'} of: {names})"
     if info.range_text():
         text += f" ({info.range_text()})"
     text += escape(f" [default: {default}]")

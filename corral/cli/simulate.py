@@ -9,8 +9,10 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 
 from corral.cli.common import UserError, console, fail
+from corral.cli.registries import policy_help
 
 
 def parse_cluster(shorthand: str) -> tuple[int, int]:
@@ -45,14 +47,30 @@ def parse_range(option: str, text: str | None) -> tuple[float, float] | None:
     return low, high
 
 
+# The help texts that list a registry's names are called where typer reads this signature
+# (`corral.cli.schedflags.scheduler_flags` evaluates the postponed annotations each time the
+# command is built), so a format or policy registered late is listed too.
+
+
+def trace_help() -> str:
+    from corral.sim.traces import usages
+
+    return escape(f"FORMAT:PATH, one of: {usages()} (a path ending .corral.jsonl is corral's own)")
+
+
+def stream_help() -> str:
+    from corral.sim.traces import streaming_formats
+
+    formats = ", ".join(streaming_formats()) or "none"
+    return escape(
+        "read the trace as the run goes and write each job's row as it ends: memory bounded by "
+        "the jobs in the system, for traces of millions of jobs (the file in submission order; "
+        f"formats that stream: {formats})"
+    )
+
+
 def simulate(
-    trace: Annotated[
-        str,
-        typer.Option(
-            help="FORMAT:PATH, FORMAT one of philly, tiresias, gavel, alibaba, openb, "
-            "helios, corral, synthetic (synthetic:jobs=N,load=L,gpus=G; openb:NODES_CSV,PODS_CSV)"
-        ),
-    ],
+    trace: Annotated[str, typer.Option(help=trace_help())],
     cluster: Annotated[str, typer.Option(help="NODESxGPUS, e.g. 64x8")] = "16x8",
     racks: Annotated[int, typer.Option(help="racks the nodes are spread over")] = 1,
     gpu_type: Annotated[str, typer.Option(help="GPU type of the --cluster shorthand")] = "v100",
@@ -65,10 +83,7 @@ def simulate(
             "prints and `corral export-trace` writes); flags override it"
         ),
     ] = None,
-    policy: Annotated[
-        str | None,
-        typer.Option(help="the ordering policy [default: the scheduler config's, las]"),
-    ] = None,
+    policy: Annotated[str | None, typer.Option(help=policy_help())] = None,
     preset: Annotated[
         str | None,
         typer.Option(
@@ -167,9 +182,7 @@ def simulate(
         bool,
         typer.Option(
             "--stream",
-            help="read the trace as the run goes and write each job's row as it ends: memory "
-            "bounded by the jobs in the system, for traces of millions of jobs (tiresias format; "
-            "the file in submission order)",
+            help=stream_help(),
         ),
     ] = False,
     seed: Annotated[int, typer.Option()] = 0,

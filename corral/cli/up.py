@@ -12,6 +12,7 @@ import typer
 
 from corral.cli.common import UserError, console, fail
 from corral.cli.output import plural
+from corral.cli.registries import policy_help
 
 if TYPE_CHECKING:
     from corral.server.state import CacheSettings
@@ -78,7 +79,7 @@ def up(
     ] = None,
     policy: Annotated[
         str | None,
-        typer.Option(help="the ordering policy [default: the scheduler config's, las]"),
+        typer.Option(help=policy_help()),
     ] = None,
     executor: Annotated[
         str,

@@ -41,14 +41,15 @@ STAGES: dict[str, type[Stage]] = {
 class CoreOptions:
     """The choices every scheduler makes; the plugins' own options are sections of their own."""
 
-    policy: str = option("las", help=f"ordering policy: {', '.join(POLICIES)}")
-    placement: str = option("relax", help=f"placement: {', '.join(PLACEMENTS)}")
+    policy: str = option("las", help="ordering policy", choices=lambda: POLICIES)
+    placement: str = option("relax", help="placement", choices=lambda: PLACEMENTS)
     admission: str = option(
         "auto",
-        help=f"how VCs share the cluster: {', '.join(ADMISSIONS)}, or auto (the policy's own, "
-        "else quota when the cluster config defines VCs, else none)",
+        help="how VCs share the cluster; auto: the policy's own, else quota when the cluster "
+        "config defines VCs, else none",
+        choices=lambda: ["auto", *ADMISSIONS],
     )
-    stages: tuple[str, ...] = option((), help=f"round stages to run: {', '.join(STAGES)}")
+    stages: tuple[str, ...] = option((), help="round stages to run", choices=lambda: STAGES)
     backfill: bool = option(False, help="a blocking policy's later jobs may start around its head")
     restore_s: float = option(
         30.0, help="seconds a resumed job spends restoring its checkpoint before it works", low=0

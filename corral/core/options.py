@@ -15,7 +15,7 @@ import dataclasses
 import math
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar, get_args, get_origin
 
@@ -33,9 +33,12 @@ def option(
     low: float | None = None,
     high: float | None = None,
     low_open: bool = False,
+    choices: Callable[[], Iterable[str]] | None = None,
 ) -> Any:
-    """A dataclass field with its help and range (`low` <= value <= `high`; `low_open`: >)."""
-    metadata = {"help": help, "low": low, "high": high, "low_open": low_open}
+    """A dataclass field with its help and range (`low` <= value <= `high`; `low_open`: >).
+    `choices`: the names a value is chosen from, asked each time they are shown (a registry's
+    keys, so that a plugin registered later is listed too)."""
+    metadata = {"help": help, "low": low, "high": high, "low_open": low_open, "choices": choices}
     return dataclasses.field(default=default, metadata=metadata)
 
 
@@ -48,6 +51,11 @@ class OptionInfo:
     low: float | None
     high: float | None
     low_open: bool
+    choices: Callable[[], Iterable[str]] | None = None
+
+    def choices_text(self) -> str:
+        """The names it is chosen from, "a, b, c" ("" when it is not chosen from names)."""
+        return "" if self.choices is None else ", ".join(self.choices())
 
     @property
     def optional(self) -> bool:
@@ -88,6 +96,7 @@ def describe(cls: type) -> list[OptionInfo]:
                 low=meta.get("low"),
                 high=meta.get("high"),
                 low_open=bool(meta.get("low_open", False)),
+                choices=meta.get("choices"),
             )
         )
     return infos

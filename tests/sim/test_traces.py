@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from corral.sim.perfmodel import DEFAULT_SPREAD_SLOWDOWNS, PerfModel
-from corral.sim.traces import READERS, Trace, TraceError, load_trace
+from corral.sim.traces import FORMATS, Trace, TraceError, load_trace
 from corral.sim.traces.synthetic import GAVEL_MSR_GPU_COUNTS, MIX_MODELS
 
 SHARED_DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
@@ -42,7 +42,7 @@ def offered_load(trace: Trace, gpus: int) -> float:
 def test_unknown_format_lists_the_known_ones():
     message = error_of("slurm:/tmp/x")
     assert "unknown trace format 'slurm'" in message
-    for name in READERS:
+    for name in FORMATS:
         assert name in message
 
 

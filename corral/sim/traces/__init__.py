@@ -1,7 +1,9 @@
 """Trace readers, chosen by format name: `load_trace("philly:/data/cluster_job_log")`.
 
-A new format is one module with a `read(location, *, perf, seed, **options) -> Trace` function
-and one entry in READERS.
+A new format is one module that declares a `TraceFormat` (its name, a one-line summary, how
+`--trace` names it, and a loader, a streaming reader or both) and one entry in FORMATS. The
+`--trace` and `--stream` help, the unknown-format error, `corral config plugins` and the docs'
+table of formats (scripts/plugin_tables.py) are generated from FORMATS.
 """
 
 from __future__ import annotations
@@ -25,25 +27,21 @@ from corral.sim.traces.base import (
     Streamer,
     Trace,
     TraceError,
+    TraceFormat,
     TraceStream,
     finish,
     in_order,
 )
 
-READERS: dict[str, Reader] = {
-    "philly": philly.read,
-    "tiresias": tiresias.read,
-    "gavel": gavel.read,
-    "alibaba": alibaba.read,
-    "openb": openb.read,
-    "helios": helios.read,
-    "synthetic": synthetic.read,
-    "corral": corral.read,
-}
-
-#: The formats that can be read as the simulation goes (`stream_trace`): one entry each.
-STREAMERS: dict[str, Streamer] = {
-    "tiresias": tiresias.stream,
+FORMATS: dict[str, TraceFormat] = {
+    "philly": philly.FORMAT,
+    "tiresias": tiresias.FORMAT,
+    "gavel": gavel.FORMAT,
+    "alibaba": alibaba.FORMAT,
+    "openb": openb.FORMAT,
+    "helios": helios.FORMAT,
+    "synthetic": synthetic.FORMAT,
+    "corral": corral.FORMAT,
 }
 
 
@@ -65,15 +63,15 @@ def load_trace(
     """
     fmt, _, location = spec.partition(":")
     fmt = fmt.strip().lower()
-    reader = READERS.get(fmt)
-    if reader is None and corral.is_corral_path(spec):
-        reader, location = corral.read, spec
-    if reader is None:
+    entry = FORMATS.get(fmt)
+    if entry is None and corral.is_corral_path(spec):
+        entry, location = FORMATS.get("corral", corral.FORMAT), spec
+    if entry is None:
         raise TraceError(
             f"unknown trace format {fmt!r} in {spec!r}; known formats: "
-            f"{', '.join(READERS)} (write FORMAT:PATH)"
+            f"{', '.join(FORMATS)} (write FORMAT:PATH)"
         )
-    return finish(reader(location, perf=perf, seed=seed, **options), arrival_scale)
+    return finish(entry.load(location, perf=perf, seed=seed, **options), arrival_scale)
 
 
 def stream_trace(
@@ -89,28 +87,48 @@ def stream_trace(
     a bad header is refused before the run starts. Raises TraceError with a one-line message."""
     fmt, _, location = spec.partition(":")
     fmt = fmt.strip().lower()
-    streamer = STREAMERS.get(fmt)
-    if streamer is None:
+    entry = FORMATS.get(fmt)
+    if entry is None:
         raise TraceError(
-            f"--stream: trace format {fmt!r} is not read as a stream; formats that are: "
-            f"{', '.join(STREAMERS)}"
+            f"unknown trace format {fmt!r} in {spec!r}; known formats: "
+            f"{', '.join(FORMATS)} (write FORMAT:PATH)"
         )
-    jobs = in_order(streamer(location, perf=perf, seed=seed, **options), location, arrival_scale)
+    if entry.stream is None:
+        raise TraceError(
+            f"--stream: trace format {fmt!r} has no streaming reader (it is read whole); "
+            f"formats that stream: {', '.join(streaming_formats()) or 'none'}"
+        )
+    records = entry.stream(location, perf=perf, seed=seed, **options)
+    jobs = in_order(records, location, arrival_scale)
     first = next(jobs)
     return TraceStream(jobs=itertools.chain((first,), jobs), source=f"{fmt}:{location}")
 
 
 def known_formats() -> list[str]:
-    return list(READERS)
+    return list(FORMATS)
+
+
+def streaming_formats() -> list[str]:
+    """The formats `corral simulate --stream` reads."""
+    return [name for name, entry in FORMATS.items() if entry.streams]
+
+
+def usages() -> str:
+    """How `--trace` names each format, as its help lists them."""
+    return ", ".join(entry.usage for entry in FORMATS.values())
 
 
 __all__ = [
-    "READERS",
-    "STREAMERS",
+    "FORMATS",
+    "Reader",
+    "Streamer",
     "Trace",
     "TraceError",
+    "TraceFormat",
     "TraceStream",
     "known_formats",
     "load_trace",
     "stream_trace",
+    "streaming_formats",
+    "usages",
 ]

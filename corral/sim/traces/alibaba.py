@@ -21,6 +21,7 @@ from corral.core.text import count_noun
 from corral.sim.perfmodel import PerfModel
 from corral.sim.traces.base import (
     Trace,
+    TraceFormat,
     check_unique_ids,
     count_note,
     csv_records,
@@ -103,3 +104,11 @@ def read(location: str, *, perf: PerfModel | None = None, seed: int = 0, **optio
     if phases and any(phases):
         notes.append(count_note(phases, "replayed tasks by pod_phase"))
     return Trace(jobs=jobs, source=f"alibaba:{location}", notes=notes)
+
+
+FORMAT = TraceFormat(
+    "alibaba",
+    "Alibaba's openb pod lists (cluster-trace-gpu-v2023) as whole-GPU jobs with their times",
+    "alibaba:PATH",
+    read=read,
+)

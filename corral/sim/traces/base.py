@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from corral.core.cluster import NodeDef
 from corral.core.fragmentation import Workload
@@ -95,6 +96,45 @@ def in_order(
 # A reader turns a location (path, or the synthetic generator's KEY=VAL list) into jobs in file
 # order with their submit times as the file gives them; `finish` sorts, shifts and scales them.
 Reader = Callable[..., Trace]
+
+
+@dataclass(frozen=True, slots=True)
+class TraceFormat:
+    """A trace format, as its registry entry (`corral.sim.traces.FORMATS`) declares it: its name,
+    what it is in one line, how `--trace` names it, and how it is read: a loader (`read`, the
+    whole trace), a streaming reader (`stream`, for `corral simulate --stream`), or both. A
+    format that gives only a streaming reader is loaded by collecting what it streams
+    (`load`); one that gives only a loader is not streamed, and `--stream` says so."""
+
+    name: str
+    #: One line: what the format is (`corral config plugins`, the docs' table).
+    summary: str
+    #: How `--trace` names it: `tiresias:PATH`, `synthetic:jobs=N,load=L,gpus=G`.
+    usage: str
+    read: Reader | None = None
+    stream: Streamer | None = None
+
+    def __post_init__(self) -> None:
+        if self.read is None and self.stream is None:
+            raise TypeError(f"trace format {self.name}: give a loader (read), a stream, or both")
+
+    @property
+    def streams(self) -> bool:
+        return self.stream is not None
+
+    def load(self, location: str, **kwargs: Any) -> Trace:
+        """The whole trace, in file order (`finish` sorts it): the loader's, or every job the
+        streaming reader gives, with duplicate ids refused."""
+        if self.read is not None:
+            return self.read(location, **kwargs)
+        assert self.stream is not None
+        jobs: list[JobSpec] = []
+        where_of: list[str] = []
+        for where, spec in self.stream(location, **kwargs):
+            jobs.append(spec)
+            where_of.append(where)
+        check_unique_ids(jobs, where_of, location)
+        return Trace(jobs=jobs, source=f"{self.name}:{location}")
 
 
 def finish(trace: Trace, arrival_scale: float) -> Trace:

@@ -23,7 +23,14 @@ from corral.core.cluster import NodeDef
 from corral.core.job import JobSpec
 from corral.core.tracefile import RecordError, kind_of, read_header, read_job, read_node
 from corral.sim.perfmodel import PerfModel, PerfModelError, load_throughputs
-from corral.sim.traces.base import Trace, TraceError, check_unique_ids, existing_path, no_options
+from corral.sim.traces.base import (
+    Trace,
+    TraceError,
+    TraceFormat,
+    check_unique_ids,
+    existing_path,
+    no_options,
+)
 
 SUFFIX = ".corral.jsonl"
 
@@ -116,3 +123,11 @@ def _no_constant(name: str) -> None:
 
 def is_corral_path(location: str) -> bool:
     return Path(location).name.endswith(SUFFIX)
+
+
+FORMAT = TraceFormat(
+    "corral",
+    "corral's own JSON lines, written by `corral export-trace` from a live manager",
+    "corral:PATH",
+    read=read,
+)

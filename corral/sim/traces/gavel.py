@@ -19,6 +19,7 @@ from corral.sim.perfmodel import GAVEL_REFERENCE_TYPE, PerfModel, PerfModelError
 from corral.sim.traces.base import (
     Trace,
     TraceError,
+    TraceFormat,
     check_unique_ids,
     existing_path,
     integer,
@@ -114,3 +115,11 @@ def _read_file(file: Path, label: str, perf: PerfModel) -> list[tuple[int, JobSp
             )
         )
     return result
+
+
+FORMAT = TraceFormat(
+    "gavel",
+    "Gavel's Philly-derived `VC.trace` files; lengths from steps and measured throughputs",
+    "gavel:PATH",
+    read=read,
+)

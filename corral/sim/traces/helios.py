@@ -16,6 +16,7 @@ from corral.core.text import count_noun
 from corral.sim.perfmodel import PerfModel
 from corral.sim.traces.base import (
     Trace,
+    TraceFormat,
     check_unique_ids,
     count_note,
     csv_records,
@@ -83,3 +84,11 @@ def _duration(row: dict[str, str], where: str) -> float | None:
     return number_or_timestamp(end, where, "end_time") - number_or_timestamp(
         start, where, "start_time"
     )
+
+
+FORMAT = TraceFormat(
+    "helios",
+    "SenseTime's Helios `cluster_log.csv` (SC'21)",
+    "helios:PATH",
+    read=read,
+)

@@ -37,6 +37,7 @@ from corral.sim.perfmodel import PerfModel
 from corral.sim.traces.base import (
     Trace,
     TraceError,
+    TraceFormat,
     csv_records,
     existing_path,
     integer,
@@ -199,3 +200,11 @@ def arrival_sequence(
             requested += drawn.total_gpu_milli
     rng.shuffle(sequence)
     return sequence
+
+
+FORMAT = TraceFormat(
+    "openb",
+    "FGD's packing experiment on Alibaba's openb nodes and pods: placed on arrival or never",
+    "openb:NODES_CSV,PODS_CSV[,load=L]",
+    read=read,
+)

@@ -21,6 +21,7 @@ from corral.sim.perfmodel import PerfModel
 from corral.sim.traces.base import (
     Trace,
     TraceError,
+    TraceFormat,
     check_unique_ids,
     count_note,
     default_perf,
@@ -137,3 +138,11 @@ def _last_run_time(attempts: list[Any], where: str) -> float | None:
         at = f"{where}: attempts[{i}]"
         return timestamp(end, at, "end_time") - timestamp(start, at, "start_time")
     return None
+
+
+FORMAT = TraceFormat(
+    "philly",
+    "Microsoft Philly's `cluster_job_log` (JSON, or .gz): each job replayed as its last attempt",
+    "philly:PATH",
+    read=read,
+)

@@ -30,7 +30,15 @@ import numpy as np
 from corral.core.job import JobSpec
 from corral.core.text import count_noun
 from corral.sim.perfmodel import PerfModel
-from corral.sim.traces.base import Trace, TraceError, csv_records, default_perf, integer, number
+from corral.sim.traces.base import (
+    Trace,
+    TraceError,
+    TraceFormat,
+    csv_records,
+    default_perf,
+    integer,
+    number,
+)
 
 # Number of jobs of each GPU count in the Gavel/MSR Philly-derived workload
 # (stanford-futuredata/gavel, scheduler/traces/msr/seed=0/*.trace, column 7 "scale_factor"),
@@ -189,3 +197,11 @@ def _runtime_pool(path: str, mtime_ns: int) -> np.ndarray:
     pool = np.array(values)
     pool.flags.writeable = False
     return pool
+
+
+FORMAT = TraceFormat(
+    "synthetic",
+    "a Philly-like generator: Gavel-MSR sizes, Philly run times, Poisson arrivals at a load",
+    "synthetic:jobs=N,load=L,gpus=G",
+    read=read,
+)

@@ -2,7 +2,8 @@
 
 Columns `job_id,num_gpu,submit_time,iterations,model_name,duration,interval`, times in seconds;
 `duration` is the run time on a consolidated placement. `interval` (the gap to the next job) is
-redundant with `submit_time` and ignored; `iterations` and `model_name` may be absent.
+redundant with `submit_time` and ignored; `iterations` and `model_name` may be absent. The
+format gives a streaming reader only: a whole trace is what it streams (`TraceFormat.load`).
 """
 
 from __future__ import annotations
@@ -14,8 +15,7 @@ from typing import Any
 from corral.core.job import JobSpec
 from corral.sim.perfmodel import PerfModel
 from corral.sim.traces.base import (
-    Trace,
-    check_unique_ids,
+    TraceFormat,
     csv_records,
     default_perf,
     existing_path,
@@ -26,16 +26,6 @@ from corral.sim.traces.base import (
 )
 
 REQUIRED = ("job_id", "num_gpu", "submit_time", "duration")
-
-
-def read(location: str, *, perf: PerfModel | None = None, seed: int = 0, **options: Any) -> Trace:
-    jobs: list[JobSpec] = []
-    where_of: list[str] = []
-    for where, spec in stream(location, perf=perf, seed=seed, **options):
-        jobs.append(spec)
-        where_of.append(where)
-    check_unique_ids(jobs, where_of, location)
-    return Trace(jobs=jobs, source=f"tiresias:{location}")
 
 
 def stream(
@@ -64,3 +54,11 @@ def _records(path: Path, name: str, perf: PerfModel) -> Iterator[tuple[str, JobS
                 spread_slowdown=perf.spread_slowdown(model, gpus),
             ),
         )
+
+
+FORMAT = TraceFormat(
+    "tiresias",
+    "Tiresias's simulator CSV (job_id, num_gpu, submit_time, duration), e.g. 60_job.csv",
+    "tiresias:PATH",
+    stream=stream,
+)
