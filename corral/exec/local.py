@@ -439,6 +439,8 @@ class LocalExecutor:
 
     #: Several attempts may run on one GPU at once (shares of it: `share_env`).
     shares_gpus = True
+    #: A job's workdir is a path on this machine: the API checks it at submission.
+    workdirs_here = True
 
     def __init__(
         self,
