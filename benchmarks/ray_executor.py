@@ -47,7 +47,8 @@ def main() -> None:
     use_token_auth(work)  # before Ray is imported: it reads RAY_AUTH_MODE once
 
     from corral.exec.ray import RayExecutor
-    from corral.server.boot import RunningServer, ServerOptions, build_manager, ray_namespace
+    from corral.server.boot import RunningServer, ServerOptions, build_manager
+    from corral.server.executors.ray import ray_namespace
     from tests.server.helpers import admin_token, api, fast_settings, submit, wait_for
 
     names = tuple(f"n{i + 1}" for i in range(args.nodes))
@@ -62,7 +63,7 @@ def main() -> None:
             data_dir=data_dir, settings=fast_settings(), executor=executor, single_user=True
         )
         if executor == "ray":
-            options.ray_address = cluster.address
+            options.executor_options = {"address": cluster.address}
             return RunningServer(
                 build_manager(options, RayExecutor(cluster.address, ray_namespace(data_dir)))
             ).start()

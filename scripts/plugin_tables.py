@@ -1,7 +1,7 @@
 """Write the docs' tables of plugins from the registries, or check that they are current.
 
 Each kind of corral.cli.registries.KINDS (policies, placements, admissions, stages, trace
-formats) has one table in the docs, between the lines
+formats, executors) has one table in the docs, between the lines
 
     <!-- plugin-table: KIND -->
     <!-- end plugin-table -->
@@ -73,6 +73,10 @@ def _use(kind: str, row: Row) -> str:
         return f"`{row.use}`"
     if not row.use:
         return "-"
+    if kind == "executor":
+        from corral.server.executors import flag
+
+        return ", ".join(f"`{flag(row.name, option)}`" for option in row.use.split(", "))
     from corral.cli.schedflags import flag_name
 
     return ", ".join(f"`{flag_name(row.name, option)}`" for option in row.use.split(", "))

@@ -67,15 +67,22 @@ def trace_formats() -> list[Row]:
     return [Row(name, entry.summary, entry.usage) for name, entry in FORMATS.items()]
 
 
+def executors() -> list[Row]:
+    from corral.server.executors import EXECUTORS
+
+    return plugin_rows(EXECUTORS)
+
+
 #: Every kind of plugin, in the order `corral config plugins` lists them: (kind, its rows). A
-#: new kind is one line here, e.g. ("executor", executors) with a function like `policies` that
-#: gives `plugin_rows` of its registry.
+#: new kind is one line here, with a function like `policies` that gives `plugin_rows` of its
+#: registry.
 KINDS: list[tuple[str, Callable[[], list[Row]]]] = [
     ("policy", policies),
     ("placement", placements),
     ("admission", admissions),
     ("stage", stages),
     ("trace format", trace_formats),
+    ("executor", executors),
 ]
 
 

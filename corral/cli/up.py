@@ -1,4 +1,4 @@
-"""`corral up`: the embedded manager (API, control loop, local executor) in the foreground."""
+"""`corral up`: the embedded manager (API, control loop, an executor) in the foreground."""
 
 from __future__ import annotations
 
@@ -80,16 +80,6 @@ def up(
     policy: Annotated[
         str | None,
         typer.Option(help=policy_help()),
-    ] = None,
-    executor: Annotated[
-        str,
-        typer.Option(help="local (processes on this machine) or ray (a Ray cluster's GPU nodes)"),
-    ] = "local",
-    ray_address: Annotated[
-        str | None,
-        typer.Option(
-            help="--executor ray: the Ray head's HOST:PORT (as for `ray start --address`)"
-        ),
     ] = None,
     checkpoint_root: Annotated[
         Path | None,
@@ -226,11 +216,13 @@ def up(
     ] = False,
     *,
     scheduler: dict[str, Any],
+    executor: str,
+    executor_options: dict[str, Any],
 ) -> None:
     """Start the embedded cluster manager on this machine."""
     from corral.cli.schedflags import effective_config
     from corral.exec.contain import default_pids_max
-    from corral.server.boot import BootError, ServerOptions, build_manager
+    from corral.server.boot import BootError, ServerOptions, build_manager, check_executor
     from corral.server.connections import ConnectionLimits
     from corral.server.manager import ManagerSettings
 
@@ -247,22 +239,12 @@ def up(
         fail("--gpus: must be a positive integer")
     if not 0 < max_steps_per_s < float("inf"):
         fail(f"--max-steps-per-s: must be a positive number of steps/s, got {max_steps_per_s:g}")
-    if executor not in ("local", "ray"):
-        fail(f"--executor: unknown {executor!r}; choose local or ray")
-    if executor == "ray" and not ray_address:
-        fail("--executor ray: needs --ray-address HOST:PORT (the Ray head's address)")
-    if executor == "ray" and (demo or gpus is not None):
-        fail("--executor ray: the GPUs are the Ray nodes' (no --gpus, no --demo)")
-    if executor == "ray" and gpu_memory is not None:
-        fail("--gpu-memory: the local executor's GPUs only (the Ray executor runs no shares)")
     if port is None:
         port = 0 if demo else 8470
     if data_dir is None:
         data_dir = Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S") if demo else DEFAULT_DATA_DIR
     if not 0 < port < 65536 and not (demo and port == 0):
         fail("--port: must be between 1 and 65535")
-    if not demo:
-        check_port_free(host, port)
     try:
         log_cap_bytes = parse_size("--log-cap", log_cap)
         gpu_memory_mib = (
@@ -309,12 +291,19 @@ def up(
         port=port,
         settings=settings,
         executor=executor,
-        ray_address=ray_address,
+        executor_options=executor_options,
         single_user=single_user,
         gpu_memory_mib=gpu_memory_mib,
         metrics_token_file=metrics_token_file.expanduser() if metrics_token_file else None,
         metrics_public=metrics_public,
+        demo=demo,
     )
+    try:
+        check_executor(options)  # the executor's own options and refusals, before anything starts
+    except BootError as error:
+        fail(str(error))
+    if not demo:
+        check_port_free(host, port)
     if demo:
         from corral.server.demo import run_demo
 
@@ -395,11 +384,15 @@ def parse_size(option: str, text: str) -> int:
 
 
 def identity_line(manager: object) -> str:
-    """Says once, plainly, whose account the jobs run under."""
+    """Says once, plainly, whose account the jobs run under (an executor that runs none says
+    so itself: `identity_text`)."""
     from corral.server import identity
     from corral.server.manager import Manager
 
     assert isinstance(manager, Manager)
+    own = getattr(manager.executor, "identity_text", None)
+    if own is not None:
+        return f"jobs       {own}"
     if manager.settings.multi_user:
         return f"jobs       {identity.multi_user_note()}"
     return f"jobs       {identity.single_user_note()}"
@@ -407,7 +400,8 @@ def identity_line(manager: object) -> str:
 
 def limits_line(manager: object) -> str:
     """Says once what caps each attempt here, and which limits this machine cannot enforce (a
-    spec that asks for one of those runs without it, and its events say so)."""
+    spec that asks for one of those runs without it, and its events say so). An executor that
+    cannot tell which (`unenforced_limits`) says what it does itself (`limits_text`)."""
     from corral.server.manager import Manager
 
     assert isinstance(manager, Manager)
@@ -415,10 +409,9 @@ def limits_line(manager: object) -> str:
     cap = f"at most {pids} tasks" if pids else "no task limit (--job-pids-max 0)"
     unenforced = getattr(manager.executor, "unenforced_limits", None)
     if unenforced is None:
-        return (
-            f"limits     each worker: {cap}, its spec's memory and cpus, where its Ray node's "
-            "cgroups allow (the worker's log says what they do not)"
-        )
+        text = getattr(manager.executor, "limits_text", None)
+        said = text(cap) if text is not None else "not said by this executor"
+        return f"limits     {said}"
     missing = unenforced()
     if not pids:
         missing.pop("pids", None)
@@ -451,6 +444,7 @@ def serve(manager: object, options: object) -> None:
     from corral.server.api import create_app
     from corral.server.boot import ServerOptions
     from corral.server.connections import ConnectionGuard
+    from corral.server.executors import executor_entry
     from corral.server.manager import Manager
 
     assert isinstance(manager, Manager) and isinstance(options, ServerOptions)
@@ -460,8 +454,7 @@ def serve(manager: object, options: object) -> None:
     quota = ", ".join(f"{vc} ({gpus} GPUs)" for vc, gpus in sorted(manager.vc_quota.items()))
     nodes = manager.cluster.nodes
     where = nodes[0].name if len(nodes) == 1 else f"{len(nodes)} nodes"
-    if options.executor == "ray":
-        where += f" of the Ray cluster at {options.ray_address}"
+    where += executor_entry(options.executor).where(options.executor_options)
     console.print(
         f"corral up: {manager.cluster.total_gpus} GPUs on {where}, policy "
         f"{manager.settings.scheduler.core.policy}, admission {manager.admission_name()}, "
@@ -633,6 +626,7 @@ def _export_from_api(out: Path, chosen: str) -> dict[str, Any]:
 
 def command() -> Any:
     """The click command, with the generated scheduler flags (corral.cli.lazy builds it)."""
+    from corral.cli.execflags import executor_flags
     from corral.cli.schedflags import click_command
 
-    return click_command("up", up)
+    return click_command("up", executor_flags(up))

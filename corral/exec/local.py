@@ -86,6 +86,10 @@ class AttemptLaunch:
     #: The most tasks (processes and threads) at once: the attempt's on the local executor,
     #: each worker's on Ray (`corral up --job-pids-max`). None: no limit.
     pids_max: int | None = None
+    #: When, on the manager's clock, the attempt reaches its spec's `time_limit` (the limit less
+    #: what the job's earlier attempts ran): past it the manager stops the attempt, a failure;
+    #: the inert executor ends it there, exit 0 (corral.exec.inert). None: no time limit.
+    time_limit_at: float | None = None
 
 
 @dataclass(slots=True)
@@ -435,6 +439,8 @@ class LocalExecutor:
 
     #: Several attempts may run on one GPU at once (shares of it: `share_env`).
     shares_gpus = True
+    #: A job's workdir is a path on this machine: the API checks it at submission.
+    workdirs_here = True
 
     def __init__(
         self,

@@ -8,7 +8,7 @@ no storage shared between the machines.
 
 Actors are named `corral-<job>-<attempt>-<rank>` in the manager's Ray namespace (one per
 manager's state, so two managers or a fresh start never mistake each other's actors for their
-own: see `corral.server.boot.ray_namespace`) and are detached, so
+own: see `corral.server.executors.ray.ray_namespace`) and are detached, so
 they outlive the manager; a new executor finds them again by name (`recover`). An actor reports
 its worker's end through a blocking `wait()` call that `poll()` checks without waiting; the
 executor writes each end to `rank-R.result.json` in the attempt dir before it lets the actor go,
@@ -615,6 +615,14 @@ class RayExecutor:
         self._closing = threading.Event()
         self._copier = threading.Thread(target=self._copy_logs, name="corral-ray-logs", daemon=True)
         self._copier.start()
+
+    def limits_text(self, pids_cap: str) -> str:
+        """What `corral up` says at its start about the attempts' limits (`pids_cap`: the task
+        limit, in words): the Ray nodes tell only in the workers' logs which they cannot set."""
+        return (
+            f"each worker: {pids_cap}, its spec's memory and cpus, where its Ray node's cgroups "
+            "allow (the worker's log says what they do not)"
+        )
 
     def nodes(self) -> list[RayNode]:
         with self._names_lock:

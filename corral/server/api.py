@@ -18,7 +18,6 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.concurrency import run_in_threadpool
 
-from corral.exec.local import LocalExecutor
 from corral.server import auth, limits, redact, schemas
 from corral.server.auth import Principal
 from corral.server.controls import ControlError
@@ -189,7 +188,7 @@ def create_app(manager: Manager) -> FastAPI:
             hidden = await run_in_threadpool(first_hidden_parent, model.after, who)
             if hidden is not None:
                 raise HTTPException(422, f"after.{hidden[0]}: no job {hidden[1]}")
-        if model.workdir is not None and isinstance(manager.executor, LocalExecutor):
+        if model.workdir is not None and getattr(manager.executor, "workdirs_here", False):
             # Here, not when the job starts (Ray's nodes are elsewhere: not checked there). In
             # multi-user mode the job's account is checked first, then the workdir as it sees
             # it (manager.submit): root's look would tell whether a closed path exists.

@@ -1,45 +1,39 @@
-"""Putting a manager together: data directory, store, GPUs, cluster, executor, HTTP server."""
+"""Putting a manager together: data directory, store, executor and its cluster, HTTP server.
+
+Boot knows no executor by name: the one `ServerOptions.executor` names is looked up in
+corral.server.executors, which checks its options and settings and starts it on its cluster.
+"""
 
 from __future__ import annotations
 
 import fcntl
-import json
-import logging
 import os
 import socket
 import threading
 import time
-import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import Any
 
 import uvicorn
 
-from corral.core.cluster import Cluster, ClusterError, NodeDef
-from corral.core.config import ConfigError, vc_gpu_quota
+from corral.core.cluster import Cluster, NodeDef
 from corral.exec import safefs
-from corral.exec.gpus import (
-    NoGpusError,
-    discover_gpus,
-    nvml_topology,
-    smallest_memory_mib,
-    uniform_group_size,
-)
-from corral.exec.local import LocalExecutor
-from corral.exec.shim import write_json_atomic
 from corral.server import auth, identity
 from corral.server.api import create_app
 from corral.server.connections import ConnectionGuard
 from corral.server.datacache import cache_root
+from corral.server.executors import (
+    DEFAULT_EXECUTOR,
+    Boot,
+    ExecutorEntry,
+    ExecutorError,
+    executor_entry,
+    executor_options,
+)
 from corral.server.manager import Executor, Manager, ManagerSettings
 from corral.server.store import Store, StoreError
-
-log = logging.getLogger("corral.boot")
-
-if TYPE_CHECKING:
-    from corral.exec.ray import RayExecutor
 
 
 class BootError(ValueError):
@@ -56,8 +50,12 @@ class ServerOptions:
     host: str = "127.0.0.1"
     port: int = 8470
     settings: ManagerSettings = field(default_factory=ManagerSettings)
-    executor: str = "local"  # or "ray"
-    ray_address: str | None = None  # HOST:PORT of the Ray cluster's head (GCS)
+    #: How attempts run: a name in corral.server.executors.EXECUTORS.
+    executor: str = DEFAULT_EXECUTOR
+    #: That executor's options: an instance of its `Options`, or a mapping of them by name
+    #: (`{"address": "HOST:PORT"}` for ray; what its `--NAME-OPTION` flags gave), which
+    #: `check_executor` replaces with the checked instance; None: its defaults.
+    executor_options: Any = None
     #: Run every job as the manager's own user even when it runs as root.
     single_user: bool = False
     #: The memory (MiB) of this machine's GPUs (`--gpu-memory`); None: NVML's, where it tells.
@@ -69,67 +67,36 @@ class ServerOptions:
     metrics_token_file: Path | None = None
     #: /metrics without a token (`--metrics-public`).
     metrics_public: bool = False
+    #: The demo workload runs (`--demo`).
+    demo: bool = False
 
 
-EXECUTORS = ("local", "ray")
+def boot_info(options: ServerOptions) -> Boot:
+    """What an executor is told of the settings (the manager's settings object itself)."""
+    return Boot(
+        data_dir=options.data_dir,
+        settings=options.settings,
+        gpus=options.gpus,
+        gpu_type=options.gpu_type,
+        gpu_memory_mib=options.gpu_memory_mib,
+        config=options.config,
+        demo=options.demo,
+    )
 
 
-def node_name() -> str:
-    return socket.gethostname().split(".")[0] or "localhost"
-
-
-def build_cluster(
-    options: ServerOptions,
-) -> tuple[Cluster, dict[str, int], dict[str, dict[str, int]] | None]:
-    """The machine as a one-node cluster (or the config's cluster, which must be one node), the
-    VCs' guaranteed GPUs and, from a config, their cells (HiveD's guarantees)."""
-    if options.config is not None:
-        from corral.config_file import load_cluster_config
-
-        try:
-            config = load_cluster_config(options.config)
-        except ConfigError as error:
-            raise BootError(str(error)) from None
-        cluster = config.cluster
-        if len(cluster.nodes) != 1:
-            raise BootError(
-                f"{options.config}: describes {len(cluster.nodes)} nodes; the local executor "
-                "runs jobs on this one machine: give one node"
-            )
-        if options.gpus is None:
-            try:
-                found = len(discover_gpus(None))
-            except NoGpusError:
-                found = cluster.total_gpus  # a machine without GPUs runs the config as declared
-        else:
-            found = options.gpus
-        if found < cluster.total_gpus:
-            raise BootError(
-                f"{options.config}: the node has {cluster.total_gpus} GPUs but this machine "
-                f"has {found}"
-            )
-        return cluster, vc_gpu_quota(config), config.virtual_clusters
-    switch_size = None
+def check_executor(options: ServerOptions) -> type[ExecutorEntry]:
+    """The executor `options` names, its options checked (`options.executor_options` becomes the
+    checked instance) and the settings it refuses refused: BootError, one line naming the flag.
+    Nothing is made or written."""
     try:
-        if options.gpus is None:  # NVML: the GPUs and the PCIe switches they sit under
-            topology = nvml_topology()
-            gpus = topology.gpus
-            switch_size = uniform_group_size(topology.switch_groups, len(gpus))
-        else:
-            gpus = discover_gpus(options.gpus, gpu_type=options.gpu_type)
-    except NoGpusError as error:
+        entry = executor_entry(options.executor)
+        options.executor_options = executor_options(entry, options.executor_options)
+    except ExecutorError as error:
         raise BootError(str(error)) from None
-    try:
-        node = NodeDef(
-            name=node_name(),
-            gpus=len(gpus),
-            gpu_type=gpus[0].gpu_type,
-            gpus_per_switch=switch_size,
-        )
-        cluster = Cluster.from_nodes([node])
-    except ClusterError as error:
-        raise BootError(str(error)) from None
-    return cluster, {"default": cluster.total_gpus}, None
+    problem = entry.refusal(options.executor_options, boot_info(options))
+    if problem is not None:
+        raise BootError(problem)
+    return entry
 
 
 def lock_data_dir(data_dir: Path) -> int:
@@ -191,11 +158,14 @@ def prepare_data_dir(options: ServerOptions) -> None:
 
 
 def build_manager(options: ServerOptions, executor: Executor | None = None) -> Manager:
+    """The manager `options` describe, over the executor they name (`executor`: one a caller made
+    already, a test's). BootError, one line, for a setting it cannot start with."""
+    entry = check_executor(options)  # before anything is written
     prepare_data_dir(options)
     lock = lock_data_dir(options.data_dir)
     try:
-        manager = _build_manager(options, executor)
-        if identity.multi_user_possible() and not options.single_user:
+        manager = _build_manager(options, entry, executor)
+        if entry.accounts and identity.multi_user_possible() and not options.single_user:
             try:
                 prepare_multi_user(options)
             except BaseException:
@@ -242,126 +212,26 @@ def prepare_multi_user(options: ServerOptions) -> None:
     options.settings.multi_user = True
 
 
-def ray_node_defs(executor: RayExecutor) -> list[NodeDef]:
-    return [
-        NodeDef(name=node.name, gpus=node.gpus, gpu_type=node.gpu_type, rack=node.rack)
-        for node in executor.nodes()
-    ]
-
-
-def ray_namespace(data_dir: Path) -> str:
-    """This manager's Ray namespace, made once per data dir: the actors it finds again after a
-    restart are its own, never those of another manager of the same Ray cluster."""
-    path = data_dir / "ray-namespace"
-    if not path.exists():
-        write_json_atomic(path, {"namespace": f"corral-{uuid.uuid4().hex[:12]}"}, durable=True)
-    return str(json.loads(path.read_text())["namespace"])
-
-
-def connect_ray(options: ServerOptions) -> RayExecutor:
-    if not options.ray_address:
-        raise BootError("--executor ray: needs --ray-address HOST:PORT (the head node's GCS)")
+def _build_manager(
+    options: ServerOptions, entry: type[ExecutorEntry], executor: Executor | None
+) -> Manager:
     try:
-        from corral.exec.ray import RayExecutor, access_problem
-    except ImportError:
-        raise BootError(
-            "--executor ray: Ray is not installed (pip install 'corral[ray]')"
-        ) from None
-    host, _, port = options.ray_address.rpartition(":")
-    if not host or not port.isdigit():
-        raise BootError(f"--ray-address {options.ray_address}: expected HOST:PORT")
-    try:  # Ray itself would retry for minutes before it says so
-        socket.create_connection((host, int(port)), timeout=5).close()
-    except OSError as error:
-        raise BootError(
-            f"--ray-address {options.ray_address}: no Ray head answers there "
-            f"({error.strerror or error})"
-        ) from None
-    problem = access_problem(options.ray_address)
-    if problem is not None:
-        raise BootError(f"--ray-address {options.ray_address}: {problem}")
-    try:
-        return RayExecutor(options.ray_address, ray_namespace(options.data_dir))
-    except (ConnectionError, RuntimeError, ValueError) as error:
-        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise BootError(f"--ray-address {options.ray_address}: cannot connect ({first})") from None
-
-
-def build_ray_cluster(
-    options: ServerOptions, executor: RayExecutor
-) -> tuple[Cluster, dict[str, int] | None, dict[str, dict[str, int]] | None, bool]:
-    """The core's cluster on Ray, the VCs' guaranteed GPUs and cells, and whether the cluster
-    is fixed. Without hived: the Ray nodes that declare GPUs (rebuilt as they come and go); the
-    config, if any, gives the VCs. With hived: the config's cluster itself, whose physical cells
-    name the Ray nodes (`corral-node-NAME`): HiveD binds VCs to cells of a fixed topology, so a
-    node that is missing is held out of allocation until it joins, never rebuilt away."""
-    hived = options.settings.scheduler.core.admission == "hived"
-    if hived and options.config is None:
-        raise BootError(
-            "--admission hived: needs --config FILE whose physical cells name the Ray nodes "
-            "(their corral-node-NAME resources)"
-        )
-    nodes = ray_node_defs(executor)
-    if not nodes and not hived:
-        raise BootError(
-            f"--ray-address {options.ray_address}: no node declares GPUs "
-            "(start them with `ray start --num-gpus=N`)"
-        )
-    if options.config is None:
-        return Cluster.from_nodes(nodes), None, None, False
-    from corral.config_file import load_cluster_config
-
-    try:
-        config = load_cluster_config(options.config)
-    except ConfigError as error:
+        started = entry.start(options.executor_options, boot_info(options), executor)
+    except ExecutorError as error:
         raise BootError(str(error)) from None
-    if not hived:
-        return Cluster.from_nodes(nodes), vc_gpu_quota(config), None, False
-    named = {node.name for node in config.cluster.nodes}
-    if not named & {node.name for node in nodes}:
-        log.warning(
-            "no Ray node is one of %s's nodes (%s) yet: nothing starts until one joins",
-            options.config,
-            ", ".join(sorted(named)),
+    try:
+        return _build_with(
+            options,
+            started.executor,
+            started.cluster,
+            started.vc_quota,
+            started.vc_cells,
+            fixed_cluster=started.fixed_cluster,
+            nodes=started.nodes,
         )
-    return config.cluster, vc_gpu_quota(config), config.virtual_clusters, True
-
-
-def _build_manager(options: ServerOptions, executor: Executor | None) -> Manager:
-    if options.executor not in EXECUTORS:
-        raise BootError(f"--executor: unknown {options.executor!r}; choose local or ray")
-    if options.executor == "ray" and "packing" in options.settings.scheduler.core.stages:
-        # Ray gives each GPU to one actor: a packed guest's workers would never be scheduled.
-        raise BootError(
-            "--stages packing: runs with the local executor only (Ray lets one actor hold a GPU)"
-        )
-    if options.executor == "ray":
-        # Given one (tests), it is a RayExecutor already connected.
-        ray_executor = cast("RayExecutor", executor) if executor else connect_ray(options)
-        try:
-            cluster, quota, cells, fixed = build_ray_cluster(options, ray_executor)
-            return _build_with(options, ray_executor, cluster, quota, cells, fixed_cluster=fixed)
-        except BaseException:
-            ray_executor.close()
-            raise
-    cluster, quota, cells = build_cluster(options)
-    learn_gpu_memory(options, cluster)
-    return _build_with(options, executor or LocalExecutor(), cluster, quota, cells)
-
-
-def learn_gpu_memory(options: ServerOptions, cluster: Cluster) -> None:
-    """The memory of this machine's GPUs, for shares (`ManagerSettings.gpu_memory_mib`): the
-    declared `--gpu-memory`, else NVML's (the smallest GPU's), else none known. Settings that
-    already name it (a test's) are kept."""
-    settings = options.settings
-    size = options.gpu_memory_mib
-    if size is None and not settings.gpu_memory_mib and options.gpus is None:
-        try:
-            size = smallest_memory_mib(discover_gpus(None))
-        except NoGpusError:  # a config run on a machine without GPUs
-            size = None
-    if size is not None:
-        settings.gpu_memory_mib = dict.fromkeys(cluster.gpu_types, size)
+    except BaseException:
+        started.executor.close()
+        raise
 
 
 def _build_with(
@@ -372,8 +242,8 @@ def _build_with(
     cells: dict[str, dict[str, int]] | None = None,
     *,
     fixed_cluster: bool = False,
+    nodes: Callable[[], list[NodeDef]] | None = None,
 ) -> Manager:
-    nodes = partial(ray_node_defs, executor) if options.executor == "ray" else None
     try:
         store = Store(
             options.db_url or Store.sqlite_url(options.data_dir), password=options.db_password
@@ -383,7 +253,7 @@ def _build_with(
     try:
         store.claim()
         if options.db_url is None:  # for the manager alone (also when an older version made it)
-            for name in ("corral.db", "corral.db-wal", "corral.db-shm", "ray-namespace"):
+            for name in ("corral.db", "corral.db-wal", "corral.db-shm"):
                 if (options.data_dir / name).exists():
                     (options.data_dir / name).chmod(0o600)
         auth.ensure_admin_token(store, options.data_dir)

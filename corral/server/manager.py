@@ -530,6 +530,9 @@ class Manager(
             memory_bytes=None if spec_model.memory is None else spec_model.memory << 20,
             cpus=spec_model.cpus,
             pids_max=self.settings.job_pids_max,
+            time_limit_at=None
+            if spec_model.time_limit is None
+            else now + spec_model.time_limit - job.executed_at(now),
         )
 
     def _note_unenforced(self, job_id: str, number: int, spec: JobSpecModel, now: float) -> None:

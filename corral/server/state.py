@@ -19,13 +19,40 @@ from corral.server.connections import ConnectionLimits
 
 
 class Executor(Protocol):
-    def launch(self, launch: AttemptLaunch) -> None: ...
-    def stop(self, job_id: str, attempt: int) -> None: ...
-    def signal(self, job_id: str, attempt: int, number: int) -> None: ...
-    def poll(self) -> list[AttemptEnded]: ...
-    def recover(self, job_id: str, attempt: int, attempt_dir: Path) -> str | AttemptEnded: ...
-    def leftover(self, job_id: str, attempt: int, attempt_dir: Path) -> int: ...
-    def close(self) -> None: ...
+    """How the manager runs attempts (corral.exec.local, .ray, .inert; chosen by name through
+    corral.server.executors). Called from the control loop and, for `stop` and `signal`, from
+    the API's threads under the manager's lock. Optional attributes the manager reads when an
+    executor has them: `shares_gpus` (False: no shares of a GPU), `workdirs_here` (the API checks
+    a spec's workdir on this machine), `unenforced_limits()` or `limits_text(cap)` and
+    `identity_text` (what `corral up` says at its start), `cache_dirs()` (SiloD's directories)."""
+
+    def launch(self, launch: AttemptLaunch) -> None:
+        """Start the attempt and return at once (an exception: it is lost, never started)."""
+        ...
+
+    def stop(self, job_id: str, attempt: int) -> None:
+        """Ask the attempt to end (its stop signal, then its grace); idempotent."""
+        ...
+
+    def signal(self, job_id: str, attempt: int, number: int) -> None:
+        """Send the attempt's workers signal `number` without stopping them."""
+        ...
+
+    def poll(self) -> list[AttemptEnded]:
+        """The attempts that ended since the last call, each reported once; never blocks."""
+        ...
+
+    def recover(self, job_id: str, attempt: int, attempt_dir: Path) -> str | AttemptEnded:
+        """After a restart or rebuild: "running" (tracked again), its end, or "never-started"."""
+        ...
+
+    def leftover(self, job_id: str, attempt: int, attempt_dir: Path) -> int:
+        """How many processes of an ended attempt still live (its GPUs wait until 0)."""
+        ...
+
+    def close(self) -> None:
+        """Stop tracking; never ends an attempt (they outlive the manager where they can)."""
+        ...
 
 
 class SubmitError(ValueError):

@@ -93,7 +93,7 @@ def test_a_two_worker_job_gets_its_gpus_and_torch_distributed_variables(
 
 
 def _node() -> str:
-    from corral.server.boot import node_name
+    from corral.server.executors.local import node_name
 
     return node_name()
 

@@ -12,7 +12,8 @@ import httpx
 import pytest
 
 from corral.exec.ray import RayExecutor
-from corral.server.boot import RunningServer, ServerOptions, build_manager, ray_namespace
+from corral.server.boot import RunningServer, ServerOptions, build_manager
+from corral.server.executors.ray import ray_namespace
 from tests.exec.ray_cluster import RayCluster, stopped_at_the_end
 from tests.server.helpers import (
     admin_token,
@@ -57,7 +58,7 @@ def serve(cluster: RayCluster, data_dir: Path, **settings: object) -> RunningSer
     options = ServerOptions(
         data_dir=data_dir,
         executor="ray",
-        ray_address=cluster.address,
+        executor_options={"address": cluster.address},
         settings=fast_settings(progress_check_s=0.1, **settings),
         single_user=True,
     )
@@ -263,7 +264,7 @@ def test_hived_binds_vcs_to_cells_of_the_ray_nodes_and_lends_idle_ones(
     options = ServerOptions(
         data_dir=data_dir,
         executor="ray",
-        ray_address=cluster.address,
+        executor_options={"address": cluster.address},
         config=config,
         settings=fast_settings(admission="hived"),
         single_user=True,

@@ -17,7 +17,8 @@ import httpx
 import pytest
 
 from corral.exec.ray import RayExecutor
-from corral.server.boot import RunningServer, ServerOptions, build_manager, ray_namespace
+from corral.server.boot import RunningServer, ServerOptions, build_manager
+from corral.server.executors.ray import ray_namespace
 from tests.exec.ray_cluster import RayCluster, processes_of
 from tests.server.helpers import (
     WAIT_S,
@@ -65,7 +66,7 @@ def start(cluster: RayCluster, data_dir: Path, **settings: Any) -> RunningServer
     options = ServerOptions(
         data_dir=data_dir,
         executor="ray",
-        ray_address=cluster.address,
+        executor_options={"address": cluster.address},
         settings=fast_settings(**settings),
         single_user=True,
     )

@@ -416,7 +416,7 @@ def test_cache_aware_placement_sends_a_job_to_the_node_that_caches_its_data(
     busy); with both free, consolidate would pick n0 (the lowest), cache-aware picks n1, and the
     job hits there. Its job reads 1 GB/s per GPU: IO-bound on 0.125."""
     from corral.exec.ray import RayExecutor
-    from corral.server.boot import ray_namespace
+    from corral.server.executors.ray import ray_namespace
     from tests.server.helpers import run_server
 
     data_dir = tmp_path / "state"
@@ -426,7 +426,7 @@ def test_cache_aware_placement_sends_a_job_to_the_node_that_caches_its_data(
     options = ServerOptions(
         data_dir=data_dir,
         executor="ray",
-        ray_address=ray_cluster.address,
+        executor_options={"address": ray_cluster.address},
         settings=settings,
         single_user=True,
     )

@@ -98,7 +98,7 @@ def test_a_port_in_use_is_refused(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--executor", "slurm"], "--executor: unknown 'slurm'; choose local or ray"),
+        (["--executor", "slurm"], "--executor: unknown 'slurm'; choose one of: local, ray, inert"),
         (["--executor", "ray"], "--executor ray: needs --ray-address HOST:PORT"),
         (["--executor", "ray", "--ray-address", "head"], "--ray-address head: expected HOST:PORT"),
         (
