@@ -1,7 +1,8 @@
-"""Executors that run nothing: a manager whose jobs end as soon as they start (for tests of what
-the API accepts and answers: the fuzzer's random commands, large numbers of jobs), one whose
-attempts end when the test says (`HeldExecutor`), and one whose attempts do scripted work on the
-manager's own (fake) clock and report it (`PacedExecutor`)."""
+"""Test executors that run nothing and, unlike `corral up --executor inert`, keep no time of their
+own: one whose attempts end at the next poll (`InstantExecutor`, for tests of what the API accepts
+and answers: the fuzzer's random commands, large numbers of jobs), one whose attempts end when the
+test says (`HeldExecutor`), and one whose attempts do scripted work on the manager's own (fake)
+clock and report it (`PacedExecutor`)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from corral.server.boot import RunningServer, ServerOptions, build_manager
 from tests.server.helpers import fast_settings
 
 
-class InertExecutor(LocalExecutor):
+class InstantExecutor(LocalExecutor):
     """The local executor (so the API checks workdirs as it does for it) that starts nothing:
     each attempt ends, successfully, at the next poll."""
 
@@ -177,4 +178,4 @@ def start_inert(
         settings=fast_settings(**settings),
         single_user=True,
     )
-    return RunningServer(build_manager(options, InertExecutor())).start()
+    return RunningServer(build_manager(options, InstantExecutor())).start()
