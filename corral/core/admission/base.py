@@ -66,8 +66,9 @@ class Assembly:
 
 class AdmissionScheme(OptionsMixin):
     name: ClassVar[str] = "base"
-    #: Round stages this scheme runs with, and for each other stage why not.
-    stages: ClassVar[frozenset[str]] = frozenset({"packing", "migration", "cache"})
+    #: Round stages (and "cache") this scheme runs with, and for each other one why not. None:
+    #: every one, a stage registered after corral's own too (`none` runs with any).
+    stages: ClassVar[frozenset[str] | None] = None
     why_not: ClassVar[dict[str, str]] = {}
 
     @classmethod
@@ -77,7 +78,7 @@ class AdmissionScheme(OptionsMixin):
     @classmethod
     def unsupported(cls, stage: str) -> str | None:
         """Why this scheme cannot run with a stage (packing, migration, cache), or None."""
-        if stage in cls.stages:
+        if cls.stages is None or stage in cls.stages:
             return None
         return f"admission {cls.name} does not run with {stage}: {cls.why_not.get(stage, 'unsupported')}"
 
