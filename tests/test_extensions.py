@@ -5,16 +5,19 @@ and the lists a user sees (`--help`, `corral config plugins`) name it while it i
 
 - policy `fewest-gpus-first`: the job asking for the fewest GPUs first;
 - placement `emptiest-node`: a job on the node with the most free GPUs;
+- round stage `nudge`: a waiting job one GPU short on a node has a running 1-GPU job moved off it;
 - trace format `simplecsv`: `id,gpus,submit,duration` rows, read as a stream (so loaded too), and
   a variant that gives only a loader, which `--stream` refuses in one line.
 """
 
 from __future__ import annotations
 
+import csv
 import json
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,13 +26,17 @@ from click.testing import CliRunner
 from rich.console import Console
 
 from corral.cli.main import app
+from corral.core.actions import Action
 from corral.core.cluster import Cluster
-from corral.core.framework import config_from_mapping
+from corral.core.framework import STAGES, config_from_mapping
 from corral.core.job import Job, JobSpec
+from corral.core.options import option
 from corral.core.placement import PLACEMENTS
 from corral.core.placement.base import NotPlaced, Placed, Placement
+from corral.core.plugin import Services
 from corral.core.policy import POLICIES
 from corral.core.policy.base import Key, Policy
+from corral.core.stages import RoundHost, Stage
 from corral.server.manager import Manager, ManagerSettings
 from corral.server.spec import parse_job_spec
 from corral.server.store import Store
@@ -80,6 +87,61 @@ class EmptiestNode(Placement):
 
     def scope(self, cluster: Cluster, job: Job, now: float) -> str:
         return "node"
+
+
+@dataclass(frozen=True, slots=True)
+class NudgeOptions:
+    moves_per_round: int = option(1, help="running jobs it may move in one round", low=1)
+
+
+class Nudge(Stage):
+    """A waiting job that is one GPU short on a node (the lowest-numbered such node): the 1-GPU
+    job that arrived last among those running there moves to a free GPU of another node (the
+    lowest-numbered with one), and the waiting job starts on the node's GPUs. Never a job started
+    at this instant, nor one sharing its GPUs."""
+
+    name = "nudge"
+    summary = "move a running 1-GPU job so that a waiting job fits on one node"
+    Options = NudgeOptions
+    point = "defragment"  # consulted before preemption
+
+    def __init__(self, moves_per_round: int = 1) -> None:
+        self.moves_per_round = moves_per_round
+        self.moved = 0
+
+    @classmethod
+    def from_options(cls, options: Any, services: Services) -> Nudge:
+        return cls(options.moves_per_round)
+
+    def new_round(self) -> None:
+        self.moved = 0
+
+    def try_start(self, host: RoundHost, job: Job, now: float, actions: list[Action]) -> bool:
+        cluster, need = host.cluster, job.spec.gpus
+        if self.moved >= self.moves_per_round or need < 2:
+            return False
+        if not job.spec.plain or job.spec.gpu_types is not None:  # whole GPUs, of any type
+            return False
+        nodes = range(len(cluster.nodes))
+        for node in nodes:
+            if cluster.node_free(node) != need - 1:
+                continue
+            movable = [
+                other
+                for other in host.running_jobs()
+                if other.spec.gpus == 1
+                and cluster.nodes_of(other.placement) == {node}
+                and other.run_started_at != now
+                and not host.is_shared(other)
+            ]
+            to = next((n for n in nodes if n != node and cluster.node_free(n) > 0), None)
+            if not movable or to is None:
+                continue
+            host.move(max(movable, key=lambda other: other.seq), to, job.id, now, actions)
+            self.moved += 1
+            host.start_on(job, Placed(tuple(cluster.free_gpus_of_node(node))), now, actions)
+            return True
+        return False
 
 
 def simplecsv_rows(location: str, **options: Any) -> Iterator[tuple[str, JobSpec]]:
@@ -304,6 +366,133 @@ def test_a_placement_registered_here_places_the_live_jobs(tmp_path):
             # A job no node can hold is refused at submission, in the placement's words.
             with pytest.raises(ValueError, match="emptiest-node: 5 GPUs do not fit in one node"):
                 live.submit(parse_job_spec(python_job("e", "pass", gpus=5)), "u")
+        finally:
+            live.stop()
+
+
+# -- round stage ---------------------------------------------------------------------------------
+
+# 2 nodes of 4 GPUs (0-3, 4-7), fifo, consolidate (the node with the fewest free GPUs that holds
+# the job), no restore stall. At 0: a (2 GPUs, 100 s), b (1, 400 s), c (1, 400 s), d (3, 400 s);
+# e (3, 100 s) at 10. a takes GPUs 0, 1 (both nodes empty: the first); b takes 2 and c 3 (node 0
+# is the fuller that fits); d takes 4-6 (only node 1 holds 3). At 10 e finds 0 and 1 GPUs free:
+# no node is one GPU short (2 free), so it waits. At 100 a ends: node 0 has 0, 1 free, one short
+# of e's 3. nudge moves c, the 1-GPU job there that arrived last, to node 1's free GPU 7 (a move:
+# a preemption by e and a start, resumed, both at 100), and starts e on node 0's 0, 1 and 3.
+# Without the stage e waits until b, c and d end at 400.
+NUDGE_ROWS = [
+    "a,2,0,,,100,",
+    "b,1,0,,,400,",
+    "c,1,0,,,400,",
+    "d,3,0,,,400,",
+    "e,3,10,,,100,",
+]
+NUDGE_STARTS = [
+    (0.0, "a", [0, 1]),
+    (0.0, "b", [2]),
+    (0.0, "c", [3]),
+    (0.0, "d", [4, 5, 6]),
+    (100.0, "c", [7]),
+    (100.0, "e", [0, 1, 3]),
+]
+
+
+def preempts(out: Path, policy: str, placement: str) -> list[tuple[float, str, list[int], str]]:
+    """(instant, job, GPUs, by whom) of every preemption (a move is one), in order."""
+    lines = (out / f"decisions-{policy}-{placement}.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    return [
+        (r["at"], r["job"], index(r["gpus"]), r["by"]) for r in records if r["action"] == "preempt"
+    ]
+
+
+def test_a_stage_registered_here_moves_a_simulated_job_for_a_waiting_one(tmp_path, monkeypatch):
+    trace = tiresias_trace(tmp_path / "t.csv", NUDGE_ROWS)
+    common = ["--cluster", "2x4", "--policy", "fifo", "--placement", "consolidate"]
+    with registered(STAGES, "nudge", Nudge):
+        flags = ["--stages", "nudge", "--nudge-moves-per-round", "1"]
+        out = simulate(tmp_path, trace, *common, *flags)
+        assert starts(out, "fifo", "consolidate") == NUDGE_STARTS
+        assert preempts(out, "fifo", "consolidate") == [(100.0, "c", [3], "e")]
+        with (out / "jobs-fifo-consolidate.csv").open() as handle:
+            rows = {row["job_id"]: row for row in csv.DictReader(handle)}
+        assert float(rows["e"]["first_start_s"]) == 100.0
+        # A move is not counted as a preemption; c ran in two attempts.
+        assert (rows["c"]["attempts"], rows["c"]["preemptions"]) == ("2", "0")
+        help_text = wide_output(["simulate", "--help"], monkeypatch)
+        assert "round stages to run (any of: packing, migration, nudge)" in help_text
+        assert "--nudge-moves-per-round VALUE running jobs it may move in one round" in help_text
+        listed = wide_output(["config", "plugins"], monkeypatch)
+        assert f"stage nudge {Nudge.summary} moves_per_round" in listed
+        bad = [*common, "--stages", "nudge", "--nudge-moves-per-round", "0"]
+        refused = CliRunner().invoke(app, ["simulate", "--trace", trace, *bad])
+        assert refused.exit_code == 2
+        assert refused.output.strip().splitlines()[-1] == (
+            "error: --nudge-moves-per-round: must be >= 1, got 0"
+        )
+        # An admission that names the stages it runs with (quota) refuses it, in one line.
+        args = ["simulate", "--trace", trace, *common, *flags, "--admission", "quota"]
+        refused = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "quota")])
+        assert refused.exit_code == 2
+        assert refused.output.strip().splitlines()[-1] == (
+            "error: admission quota does not run with nudge: unsupported"
+        )
+    out = simulate(tmp_path, trace, *common, out="without")
+    assert [(t, job) for t, job, _ in starts(out, "fifo", "consolidate")] == [
+        (0.0, "a"),
+        (0.0, "b"),
+        (0.0, "c"),
+        (0.0, "d"),
+        (400.0, "e"),
+    ]
+    assert preempts(out, "fifo", "consolidate") == []
+    assert "nudge" not in STAGES
+    assert "nudge" not in wide_output(["config", "plugins"], monkeypatch)
+
+
+def test_a_stage_registered_here_moves_a_live_job_for_a_waiting_one(tmp_path):
+    # The same jobs on the manager (2 nodes of 4 GPUs): ids 1 a, 2 b, 3 c, 4 d, 5 e. The move
+    # stops c's attempt 1; c's attempt 2 and e start once it has ended (its GPU 3 is e's).
+    executor = HeldExecutor()
+    with registered(STAGES, "nudge", Nudge):
+        live = Manager(
+            Store(Store.sqlite_url(tmp_path)),
+            executor,
+            Cluster.shorthand(2, 4),
+            tmp_path,
+            settings=ManagerSettings(
+                scheduler=config_from_mapping(
+                    {
+                        "policy": "fifo",
+                        "placement": "consolidate",
+                        "stages": ["nudge"],
+                        "nudge": {"moves_per_round": 1},
+                    }
+                )
+            ),
+        )
+        try:
+            assert isinstance(live.scheduler.stage("nudge"), Nudge)
+            jobs = live.scheduler.jobs
+            for name, gpus in (("a", 2), ("b", 1), ("c", 1), ("d", 3)):
+                live.submit(parse_job_spec(python_job(name, "pass", gpus=gpus)), "u")
+            live.step()
+            assert launched(executor) == ["1", "2", "3", "4"]
+            assert [list(jobs[i].placement) for i in "1234"] == [[0, 1], [2], [3], [4, 5, 6]]
+            live.submit(parse_job_spec(python_job("e", "pass", gpus=3)), "u")
+            live.step()
+            assert launched(executor) == ["1", "2", "3", "4"] and executor.stopped == []
+            executor.end("1", 1, "exit code 0", code=0)
+            live.step()
+            assert executor.stopped == [("3", 1)]
+            assert sorted(executor.running) == [("2", 1), ("3", 1), ("4", 1)]
+            executor.end("3", 1, "stopped", code=None)
+            live.step()
+            assert sorted(executor.running) == [("2", 1), ("3", 2), ("4", 1), ("5", 1)]
+            assert list(jobs["3"].placement) == [7]
+            assert list(jobs["5"].placement) == [0, 1, 3]
+            messages = [e.message for e in live.store.events("3") if e.kind == "migrated"]
+            assert messages == ["migrated to make room for job 5"]
         finally:
             live.stop()
 
