@@ -43,10 +43,11 @@ class CoreOptions:
 
     policy: str = option("las", help=f"ordering policy: {', '.join(POLICIES)}")
     placement: str = option("relax", help=f"placement: {', '.join(PLACEMENTS)}")
-    admission: str = option(
-        "auto",
+    admission: tuple[str, ...] = option(
+        ("auto",),
         help=f"how VCs share the cluster: {', '.join(ADMISSIONS)}, or auto (the policy's own, "
-        "else quota when the cluster config defines VCs, else none)",
+        "else quota when the cluster config defines VCs, else none); several chain, "
+        "the first building the scheduler and each later one adding its verdicts",
     )
     stages: tuple[str, ...] = option((), help=f"round stages to run: {', '.join(STAGES)}")
     backfill: bool = option(False, help="a blocking policy's later jobs may start around its head")
@@ -75,11 +76,17 @@ class CoreOptions:
         ):
             if name not in registry:
                 return f"{kind}: unknown {kind} {name!r}; choose one of {', '.join(registry)}"
-        if self.admission != "auto" and self.admission not in ADMISSIONS:
-            return (
-                f"admission: unknown admission {self.admission!r}; choose one of auto, "
-                f"{', '.join(ADMISSIONS)}"
-            )
+        if not self.admission:
+            return "admission: name at least one admission (or auto)"
+        for position, name in enumerate(self.admission):
+            if not (name in ADMISSIONS or (name == "auto" and position == 0)):
+                first = "auto (first only), " if position else "auto, "
+                return (
+                    f"admission: unknown admission {name!r}; choose one of {first}"
+                    f"{', '.join(ADMISSIONS)}"
+                )
+        if len(set(self.admission)) != len(self.admission):
+            return f"admission: {', '.join(self.admission)}: an admission is named twice"
         for stage in self.stages:
             if stage not in STAGES:
                 return f"stages: unknown stage {stage!r}; choose from {', '.join(STAGES)}"
@@ -119,13 +126,19 @@ class SchedulerConfig:
         return config_from_mapping(self.to_mapping() | {"policy": policy})
 
     def admission_for(self, vc_cells: Mapping[str, object]) -> str:
-        """The admission `auto` resolves to on a cluster with these VCs."""
-        if self.core.admission != "auto":
-            return self.core.admission
+        """The admission that builds the scheduler (the chain's first), `auto` resolved as on a
+        cluster with these VCs."""
+        first = self.core.admission[0]
+        if first != "auto":
+            return first
         own = POLICIES[self.core.policy].admission
         if own is not None:
             return own
         return "quota" if set(vc_cells) != {"default"} else "none"
+
+    def admission_chain(self, vc_cells: Mapping[str, object]) -> tuple[str, ...]:
+        """Every admission of the chain, `auto` resolved as on a cluster with these VCs."""
+        return (self.admission_for(vc_cells), *self.core.admission[1:])
 
     def to_mapping(
         self, only_used: bool = False, admission: str | None = None
@@ -133,8 +146,8 @@ class SchedulerConfig:
         """Plain values, as YAML writes them; `only_used`: only the sections the chosen plugins
         and stages read (what `config show` prints); `admission`: the one `auto` resolved to."""
         out: dict[str, object] = to_dict(self.core)
-        if admission is not None:
-            out["admission"] = admission
+        chain = self.core.admission if admission is None else (admission, *self.core.admission[1:])
+        out["admission"] = chain[0] if len(chain) == 1 else list(chain)  # one: as it always was
         used = self.used_sections(admission) if only_used else set(self.sections)
         for name, options in self.sections.items():
             if name in used:
@@ -148,7 +161,7 @@ class SchedulerConfig:
 
     def used_sections(self, admission: str | None = None) -> set[str]:
         names = {"retry", self.core.policy, self.core.placement, *self.core.stages}
-        names.add(admission or self.core.admission)
+        names.update((admission or self.core.admission[0], *self.core.admission[1:]))
         return names & set(self.sections)
 
 
@@ -190,7 +203,7 @@ def check_config(
     runs node data caches."""
     core = config.core
     admission_name = (
-        config.admission_for(services.vc_cells) if services is not None else core.admission
+        config.admission_for(services.vc_cells) if services is not None else core.admission[0]
     )
     policy = POLICIES[core.policy]
     if policy.admission is not None and admission_name not in ("auto", policy.admission):
@@ -198,32 +211,46 @@ def check_config(
             f"policy {core.policy}: runs only inside admission {policy.admission} "
             f"(got admission {admission_name})"
         )
-    if core.victims != "lowest" and admission_name not in ("none", "auto"):
+    followers = [ADMISSIONS[name] for name in core.admission[1:]]
+    for follower in followers:
+        if not follower.follows:
+            raise PluginError(
+                f"admission: {follower.name} must come first (only an admission that adds "
+                "verdicts to the scheduler can follow another)"
+            )
+    schemes = [] if admission_name == "auto" else [ADMISSIONS[admission_name]]
+    schemes += followers
+    picker = next((scheme for scheme in schemes if scheme.picks_victims), None)
+    if core.victims != "lowest" and picker is not None:
         raise PluginError(
-            f"victims {core.victims}: only with admission none (an admission chooses who gives "
-            "way to reclaim its GPUs)"
+            f"victims {core.victims}: only with admissions that leave victims to the policy, "
+            f"not {picker.name} (it chooses who gives way to reclaim its GPUs)"
         )
-    if admission_name == "auto":
-        return
-    scheme = ADMISSIONS[admission_name]
-    if scheme.name == "elasticflow" and policy.admission != "elasticflow":
+    if admission_name != "auto" and followers and not ADMISSIONS[admission_name].leads:
+        raise PluginError(
+            f"admission: {admission_name} runs alone (it sizes and places every gang itself)"
+        )
+    if admission_name == "elasticflow" and policy.admission != "elasticflow":
         raise PluginError("admission elasticflow: needs policy elasticflow")
-    if scheme.name == "elasticflow" and core.precheck_s:
+    if admission_name == "elasticflow" and core.precheck_s:
         raise PluginError(
             "admission elasticflow does not run pre-runs (precheck_s): it sizes and restarts "
             "every gang itself"
         )
-    for stage in [*core.stages, *(["cache"] if uses_cache else [])]:
-        problem = scheme.unsupported(stage)
+    for scheme in schemes:
+        for stage in [*core.stages, *(["cache"] if uses_cache else [])]:
+            problem = scheme.unsupported(stage)
+            if problem is None and stage in STAGES and STAGES[stage].shares_gpus:
+                problem = scheme.unsupported_stage_sharing(stage)
+            if problem:
+                raise PluginError(problem)
+        problem = scheme.unsupported_placement(config.section(scheme.name), core.placement)
         if problem:
             raise PluginError(problem)
-    problem = scheme.unsupported_placement(config.section(admission_name), core.placement)
-    if problem:
-        raise PluginError(problem)
-    if PLACEMENTS[core.placement].shares:
-        problem = scheme.unsupported_sharing(core.placement)
-        if problem:
-            raise PluginError(problem)
+        if PLACEMENTS[core.placement].shares:
+            problem = scheme.unsupported_sharing(core.placement)
+            if problem:
+                raise PluginError(problem)
 
 
 def build_scheduler(
@@ -240,6 +267,9 @@ def build_scheduler(
     policy = policy_cls.from_options(config.section(core.policy), services)
     placement = placement_cls.from_options(config.section(core.placement), services)
     stages = [STAGES[name].from_options(config.section(name), services) for name in core.stages]
+    followers = [
+        ADMISSIONS[name].admission(config.section(name), services) for name in core.admission[1:]
+    ]
     parts = Assembly(
         policy=policy,
         placement=placement,
@@ -251,6 +281,7 @@ def build_scheduler(
         precheck_s=core.precheck_s or None,
         stages=stages,
         on_start=services.cache.on_start if uses_cache and services.cache is not None else None,
+        admissions=[admission for admission in followers if admission is not None],
     )
     return scheme.build(config.section(admission_name), parts)
 

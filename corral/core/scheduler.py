@@ -22,10 +22,11 @@ from typing import Literal
 from sortedcontainers import SortedList
 
 from corral.core.actions import Action, Decision, Preempt, Respeed, Start
+from corral.core.chain import as_chain
 from corral.core.cluster import Cluster
 from corral.core.job import Job, JobSpec, JobStatus
 from corral.core.placement.base import Placed, Placement, not_enough, whole_worker_gpus
-from corral.core.plugin import SpeedModel
+from corral.core.plugin import PluginError, SpeedModel
 from corral.core.policy.base import Key, Policy
 from corral.core.precheck import (
     PRECHECK_PASSED,
@@ -180,7 +181,7 @@ class Scheduler:
         speed_model: SpeedModel | None = None,
         restore_s: float = 0.0,
         victims: Victims = "lowest",
-        admission: Admission | None = None,
+        admission: Admission | Iterable[Admission] | None = None,
         on_start: StartHook | None = None,
         stages: Sequence[Stage] = (),
         retry: RetryRule | None = None,
@@ -189,13 +190,26 @@ class Scheduler:
         """`retry` judges failed attempts: the backoff before a retry and the user-error rule
         (default: `RetryRule(RetryOptions())`). `precheck_s`: the pre-run of jobs whose spec
         names none (corral.core.precheck; None or 0: none). `victims`: which running jobs a
-        waiting job preempts (`_make_room`, `_make_room_in_order`)."""
-        if admission is not None and any(stage.shares_gpus for stage in stages):
-            raise ValueError("jobs sharing GPUs (packing) are not supported with an admission")
-        if victims != "lowest" and admission is not None:
-            raise ValueError(f"victims {victims}: only without an admission")
+        waiting job preempts (`_make_room`, `_make_room_in_order`). `admission`: the admissions
+        in front of the queue, consulted in order (corral.core.chain)."""
+        chain = as_chain(admission)
+        for stage in stages:
+            if stage.shares_gpus and chain.counts_gpus:
+                raise PluginError(
+                    f"stages: {stage.name}: admission {chain.name} counts GPUs per job, and jobs "
+                    f"under {stage.name} share GPUs"
+                )
+        if victims != "lowest" and chain.picks_victims:
+            raise PluginError(f"victims {victims}: not with admission {chain.name}")
         self.cluster = cluster
-        self.admission = admission
+        self.admission = chain
+        #: What the admissions have opinions on, for the hot paths (nothing, without any).
+        self._checks = chain.having("check")
+        self._queues = chain.having("queue")
+        self._picks_victims = chain.picks_victims
+        self._on_queue = chain.hooks("on_queue")
+        self._on_start = chain.hooks("on_start")
+        self._on_stop = chain.hooks("on_stop")
         self.policy = policy
         self.placement = placement
         self._placement_plans = type(placement).begin_round is not Placement.begin_round
@@ -255,7 +269,7 @@ class Scheduler:
         # Only with plain jobs, keys fixed between announced instants, a placement that depends
         # on the free GPUs alone, and no admission or stage with state of its own.
         self._may_repeat = (
-            admission is None
+            not chain.volatile
             and not self.stages
             and not self._placement_plans
             and placement.pure
@@ -289,7 +303,7 @@ class Scheduler:
             and policy.preemptive
             and policy.stored_is_key
             and type(policy).preempts is Policy.preempts
-            and admission is None
+            and not chain.picks_victims
             and not self._shared
         )
         #: `Cluster.frees` as this scheduler's own frees (`_unclaim`) left it: when the cluster
@@ -317,7 +331,7 @@ class Scheduler:
                     "gives whole GPUs only (shares of a GPU, CPU and memory need a placement "
                     "that places them, such as fgd)"
                 )
-            if self.admission is not None:
+            if self.admission.counts_gpus:
                 return (
                     f"asks for {spec.describe_request()}: shares of a GPU, CPU and memory are "
                     f"not supported with admission {self.admission.name}"
@@ -325,12 +339,13 @@ class Scheduler:
         problem = precheck_problem(spec.precheck_s)
         if problem is not None:
             return problem
-        if self.admission is not None and not self.admission.known(spec.vc):
-            return f"unknown VC {spec.vc!r}"
+        problem = self.admission.refusal(spec)
+        if problem is not None:
+            return problem
         capacity = self.cluster.capacity_for(spec.gpu_types)
-        if self.admission is not None and not self.admission.oversubscribe:
-            bound = self.admission.capacity(spec)  # None: an opportunistic job, idle GPUs only
-            capacity = capacity if bound is None else min(capacity, bound)
+        bound = self.admission.capacity(spec)  # None: no bound of the admissions'
+        if bound is not None:
+            capacity = min(capacity, bound)
         if spec.gpus > capacity:
             kind = "" if spec.gpu_types is None else f" of type {'|'.join(sorted(spec.gpu_types))}"
             unit = "GPU" if capacity == 1 else "GPUs"
@@ -519,8 +534,8 @@ class Scheduler:
         job.speed = self.speed_model(job, gpus) if self.speed_model else 1.0
         job.pending_reason = ""
         job.last_event = "found running after a restart"
-        if self.admission is not None:
-            self.admission.on_start(job, now)
+        for hook in self._on_start:
+            hook(job, now)
         self._index(self._running, job, now)
         if holder is not None and sharer is not None:
             sharer.restore_shared(self, job, holder, now)
@@ -636,13 +651,11 @@ class Scheduler:
             self.placement.begin_round(
                 self.cluster, self.pending_jobs(), self.running_jobs(), self.speed_model, now
             )
-        admission = self.admission
-        if admission is not None:
-            admission.begin_round(now)
-            # Quota: first only what fits within the VCs' quotas, then borrowers, then
-            # opportunistic jobs on what is still idle (each walk narrowed by the admission).
-            for _ in admission.walks():
-                self._walk_queue(now, preempt, actions)
+        self.admission.begin_round(now)
+        # Quota: first only what fits within the VCs' quotas, then borrowers, then
+        # opportunistic jobs on what is still idle (each walk narrowed by the admission).
+        for _ in self.admission.walks():
+            self._walk_queue(now, preempt, actions)
         self._tried_victims = False
         self._walk_queue(now, preempt, actions)
         self._quiet = None
@@ -682,10 +695,11 @@ class Scheduler:
         too_few_victims: dict[tuple[frozenset[str] | None, str], float] = {}
         blocked_queues: set[str] = set()
         admission = self.admission
+        checks, queues, picks = self._checks, self._queues, self._picks_victims
         # Once a job may not preempt, no job behind it may in this round: their keys are higher,
         # jobs started meanwhile have lower keys than theirs, and none is preempted from here
         # on. Not so where an admission or a stage decides otherwise (a reclaim, a move).
-        settles = admission is None and not self.stages
+        settles = not picks and not self.stages
         preempting = preempt
         position = 0
         while position < len(self._pending):
@@ -700,7 +714,7 @@ class Scheduler:
                 and not self._waiting_shares
                 and not any(stage.keeps_walking() for stage in self._sharers)
             ):
-                if admission is None or not admission.someone_over_share():
+                if not picks or not admission.someone_over_share():
                     short = not_enough(cluster, job) if free else None
                     job.pending_reason = (
                         "waiting for free GPUs: all are in use by jobs of equal or higher priority"
@@ -716,11 +730,11 @@ class Scheduler:
                 job.pending_reason = f"retry backoff: held for {job.hold_until - now:.0f} s more"
                 position += 1
                 continue
-            if admission is not None:
-                if admission.queue(job) in blocked_queues:
-                    job.pending_reason = f"blocked behind the head job of {admission.queue(job)}"
-                    position += 1
-                    continue
+            if blocked_queues and admission.queue(job) in blocked_queues:
+                job.pending_reason = f"blocked behind the head job of {admission.queue(job)}"
+                position += 1
+                continue
+            if checks:
                 refusal = admission.check(job)
                 if refusal is not None:
                     job.pending_reason = refusal
@@ -747,10 +761,7 @@ class Scheduler:
                 job.pending_reason = (
                     "no room: a job of the same kind needing fewer GPUs did not fit"
                 )
-            victims_kind = (
-                job.spec.gpu_types,
-                admission.queue(job) if admission is not None else "",
-            )
+            victims_kind = (job.spec.gpu_types, (admission.queue(job) or "") if queues else "")
             if (
                 can_preempt
                 and job.spec.gpus < no_room.get((kind, victims_kind), math.inf)
@@ -768,10 +779,11 @@ class Scheduler:
             if any(stage.try_start(self, job, now, actions) for stage in self._sharers):
                 continue
             if self.policy.blocking and not self.backfill:
-                if admission is None:
+                queue = admission.queue(job) if queues else None
+                if queue is None:
                     self.blocked_by = job.id
                     break
-                blocked_queues.add(admission.queue(job))  # YARN-CS: a VC's queue blocks itself
+                blocked_queues.add(queue)  # YARN-CS: a VC's queue blocks itself
             position += 1
 
     def _current_key(self, job: Job, now: float) -> Key:
@@ -780,7 +792,7 @@ class Scheduler:
         return (-job.spec.level, *self.policy.key(job, now), job.seq)
 
     def _may_preempt_for(self, job: Job, now: float) -> bool:
-        if self.admission is not None and self.admission.can_reclaim(job):
+        if self._picks_victims and self.admission.can_reclaim(job):
             return True
         running = self._running.keys
         if not self.policy.preemptive or not running:
@@ -792,9 +804,10 @@ class Scheduler:
         """Running jobs the job may preempt, the ones to give way first first: GPUs other VCs
         borrowed (a quota reclaiming them), then jobs of lower priority, the lowest first."""
         admission = self.admission
+        picks = self._picks_victims
         job_key = self._current_key(job, now)
         offered: set[str] = set()
-        if admission is not None and admission.can_reclaim(job):
+        if picks and admission.can_reclaim(job):
             lowest_first = (self._by_seq[key[-1]] for key in reversed(self._running.keys))
             for victim in admission.reclaim(job, lowest_first):
                 offered.add(victim.id)
@@ -810,7 +823,7 @@ class Scheduler:
                 return
             if victim.id in offered:
                 continue
-            if admission is not None and not admission.may_preempt(victim, job):
+            if picks and not admission.may_preempt(victim, job):
                 continue
             yield victim
 
@@ -1023,8 +1036,8 @@ class Scheduler:
         if self.on_start is not None:
             self.on_start(job, now)
         job.pending_reason = ""
-        if self.admission is not None:
-            self.admission.on_start(job, now)
+        for hook in self._on_start:
+            hook(job, now)
         job.last_event = (
             f"started on {count_noun(len(self.cluster.nodes_of(placed.gpus)), 'node')}"
             if placed.gpus
@@ -1182,8 +1195,8 @@ class Scheduler:
     def _account_run(self, job: Job, now: float) -> None:
         if self._idle_at:
             self._catch_up(job, now)
-        if self.admission is not None:
-            self.admission.on_stop(job, now)
+        for hook in self._on_stop:
+            hook(job, now)
         ran = job.running_s(now)
         prerun = self._prerun.get(job.id) if self._prerun else None
         if prerun is None:
@@ -1202,8 +1215,8 @@ class Scheduler:
         job.node = -1
 
     def _enqueue(self, job: Job, now: float) -> None:
-        if self.admission is not None:
-            self.admission.on_queue(job, +1)
+        for hook in self._on_queue:
+            hook(job, +1)
         if job.spec.plain:
             self._count_size(job.spec.gpus, +1)
         else:
@@ -1218,8 +1231,8 @@ class Scheduler:
             self._pending = SortedList(self._pending)
 
     def _dequeue(self, job: Job, now: float) -> None:
-        if self.admission is not None:
-            self.admission.on_queue(job, -1)
+        for hook in self._on_queue:
+            hook(job, -1)
         if job.spec.plain:
             self._count_size(job.spec.gpus, -1)
         else:
@@ -1479,8 +1492,7 @@ class Scheduler:
         }
         for stage in self.stages:
             counters.update(stage.counters())
-        if self.admission is not None:
-            counters.update(self.admission.counters())
+        counters.update(self.admission.counters())
         return counters
 
     @property
@@ -1511,7 +1523,7 @@ class Scheduler:
         priority = self.policy.describe_key(job, now)
         if priority:
             parts.append(priority)
-        note = self.admission.describe(job) if self.admission is not None else None
+        note = self.admission.describe(job)
         if note:
             parts.append(note)
         return "; ".join(parts)

@@ -407,5 +407,8 @@ def test_gittins_with_tiresias_s_formula_takes_the_index_of_the_next_sample_abov
 def test_in_order_victims_are_refused_with_an_admission_that_chooses_its_own():
     config = config_from_mapping({"policy": "las", "admission": "quota", "victims": "in-order"})
     cluster = Cluster.shorthand(2, 4)
-    with pytest.raises(PluginError, match="victims in-order: only with admission none"):
+    with pytest.raises(
+        PluginError,
+        match="victims in-order: only with admissions that leave victims to the policy, not quota",
+    ):
         build_scheduler(config, Services(cluster, vc_cells={"a": {"v100": 8}}))
