@@ -25,9 +25,9 @@ from corral.core.packing import Packing
 from corral.core.placement import PLACEMENTS
 from corral.core.plugin import PluginError, Services
 from corral.core.policy import POLICIES
+from corral.core.preempt import VICTIM_RULES
 from corral.core.protocol import SchedulerCore
 from corral.core.retry import RetryOptions, RetryRule
-from corral.core.scheduler import Victims
 from corral.core.stages import Stage
 
 #: Round stages beside the queue walk (corral.core.stages), by name.
@@ -54,11 +54,10 @@ class CoreOptions:
     restore_s: float = option(
         30.0, help="seconds a resumed job spends restoring its checkpoint before it works", low=0
     )
-    victims: Victims = option(
+    victims: str = option(
         "lowest",
-        help="which running jobs a waiting job preempts: lowest (the lowest-priority ones first, "
-        "until it can be placed) or in-order (the Tiresias simulator's pass: from the highest "
-        "priority down, each keeps its GPUs while it fits in what the job leaves)",
+        help="which running jobs a waiting job preempts: "
+        + "; or ".join(f"{name} ({rule.summary})" for name, rule in VICTIM_RULES.items()),
     )
     precheck_s: float | None = option(
         None,
@@ -87,6 +86,11 @@ class CoreOptions:
                 )
         if len(set(self.admission)) != len(self.admission):
             return f"admission: {', '.join(self.admission)}: an admission is named twice"
+        if self.victims not in VICTIM_RULES:
+            return (
+                f"victims: unknown victim rule {self.victims!r}; choose one of "
+                f"{', '.join(VICTIM_RULES)}"
+            )
         for stage in self.stages:
             if stage not in STAGES:
                 return f"stages: unknown stage {stage!r}; choose from {', '.join(STAGES)}"
@@ -221,7 +225,7 @@ def check_config(
     schemes = [] if admission_name == "auto" else [ADMISSIONS[admission_name]]
     schemes += followers
     picker = next((scheme for scheme in schemes if scheme.picks_victims), None)
-    if core.victims != "lowest" and picker is not None:
+    if picker is not None and not VICTIM_RULES[core.victims].with_picked_victims:
         raise PluginError(
             f"victims {core.victims}: only with admissions that leave victims to the policy, "
             f"not {picker.name} (it chooses who gives way to reclaim its GPUs)"

@@ -17,7 +17,6 @@ import heapq
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
-from typing import Literal
 
 from sortedcontainers import SortedList
 
@@ -35,34 +34,17 @@ from corral.core.precheck import (
     precheck_timeout,
     prerun_spec,
 )
+from corral.core.preempt import TOP, VICTIM_RULES, Preemption
 from corral.core.protocol import Admission
 from corral.core.retry import Failure, FailureReport, RetryOptions, RetryRule, Verdict
 from corral.core.stages import Stage
+from corral.core.statement import claim, unclaim
 from corral.core.text import count_noun
 
 #: Called once per attempt as a job starts (placement, speed and restore stall already set); it
 #: may lower `job.speed` and move `job.stall_until` later: a node's data cache (core.cache) is
 #: allocated here, not in the SpeedModel, which placements may also call to ask about speeds.
 StartHook = Callable[[Job, float], None]
-
-# Placement attempts a waiting job may make while adding preemption victims one by one.
-MAX_PREEMPTION_ATTEMPTS = 32
-#: Which running jobs a waiting job preempts (`Scheduler` `victims`).
-Victims = Literal["lowest", "in-order"]
-
-
-class _Top:
-    """Sorts after anything it is compared with (an upper bound for keys of one prefix)."""
-
-    def __lt__(self, other: object) -> bool:
-        return False
-
-    def __gt__(self, other: object) -> bool:
-        return True
-
-
-_TOP = _Top()
-
 
 #: The waiting queue is a `_FlatIndex` while it is short and a `SortedList` while it is long
 #: (`Scheduler._enqueue`, `_dequeue`): a flat list moves every entry behind an insert, which
@@ -180,7 +162,7 @@ class Scheduler:
         backfill: bool = False,
         speed_model: SpeedModel | None = None,
         restore_s: float = 0.0,
-        victims: Victims = "lowest",
+        victims: str = "lowest",
         admission: Admission | Iterable[Admission] | None = None,
         on_start: StartHook | None = None,
         stages: Sequence[Stage] = (),
@@ -199,7 +181,8 @@ class Scheduler:
                     f"stages: {stage.name}: admission {chain.name} counts GPUs per job, and jobs "
                     f"under {stage.name} share GPUs"
                 )
-        if victims != "lowest" and chain.picks_victims:
+        rule = VICTIM_RULES[victims]()
+        if chain.picks_victims and not rule.with_picked_victims:
             raise PluginError(f"victims {victims}: not with admission {chain.name}")
         self.cluster = cluster
         self.admission = chain
@@ -217,7 +200,6 @@ class Scheduler:
         self.backfill = backfill
         self.speed_model = speed_model
         self.restore_s = restore_s
-        self.victims = victims
         self.on_start = on_start
         self.stages = list(stages)
         self._defragmenters = [s for s in self.stages if s.point == "defragment"]
@@ -282,36 +264,20 @@ class Scheduler:
         self._quiet_at = -math.inf  # that round's instant
         self._last_start_at = -math.inf
         self._held: set[int] = set()  # waiting jobs queued with a retry backoff
-        self._tried_victims = False  # a placement was tried (and failed) while preempting
-        #: (running job's seq, "node" or "rack") -> GPUs it holds per node or rack (`_held_in`).
-        self._held_by_place: dict[tuple[int, str], tuple[tuple[int, int], ...]] = {}
-        #: Waiting jobs whose search for victims found no place without trying one (`_make_room`),
-        #: by seq: (the placement's scope then, the outcome). Such a search fails again while, in
-        #: every node and rack, the free GPUs plus those of the job's victims do not grow: only a
-        #: running job it may not preempt that stops (`_unindex`), or one whose key comes to
-        #: follow the job's (`_rekey_running`), makes them grow. `_no_room_keys`: those jobs'
-        #: keys in order, so that each such event forgets the searches it may change.
-        #: Under the conditions of `_may_repeat`, and the victim rule of `Policy.preempts`.
-        self._no_room: dict[int, tuple[str, str]] = {}
-        self._no_room_keys: list[Key] = []
-        self._remembers_rooms = self._may_repeat and type(policy).preempts is Policy.preempts
-        #: In-order victims are a slice of the running index (`_candidates_in_order`) under the
-        #: base victim rule with keys fixed between announced instants, where no admission offers
-        #: victims of its own and no stage keeps a victim's GPUs taken.
-        self._slices_victims = (
-            victims == "in-order"
-            and policy.preemptive
-            and policy.stored_is_key
-            and type(policy).preempts is Policy.preempts
-            and not chain.picks_victims
-            and not self._shared
+        self.victims = victims
+        #: Who gives way to a waiting job that does not fit (corral.core.preempt).
+        self.preemption = Preemption(
+            self,
+            rule,
+            chain,
+            running=self._running.keys,
+            by_seq=self._by_seq,
+            stored=self._stored,
+            shared=self._shared,
+            remembers=self._may_repeat,
         )
-        #: `Cluster.frees` as this scheduler's own frees (`_unclaim`) left it: when the cluster
-        #: says more, GPUs came back by no event that forgets searches (a node back online, a
-        #: migration, another scheduler on the same cluster: HiveD's VCs on the cluster of its
-        #: opportunistic jobs), so every failed search is forgotten.
-        self._frees_seen = cluster.frees
-        self._skipped_new = False  # `_candidates` passed over a job started at that instant
+        self._no_room = self.preemption.no_room  # failed searches remembered (read only)
+        self._running_left = self.preemption.running_left
 
     # -- what the shell reports ---------------------------------------------------------------
 
@@ -523,7 +489,7 @@ class Scheduler:
         holder, sharer = self._shared_holder(job, gpus)
         self._dequeue(job, now)
         if holder is None:
-            self._claim(job, gpus, -1)  # CPU and memory, if any, on the node of its GPUs
+            claim(self.cluster, job, gpus, -1)  # CPU and memory, if any, on the node of its GPUs
         job.status = JobStatus.RUNNING
         job.placement = gpus
         job.run_started_at = started_at
@@ -656,11 +622,11 @@ class Scheduler:
         # opportunistic jobs on what is still idle (each walk narrowed by the admission).
         for _ in self.admission.walks():
             self._walk_queue(now, preempt, actions)
-        self._tried_victims = False
+        self.preemption.tried = False
         self._walk_queue(now, preempt, actions)
         self._quiet = None
         if self._may_repeat and not actions:
-            self._quiet = (self.cluster.version, preempt, self._tried_victims)
+            self._quiet = (self.cluster.version, preempt, self.preemption.tried)
             self._quiet_at = now
         return Decision(actions, self._next_wake(now), self._respeeds())
 
@@ -700,11 +666,13 @@ class Scheduler:
         # jobs started meanwhile have lower keys than theirs, and none is preempted from here
         # on. Not so where an admission or a stage decides otherwise (a reclaim, a move).
         settles = not picks and not self.stages
+        may_preempt_for = self.preemption.may_preempt_for
+        make_room = self.preemption.make_room
         preempting = preempt
         position = 0
         while position < len(self._pending):
             job = self._by_seq[self._pending[position][-1]]
-            can_preempt = preempting and self._may_preempt_for(job, now)
+            can_preempt = preempting and may_preempt_for(job, now)
             if settles and not can_preempt:
                 preempting = False
             free = cluster.free_gpus
@@ -767,7 +735,7 @@ class Scheduler:
                 and job.spec.gpus < no_room.get((kind, victims_kind), math.inf)
                 and job.spec.gpus < too_few_victims.get(victims_kind, math.inf)
             ):
-                outcome = self._make_room(job, now, actions)
+                outcome = make_room(job, now, actions)
                 if outcome == "started":
                     # Its victims may have freed more GPUs than it took: what did not fit may now.
                     no_fit.clear()
@@ -786,225 +754,6 @@ class Scheduler:
                 blocked_queues.add(queue)  # YARN-CS: a VC's queue blocks itself
             position += 1
 
-    def _current_key(self, job: Job, now: float) -> Key:
-        if self.policy.stored_is_key:
-            return self._stored[job.seq]
-        return (-job.spec.level, *self.policy.key(job, now), job.seq)
-
-    def _may_preempt_for(self, job: Job, now: float) -> bool:
-        if self._picks_victims and self.admission.can_reclaim(job):
-            return True
-        running = self._running.keys
-        if not self.policy.preemptive or not running:
-            return False
-        lowest = self._by_seq[running[-1][-1]]
-        return self.policy.preempts(self._current_key(job, now), self._current_key(lowest, now))
-
-    def _victims(self, job: Job, now: float) -> Iterator[Job]:
-        """Running jobs the job may preempt, the ones to give way first first: GPUs other VCs
-        borrowed (a quota reclaiming them), then jobs of lower priority, the lowest first."""
-        admission = self.admission
-        picks = self._picks_victims
-        job_key = self._current_key(job, now)
-        offered: set[str] = set()
-        if picks and admission.can_reclaim(job):
-            lowest_first = (self._by_seq[key[-1]] for key in reversed(self._running.keys))
-            for victim in admission.reclaim(job, lowest_first):
-                offered.add(victim.id)
-                yield victim
-        if not self.policy.preemptive:
-            return
-        # The running index is not changed while the caller looks at victims (it only frees and
-        # takes back their GPUs), so it is walked by an iterator, not by position.
-        stored = self.policy.stored_is_key
-        for key in reversed(self._running.keys):
-            victim = self._by_seq[key[-1]]
-            if not self.policy.preempts(job_key, key if stored else self._current_key(victim, now)):
-                return
-            if victim.id in offered:
-                continue
-            if picks and not admission.may_preempt(victim, job):
-                continue
-            yield victim
-
-    def _make_room(self, job: Job, now: float, actions: list[Action]) -> str:
-        """Preempt the lowest-priority running jobs, fewest first, until the job can be placed.
-
-        Returns "started", "too few victims" (lower-priority jobs hold too few GPUs), or
-        "no placement" (they hold enough, but freeing them gives no placement the rules accept).
-        """
-        need = job.spec.gpus
-        plain = job.spec.plain  # else a share, CPU or memory: free whole GPUs are no bound
-        if plain and self.victims == "in-order":
-            return self._make_room_in_order(job, now, actions)
-        cluster = self.cluster
-        scope = self.placement.scope(cluster, job, now)
-        if self._no_room:
-            if cluster.frees != self._frees_seen:  # not only this scheduler's: forget them all
-                self._no_room.clear()
-                self._no_room_keys.clear()
-            known = self._no_room.get(job.seq)
-            if known is not None and known[0] == scope:
-                return known[1]
-        self._frees_seen = cluster.frees
-        self._skipped_new = False
-        total = cluster.free_for(job.spec.gpu_types)
-        freed_in: dict[int, int] = {}  # node or rack -> GPUs the victims so far would free there
-        victims: list[Job] = []
-        released = 0
-        attempts = 0
-        for victim in self._candidates(job, now):
-            victims.append(victim)
-            total += victim.spec.gpus
-            if plain:
-                # Every victim's GPUs count towards its places, also before there are enough.
-                room = self._room_in_scope(scope, victim, need, freed_in)
-                if total < need or not room:
-                    continue
-            for held in victims[released:]:
-                self._unclaim(held)
-            released = len(victims)
-            result = self.placement.place(cluster, job, now)
-            attempts += 1
-            if isinstance(result, Placed):
-                self._start_in_room(job, result, victims, now, actions)
-                return "started"
-            if attempts >= MAX_PREEMPTION_ATTEMPTS:
-                break
-        self._tried_victims = self._tried_victims or attempts > 0
-        for held in victims[:released]:
-            self._reclaim(held)
-        outcome = "no placement" if total >= need or not plain else "too few victims"
-        if not attempts and plain and self._remembers_rooms and not self._skipped_new:
-            if job.seq not in self._no_room:  # else one of another scope (the key is the same)
-                bisect.insort(self._no_room_keys, self._stored[job.seq])
-            self._no_room[job.seq] = (scope, outcome)
-        return outcome
-
-    def _candidates(self, job: Job, now: float) -> Iterator[Job]:
-        """The job's victims (`_victims`, the lowest first) whose GPUs it could use. The first two
-        filters stand in `_candidates_in_order` too, written out there to keep its loop tight."""
-        half_pairs: dict[str, Job] = {}
-        for victim in self._victims(job, now):
-            if victim.run_started_at == now:
-                self._skipped_new = True  # one of its victims from the next instant on
-                continue  # never undo a start of this same instant: no preemption cycles
-            if (
-                job.spec.gpu_types is not None
-                and victim.placement
-                and not job.spec.accepts(self.cluster.gpus[victim.placement[0]].gpu_type)
-            ):
-                continue
-            if not all(stage.frees_gpus(victim, half_pairs) for stage in self._shared):
-                continue  # its GPUs stay taken by its partner unless that is a victim too
-            yield victim
-
-    def _candidates_in_order(self, job: Job, now: float) -> list[Job]:
-        """`_candidates`, the highest priority first, read as one slice of the running index:
-        under the base victim rule (`Policy.preempts`) the running jobs the job may preempt are
-        those whose keys, or their leading `preempt_prefix` parts, sort after its own. The
-        filters are `_candidates`'s (going through it took back half of the gain)."""
-        keys = self._running.keys
-        job_key = self._stored[job.seq]
-        cut = self.policy.preempt_prefix
-        if cut is None:
-            start = bisect.bisect_right(keys, job_key)
-        else:  # every key of a prefix sorts before the prefix extended by _TOP
-            start = bisect.bisect_left(keys, (*job_key[:cut], _TOP))
-        by_seq = self._by_seq
-        types = job.spec.gpu_types
-        gpus = self.cluster.gpus
-        ordered = []
-        for key in keys[start:]:
-            victim = by_seq[key[-1]]
-            if victim.run_started_at == now:
-                continue  # never undo a start of this same instant: no preemption cycles
-            if types is not None and victim.placement:
-                if not job.spec.accepts(gpus[victim.placement[0]].gpu_type):
-                    continue
-            ordered.append(victim)
-        return ordered
-
-    def _make_room_in_order(self, job: Job, now: float, actions: list[Action]) -> str:
-        """The Tiresias simulator's pass, for one waiting job: the running jobs it may preempt,
-        from the highest priority down, keep their GPUs while they fit in the GPUs the job leaves
-        (counted, not placed); the others give way, a large one before smaller ones below it.
-        With a placement that counts GPUs (`any`) each of them is needed: what is left over is
-        less than any of them holds."""
-        cluster = self.cluster
-        if self._slices_victims:
-            ordered = self._candidates_in_order(job, now)
-        else:
-            ordered = list(self._candidates(job, now))
-            ordered.reverse()  # the highest priority first
-        left = (
-            cluster.free_for(job.spec.gpu_types)
-            + sum(victim.spec.gpus for victim in ordered)
-            - job.spec.gpus
-        )
-        if left < 0:
-            return "too few victims"
-        victims = []
-        for victim in ordered:
-            if victim.spec.gpus <= left:
-                left -= victim.spec.gpus
-            else:
-                victims.append(victim)
-        for victim in victims:
-            self._unclaim(victim)
-        self._tried_victims = True
-        result = self.placement.place(cluster, job, now)
-        if isinstance(result, Placed):
-            self._start_in_room(job, result, victims, now, actions)
-            return "started"
-        for victim in victims:
-            self._reclaim(victim)
-        return "no placement"
-
-    def _start_in_room(
-        self, job: Job, result: Placed, victims: list[Job], now: float, actions: list[Action]
-    ) -> None:
-        """Start the job where the placement put it, with its victims' GPUs given back: the
-        victims it uses are preempted, the others take their GPUs again (not needed after all)."""
-        chosen = set(result.gpus)
-        for victim in victims:
-            needed = not chosen.isdisjoint(victim.placement) or (
-                result.node >= 0 and victim.node == result.node
-            )
-            if needed:
-                self._preempt(victim, job, now, actions)
-            else:
-                self._reclaim(victim)
-        self._start(job, result, now, actions)
-
-    def _room_in_scope(self, scope: str, victim: Job, need: int, freed_in: dict[int, int]) -> bool:
-        """Add the victim's GPUs to the places they free; is there now a place with enough?"""
-        if scope == "cluster":
-            return True
-        free_in = self.cluster.node_free if scope == "node" else self.cluster.rack_free
-        room = False
-        for place, count in self._held_in(victim, scope):
-            freed = freed_in.get(place, 0) + count
-            freed_in[place] = freed
-            room = room or free_in(place) + freed >= need
-        return room
-
-    def _held_in(self, job: Job, scope: str) -> tuple[tuple[int, int], ...]:
-        """How many GPUs the running job holds in each node ("node") or rack ("rack"), kept
-        until it stops: a job is looked at as a victim in round after round."""
-        cached = self._held_by_place.get((job.seq, scope))
-        if cached is not None:
-            return cached
-        cluster = self.cluster
-        counts: dict[int, int] = {}
-        for gpu in job.placement:
-            node = cluster.gpu_node[gpu]
-            place = node if scope == "node" else cluster.node_rack[node]
-            counts[place] = counts.get(place, 0) + 1
-        held = tuple(counts.items())
-        self._held_by_place[(job.seq, scope)] = held
-        return held
-
     # -- state transitions --------------------------------------------------------------------
 
     def _start(self, job: Job, placed: Placed, now: float, actions: list[Action]) -> None:
@@ -1012,7 +761,7 @@ class Scheduler:
         if job.spec.plain:
             self.cluster.allocate(placed.gpus)
         else:
-            self._claim(job, placed.gpus, placed.node)
+            claim(self.cluster, job, placed.gpus, placed.node)
         prerun = self._prerun.get(job.id) if self._prerun else None
         if prerun is not None:  # a pre-run runs the job's first steps: nothing to restore
             resumed = False
@@ -1059,9 +808,9 @@ class Scheduler:
                 )
             )
 
-    def _preempt(self, job: Job, by: Job, now: float, actions: list[Action]) -> None:
-        """Stop a running job whose GPUs the caller already released in the cluster, with the
-        partner it shared them with (see Packing.frees_gpus)."""
+    def stop_freed(self, job: Job, by: Job, now: float, actions: list[Action]) -> None:
+        """Stop a running job whose GPUs a statement already freed in the cluster, with the
+        partner it shared them with (see Packing.frees_gpus), and queue it again."""
         shared = self._partner_release(job, now)
         actions.append(self._requeue_preempted(job, by.id, now))
         if shared is not None:
@@ -1090,37 +839,9 @@ class Scheduler:
         """Free the job's GPUs, unless a packed partner keeps running on them at its speed alone."""
         shared = self._partner_release(job, now)
         if shared is None:
-            self._unclaim(job)
+            unclaim(self.cluster, job)
         else:
             self._change_speed(*shared, now)
-
-    def _claim(self, job: Job, gpus: tuple[int, ...], node: int) -> None:
-        """Take what the job asks for: its GPUs (whole, or its share of one) and its CPU and
-        memory on `node` (the node of its GPUs unless it has none)."""
-        spec = job.spec
-        if spec.plain:
-            self.cluster.allocate(gpus)
-            job.node = -1
-            return
-        if node < 0 and gpus:
-            node = self.cluster.gpu_node[gpus[0]]
-        self.cluster.claim(gpus, spec.gpu_milli, node, spec.cpu_milli, spec.memory_mib)
-        job.node = node
-
-    def _unclaim(self, job: Job) -> None:
-        """Give back what the running job holds (it keeps `placement` and `node`)."""
-        spec = job.spec
-        if spec.plain:
-            self.cluster.release(job.placement)
-        else:
-            self.cluster.unclaim(
-                job.placement, spec.gpu_milli, job.node, spec.cpu_milli, spec.memory_mib
-            )
-        self._frees_seen += 1
-
-    def _reclaim(self, job: Job) -> None:
-        """Take again what `_unclaim` gave back (a preemption victim not needed after all)."""
-        self._claim(job, job.placement, job.node)
 
     def _partner_release(self, job: Job, now: float) -> tuple[Job, float] | None:
         for stage in self._shared:
@@ -1207,9 +928,6 @@ class Scheduler:
         job.executed_s += ran
         job.attained_gpu_s += ran * job.spec.gpus
         self._unindex(self._running, job)
-        if self._held_by_place:
-            self._held_by_place.pop((job.seq, "node"), None)
-            self._held_by_place.pop((job.seq, "rack"), None)
         job.run_started_at = None
         job.placement = ()
         job.node = -1
@@ -1282,27 +1000,10 @@ class Scheduler:
         key = self._stored.pop(job.seq)
         index.remove(key)
         self._quiet = None
-        if self._no_room:
-            if index is self._running:  # its GPUs free, for the jobs that may not preempt it
-                self._forget_rooms(key, None)
-            elif self._no_room.pop(job.seq, None) is not None:
-                self._no_room_keys.remove(key)
-
-    def _forget_rooms(self, low: Key, high: Key | None) -> None:
-        """Forget the failed searches for victims (`_no_room`) of the waiting jobs that may not
-        preempt a running job of key `low` but may preempt one of key `high` (None: the jobs
-        that may not preempt `low`): by `Policy.preempts`, those of keys from `low` up to before
-        `high`, compared by their leading `preempt_prefix` parts."""
-        cut = self.policy.preempt_prefix
-        keys = self._no_room_keys
-        start = bisect.bisect_left(keys, low if cut is None else low[:cut])
-        end = len(keys)
-        if high is not None:
-            end = bisect.bisect_left(keys, high if cut is None else high[:cut])
-        if start < end:
-            for key in keys[start:end]:
-                del self._no_room[key[-1]]
-            del keys[start:end]
+        if index is self._running:
+            self._running_left(job, key)
+        elif self._no_room:
+            self.preemption.waiting_left(job, key)
 
     def _rekey_running(self, job: Job, now: float) -> None:
         """Re-key a running job at its timer. The walk of a round is unchanged unless a waiting
@@ -1319,7 +1020,7 @@ class Scheduler:
         self._quiet = None
         self._set_timer(job, now)
         if self._no_room:  # the waiting jobs that may now preempt it, and could not before
-            self._forget_rooms(old, new)
+            self.preemption.rekeyed(old, new)
         if quiet is None or quiet[2]:
             return
         cut = self.policy.preempt_prefix
@@ -1329,9 +1030,9 @@ class Scheduler:
         elif old[:cut] == new[:cut]:
             between = 0  # no waiting job's victims change
         else:
-            # Every key of a prefix sorts after the prefix alone and before it extended by _TOP.
+            # Every key of a prefix sorts after the prefix alone and before it extended by TOP.
             low_cut, high_cut = sorted((old[:cut], new[:cut]))
-            between = self._pending.bisect_left((*high_cut, _TOP)) - self._pending.bisect_left(
+            between = self._pending.bisect_left((*high_cut, TOP)) - self._pending.bisect_left(
                 low_cut
             )
         if between == 0:

@@ -235,5 +235,5 @@ def test_a_chain_is_checked_when_the_config_is_read() -> None:
         Services(Cluster.shorthand(2, 2)),
     )
     assert built.admission.name == "max-running-per-user"  # type: ignore[attr-defined]
-    assert built._may_repeat and built._remembers_rooms  # type: ignore[attr-defined]
+    assert built._may_repeat and built.preemption.remembers  # type: ignore[attr-defined]
     assert MaxRunningPerUser.opinions == {"check", "on_start", "on_stop"}

@@ -26,7 +26,7 @@ from corral.core.policy.base import Policy
 from corral.core.protocol import ADMISSION_HOOKS, SchedulerCore
 from corral.core.protocol import Admission as AdmissionHooks
 from corral.core.retry import RetryRule
-from corral.core.scheduler import Scheduler, StartHook, Victims
+from corral.core.scheduler import Scheduler, StartHook
 from corral.core.stages import Stage
 
 if TYPE_CHECKING:
@@ -43,7 +43,7 @@ class Assembly:
     backfill: bool
     restore_s: float
     retry: RetryRule
-    victims: Victims = "lowest"
+    victims: str = "lowest"
     stages: list[Stage] = field(default_factory=list)
     on_start: StartHook | None = None
     #: The pre-run of jobs whose spec names none (corral.core.precheck); None: none.
