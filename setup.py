@@ -22,6 +22,8 @@ COMPILED = [
     "corral/core/preempt.py",
     "corral/core/statement.py",
     "corral/core/chain.py",
+    "corral/core/lifecycle.py",
+    "corral/core/precheck.py",
     "corral/core/job.py",
     "corral/core/cluster.py",
     "corral/core/placement/base.py",

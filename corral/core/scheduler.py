@@ -24,16 +24,11 @@ from corral.core.actions import Action, Decision, Preempt, Respeed, Start
 from corral.core.chain import as_chain
 from corral.core.cluster import Cluster
 from corral.core.job import Job, JobSpec, JobStatus
+from corral.core.lifecycle import Lifecycle
 from corral.core.placement.base import Placed, Placement, not_enough, whole_worker_gpus
 from corral.core.plugin import PluginError, SpeedModel
 from corral.core.policy.base import Key, Policy
-from corral.core.precheck import (
-    PRECHECK_PASSED,
-    PrecheckState,
-    precheck_problem,
-    precheck_timeout,
-    prerun_spec,
-)
+from corral.core.precheck import PreRuns, precheck_problem
 from corral.core.preempt import TOP, VICTIM_RULES, Preemption
 from corral.core.protocol import Admission
 from corral.core.retry import Failure, FailureReport, RetryOptions, RetryRule, Verdict
@@ -240,12 +235,10 @@ class Scheduler:
         #: Waiting jobs of whole GPUs by GPU count (none of 0): with fewer GPUs free than the
         #: smallest of them asks, no waiting job can start on free GPUs.
         self._waiting_sizes: dict[int, int] = {}
-        self.precheck_s = precheck_s
-        #: Jobs waiting for or running their pre-run (corral.core.precheck), by id.
-        self._prerun: dict[str, PrecheckState] = {}
-        self.prechecks = 0  # jobs whose pre-run started
-        self.precheck_passed = 0
-        self.precheck_failed = 0  # jobs ended by a failure in their pre-run
+        #: Follows jobs through their lives (the pre-runs, corral.core.precheck); its per-job
+        #: hooks are asked of the jobs it follows (`_followed`) only.
+        self.lifecycle: Lifecycle = PreRuns(self, precheck_s)
+        self._followed = self.lifecycle.jobs
         # A round repeats the last one when nothing it looks at changed since that one ended
         # without an action: the same walk would again do nothing and leave the same reasons.
         # Only with plain jobs, keys fixed between announced instants, a placement that depends
@@ -328,7 +321,7 @@ class Scheduler:
         self._next_seq += 1
         self.jobs[spec.id] = job
         self._by_seq[job.seq] = job
-        self._begin_precheck(job)
+        self.lifecycle.entered(job, adopted=False)
         self._enqueue(job, now)
         return job
 
@@ -337,8 +330,7 @@ class Scheduler:
         pre-run, which has then passed (the job waits again for its whole gang)."""
         job = self._running_job(job_id)
         self._stop(job, now)
-        if self._prerun and job.id in self._prerun:
-            self._pass_precheck(job, now, "exited")
+        if self._followed and job.id in self._followed and self.lifecycle.exited(job, now):
             return job
         job.work_done_s = job.spec.duration_s or job.work_done_s
         self._finish(job, JobStatus.SUCCEEDED, now, "succeeded")
@@ -354,7 +346,7 @@ class Scheduler:
         During the job's pre-run, a failure that is not the infrastructure's ends the job at once
         (a user error, whatever `max_retries`); an infrastructure failure retries the pre-run."""
         job = self._running_job(job_id)
-        prerun = self._prerun.get(job.id) if self._prerun else None
+        trial = bool(self._followed) and job.id in self._followed  # its attempt is the plugin's
         report = FailureReport.of(report)
         reason, infrastructure = report.reason, report.infrastructure
         ran_s = report.ran_s
@@ -364,7 +356,7 @@ class Scheduler:
         kept_work = job.work_done_s
         saved = 0.0  # work of this attempt up to its last periodic checkpoint
         every = job.spec.checkpoint_every_s
-        if every and prerun is None:  # a pre-run's work is never the job's
+        if every and not trial:  # a pre-run's work is never the job's
             saved = math.floor((job.work_done_at(now) - kept_work) / every) * every
         saved_wall = saved / job.speed if job.speed > 0 else 0.0
         self._stop(job, now)
@@ -382,10 +374,8 @@ class Scheduler:
             verdict = Verdict(True, verdict.retry_after_s, reason)
         if not verdict.give_up and job.failures > job.spec.max_retries:
             verdict = Verdict(True, verdict.retry_after_s, reason)  # retries used up
-        if prerun is not None and not infrastructure:
-            # It failed on one worker: a user error, before it ever held its gang.
-            self.precheck_failed += 1
-            verdict = Verdict(True, 0.0, f"user error: failed its pre-run on one worker ({reason})")
+        if trial:
+            verdict = self.lifecycle.failing(job, report, verdict)
         job.verdict = verdict
         if verdict.give_up:
             self._finish(job, JobStatus.FAILED, now, f"failed: {verdict.reason}")
@@ -453,7 +443,7 @@ class Scheduler:
             self._by_seq.pop(job.seq, None)
             return job
         self._timer_version.pop(job.seq, None)
-        self._prerun.pop(job_id, None)  # its record goes with it
+        self.lifecycle.withdrawn(job)
         del self.jobs[job_id]
         self._by_seq.pop(job.seq, None)
         return job
@@ -469,11 +459,7 @@ class Scheduler:
         self._next_seq += 1
         self.jobs[job.id] = job
         self._by_seq[job.seq] = job
-        state = job.peek(PrecheckState)
-        if state is not None and state.full is not None:
-            self._prerun[job.id] = state
-        elif job.attempts == 0 and state is None:
-            self._begin_precheck(job)
+        self.lifecycle.entered(job, adopted=True)
         self._enqueue(job, now)
 
     def restore_running(
@@ -515,42 +501,9 @@ class Scheduler:
         and the job waits for its whole gang, in its place. Else nothing happens (None): a shell
         may report every attempt's first progress."""
         job = self.jobs[job_id]
-        if job.status is not JobStatus.RUNNING or not self._prerun or job_id not in self._prerun:
+        if job.status is not JobStatus.RUNNING or job_id not in self._followed:
             return None
-        gpus = job.placement
-        self._stop(job, now)
-        self._pass_precheck(job, now, "progress")
-        return Preempt(job.id, gpus, PRECHECK_PASSED, precheck=True)
-
-    def _begin_precheck(self, job: Job) -> None:
-        """A new job that should run a pre-run waits as one worker from now on."""
-        timeout = precheck_timeout(job.spec, self.precheck_s)
-        if timeout is None:
-            return
-        state = job.record(PrecheckState)
-        state.full = job.spec
-        state.timeout_s = timeout
-        state.work_before = job.work_done_s
-        job.spec = prerun_spec(job.spec)
-        self._prerun[job.id] = state
-
-    def _pass_precheck(self, job: Job, now: float, how: str) -> None:
-        """The stopped pre-run passed: the job waits again with its own spec, starting over."""
-        state = self._end_precheck(job)
-        state.passed_by = how
-        self.precheck_passed += 1
-        job.last_event = f"passed its pre-run ({how}); waits for its {job.spec.gpus} GPUs"
-        self._enqueue(job, now)
-
-    def _end_precheck(self, job: Job) -> PrecheckState:
-        """The job (not indexed) leaves its pre-run: its own spec back, the pre-run's work
-        dropped."""
-        state = self._prerun.pop(job.id)
-        assert state.full is not None
-        job.spec = state.full
-        state.full = None
-        job.work_done_s = state.work_before
-        return state
+        return self.lifecycle.progressed(job, now)
 
     def _shared_holder(self, job: Job, gpus: tuple[int, ...]) -> tuple[Job | None, Stage | None]:
         """A job restored on GPUs that a running job already holds: that job and the stage under
@@ -762,16 +715,7 @@ class Scheduler:
             self.cluster.allocate(placed.gpus)
         else:
             claim(self.cluster, job, placed.gpus, placed.node)
-        prerun = self._prerun.get(job.id) if self._prerun else None
-        if prerun is not None:  # a pre-run runs the job's first steps: nothing to restore
-            resumed = False
-            prerun.attempts += 1
-            if prerun.attempts == 1:
-                self.prechecks += 1
-        elif job.records is not None and (done := job.peek(PrecheckState)) is not None:
-            resumed = job.attempts > done.attempts  # it starts over after its pre-run
-        else:
-            resumed = job.attempts > 0
+        resumed, trial = self.lifecycle.starting(job)
         job.status = JobStatus.RUNNING
         job.placement = placed.gpus
         job.run_started_at = now
@@ -793,7 +737,7 @@ class Scheduler:
             else f"started on node {self.cluster.nodes[job.node].name} (no GPU)"
         )
         self._index(self._running, job, now)
-        if job.spec.plain and prerun is None:
+        if job.spec.plain and not trial:
             actions.append(Start(job.id, placed.gpus, relaxed=placed.relaxed, resumed=resumed))
         else:
             actions.append(
@@ -804,7 +748,7 @@ class Scheduler:
                     resumed=resumed,
                     milli=job.spec.gpu_milli,
                     node=job.node,
-                    precheck=prerun is not None,
+                    precheck=trial,
                 )
             )
 
@@ -901,17 +845,17 @@ class Scheduler:
         self._release(job, now)
         actions.append(replace(self._requeue_preempted(job, by, now), kind=kind))
 
+    # -- what a lifecycle plugin may do (corral.core.lifecycle.LifecycleHost) ----------------
+
+    def stop(self, job: Job, now: float) -> None:
+        self._stop(job, now)
+
+    def enqueue(self, job: Job, now: float) -> None:
+        self._enqueue(job, now)
+
     def stage(self, name: str) -> Stage | None:
         """The round stage of that name, if this scheduler runs it."""
         return next((stage for stage in self.stages if stage.name == name), None)
-
-    @property
-    def packing(self) -> Stage | None:
-        return self.stage("packing")
-
-    @property
-    def migration(self) -> Stage | None:
-        return self.stage("migration")
 
     def _account_run(self, job: Job, now: float) -> None:
         if self._idle_at:
@@ -919,11 +863,8 @@ class Scheduler:
         for hook in self._on_stop:
             hook(job, now)
         ran = job.running_s(now)
-        prerun = self._prerun.get(job.id) if self._prerun else None
-        if prerun is None:
+        if not self._followed or job.id not in self._followed or self.lifecycle.ran(job, ran):
             job.work_done_s = job.work_done_at(now)
-        else:  # a pre-run's work is not the job's; its GPU time is (and the pre-run's)
-            prerun.gpu_s += ran * job.spec.gpus
         job.attempt_work_s = 0.0
         job.executed_s += ran
         job.attained_gpu_s += ran * job.spec.gpus
@@ -969,8 +910,8 @@ class Scheduler:
             del self._waiting_sizes[gpus]
 
     def _finish(self, job: Job, status: JobStatus, now: float, event: str) -> None:
-        if self._prerun and job.id in self._prerun:  # ended in its pre-run: reports its own spec
-            self._end_precheck(job)
+        if self._followed and job.id in self._followed:
+            self.lifecycle.ended(job)
         job.status = status
         job.finished_at = now
         job.last_event = event
@@ -1050,8 +991,8 @@ class Scheduler:
             at = min(at, self.placement.changes_at(job, now))
             if job.hold_until > now:  # wake when its retry backoff ends
                 at = min(at, job.hold_until)
-        elif self._prerun and job.id in self._prerun:
-            at = min(at, self._prerun_ends_at(job))
+        elif self._followed and job.id in self._followed:
+            at = min(at, self.lifecycle.due_at(job))
         elif self._may_repeat:
             idle, at = at, math.inf
         version = self._timer_version.get(job.seq, 0) + 1
@@ -1064,11 +1005,6 @@ class Scheduler:
             idle = max(idle, now)
             heapq.heappush(self._idle_timers, (idle, job.seq, version))
             self._idle_at[job.seq] = (idle, version)
-
-    def _prerun_ends_at(self, job: Job) -> float:
-        """When the running pre-run passes by its timer."""
-        assert job.run_started_at is not None
-        return job.run_started_at + self._prerun[job.id].timeout_s
 
     def _fire_timers(self, now: float, actions: list[Action]) -> None:
         timers, lazy, idle = self._timers, self._lazy_timers, self._idle_timers
@@ -1089,14 +1025,10 @@ class Scheduler:
             self.policy.on_key_change(job, now)
             if (
                 job.status is JobStatus.RUNNING
-                and self._prerun
-                and job.id in self._prerun
-                and self._prerun_ends_at(job) <= now
-            ):  # its pre-run ran its `timeout_s`: passed
-                gpus = job.placement
-                self._stop(job, now)
-                self._pass_precheck(job, now, "timer")
-                actions.append(Preempt(job.id, gpus, PRECHECK_PASSED, precheck=True))
+                and self._followed
+                and job.id in self._followed
+                and self.lifecycle.due(job, now, actions)
+            ):
                 continue
             if job.status is JobStatus.PENDING:
                 self._unindex(self._pending, job)
@@ -1185,12 +1117,7 @@ class Scheduler:
         return len(self._pending)
 
     def counters(self) -> dict[str, int]:
-        counters = {
-            "preemptions": self.preemptions,
-            "prechecks": self.prechecks,
-            "precheck_passed": self.precheck_passed,
-            "precheck_failed": self.precheck_failed,
-        }
+        counters = {"preemptions": self.preemptions, **self.lifecycle.counters()}
         for stage in self.stages:
             counters.update(stage.counters())
         counters.update(self.admission.counters())
