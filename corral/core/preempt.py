@@ -24,7 +24,7 @@ Two fast paths keep preemption-heavy rounds cheap:
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, ClassVar, Literal, Protocol
 
 from corral.core.compiled import mypyc_attr
@@ -44,6 +44,8 @@ if TYPE_CHECKING:
 MAX_PREEMPTION_ATTEMPTS = 32
 #: What a search for room returns.
 Outcome = Literal["started", "too few victims", "no placement"]
+#: A search for room for one waiting job: (job, now, actions) -> its outcome.
+RoomMaker = Callable[["Job", float, "list[Action]"], Outcome]
 
 
 class _Top:
@@ -93,6 +95,15 @@ class VictimRule:
     def make_room(self, search: Preemption, job: Job, now: float, actions: list[Action]) -> Outcome:
         raise NotImplementedError
 
+    def bind(self, search: Preemption) -> RoomMaker:
+        """Its `make_room` for one search object, as the round calls it (a rule may give one
+        of the search's own methods, saving a call per search)."""
+
+        def make_room(job: Job, now: float, actions: list[Action]) -> Outcome:
+            return self.make_room(search, job, now, actions)
+
+        return make_room
+
     def slices(self, search: Preemption) -> bool:
         """May the search read its victims as one slice of the running index?"""
         return False
@@ -104,6 +115,9 @@ class LowestFirst(VictimRule):
 
     def make_room(self, search: Preemption, job: Job, now: float, actions: list[Action]) -> Outcome:
         return search.lowest_first(job, now, actions)
+
+    def bind(self, search: Preemption) -> RoomMaker:
+        return search.lowest_first
 
 
 class InOrder(VictimRule):
@@ -167,6 +181,10 @@ class Preemption:
         self._picks = admission.picks_victims
         self.remembers = remembers and type(host.policy).preempts is Policy.preempts
         self.slices = rule.slices(self)
+        #: Preempt running jobs, by the victim rule, until the job can be placed. Returns
+        #: "started", "too few victims" (those it may preempt hold too few GPUs), or "no
+        #: placement" (they hold enough, but freeing them gives no placement the rules accept).
+        self.make_room: RoomMaker = rule.bind(self)
         #: A placement was tried (and failed) while preempting, since the scheduler last reset it.
         self.tried = False
         #: (running job's seq, "node" or "rack") -> GPUs it holds per node or rack (`_held_in`).
@@ -311,12 +329,6 @@ class Preemption:
 
     # -- making room ----------------------------------------------------------------------------
 
-    def make_room(self, job: Job, now: float, actions: list[Action]) -> Outcome:
-        """Preempt running jobs, by the victim rule, until the job can be placed. Returns
-        "started", "too few victims" (those it may preempt hold too few GPUs), or "no
-        placement" (they hold enough, but freeing them gives no placement the rules accept)."""
-        return self.rule.make_room(self, job, now, actions)
-
     def lowest_first(self, job: Job, now: float, actions: list[Action]) -> Outcome:
         """Preempt the lowest-priority running jobs, fewest first, until the job can be placed."""
         need = job.spec.gpus
@@ -344,7 +356,7 @@ class Preemption:
                 room = self._room_in_scope(scope, victim, need, freed_in)
                 if total < need or not room:
                     continue
-            for held in victims[len(statement) :]:
+            for held in victims[len(statement.freed) :]:
                 statement.free(held)
             result = self.placement.place(cluster, job, now)
             attempts += 1

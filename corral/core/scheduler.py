@@ -167,7 +167,7 @@ class Scheduler:
         """`retry` judges failed attempts: the backoff before a retry and the user-error rule
         (default: `RetryRule(RetryOptions())`). `precheck_s`: the pre-run of jobs whose spec
         names none (corral.core.precheck; None or 0: none). `victims`: which running jobs a
-        waiting job preempts (`_make_room`, `_make_room_in_order`). `admission`: the admissions
+        waiting job preempts (corral.core.preempt.VICTIM_RULES). `admission`: the admissions
         in front of the queue, consulted in order (corral.core.chain)."""
         chain = as_chain(admission)
         for stage in stages:
@@ -176,6 +176,10 @@ class Scheduler:
                     f"stages: {stage.name}: admission {chain.name} counts GPUs per job, and jobs "
                     f"under {stage.name} share GPUs"
                 )
+        if victims not in VICTIM_RULES:
+            raise PluginError(
+                f"victims: unknown victim rule {victims!r}; choose one of {', '.join(VICTIM_RULES)}"
+            )
         rule = VICTIM_RULES[victims]()
         if chain.picks_victims and not rule.with_picked_victims:
             raise PluginError(f"victims {victims}: not with admission {chain.name}")
@@ -188,6 +192,9 @@ class Scheduler:
         self._on_queue = chain.hooks("on_queue")
         self._on_start = chain.hooks("on_start")
         self._on_stop = chain.hooks("on_stop")
+        self._round_hooks = chain.hooks("begin_round")
+        self._narrows = chain.having("walks")
+        self._bounds = chain.having("refusal") or chain.having("capacity")
         self.policy = policy
         self.placement = placement
         self._placement_plans = type(placement).begin_round is not Placement.begin_round
@@ -298,13 +305,14 @@ class Scheduler:
         problem = precheck_problem(spec.precheck_s)
         if problem is not None:
             return problem
-        problem = self.admission.refusal(spec)
-        if problem is not None:
-            return problem
         capacity = self.cluster.capacity_for(spec.gpu_types)
-        bound = self.admission.capacity(spec)  # None: no bound of the admissions'
-        if bound is not None:
-            capacity = min(capacity, bound)
+        if self._bounds:
+            problem = self.admission.refusal(spec)
+            if problem is not None:
+                return problem
+            bound = self.admission.capacity(spec)  # None: no bound of the admissions'
+            if bound is not None:
+                capacity = min(capacity, bound)
         if spec.gpus > capacity:
             kind = "" if spec.gpu_types is None else f" of type {'|'.join(sorted(spec.gpu_types))}"
             unit = "GPU" if capacity == 1 else "GPUs"
@@ -570,11 +578,13 @@ class Scheduler:
             self.placement.begin_round(
                 self.cluster, self.pending_jobs(), self.running_jobs(), self.speed_model, now
             )
-        self.admission.begin_round(now)
-        # Quota: first only what fits within the VCs' quotas, then borrowers, then
-        # opportunistic jobs on what is still idle (each walk narrowed by the admission).
-        for _ in self.admission.walks():
-            self._walk_queue(now, preempt, actions)
+        for hook in self._round_hooks:  # fair share's shares settle with time
+            hook(now)
+        if self._narrows:
+            # Quota: first only what fits within the VCs' quotas, then borrowers, then
+            # opportunistic jobs on what is still idle (each walk narrowed by the admission).
+            for _ in self.admission.walks():
+                self._walk_queue(now, preempt, actions)
         self.preemption.tried = False
         self._walk_queue(now, preempt, actions)
         self._quiet = None

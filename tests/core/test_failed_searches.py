@@ -140,7 +140,7 @@ def test_remembering_failed_searches_decides_exactly_as_searching_every_time(
             hits += job.seq in s._no_room  # remembered (under the same scope: most are)
             return make_room(job, now, actions)
 
-        s.preemption.make_room = counted  # type: ignore[method-assign]
+        s.preemption.make_room = counted
         result = Simulation(random_trace(seed, 150, 20.0), s, record_decisions=True).run()
         runs.append(result.decisions)
     assert any(isinstance(a, Preempt) for _, a in runs[0])
