@@ -19,6 +19,11 @@ from setuptools.command.build import build
 #: The compiled modules: the scheduling core's round and the simulator's event loop.
 COMPILED = [
     "corral/core/scheduler.py",
+    "corral/core/preempt.py",
+    "corral/core/statement.py",
+    "corral/core/chain.py",
+    "corral/core/lifecycle.py",
+    "corral/core/precheck.py",
     "corral/core/job.py",
     "corral/core/cluster.py",
     "corral/core/placement/base.py",

@@ -232,7 +232,7 @@ def up(
         scheduler_settings = effective_config(scheduler_config, given)
     except UserError as error:
         fail(str(error))
-    admission = scheduler_settings.core.admission
+    admission = scheduler_settings.core.admission[0]
     if admission == "hived" and config is None and not demo:  # the demo writes its own config
         fail("--admission hived: needs --config FILE whose virtual_clusters give the VCs' cells")
     if gpus is not None and gpus <= 0:

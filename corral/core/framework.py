@@ -25,9 +25,9 @@ from corral.core.packing import Packing
 from corral.core.placement import PLACEMENTS
 from corral.core.plugin import PluginError, Services
 from corral.core.policy import POLICIES
+from corral.core.preempt import VICTIM_RULES
 from corral.core.protocol import SchedulerCore
 from corral.core.retry import RetryOptions, RetryRule
-from corral.core.scheduler import Victims
 from corral.core.stages import Stage
 
 #: Round stages beside the queue walk (corral.core.stages), by name.
@@ -43,10 +43,11 @@ class CoreOptions:
 
     policy: str = option("las", help="ordering policy", choices=lambda: POLICIES)
     placement: str = option("relax", help="placement", choices=lambda: PLACEMENTS)
-    admission: str = option(
-        "auto",
+    admission: tuple[str, ...] = option(
+        ("auto",),
         help="how VCs share the cluster; auto: the policy's own, else quota when the cluster "
-        "config defines VCs, else none",
+        "config defines VCs, else none; several chain, the first building the scheduler and "
+        "each later one adding its verdicts",
         choices=lambda: ["auto", *ADMISSIONS],
     )
     stages: tuple[str, ...] = option((), help="round stages to run", choices=lambda: STAGES)
@@ -54,11 +55,10 @@ class CoreOptions:
     restore_s: float = option(
         30.0, help="seconds a resumed job spends restoring its checkpoint before it works", low=0
     )
-    victims: Victims = option(
+    victims: str = option(
         "lowest",
-        help="which running jobs a waiting job preempts: lowest (the lowest-priority ones first, "
-        "until it can be placed) or in-order (the Tiresias simulator's pass: from the highest "
-        "priority down, each keeps its GPUs while it fits in what the job leaves)",
+        help="which running jobs a waiting job preempts: "
+        + "; or ".join(f"{name} ({rule.summary})" for name, rule in VICTIM_RULES.items()),
     )
     precheck_s: float | None = option(
         None,
@@ -76,10 +76,21 @@ class CoreOptions:
         ):
             if name not in registry:
                 return f"{kind}: unknown {kind} {name!r}; choose one of {', '.join(registry)}"
-        if self.admission != "auto" and self.admission not in ADMISSIONS:
+        if not self.admission:
+            return "admission: name at least one admission (or auto)"
+        for position, name in enumerate(self.admission):
+            if not (name in ADMISSIONS or (name == "auto" and position == 0)):
+                first = "auto (first only), " if position else "auto, "
+                return (
+                    f"admission: unknown admission {name!r}; choose one of {first}"
+                    f"{', '.join(ADMISSIONS)}"
+                )
+        if len(set(self.admission)) != len(self.admission):
+            return f"admission: {', '.join(self.admission)}: an admission is named twice"
+        if self.victims not in VICTIM_RULES:
             return (
-                f"admission: unknown admission {self.admission!r}; choose one of auto, "
-                f"{', '.join(ADMISSIONS)}"
+                f"victims: unknown victim rule {self.victims!r}; choose one of "
+                f"{', '.join(VICTIM_RULES)}"
             )
         for stage in self.stages:
             if stage not in STAGES:
@@ -120,13 +131,19 @@ class SchedulerConfig:
         return config_from_mapping(self.to_mapping() | {"policy": policy})
 
     def admission_for(self, vc_cells: Mapping[str, object]) -> str:
-        """The admission `auto` resolves to on a cluster with these VCs."""
-        if self.core.admission != "auto":
-            return self.core.admission
+        """The admission that builds the scheduler (the chain's first), `auto` resolved as on a
+        cluster with these VCs."""
+        first = self.core.admission[0]
+        if first != "auto":
+            return first
         own = POLICIES[self.core.policy].admission
         if own is not None:
             return own
         return "quota" if set(vc_cells) != {"default"} else "none"
+
+    def admission_chain(self, vc_cells: Mapping[str, object]) -> tuple[str, ...]:
+        """Every admission of the chain, `auto` resolved as on a cluster with these VCs."""
+        return (self.admission_for(vc_cells), *self.core.admission[1:])
 
     def to_mapping(
         self, only_used: bool = False, admission: str | None = None
@@ -134,8 +151,8 @@ class SchedulerConfig:
         """Plain values, as YAML writes them; `only_used`: only the sections the chosen plugins
         and stages read (what `config show` prints); `admission`: the one `auto` resolved to."""
         out: dict[str, object] = to_dict(self.core)
-        if admission is not None:
-            out["admission"] = admission
+        chain = self.core.admission if admission is None else (admission, *self.core.admission[1:])
+        out["admission"] = chain[0] if len(chain) == 1 else list(chain)  # one: as it always was
         used = self.used_sections(admission) if only_used else set(self.sections)
         for name, options in self.sections.items():
             if name in used:
@@ -149,7 +166,7 @@ class SchedulerConfig:
 
     def used_sections(self, admission: str | None = None) -> set[str]:
         names = {"retry", self.core.policy, self.core.placement, *self.core.stages}
-        names.add(admission or self.core.admission)
+        names.update((admission or self.core.admission[0], *self.core.admission[1:]))
         return names & set(self.sections)
 
 
@@ -191,7 +208,7 @@ def check_config(
     runs node data caches."""
     core = config.core
     admission_name = (
-        config.admission_for(services.vc_cells) if services is not None else core.admission
+        config.admission_for(services.vc_cells) if services is not None else core.admission[0]
     )
     policy = POLICIES[core.policy]
     if policy.admission is not None and admission_name not in ("auto", policy.admission):
@@ -199,32 +216,46 @@ def check_config(
             f"policy {core.policy}: runs only inside admission {policy.admission} "
             f"(got admission {admission_name})"
         )
-    if core.victims != "lowest" and admission_name not in ("none", "auto"):
+    followers = [ADMISSIONS[name] for name in core.admission[1:]]
+    for follower in followers:
+        if not follower.follows:
+            raise PluginError(
+                f"admission: {follower.name} must come first (only an admission that adds "
+                "verdicts to the scheduler can follow another)"
+            )
+    schemes = [] if admission_name == "auto" else [ADMISSIONS[admission_name]]
+    schemes += followers
+    picker = next((scheme for scheme in schemes if scheme.picks_victims), None)
+    if picker is not None and not VICTIM_RULES[core.victims].with_picked_victims:
         raise PluginError(
-            f"victims {core.victims}: only with admission none (an admission chooses who gives "
-            "way to reclaim its GPUs)"
+            f"victims {core.victims}: only with admissions that leave victims to the policy, "
+            f"not {picker.name} (it chooses who gives way to reclaim its GPUs)"
         )
-    if admission_name == "auto":
-        return
-    scheme = ADMISSIONS[admission_name]
-    if scheme.name == "elasticflow" and policy.admission != "elasticflow":
+    if admission_name != "auto" and followers and not ADMISSIONS[admission_name].leads:
+        raise PluginError(
+            f"admission: {admission_name} runs alone (it sizes and places every gang itself)"
+        )
+    if admission_name == "elasticflow" and policy.admission != "elasticflow":
         raise PluginError("admission elasticflow: needs policy elasticflow")
-    if scheme.name == "elasticflow" and core.precheck_s:
+    if admission_name == "elasticflow" and core.precheck_s:
         raise PluginError(
             "admission elasticflow does not run pre-runs (precheck_s): it sizes and restarts "
             "every gang itself"
         )
-    for stage in [*core.stages, *(["cache"] if uses_cache else [])]:
-        problem = scheme.unsupported(stage)
+    for scheme in schemes:
+        for stage in [*core.stages, *(["cache"] if uses_cache else [])]:
+            problem = scheme.unsupported(stage)
+            if problem is None and stage in STAGES and STAGES[stage].shares_gpus:
+                problem = scheme.unsupported_stage_sharing(stage)
+            if problem:
+                raise PluginError(problem)
+        problem = scheme.unsupported_placement(config.section(scheme.name), core.placement)
         if problem:
             raise PluginError(problem)
-    problem = scheme.unsupported_placement(config.section(admission_name), core.placement)
-    if problem:
-        raise PluginError(problem)
-    if PLACEMENTS[core.placement].shares:
-        problem = scheme.unsupported_sharing(core.placement)
-        if problem:
-            raise PluginError(problem)
+        if PLACEMENTS[core.placement].shares:
+            problem = scheme.unsupported_sharing(core.placement)
+            if problem:
+                raise PluginError(problem)
 
 
 def build_scheduler(
@@ -241,6 +272,9 @@ def build_scheduler(
     policy = policy_cls.from_options(config.section(core.policy), services)
     placement = placement_cls.from_options(config.section(core.placement), services)
     stages = [STAGES[name].from_options(config.section(name), services) for name in core.stages]
+    followers = [
+        ADMISSIONS[name].admission(config.section(name), services) for name in core.admission[1:]
+    ]
     parts = Assembly(
         policy=policy,
         placement=placement,
@@ -252,6 +286,7 @@ def build_scheduler(
         precheck_s=core.precheck_s or None,
         stages=stages,
         on_start=services.cache.on_start if uses_cache and services.cache is not None else None,
+        admissions=[admission for admission in followers if admission is not None],
     )
     return scheme.build(config.section(admission_name), parts)
 

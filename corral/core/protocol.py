@@ -6,8 +6,9 @@ every scheduler an admission scheme builds (the plain `Scheduler`, HiveD's `Hive
 ElasticFlow's `ElasticScheduler`) is interchangeable under both. mypy checks each of them against
 it (`corral.core.admission` assigns each to a `SchedulerCore` variable), so they cannot drift.
 
-`Admission` is what the plain `Scheduler` consults when VCs share the cluster by GPU counts
-(quota, fairshare): the scheduler imports this protocol, never a concrete admission.
+`Admission` is what the plain `Scheduler` consults in front of its queue (VCs sharing the
+cluster by GPU counts, quota and fairshare; a limit per user): the scheduler imports this protocol,
+never a concrete admission.
 """
 
 from __future__ import annotations
@@ -124,17 +125,66 @@ class SchedulerCore(Protocol):
         ...
 
 
+#: The hooks of an `Admission`, in the order the scheduler consults them: an admission built on
+#: `corral.core.admission.base.Admission` lists those it has an opinion on (`opinions`), and
+#: the scheduler consults only those (corral.core.chain).
+ADMISSION_HOOKS = (
+    "refusal",
+    "capacity",
+    "begin_round",
+    "walks",
+    "check",
+    "queue",
+    "may_preempt",
+    "reclaim",
+    "can_reclaim",
+    "someone_over_share",
+    "describe",
+    "on_start",
+    "on_stop",
+    "on_queue",
+    "counters",
+)
+
+
 class Admission(Protocol):
-    """VCs sharing one cluster by GPU counts: who may start, who may be preempted, for whom."""
+    """Who may start, who may be preempted and for whom, in front of the scheduler (VCs sharing
+    the cluster by GPU counts, a limit per user). `corral.core.admission.base.Admission`
+    implements every hook with no opinion; several admissions are consulted as one
+    (`corral.core.chain.AdmissionChain`)."""
 
-    name: str
-    #: A job may start beyond its VC's share on idle GPUs (borrowed; reclaimable).
-    oversubscribe: bool
+    @property
+    def name(self) -> str: ...
 
-    def known(self, vc: str) -> bool: ...
+    @property
+    def volatile(self) -> bool:
+        """Its verdicts may change while the jobs running and waiting do not (shares that follow
+        time, reclaims that follow who runs where): the scheduler then never skips a round as a
+        repeat of the last one and never remembers a failed search for victims."""
+        ...
+
+    @property
+    def picks_victims(self) -> bool:
+        """It restricts or adds preemption victims (`may_preempt`, `reclaim`, `can_reclaim`,
+        `someone_over_share`): the victims are then not a slice of the running jobs."""
+        ...
+
+    @property
+    def counts_gpus(self) -> bool:
+        """It counts GPUs per job: jobs that share GPUs (a stage's pairs, shares of one GPU,
+        CPU or memory) cannot run with it."""
+        ...
+
+    def refusal(self, spec: JobSpec) -> str | None:
+        """Why the job could never be admitted (`unknown VC 'x'`), or None."""
+        ...
 
     def capacity(self, spec: JobSpec) -> int | None:
-        """The most GPUs the job may ask for without oversubscription (None: the cluster's)."""
+        """The most GPUs the job may ever ask for (None: no bound beyond the cluster's)."""
+        ...
+
+    def begin_round(self, now: float) -> None:
+        """Called at the start of each round (shares that change with time are settled here)."""
         ...
 
     def walks(self) -> Iterator[None]:
@@ -147,8 +197,9 @@ class Admission(Protocol):
         """Why the job may not start now, or None."""
         ...
 
-    def queue(self, job: Job) -> str:
-        """The queue the job waits in (`VC a`): a blocking policy's head blocks only its queue."""
+    def queue(self, job: Job) -> str | None:
+        """The queue the job waits in (`VC a`): a blocking policy's head blocks only its queue
+        (None: the scheduler's one queue)."""
         ...
 
     def may_preempt(self, victim: Job, job: Job) -> bool: ...
@@ -158,11 +209,11 @@ class Admission(Protocol):
         from whatever their priority, in the order to take them."""
         ...
 
+    def can_reclaim(self, job: Job) -> bool: ...
+
     def someone_over_share(self) -> bool:
         """Some running job's GPUs may be reclaimed (a job further back may preempt)."""
         ...
-
-    def can_reclaim(self, job: Job) -> bool: ...
 
     def describe(self, job: Job) -> str | None:
         """What the job's class means under this admission, for `explain` (None: nothing)."""
@@ -173,9 +224,5 @@ class Admission(Protocol):
     def on_stop(self, job: Job, now: float) -> None: ...
 
     def on_queue(self, job: Job, delta: int) -> None: ...
-
-    def begin_round(self, now: float) -> None:
-        """Called at the start of each round (shares that change with time are settled here)."""
-        ...
 
     def counters(self) -> dict[str, int]: ...

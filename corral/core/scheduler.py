@@ -17,51 +17,29 @@ import heapq
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
-from typing import Literal
 
 from sortedcontainers import SortedList
 
 from corral.core.actions import Action, Decision, Preempt, Respeed, Start
+from corral.core.chain import as_chain
 from corral.core.cluster import Cluster
 from corral.core.job import Job, JobSpec, JobStatus
+from corral.core.lifecycle import Lifecycle
 from corral.core.placement.base import Placed, Placement, not_enough, whole_worker_gpus
-from corral.core.plugin import SpeedModel
+from corral.core.plugin import PluginError, SpeedModel
 from corral.core.policy.base import Key, Policy
-from corral.core.precheck import (
-    PRECHECK_PASSED,
-    PrecheckState,
-    precheck_problem,
-    precheck_timeout,
-    prerun_spec,
-)
+from corral.core.precheck import PreRuns, precheck_problem
+from corral.core.preempt import TOP, VICTIM_RULES, Preemption
 from corral.core.protocol import Admission
 from corral.core.retry import Failure, FailureReport, RetryOptions, RetryRule, Verdict
 from corral.core.stages import Stage
+from corral.core.statement import claim, unclaim
 from corral.core.text import count_noun
 
 #: Called once per attempt as a job starts (placement, speed and restore stall already set); it
 #: may lower `job.speed` and move `job.stall_until` later: a node's data cache (core.cache) is
 #: allocated here, not in the SpeedModel, which placements may also call to ask about speeds.
 StartHook = Callable[[Job, float], None]
-
-# Placement attempts a waiting job may make while adding preemption victims one by one.
-MAX_PREEMPTION_ATTEMPTS = 32
-#: Which running jobs a waiting job preempts (`Scheduler` `victims`).
-Victims = Literal["lowest", "in-order"]
-
-
-class _Top:
-    """Sorts after anything it is compared with (an upper bound for keys of one prefix)."""
-
-    def __lt__(self, other: object) -> bool:
-        return False
-
-    def __gt__(self, other: object) -> bool:
-        return True
-
-
-_TOP = _Top()
-
 
 #: The waiting queue is a `_FlatIndex` while it is short and a `SortedList` while it is long
 #: (`Scheduler._enqueue`, `_dequeue`): a flat list moves every entry behind an insert, which
@@ -179,8 +157,8 @@ class Scheduler:
         backfill: bool = False,
         speed_model: SpeedModel | None = None,
         restore_s: float = 0.0,
-        victims: Victims = "lowest",
-        admission: Admission | None = None,
+        victims: str = "lowest",
+        admission: Admission | Iterable[Admission] | None = None,
         on_start: StartHook | None = None,
         stages: Sequence[Stage] = (),
         retry: RetryRule | None = None,
@@ -189,13 +167,34 @@ class Scheduler:
         """`retry` judges failed attempts: the backoff before a retry and the user-error rule
         (default: `RetryRule(RetryOptions())`). `precheck_s`: the pre-run of jobs whose spec
         names none (corral.core.precheck; None or 0: none). `victims`: which running jobs a
-        waiting job preempts (`_make_room`, `_make_room_in_order`)."""
-        if admission is not None and any(stage.shares_gpus for stage in stages):
-            raise ValueError("jobs sharing GPUs (packing) are not supported with an admission")
-        if victims != "lowest" and admission is not None:
-            raise ValueError(f"victims {victims}: only without an admission")
+        waiting job preempts (corral.core.preempt.VICTIM_RULES). `admission`: the admissions
+        in front of the queue, consulted in order (corral.core.chain)."""
+        chain = as_chain(admission)
+        for stage in stages:
+            if stage.shares_gpus and chain.counts_gpus:
+                raise PluginError(
+                    f"stages: {stage.name}: admission {chain.name} counts GPUs per job, and jobs "
+                    f"under {stage.name} share GPUs"
+                )
+        if victims not in VICTIM_RULES:
+            raise PluginError(
+                f"victims: unknown victim rule {victims!r}; choose one of {', '.join(VICTIM_RULES)}"
+            )
+        rule = VICTIM_RULES[victims]()
+        if chain.picks_victims and not rule.with_picked_victims:
+            raise PluginError(f"victims {victims}: not with admission {chain.name}")
         self.cluster = cluster
-        self.admission = admission
+        self.admission = chain
+        #: What the admissions have opinions on, for the hot paths (nothing, without any).
+        self._checks = chain.having("check")
+        self._queues = chain.having("queue")
+        self._picks_victims = chain.picks_victims
+        self._on_queue = chain.hooks("on_queue")
+        self._on_start = chain.hooks("on_start")
+        self._on_stop = chain.hooks("on_stop")
+        self._round_hooks = chain.hooks("begin_round")
+        self._narrows = chain.having("walks")
+        self._bounds = chain.having("refusal") or chain.having("capacity")
         self.policy = policy
         self.placement = placement
         self._placement_plans = type(placement).begin_round is not Placement.begin_round
@@ -203,7 +202,6 @@ class Scheduler:
         self.backfill = backfill
         self.speed_model = speed_model
         self.restore_s = restore_s
-        self.victims = victims
         self.on_start = on_start
         self.stages = list(stages)
         self._defragmenters = [s for s in self.stages if s.point == "defragment"]
@@ -244,18 +242,16 @@ class Scheduler:
         #: Waiting jobs of whole GPUs by GPU count (none of 0): with fewer GPUs free than the
         #: smallest of them asks, no waiting job can start on free GPUs.
         self._waiting_sizes: dict[int, int] = {}
-        self.precheck_s = precheck_s
-        #: Jobs waiting for or running their pre-run (corral.core.precheck), by id.
-        self._prerun: dict[str, PrecheckState] = {}
-        self.prechecks = 0  # jobs whose pre-run started
-        self.precheck_passed = 0
-        self.precheck_failed = 0  # jobs ended by a failure in their pre-run
+        #: Follows jobs through their lives (the pre-runs, corral.core.precheck); its per-job
+        #: hooks are asked of the jobs it follows (`_followed`) only.
+        self.lifecycle: Lifecycle = PreRuns(self, precheck_s)
+        self._followed = self.lifecycle.jobs
         # A round repeats the last one when nothing it looks at changed since that one ended
         # without an action: the same walk would again do nothing and leave the same reasons.
         # Only with plain jobs, keys fixed between announced instants, a placement that depends
         # on the free GPUs alone, and no admission or stage with state of its own.
         self._may_repeat = (
-            admission is None
+            not chain.volatile
             and not self.stages
             and not self._placement_plans
             and placement.pure
@@ -268,36 +264,20 @@ class Scheduler:
         self._quiet_at = -math.inf  # that round's instant
         self._last_start_at = -math.inf
         self._held: set[int] = set()  # waiting jobs queued with a retry backoff
-        self._tried_victims = False  # a placement was tried (and failed) while preempting
-        #: (running job's seq, "node" or "rack") -> GPUs it holds per node or rack (`_held_in`).
-        self._held_by_place: dict[tuple[int, str], tuple[tuple[int, int], ...]] = {}
-        #: Waiting jobs whose search for victims found no place without trying one (`_make_room`),
-        #: by seq: (the placement's scope then, the outcome). Such a search fails again while, in
-        #: every node and rack, the free GPUs plus those of the job's victims do not grow: only a
-        #: running job it may not preempt that stops (`_unindex`), or one whose key comes to
-        #: follow the job's (`_rekey_running`), makes them grow. `_no_room_keys`: those jobs'
-        #: keys in order, so that each such event forgets the searches it may change.
-        #: Under the conditions of `_may_repeat`, and the victim rule of `Policy.preempts`.
-        self._no_room: dict[int, tuple[str, str]] = {}
-        self._no_room_keys: list[Key] = []
-        self._remembers_rooms = self._may_repeat and type(policy).preempts is Policy.preempts
-        #: In-order victims are a slice of the running index (`_candidates_in_order`) under the
-        #: base victim rule with keys fixed between announced instants, where no admission offers
-        #: victims of its own and no stage keeps a victim's GPUs taken.
-        self._slices_victims = (
-            victims == "in-order"
-            and policy.preemptive
-            and policy.stored_is_key
-            and type(policy).preempts is Policy.preempts
-            and admission is None
-            and not self._shared
+        self.victims = victims
+        #: Who gives way to a waiting job that does not fit (corral.core.preempt).
+        self.preemption = Preemption(
+            self,
+            rule,
+            chain,
+            running=self._running.keys,
+            by_seq=self._by_seq,
+            stored=self._stored,
+            shared=self._shared,
+            remembers=self._may_repeat,
         )
-        #: `Cluster.frees` as this scheduler's own frees (`_unclaim`) left it: when the cluster
-        #: says more, GPUs came back by no event that forgets searches (a node back online, a
-        #: migration, another scheduler on the same cluster: HiveD's VCs on the cluster of its
-        #: opportunistic jobs), so every failed search is forgotten.
-        self._frees_seen = cluster.frees
-        self._skipped_new = False  # `_candidates` passed over a job started at that instant
+        self._no_room = self.preemption.no_room  # failed searches remembered (read only)
+        self._running_left = self.preemption.running_left
 
     # -- what the shell reports ---------------------------------------------------------------
 
@@ -317,7 +297,7 @@ class Scheduler:
                     "gives whole GPUs only (shares of a GPU, CPU and memory need a placement "
                     "that places them, such as fgd)"
                 )
-            if self.admission is not None:
+            if self.admission.counts_gpus:
                 return (
                     f"asks for {spec.describe_request()}: shares of a GPU, CPU and memory are "
                     f"not supported with admission {self.admission.name}"
@@ -325,12 +305,14 @@ class Scheduler:
         problem = precheck_problem(spec.precheck_s)
         if problem is not None:
             return problem
-        if self.admission is not None and not self.admission.known(spec.vc):
-            return f"unknown VC {spec.vc!r}"
         capacity = self.cluster.capacity_for(spec.gpu_types)
-        if self.admission is not None and not self.admission.oversubscribe:
-            bound = self.admission.capacity(spec)  # None: an opportunistic job, idle GPUs only
-            capacity = capacity if bound is None else min(capacity, bound)
+        if self._bounds:
+            problem = self.admission.refusal(spec)
+            if problem is not None:
+                return problem
+            bound = self.admission.capacity(spec)  # None: no bound of the admissions'
+            if bound is not None:
+                capacity = min(capacity, bound)
         if spec.gpus > capacity:
             kind = "" if spec.gpu_types is None else f" of type {'|'.join(sorted(spec.gpu_types))}"
             unit = "GPU" if capacity == 1 else "GPUs"
@@ -347,7 +329,7 @@ class Scheduler:
         self._next_seq += 1
         self.jobs[spec.id] = job
         self._by_seq[job.seq] = job
-        self._begin_precheck(job)
+        self.lifecycle.entered(job, adopted=False)
         self._enqueue(job, now)
         return job
 
@@ -356,8 +338,7 @@ class Scheduler:
         pre-run, which has then passed (the job waits again for its whole gang)."""
         job = self._running_job(job_id)
         self._stop(job, now)
-        if self._prerun and job.id in self._prerun:
-            self._pass_precheck(job, now, "exited")
+        if self._followed and job.id in self._followed and self.lifecycle.exited(job, now):
             return job
         job.work_done_s = job.spec.duration_s or job.work_done_s
         self._finish(job, JobStatus.SUCCEEDED, now, "succeeded")
@@ -373,7 +354,7 @@ class Scheduler:
         During the job's pre-run, a failure that is not the infrastructure's ends the job at once
         (a user error, whatever `max_retries`); an infrastructure failure retries the pre-run."""
         job = self._running_job(job_id)
-        prerun = self._prerun.get(job.id) if self._prerun else None
+        trial = bool(self._followed) and job.id in self._followed  # its attempt is the plugin's
         report = FailureReport.of(report)
         reason, infrastructure = report.reason, report.infrastructure
         ran_s = report.ran_s
@@ -383,7 +364,7 @@ class Scheduler:
         kept_work = job.work_done_s
         saved = 0.0  # work of this attempt up to its last periodic checkpoint
         every = job.spec.checkpoint_every_s
-        if every and prerun is None:  # a pre-run's work is never the job's
+        if every and not trial:  # a pre-run's work is never the job's
             saved = math.floor((job.work_done_at(now) - kept_work) / every) * every
         saved_wall = saved / job.speed if job.speed > 0 else 0.0
         self._stop(job, now)
@@ -401,10 +382,8 @@ class Scheduler:
             verdict = Verdict(True, verdict.retry_after_s, reason)
         if not verdict.give_up and job.failures > job.spec.max_retries:
             verdict = Verdict(True, verdict.retry_after_s, reason)  # retries used up
-        if prerun is not None and not infrastructure:
-            # It failed on one worker: a user error, before it ever held its gang.
-            self.precheck_failed += 1
-            verdict = Verdict(True, 0.0, f"user error: failed its pre-run on one worker ({reason})")
+        if trial:
+            verdict = self.lifecycle.failing(job, report, verdict)
         job.verdict = verdict
         if verdict.give_up:
             self._finish(job, JobStatus.FAILED, now, f"failed: {verdict.reason}")
@@ -472,7 +451,7 @@ class Scheduler:
             self._by_seq.pop(job.seq, None)
             return job
         self._timer_version.pop(job.seq, None)
-        self._prerun.pop(job_id, None)  # its record goes with it
+        self.lifecycle.withdrawn(job)
         del self.jobs[job_id]
         self._by_seq.pop(job.seq, None)
         return job
@@ -488,11 +467,7 @@ class Scheduler:
         self._next_seq += 1
         self.jobs[job.id] = job
         self._by_seq[job.seq] = job
-        state = job.peek(PrecheckState)
-        if state is not None and state.full is not None:
-            self._prerun[job.id] = state
-        elif job.attempts == 0 and state is None:
-            self._begin_precheck(job)
+        self.lifecycle.entered(job, adopted=True)
         self._enqueue(job, now)
 
     def restore_running(
@@ -508,7 +483,7 @@ class Scheduler:
         holder, sharer = self._shared_holder(job, gpus)
         self._dequeue(job, now)
         if holder is None:
-            self._claim(job, gpus, -1)  # CPU and memory, if any, on the node of its GPUs
+            claim(self.cluster, job, gpus, -1)  # CPU and memory, if any, on the node of its GPUs
         job.status = JobStatus.RUNNING
         job.placement = gpus
         job.run_started_at = started_at
@@ -519,8 +494,8 @@ class Scheduler:
         job.speed = self.speed_model(job, gpus) if self.speed_model else 1.0
         job.pending_reason = ""
         job.last_event = "found running after a restart"
-        if self.admission is not None:
-            self.admission.on_start(job, now)
+        for hook in self._on_start:
+            hook(job, now)
         self._index(self._running, job, now)
         if holder is not None and sharer is not None:
             sharer.restore_shared(self, job, holder, now)
@@ -534,42 +509,9 @@ class Scheduler:
         and the job waits for its whole gang, in its place. Else nothing happens (None): a shell
         may report every attempt's first progress."""
         job = self.jobs[job_id]
-        if job.status is not JobStatus.RUNNING or not self._prerun or job_id not in self._prerun:
+        if job.status is not JobStatus.RUNNING or job_id not in self._followed:
             return None
-        gpus = job.placement
-        self._stop(job, now)
-        self._pass_precheck(job, now, "progress")
-        return Preempt(job.id, gpus, PRECHECK_PASSED, precheck=True)
-
-    def _begin_precheck(self, job: Job) -> None:
-        """A new job that should run a pre-run waits as one worker from now on."""
-        timeout = precheck_timeout(job.spec, self.precheck_s)
-        if timeout is None:
-            return
-        state = job.record(PrecheckState)
-        state.full = job.spec
-        state.timeout_s = timeout
-        state.work_before = job.work_done_s
-        job.spec = prerun_spec(job.spec)
-        self._prerun[job.id] = state
-
-    def _pass_precheck(self, job: Job, now: float, how: str) -> None:
-        """The stopped pre-run passed: the job waits again with its own spec, starting over."""
-        state = self._end_precheck(job)
-        state.passed_by = how
-        self.precheck_passed += 1
-        job.last_event = f"passed its pre-run ({how}); waits for its {job.spec.gpus} GPUs"
-        self._enqueue(job, now)
-
-    def _end_precheck(self, job: Job) -> PrecheckState:
-        """The job (not indexed) leaves its pre-run: its own spec back, the pre-run's work
-        dropped."""
-        state = self._prerun.pop(job.id)
-        assert state.full is not None
-        job.spec = state.full
-        state.full = None
-        job.work_done_s = state.work_before
-        return state
+        return self.lifecycle.progressed(job, now)
 
     def _shared_holder(self, job: Job, gpus: tuple[int, ...]) -> tuple[Job | None, Stage | None]:
         """A job restored on GPUs that a running job already holds: that job and the stage under
@@ -636,18 +578,18 @@ class Scheduler:
             self.placement.begin_round(
                 self.cluster, self.pending_jobs(), self.running_jobs(), self.speed_model, now
             )
-        admission = self.admission
-        if admission is not None:
-            admission.begin_round(now)
+        for hook in self._round_hooks:  # fair share's shares settle with time
+            hook(now)
+        if self._narrows:
             # Quota: first only what fits within the VCs' quotas, then borrowers, then
             # opportunistic jobs on what is still idle (each walk narrowed by the admission).
-            for _ in admission.walks():
+            for _ in self.admission.walks():
                 self._walk_queue(now, preempt, actions)
-        self._tried_victims = False
+        self.preemption.tried = False
         self._walk_queue(now, preempt, actions)
         self._quiet = None
         if self._may_repeat and not actions:
-            self._quiet = (self.cluster.version, preempt, self._tried_victims)
+            self._quiet = (self.cluster.version, preempt, self.preemption.tried)
             self._quiet_at = now
         return Decision(actions, self._next_wake(now), self._respeeds())
 
@@ -682,15 +624,18 @@ class Scheduler:
         too_few_victims: dict[tuple[frozenset[str] | None, str], float] = {}
         blocked_queues: set[str] = set()
         admission = self.admission
+        checks, queues, picks = self._checks, self._queues, self._picks_victims
         # Once a job may not preempt, no job behind it may in this round: their keys are higher,
         # jobs started meanwhile have lower keys than theirs, and none is preempted from here
         # on. Not so where an admission or a stage decides otherwise (a reclaim, a move).
-        settles = admission is None and not self.stages
+        settles = not picks and not self.stages
+        may_preempt_for = self.preemption.may_preempt_for
+        make_room = self.preemption.make_room
         preempting = preempt
         position = 0
         while position < len(self._pending):
             job = self._by_seq[self._pending[position][-1]]
-            can_preempt = preempting and self._may_preempt_for(job, now)
+            can_preempt = preempting and may_preempt_for(job, now)
             if settles and not can_preempt:
                 preempting = False
             free = cluster.free_gpus
@@ -700,7 +645,7 @@ class Scheduler:
                 and not self._waiting_shares
                 and not any(stage.keeps_walking() for stage in self._sharers)
             ):
-                if admission is None or not admission.someone_over_share():
+                if not picks or not admission.someone_over_share():
                     short = not_enough(cluster, job) if free else None
                     job.pending_reason = (
                         "waiting for free GPUs: all are in use by jobs of equal or higher priority"
@@ -716,11 +661,11 @@ class Scheduler:
                 job.pending_reason = f"retry backoff: held for {job.hold_until - now:.0f} s more"
                 position += 1
                 continue
-            if admission is not None:
-                if admission.queue(job) in blocked_queues:
-                    job.pending_reason = f"blocked behind the head job of {admission.queue(job)}"
-                    position += 1
-                    continue
+            if blocked_queues and admission.queue(job) in blocked_queues:
+                job.pending_reason = f"blocked behind the head job of {admission.queue(job)}"
+                position += 1
+                continue
+            if checks:
                 refusal = admission.check(job)
                 if refusal is not None:
                     job.pending_reason = refusal
@@ -747,16 +692,13 @@ class Scheduler:
                 job.pending_reason = (
                     "no room: a job of the same kind needing fewer GPUs did not fit"
                 )
-            victims_kind = (
-                job.spec.gpu_types,
-                admission.queue(job) if admission is not None else "",
-            )
+            victims_kind = (job.spec.gpu_types, (admission.queue(job) or "") if queues else "")
             if (
                 can_preempt
                 and job.spec.gpus < no_room.get((kind, victims_kind), math.inf)
                 and job.spec.gpus < too_few_victims.get(victims_kind, math.inf)
             ):
-                outcome = self._make_room(job, now, actions)
+                outcome = make_room(job, now, actions)
                 if outcome == "started":
                     # Its victims may have freed more GPUs than it took: what did not fit may now.
                     no_fit.clear()
@@ -768,229 +710,12 @@ class Scheduler:
             if any(stage.try_start(self, job, now, actions) for stage in self._sharers):
                 continue
             if self.policy.blocking and not self.backfill:
-                if admission is None:
+                queue = admission.queue(job) if queues else None
+                if queue is None:
                     self.blocked_by = job.id
                     break
-                blocked_queues.add(admission.queue(job))  # YARN-CS: a VC's queue blocks itself
+                blocked_queues.add(queue)  # YARN-CS: a VC's queue blocks itself
             position += 1
-
-    def _current_key(self, job: Job, now: float) -> Key:
-        if self.policy.stored_is_key:
-            return self._stored[job.seq]
-        return (-job.spec.level, *self.policy.key(job, now), job.seq)
-
-    def _may_preempt_for(self, job: Job, now: float) -> bool:
-        if self.admission is not None and self.admission.can_reclaim(job):
-            return True
-        running = self._running.keys
-        if not self.policy.preemptive or not running:
-            return False
-        lowest = self._by_seq[running[-1][-1]]
-        return self.policy.preempts(self._current_key(job, now), self._current_key(lowest, now))
-
-    def _victims(self, job: Job, now: float) -> Iterator[Job]:
-        """Running jobs the job may preempt, the ones to give way first first: GPUs other VCs
-        borrowed (a quota reclaiming them), then jobs of lower priority, the lowest first."""
-        admission = self.admission
-        job_key = self._current_key(job, now)
-        offered: set[str] = set()
-        if admission is not None and admission.can_reclaim(job):
-            lowest_first = (self._by_seq[key[-1]] for key in reversed(self._running.keys))
-            for victim in admission.reclaim(job, lowest_first):
-                offered.add(victim.id)
-                yield victim
-        if not self.policy.preemptive:
-            return
-        # The running index is not changed while the caller looks at victims (it only frees and
-        # takes back their GPUs), so it is walked by an iterator, not by position.
-        stored = self.policy.stored_is_key
-        for key in reversed(self._running.keys):
-            victim = self._by_seq[key[-1]]
-            if not self.policy.preempts(job_key, key if stored else self._current_key(victim, now)):
-                return
-            if victim.id in offered:
-                continue
-            if admission is not None and not admission.may_preempt(victim, job):
-                continue
-            yield victim
-
-    def _make_room(self, job: Job, now: float, actions: list[Action]) -> str:
-        """Preempt the lowest-priority running jobs, fewest first, until the job can be placed.
-
-        Returns "started", "too few victims" (lower-priority jobs hold too few GPUs), or
-        "no placement" (they hold enough, but freeing them gives no placement the rules accept).
-        """
-        need = job.spec.gpus
-        plain = job.spec.plain  # else a share, CPU or memory: free whole GPUs are no bound
-        if plain and self.victims == "in-order":
-            return self._make_room_in_order(job, now, actions)
-        cluster = self.cluster
-        scope = self.placement.scope(cluster, job, now)
-        if self._no_room:
-            if cluster.frees != self._frees_seen:  # not only this scheduler's: forget them all
-                self._no_room.clear()
-                self._no_room_keys.clear()
-            known = self._no_room.get(job.seq)
-            if known is not None and known[0] == scope:
-                return known[1]
-        self._frees_seen = cluster.frees
-        self._skipped_new = False
-        total = cluster.free_for(job.spec.gpu_types)
-        freed_in: dict[int, int] = {}  # node or rack -> GPUs the victims so far would free there
-        victims: list[Job] = []
-        released = 0
-        attempts = 0
-        for victim in self._candidates(job, now):
-            victims.append(victim)
-            total += victim.spec.gpus
-            if plain:
-                # Every victim's GPUs count towards its places, also before there are enough.
-                room = self._room_in_scope(scope, victim, need, freed_in)
-                if total < need or not room:
-                    continue
-            for held in victims[released:]:
-                self._unclaim(held)
-            released = len(victims)
-            result = self.placement.place(cluster, job, now)
-            attempts += 1
-            if isinstance(result, Placed):
-                self._start_in_room(job, result, victims, now, actions)
-                return "started"
-            if attempts >= MAX_PREEMPTION_ATTEMPTS:
-                break
-        self._tried_victims = self._tried_victims or attempts > 0
-        for held in victims[:released]:
-            self._reclaim(held)
-        outcome = "no placement" if total >= need or not plain else "too few victims"
-        if not attempts and plain and self._remembers_rooms and not self._skipped_new:
-            if job.seq not in self._no_room:  # else one of another scope (the key is the same)
-                bisect.insort(self._no_room_keys, self._stored[job.seq])
-            self._no_room[job.seq] = (scope, outcome)
-        return outcome
-
-    def _candidates(self, job: Job, now: float) -> Iterator[Job]:
-        """The job's victims (`_victims`, the lowest first) whose GPUs it could use. The first two
-        filters stand in `_candidates_in_order` too, written out there to keep its loop tight."""
-        half_pairs: dict[str, Job] = {}
-        for victim in self._victims(job, now):
-            if victim.run_started_at == now:
-                self._skipped_new = True  # one of its victims from the next instant on
-                continue  # never undo a start of this same instant: no preemption cycles
-            if (
-                job.spec.gpu_types is not None
-                and victim.placement
-                and not job.spec.accepts(self.cluster.gpus[victim.placement[0]].gpu_type)
-            ):
-                continue
-            if not all(stage.frees_gpus(victim, half_pairs) for stage in self._shared):
-                continue  # its GPUs stay taken by its partner unless that is a victim too
-            yield victim
-
-    def _candidates_in_order(self, job: Job, now: float) -> list[Job]:
-        """`_candidates`, the highest priority first, read as one slice of the running index:
-        under the base victim rule (`Policy.preempts`) the running jobs the job may preempt are
-        those whose keys, or their leading `preempt_prefix` parts, sort after its own. The
-        filters are `_candidates`'s (going through it took back half of the gain)."""
-        keys = self._running.keys
-        job_key = self._stored[job.seq]
-        cut = self.policy.preempt_prefix
-        if cut is None:
-            start = bisect.bisect_right(keys, job_key)
-        else:  # every key of a prefix sorts before the prefix extended by _TOP
-            start = bisect.bisect_left(keys, (*job_key[:cut], _TOP))
-        by_seq = self._by_seq
-        types = job.spec.gpu_types
-        gpus = self.cluster.gpus
-        ordered = []
-        for key in keys[start:]:
-            victim = by_seq[key[-1]]
-            if victim.run_started_at == now:
-                continue  # never undo a start of this same instant: no preemption cycles
-            if types is not None and victim.placement:
-                if not job.spec.accepts(gpus[victim.placement[0]].gpu_type):
-                    continue
-            ordered.append(victim)
-        return ordered
-
-    def _make_room_in_order(self, job: Job, now: float, actions: list[Action]) -> str:
-        """The Tiresias simulator's pass, for one waiting job: the running jobs it may preempt,
-        from the highest priority down, keep their GPUs while they fit in the GPUs the job leaves
-        (counted, not placed); the others give way, a large one before smaller ones below it.
-        With a placement that counts GPUs (`any`) each of them is needed: what is left over is
-        less than any of them holds."""
-        cluster = self.cluster
-        if self._slices_victims:
-            ordered = self._candidates_in_order(job, now)
-        else:
-            ordered = list(self._candidates(job, now))
-            ordered.reverse()  # the highest priority first
-        left = (
-            cluster.free_for(job.spec.gpu_types)
-            + sum(victim.spec.gpus for victim in ordered)
-            - job.spec.gpus
-        )
-        if left < 0:
-            return "too few victims"
-        victims = []
-        for victim in ordered:
-            if victim.spec.gpus <= left:
-                left -= victim.spec.gpus
-            else:
-                victims.append(victim)
-        for victim in victims:
-            self._unclaim(victim)
-        self._tried_victims = True
-        result = self.placement.place(cluster, job, now)
-        if isinstance(result, Placed):
-            self._start_in_room(job, result, victims, now, actions)
-            return "started"
-        for victim in victims:
-            self._reclaim(victim)
-        return "no placement"
-
-    def _start_in_room(
-        self, job: Job, result: Placed, victims: list[Job], now: float, actions: list[Action]
-    ) -> None:
-        """Start the job where the placement put it, with its victims' GPUs given back: the
-        victims it uses are preempted, the others take their GPUs again (not needed after all)."""
-        chosen = set(result.gpus)
-        for victim in victims:
-            needed = not chosen.isdisjoint(victim.placement) or (
-                result.node >= 0 and victim.node == result.node
-            )
-            if needed:
-                self._preempt(victim, job, now, actions)
-            else:
-                self._reclaim(victim)
-        self._start(job, result, now, actions)
-
-    def _room_in_scope(self, scope: str, victim: Job, need: int, freed_in: dict[int, int]) -> bool:
-        """Add the victim's GPUs to the places they free; is there now a place with enough?"""
-        if scope == "cluster":
-            return True
-        free_in = self.cluster.node_free if scope == "node" else self.cluster.rack_free
-        room = False
-        for place, count in self._held_in(victim, scope):
-            freed = freed_in.get(place, 0) + count
-            freed_in[place] = freed
-            room = room or free_in(place) + freed >= need
-        return room
-
-    def _held_in(self, job: Job, scope: str) -> tuple[tuple[int, int], ...]:
-        """How many GPUs the running job holds in each node ("node") or rack ("rack"), kept
-        until it stops: a job is looked at as a victim in round after round."""
-        cached = self._held_by_place.get((job.seq, scope))
-        if cached is not None:
-            return cached
-        cluster = self.cluster
-        counts: dict[int, int] = {}
-        for gpu in job.placement:
-            node = cluster.gpu_node[gpu]
-            place = node if scope == "node" else cluster.node_rack[node]
-            counts[place] = counts.get(place, 0) + 1
-        held = tuple(counts.items())
-        self._held_by_place[(job.seq, scope)] = held
-        return held
 
     # -- state transitions --------------------------------------------------------------------
 
@@ -999,17 +724,8 @@ class Scheduler:
         if job.spec.plain:
             self.cluster.allocate(placed.gpus)
         else:
-            self._claim(job, placed.gpus, placed.node)
-        prerun = self._prerun.get(job.id) if self._prerun else None
-        if prerun is not None:  # a pre-run runs the job's first steps: nothing to restore
-            resumed = False
-            prerun.attempts += 1
-            if prerun.attempts == 1:
-                self.prechecks += 1
-        elif job.records is not None and (done := job.peek(PrecheckState)) is not None:
-            resumed = job.attempts > done.attempts  # it starts over after its pre-run
-        else:
-            resumed = job.attempts > 0
+            claim(self.cluster, job, placed.gpus, placed.node)
+        resumed, trial = self.lifecycle.starting(job)
         job.status = JobStatus.RUNNING
         job.placement = placed.gpus
         job.run_started_at = now
@@ -1023,15 +739,15 @@ class Scheduler:
         if self.on_start is not None:
             self.on_start(job, now)
         job.pending_reason = ""
-        if self.admission is not None:
-            self.admission.on_start(job, now)
+        for hook in self._on_start:
+            hook(job, now)
         job.last_event = (
             f"started on {count_noun(len(self.cluster.nodes_of(placed.gpus)), 'node')}"
             if placed.gpus
             else f"started on node {self.cluster.nodes[job.node].name} (no GPU)"
         )
         self._index(self._running, job, now)
-        if job.spec.plain and prerun is None:
+        if job.spec.plain and not trial:
             actions.append(Start(job.id, placed.gpus, relaxed=placed.relaxed, resumed=resumed))
         else:
             actions.append(
@@ -1042,13 +758,13 @@ class Scheduler:
                     resumed=resumed,
                     milli=job.spec.gpu_milli,
                     node=job.node,
-                    precheck=prerun is not None,
+                    precheck=trial,
                 )
             )
 
-    def _preempt(self, job: Job, by: Job, now: float, actions: list[Action]) -> None:
-        """Stop a running job whose GPUs the caller already released in the cluster, with the
-        partner it shared them with (see Packing.frees_gpus)."""
+    def stop_freed(self, job: Job, by: Job, now: float, actions: list[Action]) -> None:
+        """Stop a running job whose GPUs a statement already freed in the cluster, with the
+        partner it shared them with (see Packing.frees_gpus), and queue it again."""
         shared = self._partner_release(job, now)
         actions.append(self._requeue_preempted(job, by.id, now))
         if shared is not None:
@@ -1077,37 +793,9 @@ class Scheduler:
         """Free the job's GPUs, unless a packed partner keeps running on them at its speed alone."""
         shared = self._partner_release(job, now)
         if shared is None:
-            self._unclaim(job)
+            unclaim(self.cluster, job)
         else:
             self._change_speed(*shared, now)
-
-    def _claim(self, job: Job, gpus: tuple[int, ...], node: int) -> None:
-        """Take what the job asks for: its GPUs (whole, or its share of one) and its CPU and
-        memory on `node` (the node of its GPUs unless it has none)."""
-        spec = job.spec
-        if spec.plain:
-            self.cluster.allocate(gpus)
-            job.node = -1
-            return
-        if node < 0 and gpus:
-            node = self.cluster.gpu_node[gpus[0]]
-        self.cluster.claim(gpus, spec.gpu_milli, node, spec.cpu_milli, spec.memory_mib)
-        job.node = node
-
-    def _unclaim(self, job: Job) -> None:
-        """Give back what the running job holds (it keeps `placement` and `node`)."""
-        spec = job.spec
-        if spec.plain:
-            self.cluster.release(job.placement)
-        else:
-            self.cluster.unclaim(
-                job.placement, spec.gpu_milli, job.node, spec.cpu_milli, spec.memory_mib
-            )
-        self._frees_seen += 1
-
-    def _reclaim(self, job: Job) -> None:
-        """Take again what `_unclaim` gave back (a preemption victim not needed after all)."""
-        self._claim(job, job.placement, job.node)
 
     def _partner_release(self, job: Job, now: float) -> tuple[Job, float] | None:
         for stage in self._shared:
@@ -1167,43 +855,37 @@ class Scheduler:
         self._release(job, now)
         actions.append(replace(self._requeue_preempted(job, by, now), kind=kind))
 
+    # -- what a lifecycle plugin may do (corral.core.lifecycle.LifecycleHost) ----------------
+
+    def stop(self, job: Job, now: float) -> None:
+        self._stop(job, now)
+
+    def enqueue(self, job: Job, now: float) -> None:
+        self._enqueue(job, now)
+
     def stage(self, name: str) -> Stage | None:
         """The round stage of that name, if this scheduler runs it."""
         return next((stage for stage in self.stages if stage.name == name), None)
 
-    @property
-    def packing(self) -> Stage | None:
-        return self.stage("packing")
-
-    @property
-    def migration(self) -> Stage | None:
-        return self.stage("migration")
-
     def _account_run(self, job: Job, now: float) -> None:
         if self._idle_at:
             self._catch_up(job, now)
-        if self.admission is not None:
-            self.admission.on_stop(job, now)
+        for hook in self._on_stop:
+            hook(job, now)
         ran = job.running_s(now)
-        prerun = self._prerun.get(job.id) if self._prerun else None
-        if prerun is None:
+        if not self._followed or job.id not in self._followed or self.lifecycle.ran(job, ran):
             job.work_done_s = job.work_done_at(now)
-        else:  # a pre-run's work is not the job's; its GPU time is (and the pre-run's)
-            prerun.gpu_s += ran * job.spec.gpus
         job.attempt_work_s = 0.0
         job.executed_s += ran
         job.attained_gpu_s += ran * job.spec.gpus
         self._unindex(self._running, job)
-        if self._held_by_place:
-            self._held_by_place.pop((job.seq, "node"), None)
-            self._held_by_place.pop((job.seq, "rack"), None)
         job.run_started_at = None
         job.placement = ()
         job.node = -1
 
     def _enqueue(self, job: Job, now: float) -> None:
-        if self.admission is not None:
-            self.admission.on_queue(job, +1)
+        for hook in self._on_queue:
+            hook(job, +1)
         if job.spec.plain:
             self._count_size(job.spec.gpus, +1)
         else:
@@ -1218,8 +900,8 @@ class Scheduler:
             self._pending = SortedList(self._pending)
 
     def _dequeue(self, job: Job, now: float) -> None:
-        if self.admission is not None:
-            self.admission.on_queue(job, -1)
+        for hook in self._on_queue:
+            hook(job, -1)
         if job.spec.plain:
             self._count_size(job.spec.gpus, -1)
         else:
@@ -1238,8 +920,8 @@ class Scheduler:
             del self._waiting_sizes[gpus]
 
     def _finish(self, job: Job, status: JobStatus, now: float, event: str) -> None:
-        if self._prerun and job.id in self._prerun:  # ended in its pre-run: reports its own spec
-            self._end_precheck(job)
+        if self._followed and job.id in self._followed:
+            self.lifecycle.ended(job)
         job.status = status
         job.finished_at = now
         job.last_event = event
@@ -1269,27 +951,10 @@ class Scheduler:
         key = self._stored.pop(job.seq)
         index.remove(key)
         self._quiet = None
-        if self._no_room:
-            if index is self._running:  # its GPUs free, for the jobs that may not preempt it
-                self._forget_rooms(key, None)
-            elif self._no_room.pop(job.seq, None) is not None:
-                self._no_room_keys.remove(key)
-
-    def _forget_rooms(self, low: Key, high: Key | None) -> None:
-        """Forget the failed searches for victims (`_no_room`) of the waiting jobs that may not
-        preempt a running job of key `low` but may preempt one of key `high` (None: the jobs
-        that may not preempt `low`): by `Policy.preempts`, those of keys from `low` up to before
-        `high`, compared by their leading `preempt_prefix` parts."""
-        cut = self.policy.preempt_prefix
-        keys = self._no_room_keys
-        start = bisect.bisect_left(keys, low if cut is None else low[:cut])
-        end = len(keys)
-        if high is not None:
-            end = bisect.bisect_left(keys, high if cut is None else high[:cut])
-        if start < end:
-            for key in keys[start:end]:
-                del self._no_room[key[-1]]
-            del keys[start:end]
+        if index is self._running:
+            self._running_left(job, key)
+        elif self._no_room:
+            self.preemption.waiting_left(job, key)
 
     def _rekey_running(self, job: Job, now: float) -> None:
         """Re-key a running job at its timer. The walk of a round is unchanged unless a waiting
@@ -1306,7 +971,7 @@ class Scheduler:
         self._quiet = None
         self._set_timer(job, now)
         if self._no_room:  # the waiting jobs that may now preempt it, and could not before
-            self._forget_rooms(old, new)
+            self.preemption.rekeyed(old, new)
         if quiet is None or quiet[2]:
             return
         cut = self.policy.preempt_prefix
@@ -1316,9 +981,9 @@ class Scheduler:
         elif old[:cut] == new[:cut]:
             between = 0  # no waiting job's victims change
         else:
-            # Every key of a prefix sorts after the prefix alone and before it extended by _TOP.
+            # Every key of a prefix sorts after the prefix alone and before it extended by TOP.
             low_cut, high_cut = sorted((old[:cut], new[:cut]))
-            between = self._pending.bisect_left((*high_cut, _TOP)) - self._pending.bisect_left(
+            between = self._pending.bisect_left((*high_cut, TOP)) - self._pending.bisect_left(
                 low_cut
             )
         if between == 0:
@@ -1336,8 +1001,8 @@ class Scheduler:
             at = min(at, self.placement.changes_at(job, now))
             if job.hold_until > now:  # wake when its retry backoff ends
                 at = min(at, job.hold_until)
-        elif self._prerun and job.id in self._prerun:
-            at = min(at, self._prerun_ends_at(job))
+        elif self._followed and job.id in self._followed:
+            at = min(at, self.lifecycle.due_at(job))
         elif self._may_repeat:
             idle, at = at, math.inf
         version = self._timer_version.get(job.seq, 0) + 1
@@ -1350,11 +1015,6 @@ class Scheduler:
             idle = max(idle, now)
             heapq.heappush(self._idle_timers, (idle, job.seq, version))
             self._idle_at[job.seq] = (idle, version)
-
-    def _prerun_ends_at(self, job: Job) -> float:
-        """When the running pre-run passes by its timer."""
-        assert job.run_started_at is not None
-        return job.run_started_at + self._prerun[job.id].timeout_s
 
     def _fire_timers(self, now: float, actions: list[Action]) -> None:
         timers, lazy, idle = self._timers, self._lazy_timers, self._idle_timers
@@ -1375,14 +1035,10 @@ class Scheduler:
             self.policy.on_key_change(job, now)
             if (
                 job.status is JobStatus.RUNNING
-                and self._prerun
-                and job.id in self._prerun
-                and self._prerun_ends_at(job) <= now
-            ):  # its pre-run ran its `timeout_s`: passed
-                gpus = job.placement
-                self._stop(job, now)
-                self._pass_precheck(job, now, "timer")
-                actions.append(Preempt(job.id, gpus, PRECHECK_PASSED, precheck=True))
+                and self._followed
+                and job.id in self._followed
+                and self.lifecycle.due(job, now, actions)
+            ):
                 continue
             if job.status is JobStatus.PENDING:
                 self._unindex(self._pending, job)
@@ -1471,16 +1127,10 @@ class Scheduler:
         return len(self._pending)
 
     def counters(self) -> dict[str, int]:
-        counters = {
-            "preemptions": self.preemptions,
-            "prechecks": self.prechecks,
-            "precheck_passed": self.precheck_passed,
-            "precheck_failed": self.precheck_failed,
-        }
+        counters = {"preemptions": self.preemptions, **self.lifecycle.counters()}
         for stage in self.stages:
             counters.update(stage.counters())
-        if self.admission is not None:
-            counters.update(self.admission.counters())
+        counters.update(self.admission.counters())
         return counters
 
     @property
@@ -1511,7 +1161,7 @@ class Scheduler:
         priority = self.policy.describe_key(job, now)
         if priority:
             parts.append(priority)
-        note = self.admission.describe(job) if self.admission is not None else None
+        note = self.admission.describe(job)
         if note:
             parts.append(note)
         return "; ".join(parts)

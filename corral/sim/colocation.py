@@ -15,6 +15,7 @@ from __future__ import annotations
 import ast
 import math
 from pathlib import Path
+from typing import Any
 
 from corral.core.colocation import PairTable
 from corral.sim.perfmodel import PerfModelError, read_throughput_table
@@ -89,16 +90,23 @@ def gandiva_summary(scheduler: object) -> dict[str, object]:
     """Summary entries of the Gandiva mechanisms a run used: packed GPU-hours (GPU time during
     which a GPU held two jobs), pairs formed, jobs migrated."""
     entries: dict[str, object] = {}
-    packing = getattr(scheduler, "packing", None)
+    packing = _stage(scheduler, "packing")
     if packing is not None:
         entries["packed_gpu_hours"] = packing.packed_gpu_s / 3600.0
         entries["packed_pairs"] = packing.pairs_formed
         if packing.pairs_unpacked:
             entries["unpacked_pairs"] = packing.pairs_unpacked
-    migration = getattr(scheduler, "migration", None)
+    migration = _stage(scheduler, "migration")
     if migration is not None:
         entries["migrations"] = migration.migrations
     return entries
+
+
+def _stage(scheduler: object, name: str) -> Any:
+    """The round stage of that name the scheduler runs (`Scheduler.stage`; ElasticFlow's keeps
+    its migration as an attribute), or None."""
+    find = getattr(scheduler, "stage", None)
+    return find(name) if callable(find) else getattr(scheduler, name, None)
 
 
 def gandiva_line(summary: dict[str, object]) -> str | None:

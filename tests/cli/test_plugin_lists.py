@@ -101,7 +101,7 @@ def test_the_flags_list_the_registries(monkeypatch):
     policies = f"the ordering policy, one of: {names(rows['policy']())} [default"
     assert policies in simulate
     assert f"placement (one of: {names(rows['placement']())}) [default: relax]" in simulate
-    assert f"(one of: auto, {names(rows['admission']())}) [default: auto]" in simulate
+    assert f"(any of: auto, {names(rows['admission']())}) [default: auto]" in simulate
     assert f"round stages to run (any of: {names(rows['stage']())})" in simulate
     usages = ", ".join(row.use for row in rows["trace format"]())
     assert f"FORMAT:PATH, one of: {usages} (a path ending" in simulate

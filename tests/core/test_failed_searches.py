@@ -91,7 +91,7 @@ def test_gpus_another_gives_back_on_the_same_cluster_forget_the_failed_searches(
 def test_a_job_that_leaves_the_queue_leaves_no_failed_search_behind():
     s = _waiting_for_room()
     s.cancel("J", 71)
-    assert s._no_room == {} and s._no_room_keys == []
+    assert s._no_room == {} and s.preemption.no_room_keys == []
 
 
 def test_a_search_that_passed_over_a_job_started_at_that_instant_is_not_remembered():
@@ -132,15 +132,15 @@ def test_remembering_failed_searches_decides_exactly_as_searching_every_time(
     runs, hits = [], 0
     for remember in (True, False):
         s = scheduler(4, 4, policy, placement=placement, racks=2, policy_options=options)
-        s._remembers_rooms = remember
-        make_room = s._make_room
+        s.preemption.remembers = remember
+        make_room = s.preemption.make_room
 
         def counted(job, now, actions, s=s, make_room=make_room):  # type: ignore[no-untyped-def]
             nonlocal hits
             hits += job.seq in s._no_room  # remembered (under the same scope: most are)
             return make_room(job, now, actions)
 
-        s._make_room = counted  # type: ignore[method-assign]
+        s.preemption.make_room = counted
         result = Simulation(random_trace(seed, 150, 20.0), s, record_decisions=True).run()
         runs.append(result.decisions)
     assert any(isinstance(a, Preempt) for _, a in runs[0])
@@ -163,7 +163,7 @@ def test_remembering_failed_searches_decides_exactly_as_searching_with_nodes_fai
     runs = []
     for remember in (True, False):
         s = scheduler(4, 4, policy, placement="relax", racks=2, policy_options=options)
-        s._remembers_rooms = remember
+        s.preemption.remembers = remember
         result = Simulation(
             random_trace(seed, 150, 20.0),
             s,
@@ -208,7 +208,7 @@ def test_remembering_failed_searches_decides_exactly_as_searching_under_hived(se
             make_placement("consolidate"),
         )
         for inner in [s.opportunistic, *s.schedulers.values()]:
-            inner._remembers_rooms = remember
+            inner.preemption.remembers = remember
         runs.append(Simulation(trace, s, record_decisions=True).run().decisions)
     assert sum(isinstance(a, Preempt) for _, a in runs[0]) > 10
     assert runs[0] == runs[1]

@@ -9,6 +9,7 @@ from corral.core import Cluster, JobSpec, Preempt, Scheduler, Start
 from corral.core.admission import ADMISSIONS
 from corral.core.admission.fairshare import FairShareAdmission
 from corral.core.admission.hived import HivedScheduler
+from corral.core.admission.quota import QuotaAdmission
 from corral.core.config import parse_cluster_config
 from corral.core.elastic import ElasticScheduler
 from corral.core.framework import (
@@ -18,7 +19,7 @@ from corral.core.framework import (
     config_from_mapping,
     sections,
 )
-from corral.core.options import OptionError
+from corral.core.options import NoOptions, OptionError
 from corral.core.placement import make_placement
 from corral.core.plugin import PluginError, Services
 from corral.core.policy import make_policy
@@ -45,7 +46,7 @@ def test_the_defaults_are_one_set_and_round_trip_through_a_mapping():
     assert (config.core.policy, config.core.placement, config.core.admission) == (
         "las",
         "relax",
-        "auto",
+        ("auto",),
     )
     assert config.section("relax").after_s == 600.0
     assert config.section("quota").oversubscribe and config.section("quota").lend_last
@@ -140,15 +141,33 @@ def test_each_admission_builds_its_scheduler_with_the_options_given():
     )
     assert isinstance(quiet, HivedScheduler) and not quiet.spill
     quota = build_scheduler(config_from_mapping({"policy": "fifo"}), services())
-    assert isinstance(quota, Scheduler) and quota.admission is not None
-    assert quota.admission.name == "quota" and quota.admission.lend_last
+    assert isinstance(quota, Scheduler) and quota.admission.name == "quota"
+    (admission,) = quota.admission.members
+    assert isinstance(admission, QuotaAdmission) and admission.lend_last
     elastic = build_scheduler(
         config_from_mapping({"policy": "elasticflow", "elasticflow": {"migrate": False}}),
         services(throughput=lambda job, gpus: float(gpus)),
     )
     assert isinstance(elastic, ElasticScheduler) and elastic.migration is None
-    assert set(ADMISSIONS) == {"none", "quota", "fairshare", "hived", "elasticflow"}
-    assert {"retry", "las", "relax", "quota", "fairshare", "hived", "packing"} <= set(sections())
+    with_options = {name for name, scheme in ADMISSIONS.items() if scheme.Options is not NoOptions}
+    assert {"retry", "las", "relax", "packing", *with_options} <= set(sections())
+
+
+@pytest.mark.parametrize("name", sorted(ADMISSIONS))
+def test_every_registered_admission_builds_from_its_defaults_or_refuses_in_one_line(name: str):
+    # Whatever is registered (one module and one entry), the default config of each builds, or
+    # says in one line what the shell lacks.
+    policy = "elasticflow" if name == "elasticflow" else "fifo"
+    config = config_from_mapping({"policy": policy, "admission": name})
+    try:
+        built = build_scheduler(config, services(throughput=lambda job, gpus: float(gpus)))
+    except PluginError as error:
+        assert "\n" not in str(error) and str(error)
+        return
+    spec = JobSpec(id="j", submit_time=0.0, gpus=1, vc="a", duration_s=10.0)
+    assert built.refusal(spec) is None
+    built.submit(spec, 0.0)
+    assert [a.job_id for a in built.decide(0.0).actions] == ["j"]
 
 
 def test_options_reach_the_plugins():
@@ -200,7 +219,7 @@ def test_fair_share_gives_less_to_the_vc_that_used_more_recently(half_life, b_ge
     actions = s.decide(1000.0).actions
     assert sum(isinstance(a, Preempt) for a in actions) == b_gets
     assert sum(isinstance(a, Start) for a in actions) == b_gets
-    admission = s.admission
+    (admission,) = s.admission.members
     assert isinstance(admission, FairShareAdmission)
     if half_life:
         assert admission.factor("a") == pytest.approx(0.25)
@@ -212,8 +231,9 @@ def test_fair_share_weights_are_its_own_option():
         {"policy": "fifo", "admission": "fairshare", "fairshare": {"weights": ["a=3", "b=1"]}}
     )
     built = build_scheduler(config, services())
-    assert isinstance(built, Scheduler) and isinstance(built.admission, FairShareAdmission)
-    assert built.admission.weights == {"a": 3.0, "b": 1.0}
+    assert isinstance(built, Scheduler)
+    (admission,) = built.admission.members
+    assert isinstance(admission, FairShareAdmission) and admission.weights == {"a": 3.0, "b": 1.0}
     with pytest.raises(OptionError, match="weights: 'a=-1' is not VC=WEIGHT"):
         config_from_mapping({"fairshare": {"weights": ["a=-1"]}})
     with pytest.raises(PluginError, match="unknown VC 'c'"):

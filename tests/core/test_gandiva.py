@@ -153,7 +153,7 @@ def test_the_best_pair_wins_and_ties_go_to_the_earliest_host(tmp_path):
     s.decide(0)
     s.submit(spec("g", 1, submit=10, model="B"), 10)
     assert started(s.decide(10).actions) == {"g": s.jobs["h1"].placement}
-    assert s.packing.partner["g"] is s.jobs["h1"]
+    assert s.stage("packing").partner["g"] is s.jobs["h1"]
 
 
 def test_a_pair_at_or_below_the_threshold_is_refused(tmp_path):
@@ -190,7 +190,7 @@ def test_preempting_a_packed_job_frees_its_gpu_only_with_its_partner(tmp_path):
     assert sorted(preempted(decision.actions)) == ["g", "h"]
     assert list(started(decision.actions)) == ["n"]
     assert decision.respeeds == []  # the pair's members stopped: nothing to re-time
-    assert s.packing.packed_gpu_s == pytest.approx(110)  # one GPU shared from 50 to 160
+    assert s.stage("packing").packed_gpu_s == pytest.approx(110)  # one GPU shared from 50 to 160
 
 
 def test_pairs_that_did_not_fit_are_known_not_to_share(tmp_path):
@@ -284,7 +284,7 @@ def test_a_packed_pair_found_running_after_a_restart_shares_again():
         s.submit(spec(name, 1, model=model), 0)
     s.restore_running("h", (0,), 0.0, 10.0)
     s.restore_running("g", (0,), 5.0, 10.0)
-    assert s.packing.partner["g"] is s.jobs["h"] and s.packing.shares(s.jobs["h"])
+    assert s.stage("packing").partner["g"] is s.jobs["h"] and s.stage("packing").shares(s.jobs["h"])
     assert (s.jobs["h"].speed, s.jobs["g"].speed) == (0.6, 0.6)
     assert s.cluster.free_gpus == 1
     s.finished("h", 20)
@@ -357,7 +357,7 @@ def test_migration_frees_a_whole_node_for_an_eight_gpu_job():
     assert s.cluster.nodes_of(p.placement) == {1}
     assert s.cluster.nodes_of(s.jobs["W"].placement) == {0}
     assert p.stall_until == 130 and p.work_done_s == pytest.approx(100)
-    assert s.migration.migrations == 1 and p.migrations == 1
+    assert s.stage("migration").migrations == 1 and p.migrations == 1
     assert s.preemptions == 0 and p.preemptions == 0
     assert s.cluster.free_gpus == 0
 
@@ -368,7 +368,7 @@ def test_no_migration_when_it_would_not_help():
     s.submit(spec("big", 8, submit=100), 100)
     s.finished("p", 90)  # node 0 wholly free: big fits without any move
     assert [a.job_id for a in s.decide(100).actions] == ["big"]
-    assert s.migration.migrations == 0
+    assert s.stage("migration").migrations == 0
 
     # Two 4-GPU nodes each running a 3-GPU job: 1 + 1 GPUs free, a 2-GPU job does not fit, and
     # moving a 3-GPU job needs 3 free GPUs elsewhere.
@@ -378,7 +378,7 @@ def test_no_migration_when_it_would_not_help():
     s.decide(0)
     s.submit(spec("w", 2, submit=10), 10)
     assert s.decide(10).actions == []
-    assert s.migration.migrations == 0 and s.jobs["w"].status is JobStatus.PENDING
+    assert s.stage("migration").migrations == 0 and s.jobs["w"].status is JobStatus.PENDING
 
 
 def test_no_migration_for_too_few_free_gpus_or_a_job_started_now():

@@ -243,7 +243,7 @@ def test_the_cluster_default_applies_to_jobs_whose_spec_names_none() -> None:
         config_from_mapping({"policy": "fifo", "placement": "consolidate", "precheck_s": 120}),
         Services(Cluster.shorthand(2, 4)),
     )
-    assert isinstance(built, Scheduler) and built.precheck_s == 120.0
+    assert isinstance(built, Scheduler) and built.lifecycle.default_s == 120.0  # type: ignore[attr-defined]
     built.submit(spec("default", 4), 0)
     built.submit(spec("own", 4, precheck_s=600.0), 0)
     built.submit(spec("off", 4, precheck_s=0.0), 0)
@@ -255,7 +255,7 @@ def test_the_cluster_default_applies_to_jobs_whose_spec_names_none() -> None:
     }
     assert decision.wake_at == 120.0
     off = build_scheduler(config_from_mapping({"precheck_s": 0}), Services(Cluster.shorthand(1, 4)))
-    assert isinstance(off, Scheduler) and off.precheck_s is None
+    assert isinstance(off, Scheduler) and off.lifecycle.default_s is None  # type: ignore[attr-defined]
 
 
 def test_a_negative_precheck_is_refused() -> None:

@@ -193,7 +193,7 @@ def test_in_order_a_job_started_at_this_instant_is_no_victim_until_the_next(slic
     s = scheduler(
         1, 2, "las", placement="any", policy_options={"thresholds_gpu_s": [10]}, victims="in-order"
     )
-    s._slices_victims = sliced
+    s.preemption.slices = sliced
     s.submit(spec("A", 2, submit=0), 0)
     assert s.decide(0).actions == [Start("A", (0, 1))]
     s.submit(spec("B", 2, submit=6), 6)
@@ -232,8 +232,8 @@ def test_in_order_victims_read_as_a_slice_are_those_found_one_by_one(seed, polic
             make_placement("any"),
             victims="in-order",
         )
-        assert s._slices_victims
-        s._slices_victims = sliced
+        assert s.preemption.slices
+        s.preemption.slices = sliced
         runs.append(Simulation(trace, s, record_decisions=True).run().decisions)
     assert sum(isinstance(action, Preempt) for _, action in runs[0]) > 5
     assert runs[0] == runs[1]
@@ -407,5 +407,8 @@ def test_gittins_with_tiresias_s_formula_takes_the_index_of_the_next_sample_abov
 def test_in_order_victims_are_refused_with_an_admission_that_chooses_its_own():
     config = config_from_mapping({"policy": "las", "admission": "quota", "victims": "in-order"})
     cluster = Cluster.shorthand(2, 4)
-    with pytest.raises(PluginError, match="victims in-order: only with admission none"):
+    with pytest.raises(
+        PluginError,
+        match="victims in-order: only with admissions that leave victims to the policy, not quota",
+    ):
         build_scheduler(config, Services(cluster, vc_cells={"a": {"v100": 8}}))

@@ -287,7 +287,7 @@ def test_a_packed_pair_is_found_again_after_a_restart(data_dir: Path) -> None:
             assert events(found, "recovered") == ["attempt 1 found running"]
         with server.manager.lock:
             jobs = server.manager.scheduler.jobs
-            packing = server.manager.scheduler.packing
+            packing = server.manager.scheduler.stage("packing")
             assert isinstance(packing, Packing) and packing.partner[g] is jobs[h]
             assert (jobs[h].speed, jobs[g].speed) == (0.6, 0.6)
         (gpu,) = [

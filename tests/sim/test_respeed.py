@@ -52,7 +52,7 @@ def test_the_end_of_a_job_moves_when_it_starts_and_stops_sharing():
     assert jobs["g"].finished_at == pytest.approx(240)
     assert jobs["h"].finished_at == pytest.approx(342)
     assert jobs["h"].work_done_s == pytest.approx(300)
-    assert scheduler.packing.packed_gpu_s == pytest.approx(140)
+    assert scheduler.stage("packing").packed_gpu_s == pytest.approx(140)
     assert scheduler.cluster.free_gpus == 1
 
 

@@ -25,6 +25,8 @@ class ElasticFlow(AdmissionScheme):
     summary = "ElasticFlow: admit a job only if its deadline can be met, size gangs elastically"
     Options = ElasticFlowOptions
     stages = frozenset()
+    leads = False  # it sizes and places every gang itself
+    picks_victims = True
     why_not = {
         "packing": "it sizes and places every gang itself",
         "migration": "it migrates by itself (elasticflow.migrate)",

@@ -30,12 +30,11 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from corral.core.admission.base import Assembly
 from corral.core.admission.quota import Quota, QuotaAdmission
 from corral.core.job import Job
 from corral.core.options import option
-from corral.core.plugin import PluginError
-from corral.core.protocol import SchedulerCore
+from corral.core.plugin import PluginError, Services
+from corral.core.protocol import Admission as AdmissionHooks
 
 #: Slurm's default PriorityDecayHalfLife (slurm.conf(5)): 7 days.
 SLURM_HALF_LIFE_S = 7 * 24 * 3600.0
@@ -154,8 +153,7 @@ class FairShare(Quota):
     Options = FairShareOptions
 
     @classmethod
-    def build(cls, options: Any, parts: Assembly) -> SchedulerCore:
-        services = parts.services
+    def admission(cls, options: Any, services: Services) -> AdmissionHooks | None:
         weights = options.parsed_weights()
         vcs = set(services.vc_cells)
         unknown = sorted(set(weights) - vcs)
@@ -166,5 +164,4 @@ class FairShare(Quota):
         quota = services.vc_quota_or_whole()
         for vc in vcs - set(weights):  # default weight: the VC's guaranteed GPUs
             weights[vc] = float(quota.get(vc, 0)) or 1.0
-        admission = FairShareAdmission(weights, services.cluster.total_gpus, options.half_life_s)
-        return parts.scheduler(admission=admission)
+        return FairShareAdmission(weights, services.cluster.total_gpus, options.half_life_s)

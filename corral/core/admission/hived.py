@@ -21,7 +21,7 @@ The live manager drives the same object: after a restart it `adopt`s the waiting
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -35,7 +35,7 @@ from corral.core.placement.base import Placement
 from corral.core.plugin import PluginError, SpeedModel
 from corral.core.policy.base import Policy
 from corral.core.precheck import precheck_problem
-from corral.core.protocol import SchedulerCore
+from corral.core.protocol import Admission, SchedulerCore
 from corral.core.retry import FailureReport, RetryRule
 from corral.core.scheduler import Scheduler, refuse_new, worker_refusal
 from corral.core.vcluster import VirtualCluster, build_virtual_cluster
@@ -62,9 +62,12 @@ class HivedScheduler:
         spill: bool = False,
         retry: RetryRule | None = None,
         precheck_s: float | None = None,
+        admissions: Sequence[Admission] = (),
     ) -> None:
         """`precheck_s`: the pre-run of jobs whose spec names none (corral.core.precheck),
-        run by each VC's scheduler and the opportunistic one alike."""
+        run by each VC's scheduler and the opportunistic one alike; `admissions`: chained
+        after HiveD's own, consulted by each of them alike (the same objects, so that what
+        they count is counted over all VCs)."""
         self.cluster = cluster
         self.spill = spill
         self._spilled: dict[str, str] = {}  # guaranteed job lent out -> its VC
@@ -91,6 +94,7 @@ class HivedScheduler:
                 restore_s=restore_s,
                 retry=retry,
                 precheck_s=precheck_s,
+                admission=admissions,
             )
 
         for name in sorted(virtual_clusters):
@@ -126,7 +130,7 @@ class HivedScheduler:
         """Why `submit` would refuse this job, or None: an unknown VC, or more GPUs (or larger
         workers) than the VC's cells (than the cluster, for an opportunistic job) could hold.
         Depends on the shapes only."""
-        problem = precheck_problem(spec.precheck_s)
+        problem = precheck_problem(spec.precheck_s) or self.opportunistic.admission.refusal(spec)
         if problem is not None:
             return problem
         if spec.priority is Priority.OPPORTUNISTIC:
@@ -563,6 +567,7 @@ class HivedScheduler:
         counters = {"preemptions": self.preemptions, "reclaims": self.reclaims}
         for name in ("prechecks", "precheck_passed", "precheck_failed"):
             counters[name] = sum(s.counters()[name] for s in self._all_schedulers())
+        counters.update(self.opportunistic.admission.counters())  # the chained ones, shared
         return counters
 
     # -- opportunistic jobs -----------------------------------------------------------------
@@ -653,6 +658,7 @@ class Hived(AdmissionScheme):
     name = "hived"
     summary = "HiveD: each VC owns cells that keep their topology; idle cells are lent"
     Options = HivedOptions
+    picks_victims = True
     stages = frozenset()
     why_not = {
         "packing": "each VC schedules on its own virtual cluster",
@@ -686,4 +692,5 @@ class Hived(AdmissionScheme):
             spill=options.lend,
             retry=parts.retry,
             precheck_s=parts.precheck_s,
+            admissions=parts.admissions,
         )

@@ -2,17 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from corral.core.admission.base import AdmissionScheme, Assembly
-from corral.core.protocol import SchedulerCore
+from corral.core.admission.base import AdmissionScheme
 
 
 class NoAdmission(AdmissionScheme):
+    """No verdict of its own: the plain scheduler, with the admissions chained after it."""
+
     name = "none"
     summary = "no VCs: one queue over the whole cluster"
     shares = True
-
-    @classmethod
-    def build(cls, options: Any, parts: Assembly) -> SchedulerCore:
-        return parts.scheduler()

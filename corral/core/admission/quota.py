@@ -38,10 +38,11 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from corral.core.admission.base import AdmissionScheme, Assembly
+from corral.core.admission.base import Admission, AdmissionScheme
 from corral.core.job import Job, JobSpec, Priority
 from corral.core.options import option
-from corral.core.protocol import SchedulerCore
+from corral.core.plugin import Services
+from corral.core.protocol import Admission as AdmissionHooks
 
 OPPORTUNISTIC = Priority.OPPORTUNISTIC
 
@@ -58,8 +59,12 @@ class QuotaOptions:
     )
 
 
-class QuotaAdmission:
+class QuotaAdmission(Admission):
     name = "quota"
+    #: Shares may follow time (fairshare), and who may be reclaimed follows who runs where.
+    volatile = True
+    picks_victims = True
+    counts_gpus = True
 
     def __init__(
         self,
@@ -90,13 +95,16 @@ class QuotaAdmission:
         self.borrowed_starts = 0
         self.opportunistic_starts = 0
 
-    def known(self, vc: str) -> bool:
-        return vc in self.quota
+    def refusal(self, spec: JobSpec) -> str | None:
+        return None if spec.vc in self.quota else f"unknown VC {spec.vc!r}"
 
     def capacity(self, spec: JobSpec) -> int | None:
-        """The most GPUs the job may ask for without oversubscription: its VC's quota for a
-        guaranteed job, the cluster's (None) for an opportunistic one, which only uses idle GPUs."""
-        return None if spec.priority is OPPORTUNISTIC else self.quota[spec.vc]
+        """The most GPUs the job may ask for: without oversubscription its VC's quota for a
+        guaranteed job; else, and for an opportunistic one (which only uses idle GPUs), the
+        cluster's (None)."""
+        if self.oversubscribe or spec.priority is OPPORTUNISTIC:
+            return None
+        return self.quota[spec.vc]
 
     def share(self, vc: str) -> float:
         """GPUs the VC is entitled to now."""
@@ -225,9 +233,6 @@ class QuotaAdmission:
         else:
             self.waiting[job.spec.vc] += delta
 
-    def begin_round(self, now: float) -> None:
-        """Quotas do not change with time."""
-
     def counters(self) -> dict[str, int]:
         return {
             "borrowed_starts": self.borrowed_starts,
@@ -244,11 +249,13 @@ class Quota(AdmissionScheme):
     Options: ClassVar[type[Any]] = QuotaOptions
     stages = frozenset({"migration", "cache"})
     why_not = {"packing": _PACKING}
+    picks_victims = True
+    counts_gpus = True
 
     @classmethod
-    def build(cls, options: Any, parts: Assembly) -> SchedulerCore:
-        quota = parts.services.vc_quota_or_whole()
-        admission = QuotaAdmission(
-            quota, oversubscribe=options.oversubscribe, lend_last=options.lend_last
+    def admission(cls, options: Any, services: Services) -> AdmissionHooks | None:
+        return QuotaAdmission(
+            services.vc_quota_or_whole(),
+            oversubscribe=options.oversubscribe,
+            lend_last=options.lend_last,
         )
-        return parts.scheduler(admission=admission)

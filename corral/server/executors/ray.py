@@ -82,7 +82,7 @@ def build_ray_cluster(
     config, if any, gives the VCs. With hived: the config's cluster itself, whose physical cells
     name the Ray nodes (`corral-node-NAME`): HiveD binds VCs to cells of a fixed topology, so a
     node that is missing is held out of allocation until it joins, never rebuilt away."""
-    hived = boot.settings.scheduler.core.admission == "hived"
+    hived = boot.settings.scheduler.core.admission[0] == "hived"
     if hived and boot.config is None:
         raise ExecutorError(
             "--admission hived: needs --config FILE whose physical cells name the Ray nodes "

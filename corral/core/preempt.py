@@ -1,0 +1,456 @@
+"""Preemption: which running jobs a waiting job that does not fit on free GPUs takes GPUs from.
+
+The scheduler's round asks it twice for each waiting job: may the job preempt at all
+(`Preemption.may_preempt_for`: the policy's order, or an admission that reclaims), and, once the
+placement found no room on free GPUs, `Preemption.make_room`. Which running jobs give way is a
+victim rule, chosen by name (`VICTIM_RULES`, the `victims` option): `lowest` (from the lowest
+priority up, until the job fits) or `in-order` (the Tiresias simulator's pass). A rule frees its
+victims' GPUs in a `Statement` while it asks the placement, and commits it (the victims the start
+uses are preempted, the others keep their GPUs) or discards it.
+
+What the search reads of the scheduler is declared by `PreemptHost`; the scheduler's own indexes
+(its running jobs in key order, its jobs by seq, their stored keys) are given read-only.
+
+Two fast paths keep preemption-heavy rounds cheap:
+
+* a failed search is remembered (`no_room`) while nothing that could change it happens: a search
+  that found no place without trying one fails again while, in every node and rack, the free GPUs
+  plus those of the job's victims do not grow, and only a running job the job may not preempt
+  that stops (`running_left`), or one whose key comes to follow the job's (`rekeyed`), makes them
+  grow (GPUs freed by anything else, `Cluster.frees`, forget every search);
+* in-order victims are read as one slice of the running index (`_candidates_in_order`).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, ClassVar, Literal, Protocol
+
+from corral.core.compiled import mypyc_attr
+from corral.core.placement.base import Placed
+from corral.core.policy.base import Key, Policy
+from corral.core.statement import Statement
+
+if TYPE_CHECKING:
+    from corral.core.actions import Action
+    from corral.core.chain import AdmissionChain
+    from corral.core.cluster import Cluster
+    from corral.core.job import Job
+    from corral.core.placement.base import Placement
+    from corral.core.stages import Stage
+
+# Placement attempts a waiting job may make while adding preemption victims one by one.
+MAX_PREEMPTION_ATTEMPTS = 32
+#: What a search for room returns.
+Outcome = Literal["started", "too few victims", "no placement"]
+#: A search for room for one waiting job: (job, now, actions) -> its outcome.
+RoomMaker = Callable[["Job", float, "list[Action]"], Outcome]
+
+
+class _Top:
+    """Sorts after anything it is compared with (an upper bound for keys of one prefix)."""
+
+    def __lt__(self, other: object) -> bool:
+        return False
+
+    def __gt__(self, other: object) -> bool:
+        return True
+
+
+TOP = _Top()
+
+
+class PreemptHost(Protocol):
+    """What preemption asks of the scheduler."""
+
+    @property
+    def cluster(self) -> Cluster: ...
+
+    @property
+    def policy(self) -> Policy: ...
+
+    @property
+    def placement(self) -> Placement: ...
+
+    def start_on(self, job: Job, placed: Placed, now: float, actions: list[Action]) -> None:
+        """Start the waiting job on the GPUs placed (free in the cluster)."""
+        ...
+
+    def stop_freed(self, job: Job, by: Job, now: float, actions: list[Action]) -> None:
+        """Preempt a running job whose GPUs a statement freed already, for `by`: stop it (with
+        a partner it shared them with) and queue it again."""
+        ...
+
+
+@mypyc_attr(allow_interpreted_subclasses=True)
+class VictimRule:
+    """Which running jobs give way to a waiting job, and in which order they are tried."""
+
+    name: ClassVar[str] = "base"
+    summary: ClassVar[str] = ""
+    #: It runs beside an admission that restricts or adds victims (`Admission.picks_victims`).
+    with_picked_victims: ClassVar[bool] = True
+
+    def make_room(self, search: Preemption, job: Job, now: float, actions: list[Action]) -> Outcome:
+        raise NotImplementedError
+
+    def bind(self, search: Preemption) -> RoomMaker:
+        """Its `make_room` for one search object, as the round calls it (a rule may give one
+        of the search's own methods, saving a call per search)."""
+
+        def make_room(job: Job, now: float, actions: list[Action]) -> Outcome:
+            return self.make_room(search, job, now, actions)
+
+        return make_room
+
+    def slices(self, search: Preemption) -> bool:
+        """May the search read its victims as one slice of the running index?"""
+        return False
+
+
+class LowestFirst(VictimRule):
+    name = "lowest"
+    summary = "the lowest-priority running jobs first, until the job can be placed"
+
+    def make_room(self, search: Preemption, job: Job, now: float, actions: list[Action]) -> Outcome:
+        return search.lowest_first(job, now, actions)
+
+    def bind(self, search: Preemption) -> RoomMaker:
+        return search.lowest_first
+
+
+class InOrder(VictimRule):
+    name = "in-order"
+    summary = (
+        "the Tiresias simulator's pass: from the highest priority down, each running job keeps "
+        "its GPUs while it fits in what the job leaves"
+    )
+    with_picked_victims = False
+
+    def make_room(self, search: Preemption, job: Job, now: float, actions: list[Action]) -> Outcome:
+        if not job.spec.plain:  # a share, CPU or memory: counted GPUs are no bound
+            return search.lowest_first(job, now, actions)
+        return search.in_order(job, now, actions)
+
+    def slices(self, search: Preemption) -> bool:
+        policy = search.policy
+        return (
+            policy.preemptive
+            and policy.stored_is_key
+            and type(policy).preempts is Policy.preempts
+            and not search.admission.picks_victims
+            and not search.shared
+        )
+
+
+#: The victim rules, by name (the `victims` option).
+VICTIM_RULES: dict[str, type[VictimRule]] = {"lowest": LowestFirst, "in-order": InOrder}
+
+
+class Preemption:
+    """The preemption of one scheduler: its victim rule, its searches and what they remember."""
+
+    def __init__(
+        self,
+        host: PreemptHost,
+        rule: VictimRule,
+        admission: AdmissionChain,
+        *,
+        running: list[Key],
+        by_seq: dict[int, Job],
+        stored: dict[int, Key],
+        shared: Sequence[Stage],
+        remembers: bool,
+    ) -> None:
+        """`running`: the running jobs' keys in order (the scheduler's flat index, read only);
+        `by_seq`, `stored`: its jobs and their stored keys by seq; `shared`: the stages under
+        which jobs share GPUs (a victim's GPUs may stay taken by its partner); `remembers`:
+        failed searches may be remembered (keys fixed between announced instants and a
+        placement that depends on the free GPUs alone, under the base victim rule)."""
+        self.host = host
+        self.cluster = host.cluster
+        self.policy = host.policy
+        self.placement = host.placement
+        self.rule = rule
+        self.admission = admission
+        self._running = running
+        self._by_seq = by_seq
+        self._stored = stored
+        self.shared = list(shared)
+        self._picks = admission.picks_victims
+        self.remembers = remembers and type(host.policy).preempts is Policy.preempts
+        self.slices = rule.slices(self)
+        #: Preempt running jobs, by the victim rule, until the job can be placed. Returns
+        #: "started", "too few victims" (those it may preempt hold too few GPUs), or "no
+        #: placement" (they hold enough, but freeing them gives no placement the rules accept).
+        self.make_room: RoomMaker = rule.bind(self)
+        #: A placement was tried (and failed) while preempting, since the scheduler last reset it.
+        self.tried = False
+        #: (running job's seq, "node" or "rack") -> GPUs it holds per node or rack (`_held_in`).
+        self._held_by_place: dict[tuple[int, str], tuple[tuple[int, int], ...]] = {}
+        #: Waiting jobs whose search found no place without trying one, by seq: (the
+        #: placement's scope then, the outcome); `no_room_keys`: those jobs' keys in order, so
+        #: that each event forgets the searches it may change (`_forget`).
+        self.no_room: dict[int, tuple[str, Outcome]] = {}
+        self.no_room_keys: list[Key] = []
+        #: `Cluster.frees` as this scheduler's own frees left it: when the cluster says more,
+        #: GPUs came back by no event that forgets searches (a node back online, a migration,
+        #: another scheduler on the same cluster: HiveD's VCs on the cluster of its opportunistic
+        #: jobs), so every failed search is forgotten.
+        self._frees_seen = self.cluster.frees
+        self._skipped_new = False  # `_candidates` passed over a job started at that instant
+
+    # -- what the scheduler tells it ------------------------------------------------------------
+
+    def running_left(self, job: Job, key: Key) -> None:
+        """A running job of this key left the running index (it stopped: its GPUs are free,
+        for the jobs that may not preempt it)."""
+        if self.no_room:
+            self._frees_seen += 1  # its own free: forgets what it may change, no more
+            self._forget(key, None)
+        if self._held_by_place:
+            self._held_by_place.pop((job.seq, "node"), None)
+            self._held_by_place.pop((job.seq, "rack"), None)
+
+    def waiting_left(self, job: Job, key: Key) -> None:
+        """A waiting job of this key left the queue."""
+        if self.no_room.pop(job.seq, None) is not None:
+            self.no_room_keys.remove(key)
+
+    def rekeyed(self, old: Key, new: Key) -> None:
+        """A running job's key changed: the waiting jobs that may now preempt it, and could not
+        before, search again."""
+        self._forget(old, new)
+
+    def _forget(self, low: Key, high: Key | None) -> None:
+        """Forget the failed searches of the waiting jobs that may not preempt a running job of
+        key `low` but may preempt one of key `high` (None: the jobs that may not preempt `low`):
+        by `Policy.preempts`, those of keys from `low` up to before `high`, compared by their
+        leading `preempt_prefix` parts."""
+        cut = self.policy.preempt_prefix
+        keys = self.no_room_keys
+        start = bisect.bisect_left(keys, low if cut is None else low[:cut])
+        end = len(keys)
+        if high is not None:
+            end = bisect.bisect_left(keys, high if cut is None else high[:cut])
+        if start < end:
+            for key in keys[start:end]:
+                del self.no_room[key[-1]]
+            del keys[start:end]
+
+    # -- who may preempt whom -------------------------------------------------------------------
+
+    def current_key(self, job: Job, now: float) -> Key:
+        if self.policy.stored_is_key:
+            return self._stored[job.seq]
+        return (-job.spec.level, *self.policy.key(job, now), job.seq)
+
+    def may_preempt_for(self, job: Job, now: float) -> bool:
+        if self._picks and self.admission.can_reclaim(job):
+            return True
+        running = self._running
+        if not self.policy.preemptive or not running:
+            return False
+        lowest = self._by_seq[running[-1][-1]]
+        return self.policy.preempts(self.current_key(job, now), self.current_key(lowest, now))
+
+    def _victims(self, job: Job, now: float) -> Iterator[Job]:
+        """Running jobs the job may preempt, the ones to give way first first: GPUs other VCs
+        borrowed (a quota reclaiming them), then jobs of lower priority, the lowest first."""
+        admission = self.admission
+        picks = self._picks
+        job_key = self.current_key(job, now)
+        offered: set[str] = set()
+        by_seq = self._by_seq
+        if picks and admission.can_reclaim(job):
+            lowest_first = (by_seq[key[-1]] for key in reversed(self._running))
+            for victim in admission.reclaim(job, lowest_first):
+                offered.add(victim.id)
+                yield victim
+        if not self.policy.preemptive:
+            return
+        # The running index is not changed while the caller looks at victims (it only frees and
+        # takes back their GPUs), so it is walked by an iterator, not by position.
+        stored = self.policy.stored_is_key
+        for key in reversed(self._running):
+            victim = by_seq[key[-1]]
+            if not self.policy.preempts(job_key, key if stored else self.current_key(victim, now)):
+                return
+            if victim.id in offered:
+                continue
+            if picks and not admission.may_preempt(victim, job):
+                continue
+            yield victim
+
+    def _candidates(self, job: Job, now: float) -> Iterator[Job]:
+        """The job's victims (`_victims`, the lowest first) whose GPUs it could use. The first two
+        filters stand in `_candidates_in_order` too, written out there to keep its loop tight."""
+        half_pairs: dict[str, Job] = {}
+        for victim in self._victims(job, now):
+            if victim.run_started_at == now:
+                self._skipped_new = True  # one of its victims from the next instant on
+                continue  # never undo a start of this same instant: no preemption cycles
+            if (
+                job.spec.gpu_types is not None
+                and victim.placement
+                and not job.spec.accepts(self.cluster.gpus[victim.placement[0]].gpu_type)
+            ):
+                continue
+            if not all(stage.frees_gpus(victim, half_pairs) for stage in self.shared):
+                continue  # its GPUs stay taken by its partner unless that is a victim too
+            yield victim
+
+    def _candidates_in_order(self, job: Job, now: float) -> list[Job]:
+        """`_candidates`, the highest priority first, read as one slice of the running index:
+        under the base victim rule (`Policy.preempts`) the running jobs the job may preempt are
+        those whose keys, or their leading `preempt_prefix` parts, sort after its own. The
+        filters are `_candidates`'s (going through it took back half of the gain)."""
+        keys = self._running
+        job_key = self._stored[job.seq]
+        cut = self.policy.preempt_prefix
+        if cut is None:
+            start = bisect.bisect_right(keys, job_key)
+        else:  # every key of a prefix sorts before the prefix extended by TOP
+            start = bisect.bisect_left(keys, (*job_key[:cut], TOP))
+        by_seq = self._by_seq
+        types = job.spec.gpu_types
+        gpus = self.cluster.gpus
+        ordered = []
+        for key in keys[start:]:
+            victim = by_seq[key[-1]]
+            if victim.run_started_at == now:
+                continue  # never undo a start of this same instant: no preemption cycles
+            if types is not None and victim.placement:
+                if not job.spec.accepts(gpus[victim.placement[0]].gpu_type):
+                    continue
+            ordered.append(victim)
+        return ordered
+
+    # -- making room ----------------------------------------------------------------------------
+
+    def lowest_first(self, job: Job, now: float, actions: list[Action]) -> Outcome:
+        """Preempt the lowest-priority running jobs, fewest first, until the job can be placed."""
+        need = job.spec.gpus
+        plain = job.spec.plain  # else a share, CPU or memory: free whole GPUs are no bound
+        cluster = self.cluster
+        scope = self.placement.scope(cluster, job, now)
+        if self.no_room:
+            if cluster.frees != self._frees_seen:  # not only this scheduler's: forget them all
+                self.no_room.clear()
+                self.no_room_keys.clear()
+            known = self.no_room.get(job.seq)
+            if known is not None and known[0] == scope:
+                return known[1]
+        self._skipped_new = False
+        total = cluster.free_for(job.spec.gpu_types)
+        freed_in: dict[int, int] = {}  # node or rack -> GPUs the victims so far would free there
+        victims: list[Job] = []
+        statement = Statement(cluster)
+        attempts = 0
+        for victim in self._candidates(job, now):
+            victims.append(victim)
+            total += victim.spec.gpus
+            if plain:
+                # Every victim's GPUs count towards its places, also before there are enough.
+                room = self._room_in_scope(scope, victim, need, freed_in)
+                if total < need or not room:
+                    continue
+            for held in victims[len(statement.freed) :]:
+                statement.free(held)
+            result = self.placement.place(cluster, job, now)
+            attempts += 1
+            if isinstance(result, Placed):
+                self._start_in_room(job, result, statement, now, actions)
+                self._frees_seen = cluster.frees
+                return "started"
+            if attempts >= MAX_PREEMPTION_ATTEMPTS:
+                break
+        self.tried = self.tried or attempts > 0
+        statement.discard()
+        self._frees_seen = cluster.frees
+        outcome: Outcome = "no placement" if total >= need or not plain else "too few victims"
+        if not attempts and plain and self.remembers and not self._skipped_new:
+            if job.seq not in self.no_room:  # else one of another scope (the key is the same)
+                bisect.insort(self.no_room_keys, self._stored[job.seq])
+            self.no_room[job.seq] = (scope, outcome)
+        return outcome
+
+    def in_order(self, job: Job, now: float, actions: list[Action]) -> Outcome:
+        """The Tiresias simulator's pass, for one waiting job: the running jobs it may preempt,
+        from the highest priority down, keep their GPUs while they fit in the GPUs the job leaves
+        (counted, not placed); the others give way, a large one before smaller ones below it.
+        With a placement that counts GPUs (`any`) each of them is needed: what is left over is
+        less than any of them holds."""
+        cluster = self.cluster
+        if self.slices:
+            ordered = self._candidates_in_order(job, now)
+        else:
+            ordered = list(self._candidates(job, now))
+            ordered.reverse()  # the highest priority first
+        left = (
+            cluster.free_for(job.spec.gpu_types)
+            + sum(victim.spec.gpus for victim in ordered)
+            - job.spec.gpus
+        )
+        if left < 0:
+            return "too few victims"
+        statement = Statement(cluster)
+        for victim in ordered:
+            if victim.spec.gpus <= left:
+                left -= victim.spec.gpus
+            else:
+                statement.free(victim)
+        self.tried = True
+        result = self.placement.place(cluster, job, now)
+        if isinstance(result, Placed):
+            self._start_in_room(job, result, statement, now, actions)
+            return "started"
+        statement.discard()
+        return "no placement"
+
+    def _start_in_room(
+        self, job: Job, result: Placed, statement: Statement, now: float, actions: list[Action]
+    ) -> None:
+        """Start the job where the placement put it: the victims it uses are preempted, the
+        others take their GPUs again (not needed after all)."""
+        chosen = set(result.gpus)
+
+        def used(victim: Job) -> bool:
+            return not chosen.isdisjoint(victim.placement) or (
+                result.node >= 0 and victim.node == result.node
+            )
+
+        def stop(victim: Job) -> None:
+            self.host.stop_freed(victim, job, now, actions)
+
+        statement.commit(used, stop)
+        self.host.start_on(job, result, now, actions)
+
+    def _room_in_scope(self, scope: str, victim: Job, need: int, freed_in: dict[int, int]) -> bool:
+        """Add the victim's GPUs to the places they free; is there now a place with enough?"""
+        if scope == "cluster":
+            return True
+        free_in = self.cluster.node_free if scope == "node" else self.cluster.rack_free
+        room = False
+        for place, count in self._held_in(victim, scope):
+            freed = freed_in.get(place, 0) + count
+            freed_in[place] = freed
+            room = room or free_in(place) + freed >= need
+        return room
+
+    def _held_in(self, job: Job, scope: str) -> tuple[tuple[int, int], ...]:
+        """How many GPUs the running job holds in each node ("node") or rack ("rack"), kept
+        until it stops: a job is looked at as a victim in round after round."""
+        cached = self._held_by_place.get((job.seq, scope))
+        if cached is not None:
+            return cached
+        cluster = self.cluster
+        counts: dict[int, int] = {}
+        for gpu in job.placement:
+            node = cluster.gpu_node[gpu]
+            place = node if scope == "node" else cluster.node_rack[node]
+            counts[place] = counts.get(place, 0) + 1
+        held = tuple(counts.items())
+        self._held_by_place[(job.seq, scope)] = held
+        return held

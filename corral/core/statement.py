@@ -1,0 +1,79 @@
+"""Tentative moves, committed or discarded as a whole (Volcano's Statement).
+
+A search for preemption victims frees their GPUs one by one in the cluster and asks the placement
+whether the waiting job fits now: the frees are tentative. If the job fits, the statement is
+committed (the victims whose GPUs the start uses are preempted, the others take their GPUs back);
+if not, it is discarded (every victim takes its GPUs back). Either way each take-back happens in
+the order the GPUs were freed, so that the cluster's history, which orders its buckets and so
+the nodes placements meet, is the same as if the moves had been made one by one.
+
+`claim` and `unclaim` are what a running job holds in the cluster: its GPUs (whole, or its share
+of one) and its CPU and memory on its node.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from corral.core.cluster import Cluster
+    from corral.core.job import Job
+
+
+def claim(cluster: Cluster, job: Job, gpus: tuple[int, ...], node: int) -> None:
+    """Take what the job asks for: its GPUs (whole, or its share of one) and its CPU and memory
+    on `node` (the node of its GPUs unless it has none)."""
+    spec = job.spec
+    if spec.plain:
+        cluster.allocate(gpus)
+        job.node = -1
+        return
+    if node < 0 and gpus:
+        node = cluster.gpu_node[gpus[0]]
+    cluster.claim(gpus, spec.gpu_milli, node, spec.cpu_milli, spec.memory_mib)
+    job.node = node
+
+
+def unclaim(cluster: Cluster, job: Job) -> None:
+    """Give back what the running job holds (it keeps `placement` and `node`)."""
+    spec = job.spec
+    if spec.plain:
+        cluster.release(job.placement)
+    else:
+        cluster.unclaim(job.placement, spec.gpu_milli, job.node, spec.cpu_milli, spec.memory_mib)
+
+
+class Statement:
+    """Running jobs whose GPUs were freed tentatively, in the order they were."""
+
+    __slots__ = ("cluster", "freed")
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        self.freed: list[Job] = []
+
+    def __len__(self) -> int:
+        return len(self.freed)
+
+    def free(self, job: Job) -> None:
+        """Free what the running job holds, until the statement is committed or discarded."""
+        unclaim(self.cluster, job)
+        self.freed.append(job)
+
+    def discard(self) -> None:
+        """Every job freed takes back what it held."""
+        for job in self.freed:
+            claim(self.cluster, job, job.placement, job.node)
+        self.freed.clear()
+
+    def commit(self, used: Callable[[Job], bool], stop: Callable[[Job], None]) -> None:
+        """The frees a start needs become final: each job freed that `used` says the start
+        uses is stopped (`stop`, whose GPUs are free already), each other one takes back what it
+        held, in the order they were freed."""
+        for job in self.freed:
+            if used(job):
+                stop(job)
+            else:
+                claim(self.cluster, job, job.placement, job.node)
+        self.freed.clear()
