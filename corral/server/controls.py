@@ -73,6 +73,7 @@ class JobControls:
         def _save_progress(self, job: Job, **fields: object) -> None: ...
         def _forget(self, job_id: str) -> None: ...
         def _drop_deferred_start(self, job: Job) -> bool: ...
+        def _touch_holders(self, job_id: str) -> None: ...
         def core_spec(
             self, model: JobSpecModel, job_id: str, submit_time: float, user: str
         ) -> JobSpec: ...
@@ -178,6 +179,7 @@ class JobControls:
             self._gate_reasons.pop(job_id, None)
             if job.attempts:  # it ran before: queued again with its history
                 self.scheduler.adopt(job, now)
+                self._touch_holders(job_id)  # (its last attempt may still be stopping)
             else:  # it never ran: queued as if submitted now (ElasticFlow's admission judges it)
                 job = self.scheduler.submit(job.spec, now)
                 if job.status is JobStatus.REFUSED:
@@ -253,6 +255,7 @@ class JobControls:
                 self._held[job_id] = user
             if queued and job_id not in self._gated:
                 self._gated[job_id] = self.scheduler.withdraw(job_id, now)
+                self._touch_holders(job_id)  # (a preempted attempt may still be stopping)
                 self._dirty = True
 
     def release(self, job_id: str, user: str) -> None:
@@ -281,6 +284,7 @@ class JobControls:
             reason = f"requeued by {user}"
             if status == "RUNNING" and job is not None:
                 job = self.scheduler.withdraw(job_id, now)
+                self._touch_holders(job_id)
                 with self.store.batch():
                     if not self._drop_deferred_start(job):
                         attempt = self._attempts.pop(job_id)
@@ -298,6 +302,7 @@ class JobControls:
                 assert row is not None
                 if job is not None:  # the core still knows it, ended: forgotten first
                     self.scheduler.withdraw(job_id, now)
+                    self._touch_holders(job_id)  # (a cancelled one may still be stopping)
                 model = parse_job_spec(row.spec)
                 self._spec_models[job_id] = model
                 if row.unix_user is not None:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from corral.core.cache import DataCache
 from corral.core.cluster import MILLI, Cluster, NodeDef
 from corral.core.fragmentation import TaskShape, Workload
-from corral.core.framework import build_scheduler
+from corral.core.framework import STAGES, build_scheduler
 from corral.core.job import JobSpec
 from corral.core.placement import PLACEMENTS
 from corral.core.plugin import Services
@@ -129,6 +129,14 @@ class SchedulerFactory:
         retarget = getattr(self.scheduler.placement, "retarget", None)
         if retarget is not None:
             retarget(self._workload_from(shapes))
+
+    def shares_gpus(self) -> bool:
+        """May jobs' processes share a GPU under this config: its placement gives shares of one
+        (FGD), or one of its round stages puts jobs together on GPUs (Gandiva's packing)."""
+        core = self.settings.scheduler.core
+        return PLACEMENTS[core.placement].shares or any(
+            STAGES[name].shares_gpus for name in core.stages
+        )
 
     def share_refusal(self, spec: JobSpec) -> str | None:
         """Why a share of one GPU cannot run here (None for other jobs): a placement that gives

@@ -52,6 +52,7 @@ from corral.server.committer import Submission, SubmissionCommitter
 from corral.server.controls import ControlError, JobControls
 from corral.server.datacache import LiveCache
 from corral.server.factory import MIN_GITTINS_HISTORY, SchedulerFactory
+from corral.server.holders import GpuHolders
 from corral.server.metrics import ManagerMetrics
 from corral.server.recovery import Recovery
 from corral.server.spec import JobSpecModel, job_env, signal_number
@@ -134,6 +135,9 @@ class Manager(
         self._thread: threading.Thread | None = None
         self._attempts: dict[str, Attempt] = {}  # job id -> its live (launched) attempt
         self._draining: dict[tuple[str, int], tuple[int, ...]] = {}  # stopping attempts' GPUs
+        #: Which attempts hold each GPU, kept only where jobs may share GPUs (`shares_gpus`):
+        #: None otherwise, and no round spends anything on who shares with whom.
+        self._holders: GpuHolders | None = GpuHolders() if self.shares_gpus() else None
         #: Ended attempts some of whose processes could not be ended: their GPUs stay out of
         #: allocation until those are gone (checked every `node_check_s`).
         self._tainted: dict[tuple[str, int], tuple[int, ...]] = {}
@@ -417,12 +421,13 @@ class Manager(
         held.update(gpu for gpus in self._tainted.values() for gpu in gpus)
         # A preemption can free GPUs of a node that left (held out): what the core started there
         # waits until the node is dropped (the rebuild requeues it) or comes back.
-        held.update(
-            gpu
-            for node in self.cluster.nodes
-            if node.name in self._unusable
-            for gpu in self.cluster.node_gpus[node.index]
-        )
+        if self._unusable:
+            held.update(
+                gpu
+                for node in self.cluster.nodes
+                if node.name in self._unusable
+                for gpu in self.cluster.node_gpus[node.index]
+            )
         stopping_jobs = {job_id for job_id, _ in self._draining}
         ready = [  # nor while the same job's previous attempt still writes its checkpoint
             start
@@ -459,6 +464,7 @@ class Manager(
         number = job.attempts
         gpus = tuple(action.gpus)
         self._attempts[job.id] = Attempt(number, gpus, now)
+        self._note_holder(job.id, number, gpus)
         names = [self.gpu_name(g) for g in gpus]
         self.store.add_attempt(job.id, number, names, now, "running", prerun=action.precheck)
         self.store.update_job(
@@ -636,10 +642,9 @@ class Manager(
         on (not while the partner started up); a new measurement of a pair makes the next round
         judge it again (packing)."""
         first = self.telemetry.poll(now)
-        if first:
-            partners = self._partners()
+        if first and self._holders is not None and self._holders.shared:
             for job_id in first:
-                for other in partners.get(job_id, ()):
+                for other in self._holders.partners(job_id):
                     self.telemetry.rebase(other)
         if self.telemetry.shared_measured:
             self.telemetry.shared_measured = False
@@ -683,36 +688,57 @@ class Manager(
         self._warn_before_limits(now)
         return stops
 
-    # -- jobs sharing GPUs (Gandiva's packing) -------------------------------------------------
+    # -- jobs sharing GPUs (Gandiva's packing, shares of a GPU) ------------------------------------
 
-    def _partners(self) -> dict[str, set[str]]:
-        """Each job whose processes share a GPU with other jobs' (running or stopping): those."""
-        partners: dict[str, set[str]] = {}
-        for held in self.gpu_holders().values():
-            jobs = {holder.job_id for holder in held}
-            if len(jobs) > 1:
-                for job_id in jobs:
-                    partners.setdefault(job_id, set()).update(j for j in jobs if j != job_id)
-        return partners
+    def _note_holder(self, job_id: str, number: int, gpus: tuple[int, ...]) -> None:
+        """The attempt's processes hold these GPUs (started, or found running or stopping)."""
+        if self._holders is not None:
+            self._holders.add(job_id, number, gpus)
+
+    def _drop_holder(self, job_id: str, number: int) -> None:
+        """The attempt's processes are gone: its GPUs are not its any more."""
+        if self._holders is not None:
+            self._holders.remove(job_id, number)
+
+    def _touch_holders(self, job_id: str) -> None:
+        """The job left the core or came back to it: the jobs on its GPUs look at it again."""
+        if self._holders is not None:
+            self._holders.touch(job_id)
 
     def _follow_partners(self, now: float) -> None:
         """Measure each running attempt under the shape it runs in now: sharing with the models
-        of the jobs on its GPUs (joined by "+"), or alone (telemetry folds what came before)."""
-        partners = self._partners()
+        of the jobs on its GPUs (joined by "+"), or alone (telemetry folds what came before).
+        Only the jobs whose partners may have changed are looked at; none where no GPU can be
+        shared."""
+        if self._holders is None or not self._holders.changed:
+            return
+        changed = self._holders.take_changed()
+        watches = self.telemetry.watches
         jobs = self.scheduler.jobs
-        for job_id, watch in list(self.telemetry.watches.items()):
-            models = sorted({jobs[o].spec.model for o in partners.get(job_id, ()) if o in jobs})
-            colocated = "+".join(models)
+        shapes: dict[str, str] = {}
+        for job_id in changed:
+            watch = watches.get(job_id)
+            if watch is None:  # not running
+                continue
+            partners = self._holders.partners(job_id)
+            colocated = "+".join(sorted({jobs[o].spec.model for o in partners if o in jobs}))
             if watch.shape.colocated != colocated:
-                self.telemetry.reshape(job_id, replace(watch.shape, colocated=colocated), now)
+                shapes[job_id] = colocated
+        # In the order the attempts are watched: what they fold into one profile keeps its order.
+        for job_id in shapes if len(shapes) < 2 else [j for j in watches if j in shapes]:
+            watch = watches[job_id]
+            self.telemetry.reshape(job_id, replace(watch.shape, colocated=shapes[job_id]), now)
 
     def _sharing_note(self, job_id: str, gpus: tuple[int, ...]) -> str:
         """The note ", sharing with job N" when other running jobs hold these GPUs (packing)."""
-        mine = set(gpus)
+        if self._holders is None or not self._holders.shared:
+            return ""
         others = [
             other
-            for other, attempt in self._attempts.items()
-            if other != job_id and not mine.isdisjoint(attempt.gpus)
+            for other, number in self._holders.on(gpus)
+            if other != job_id
+            and (attempt := self._attempts.get(other)) is not None
+            and attempt.number == number
         ]
         return f", sharing with job {', '.join(others)}" if others else ""
 
@@ -738,6 +764,7 @@ class Manager(
         }
         if key in self._draining:  # a stop we asked for: its GPUs are free for real now
             del self._draining[key]
+            self._drop_holder(*key)
             self.store.update_attempt(end.job_id, end.attempt, **outcome_fields)
             self._dirty = True
             return
@@ -746,6 +773,7 @@ class Manager(
             self.store.update_attempt(end.job_id, end.attempt, **outcome_fields)
             return
         del self._attempts[end.job_id]
+        self._drop_holder(*key)
         self._dirty = True
         job = self.scheduler.jobs[end.job_id]
         self.telemetry.unwatch(job.id, now)

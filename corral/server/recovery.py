@@ -25,6 +25,7 @@ from corral.core.profiles import Shape
 from corral.core.protocol import SchedulerCore
 from corral.core.retry import Failure, RetryRule
 from corral.exec.local import AttemptEnded
+from corral.server.holders import GpuHolders
 from corral.server.metrics import ManagerMetrics
 from corral.server.spec import JobSpecModel, parse_job_spec
 from corral.server.state import Attempt, Executor, ManagerSettings, gpu_ids_by_name
@@ -62,6 +63,7 @@ class Recovery:
     _next_taint_check: float
     _attempts: dict[str, Attempt]
     _draining: dict[tuple[str, int], tuple[int, ...]]
+    _holders: GpuHolders | None
     _deferred: dict[str, Start]
     _retrying: set[str]
     _spec_models: dict[str, JobSpecModel]
@@ -72,6 +74,9 @@ class Recovery:
     if TYPE_CHECKING:  # the manager's own, and the scheduler factory's
 
         def _make_scheduler(self) -> SchedulerCore: ...
+        def shares_gpus(self) -> bool: ...
+        def _note_holder(self, job_id: str, number: int, gpus: tuple[int, ...]) -> None: ...
+        def _drop_holder(self, job_id: str, number: int) -> None: ...
         def record_nodes(self) -> None: ...
         def gpu_ids(self, names: Iterable[str | int]) -> tuple[int, ...]: ...
         def attempt_dir(self, job_id: str, attempt: int) -> Path: ...
@@ -207,6 +212,13 @@ class Recovery:
         """Rebuild the core's state from the store after a (clean or abrupt) restart."""
         now = self.clock()
         with self.lock, self.store.batch():
+            # Who holds which GPU, from what is found: kept on if GPUs may be shared here, or if
+            # some are (attempts a manager that let jobs share GPUs started before its restart).
+            self._holders = GpuHolders()
+            for job_id, live in self._attempts.items():
+                self._holders.add(job_id, live.number, live.gpus)
+            for (job_id, number), gpus in self._draining.items():
+                self._holders.add(job_id, number, gpus)
             for row, _ in self.store.unfinished_jobs():
                 try:
                     self._recover_job(row, now)
@@ -217,13 +229,17 @@ class Recovery:
             for job_id, attempt in self.store.open_attempts_of_ended_jobs():
                 self._drain_leftover(job_id, attempt, now)
             self._restore_cache_readers(now)  # they read their data sets' directories
+            if not self.shares_gpus() and not self._holders.shared:
+                self._holders = None
             self._dirty = True
 
     def _unrecoverable(self, row: JobRow, now: float, error: Exception) -> None:
         log.warning("job %s cannot be recovered: %s", row.id, error)
         if row.id in self.scheduler.jobs:  # adopted, then something else failed
             self.scheduler.cancel(row.id, now)
-        self._attempts.pop(row.id, None)
+        attempt = self._attempts.pop(row.id, None)
+        if attempt is not None:
+            self._drop_holder(row.id, attempt.number)
         reason = f"could not be recovered after a restart: {error}"
         self.store.update_job(row.id, status="FAILED", finished_at=now, reason=reason)
         self.store.add_event(row.id, now, "failed", reason)
@@ -243,7 +259,8 @@ class Recovery:
         (its GPUs elsewhere stay held until it is gone), and the job waits for a new start."""
         number = row.number
         if found == "running":
-            self._draining[(job.id, number)] = self._known_gpus(row.gpus)
+            self._draining[(job.id, number)] = gpus = self._known_gpus(row.gpus)
+            self._note_holder(job.id, number, gpus)
             self.executor.stop(job.id, number)
             if row.state != "stopping":
                 reason = "lost: a node it ran on left the cluster"
@@ -279,7 +296,8 @@ class Recovery:
     def _drain_leftover(self, job_id: str, row: AttemptRow, now: float) -> None:
         found = self.executor.recover(job_id, row.number, self.attempt_dir(job_id, row.number))
         if found == "running":
-            self._draining[(job_id, row.number)] = self._known_gpus(row.gpus)
+            self._draining[(job_id, row.number)] = gpus = self._known_gpus(row.gpus)
+            self._note_holder(job_id, row.number, gpus)
             self.executor.stop(job_id, row.number)
             return
         fields: dict[str, object] = {"state": "ended", "ended_at": now}
@@ -381,10 +399,12 @@ class Recovery:
         if found == "running":
             if stopping:  # the stop may not have been sent before the crash: send it again
                 self._draining[(job.id, number)] = gpus
+                self._note_holder(job.id, number, gpus)
                 self.executor.stop(job.id, number)
                 return
             self.scheduler.restore_running(job.id, gpus, started_at, now)
             self._attempts[job.id] = Attempt(number, gpus, started_at)
+            self._note_holder(job.id, number, gpus)
             if job.id not in self.telemetry.watches:  # (a rebuild keeps what it read)
                 attempt_dir = self.attempt_dir(job.id, number)
                 shape = self.shape_of(job, gpus)
@@ -408,6 +428,7 @@ class Recovery:
         # It ended while the manager was down: take it as running until then, then as ended.
         self.scheduler.restore_running(job.id, gpus, started_at, now)
         self._attempts[job.id] = Attempt(number, gpus, started_at)
+        self._note_holder(job.id, number, gpus)
         self.store.add_event(
             job.id, now, "recovered", f"attempt {number} ended while the manager was down"
         )
