@@ -124,7 +124,10 @@ class Manager(
         #: Each VC's guaranteed cells ({cell type: count}, as the config gives them), for hived.
         self.vc_cells = {vc: dict(cells) for vc, cells in (vc_cells or {}).items()}
         self.telemetry = Telemetry(  # speeds, progress
-            store, self.settings.profile_fold_s, self.settings.max_steps_per_s
+            store,
+            self.settings.profile_fold_s,
+            self.settings.max_steps_per_s,
+            read_every_s=self.settings.progress_check_s,
         )
         self._init_data_cache()  # the nodes' data caches, if any (corral.server.datacache)
         self.scheduler = self._make_scheduler()
@@ -348,10 +351,12 @@ class Manager(
             with self.store.batch():
                 for end in ended:
                     self._attempt_ended(end, now)
+                if self.telemetry.due(now):  # the attempts whose turn it is to be read
+                    stops.extend(self._read_progress(now))
+                    deciding = deciding or self._dirty  # a pre-run passed, a pair measured
                 if now >= self._next_progress_check:
                     self._next_progress_check = now + self.settings.progress_check_s
-                    stops.extend(self._check_progress(now))
-                    deciding = deciding or self._dirty  # a pre-run passed, a pair measured
+                    stops.extend(self._check_limits(now))
             if self._nodes is not None and now >= self._next_node_check:
                 self._next_node_check = now + self.settings.node_check_s
                 self._refresh_nodes()
@@ -630,14 +635,12 @@ class Manager(
             self._wake.set()
         return changed
 
-    def _check_progress(self, now: float) -> list[tuple[str, int]]:
-        """Read the running attempts' reports (corral.server.telemetry); a pre-run passes on its
-        first (the core's `progressed`); stop the attempts that hung (no report for their
-        `progress_timeout`: retried as the infrastructure's failure, as Philly's hang detection
-        does) or ran past their `time_limit` (they fail, as in Slurm). Returns the attempts to
-        stop. A job sharing GPUs whose partner reported for the first time is measured from then
-        on (not while the partner started up); a new measurement of a pair makes the next round
-        judge it again (packing)."""
+    def _read_progress(self, now: float) -> list[tuple[str, int]]:
+        """Read the reports of the running attempts whose turn it is (each one's every
+        `progress_check_s`: corral.server.telemetry); a pre-run passes on its first (the core's
+        `progressed`). Returns the attempts to stop. A job sharing GPUs whose partner reported
+        for the first time is measured from then on (not while the partner started up); a new
+        measurement of a pair makes the next round judge it again (packing)."""
         first = self.telemetry.poll(now)
         if first and self._holders is not None and self._holders.shared:
             for job_id in first:
@@ -656,9 +659,19 @@ class Manager(
                 stop = self._record_preempt(passed, now)
                 if stop is not None:
                     stops.append(stop)
+        return stops
+
+    def _check_limits(self, now: float) -> list[tuple[str, int]]:
+        """Every `progress_check_s`: stop the attempts that hung (no report for their
+        `progress_timeout`: retried as the infrastructure's failure, as Philly's hang detection
+        does) or ran past their `time_limit` (they fail, as in Slurm); send `signal_before_limit`.
+        Returns the attempts to stop."""
+        stops = []
         for job_id, attempt in list(self._attempts.items()):
             model = self._spec_models.get(job_id)
-            if model is None or job_id in self._ending:
+            if model is None or (model.progress_timeout is None and model.time_limit is None):
+                continue  # (most jobs: nothing to check)
+            if job_id in self._ending:
                 continue
             report = None
             last = self.telemetry.last_report_at(job_id) or attempt.started_at
