@@ -28,7 +28,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import replace
 from pathlib import Path
 
@@ -348,39 +348,43 @@ class Manager(
             wake = self._wake_at is not None and now >= self._wake_at
             deciding = self._dirty or bool(ended) or wake
             stops: list[tuple[str, int]] = []
-            with self.store.batch():
-                for end in ended:
-                    self._attempt_ended(end, now)
-                if self.telemetry.due(now):  # the attempts whose turn it is to be read
-                    stops.extend(self._read_progress(now))
-                    deciding = deciding or self._dirty  # a pre-run passed, a pair measured
-                if now >= self._next_progress_check:
-                    self._next_progress_check = now + self.settings.progress_check_s
-                    stops.extend(self._check_limits(now))
-            if self._nodes is not None and now >= self._next_node_check:
-                self._next_node_check = now + self.settings.node_check_s
-                self._refresh_nodes()
-                deciding = deciding or self._dirty  # rebuilt, or nodes came back
-            self._hold_unusable()
-            self._hold_tainted(now)
-            with self.store.batch():
-                if deciding:
-                    self._open_gates(now)  # held, dependencies, array caps
-                    self._dirty = False
-                    decision = self.scheduler.decide(now)
-                    self._wake_at = decision.wake_at
-                    for action in decision.actions:
-                        if isinstance(action, Start):
-                            self._deferred[action.job_id] = action
-                            continue
-                        stop = self._record_preempt(action, now)
-                        if stop is not None:
-                            stops.append(stop)
-                    for respeed in decision.respeeds:
-                        self._record_respeed(respeed, now)
-                launches = self._record_ready_starts(now)
-                if deciding or ended:  # attempts began or ended: who shares which GPUs
-                    self._follow_partners(now)
+            node_check = self._nodes is not None and now >= self._next_node_check
+            # One transaction for the step; but a step that reads the nodes commits the ends
+            # first, so that a rebuild (nodes came or went) finds them in the store.
+            with nullcontext() if node_check else self.store.batch():
+                with self.store.batch():
+                    for end in ended:
+                        self._attempt_ended(end, now)
+                    if self.telemetry.due(now):  # the attempts whose turn it is to be read
+                        stops.extend(self._read_progress(now))
+                        deciding = deciding or self._dirty  # a pre-run passed, a pair measured
+                    if now >= self._next_progress_check:
+                        self._next_progress_check = now + self.settings.progress_check_s
+                        stops.extend(self._check_limits(now))
+                if node_check:
+                    self._next_node_check = now + self.settings.node_check_s
+                    self._refresh_nodes()
+                    deciding = deciding or self._dirty  # rebuilt, or nodes came back
+                self._hold_unusable()
+                self._hold_tainted(now)
+                with self.store.batch():
+                    if deciding:
+                        self._open_gates(now)  # held, dependencies, array caps
+                        self._dirty = False
+                        decision = self.scheduler.decide(now)
+                        self._wake_at = decision.wake_at
+                        for action in decision.actions:
+                            if isinstance(action, Start):
+                                self._deferred[action.job_id] = action
+                                continue
+                            stop = self._record_preempt(action, now)
+                            if stop is not None:
+                                stops.append(stop)
+                        for respeed in decision.respeeds:
+                            self._record_respeed(respeed, now)
+                    launches = self._record_ready_starts(now)
+                    if deciding or ended:  # attempts began or ended: who shares which GPUs
+                        self._follow_partners(now)
             for job_id, attempt in stops:
                 self.executor.stop(job_id, attempt)
             for launch in launches:
