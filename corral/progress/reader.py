@@ -4,8 +4,9 @@
     for r in tail.read(now):       # the reports appended since the last call
         ...                        # r.time, r.step, r.loss, r.samples
 
-Pure: no threads, no clock (a report without "time" gets the `now` passed in), one open and
-one bounded read per call. The file lives where the job's account can write, so the job may put
+Pure: no threads, no clock (a report without "time" gets the `now` passed in), at most one open
+and one bounded read per call: a file not there yet, or the same file at the size already read,
+costs one look at its name (no open, no exception), as most calls find it. The file lives where the job's account can write, so the job may put
 anything there; the reader assumes nothing of it:
 
 - it never follows a symlink at the last component (O_NOFOLLOW) and never blocks on a FIFO
@@ -65,6 +66,7 @@ class ProgressTail:
                 f"(got {max_line_bytes}, {max_read_bytes})"
             )
         self.path = Path(path)
+        self._name = os.fspath(self.path)
         self.max_line_bytes = max_line_bytes
         self.max_read_bytes = max_read_bytes
         #: Lines skipped because they were not reports, over the tail's life.
@@ -81,6 +83,8 @@ class ProgressTail:
     def read(self, now: float) -> list[Report]:
         """The reports appended since the last call, oldest first; [] while the file is missing
         (or is not a regular file: `last_error` says so)."""
+        if self._unchanged():
+            return []
         fd = self._open()
         if fd is None:
             return []
@@ -128,10 +132,26 @@ class ProgressTail:
         self.offset = start + newline + 1 if newline >= 0 else size
         self._skipping = newline < 0 and size > 0
 
+    def _unchanged(self) -> bool:
+        """Nothing to read, seen without opening the file: it is not there (yet), or it is the
+        file read so far, a regular file of the size already read. Anything else (a new file,
+        more bytes, a link, a FIFO) is left to the descriptor's checks."""
+        if self._identity is None:
+            return not os.access(self._name, os.F_OK, follow_symlinks=False)
+        try:
+            st = os.lstat(self._name)
+        except OSError:
+            return False  # gone, or unreadable: `_open` says what it finds
+        return (
+            stat.S_ISREG(st.st_mode)
+            and (st.st_dev, st.st_ino) == self._identity
+            and st.st_size == self.offset
+        )
+
     def _open(self) -> int | None:
         flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
         try:
-            return os.open(self.path, flags)
+            return os.open(self._name, flags)
         except FileNotFoundError:
             return None
         except OSError as error:

@@ -28,7 +28,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import replace
 from pathlib import Path
 
@@ -124,7 +124,10 @@ class Manager(
         #: Each VC's guaranteed cells ({cell type: count}, as the config gives them), for hived.
         self.vc_cells = {vc: dict(cells) for vc, cells in (vc_cells or {}).items()}
         self.telemetry = Telemetry(  # speeds, progress
-            store, self.settings.profile_fold_s, self.settings.max_steps_per_s
+            store,
+            self.settings.profile_fold_s,
+            self.settings.max_steps_per_s,
+            read_every_s=self.settings.progress_check_s,
         )
         self._init_data_cache()  # the nodes' data caches, if any (corral.server.datacache)
         self.scheduler = self._make_scheduler()
@@ -345,37 +348,43 @@ class Manager(
             wake = self._wake_at is not None and now >= self._wake_at
             deciding = self._dirty or bool(ended) or wake
             stops: list[tuple[str, int]] = []
-            with self.store.batch():
-                for end in ended:
-                    self._attempt_ended(end, now)
-                if now >= self._next_progress_check:
-                    self._next_progress_check = now + self.settings.progress_check_s
-                    stops.extend(self._check_progress(now))
-                    deciding = deciding or self._dirty  # a pre-run passed, a pair measured
-            if self._nodes is not None and now >= self._next_node_check:
-                self._next_node_check = now + self.settings.node_check_s
-                self._refresh_nodes()
-                deciding = deciding or self._dirty  # rebuilt, or nodes came back
-            self._hold_unusable()
-            self._hold_tainted(now)
-            with self.store.batch():
-                if deciding:
-                    self._open_gates(now)  # held, dependencies, array caps
-                    self._dirty = False
-                    decision = self.scheduler.decide(now)
-                    self._wake_at = decision.wake_at
-                    for action in decision.actions:
-                        if isinstance(action, Start):
-                            self._deferred[action.job_id] = action
-                            continue
-                        stop = self._record_preempt(action, now)
-                        if stop is not None:
-                            stops.append(stop)
-                    for respeed in decision.respeeds:
-                        self._record_respeed(respeed, now)
-                launches = self._record_ready_starts(now)
-                if deciding or ended:  # attempts began or ended: who shares which GPUs
-                    self._follow_partners(now)
+            node_check = self._nodes is not None and now >= self._next_node_check
+            # One transaction for the step; but a step that reads the nodes commits the ends
+            # first, so that a rebuild (nodes came or went) finds them in the store.
+            with nullcontext() if node_check else self.store.batch():
+                with self.store.batch():
+                    for end in ended:
+                        self._attempt_ended(end, now)
+                    if self.telemetry.due(now):  # the attempts whose turn it is to be read
+                        stops.extend(self._read_progress(now))
+                        deciding = deciding or self._dirty  # a pre-run passed, a pair measured
+                    if now >= self._next_progress_check:
+                        self._next_progress_check = now + self.settings.progress_check_s
+                        stops.extend(self._check_limits(now))
+                if node_check:
+                    self._next_node_check = now + self.settings.node_check_s
+                    self._refresh_nodes()
+                    deciding = deciding or self._dirty  # rebuilt, or nodes came back
+                self._hold_unusable()
+                self._hold_tainted(now)
+                with self.store.batch():
+                    if deciding:
+                        self._open_gates(now)  # held, dependencies, array caps
+                        self._dirty = False
+                        decision = self.scheduler.decide(now)
+                        self._wake_at = decision.wake_at
+                        for action in decision.actions:
+                            if isinstance(action, Start):
+                                self._deferred[action.job_id] = action
+                                continue
+                            stop = self._record_preempt(action, now)
+                            if stop is not None:
+                                stops.append(stop)
+                        for respeed in decision.respeeds:
+                            self._record_respeed(respeed, now)
+                    launches = self._record_ready_starts(now)
+                    if deciding or ended:  # attempts began or ended: who shares which GPUs
+                        self._follow_partners(now)
             for job_id, attempt in stops:
                 self.executor.stop(job_id, attempt)
             for launch in launches:
@@ -633,14 +642,12 @@ class Manager(
             self._wake.set()
         return changed
 
-    def _check_progress(self, now: float) -> list[tuple[str, int]]:
-        """Read the running attempts' reports (corral.server.telemetry); a pre-run passes on its
-        first (the core's `progressed`); stop the attempts that hung (no report for their
-        `progress_timeout`: retried as the infrastructure's failure, as Philly's hang detection
-        does) or ran past their `time_limit` (they fail, as in Slurm). Returns the attempts to
-        stop. A job sharing GPUs whose partner reported for the first time is measured from then
-        on (not while the partner started up); a new measurement of a pair makes the next round
-        judge it again (packing)."""
+    def _read_progress(self, now: float) -> list[tuple[str, int]]:
+        """Read the reports of the running attempts whose turn it is (each one's every
+        `progress_check_s`: corral.server.telemetry); a pre-run passes on its first (the core's
+        `progressed`). Returns the attempts to stop. A job sharing GPUs whose partner reported
+        for the first time is measured from then on (not while the partner started up); a new
+        measurement of a pair makes the next round judge it again (packing)."""
         first = self.telemetry.poll(now)
         if first and self._holders is not None and self._holders.shared:
             for job_id in first:
@@ -659,9 +666,19 @@ class Manager(
                 stop = self._record_preempt(passed, now)
                 if stop is not None:
                     stops.append(stop)
+        return stops
+
+    def _check_limits(self, now: float) -> list[tuple[str, int]]:
+        """Every `progress_check_s`: stop the attempts that hung (no report for their
+        `progress_timeout`: retried as the infrastructure's failure, as Philly's hang detection
+        does) or ran past their `time_limit` (they fail, as in Slurm); send `signal_before_limit`.
+        Returns the attempts to stop."""
+        stops = []
         for job_id, attempt in list(self._attempts.items()):
             model = self._spec_models.get(job_id)
-            if model is None or job_id in self._ending:
+            if model is None or (model.progress_timeout is None and model.time_limit is None):
+                continue  # (most jobs: nothing to check)
+            if job_id in self._ending:
                 continue
             report = None
             last = self.telemetry.last_report_at(job_id) or attempt.started_at

@@ -2,7 +2,8 @@
 
 Each worker appends JSON lines to its `rank-R.progress` file (`$CORRAL_PROGRESS_FILE`); the
 manager tails rank 0's (corral.progress.reader, bounded per read, so no job can stall or exhaust
-it) every `progress_check_s` and learns, per attempt:
+it) every `progress_check_s`, the attempts' reads spread evenly over that period (a round reads
+those whose turn it is, not every running attempt at once), and learns, per attempt:
 
 * its step and the time of its latest report (a job whose reports stop is hung: the manager's
   hang detection reads `last_report_at`);
@@ -34,6 +35,8 @@ profiles, all written inside the control loop's transaction.
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import math
 from collections import deque
 from dataclasses import dataclass, field
@@ -162,9 +165,19 @@ class Telemetry:
         store: Store,
         fold_every_s: float = FOLD_EVERY_S,
         max_steps_per_s: float | None = MAX_STEPS_PER_S,
+        read_every_s: float | None = None,
     ) -> None:
+        """`read_every_s`: each attempt's reports are read once every so many seconds, the
+        attempts' turns spread evenly over it, by `poll` (None: each `poll` reads every
+        attempt)."""
         self.store = store
         self.fold_every_s = fold_every_s
+        self.read_every_s = read_every_s
+        #: The watches' next turns (when, tie-break, watch), with `read_every_s`; an entry
+        #: whose watch ended or was replaced is dropped when its turn comes.
+        self._turns: list[tuple[float, int, Watch]] = []
+        self._watched = 0  # watches made so far: where the next one's turn falls in the period
+        self._order = itertools.count()  # ties of turns: in the order they were given
         #: Faster than this, an attempt's reports are rejected (None: no ceiling).
         self.max_steps_per_s = max_steps_per_s
         #: Set when a measurement of jobs sharing GPUs was folded in (the manager then lets the
@@ -198,6 +211,19 @@ class Telemetry:
         if resumed:
             tail.skip_to_end()
         self.watches[job_id] = watch
+        if self.read_every_s is not None:
+            # Its first turn at a fraction of the period that keeps the turns evenly spread
+            # (the golden ratio's sequence), however many attempts start together.
+            self._watched += 1
+            phase = (self._watched * 0.6180339887498949) % 1.0
+            self._turn(watch, now + self.read_every_s * phase)
+
+    def _turn(self, watch: Watch, when: float) -> None:
+        heapq.heappush(self._turns, (when, next(self._order), watch))
+
+    def due(self, now: float) -> bool:
+        """Whether `poll` has attempts to read at `now` (always, without `read_every_s`)."""
+        return self.read_every_s is None or bool(self._turns and self._turns[0][0] <= now)
 
     def reshape(self, job_id: str, shape: Shape, now: float) -> None:
         """The attempt's shape changed (a job started or stopped sharing its GPUs): its reports
@@ -249,10 +275,10 @@ class Telemetry:
         return self.profiles.share(model, shared) or changed
 
     def poll(self, now: float) -> list[str]:
-        """Read every running attempt's new reports; returns the jobs whose attempt reported
-        for the first time."""
+        """Read the running attempts' new reports: every attempt's, or with `read_every_s` those
+        whose turn has come; returns the jobs whose attempt reported for the first time."""
         first = []
-        for watch in list(self.watches.values()):
+        for watch in self._readable(now):
             silent = watch.reports == 0
             if self._read(watch, now) and silent:
                 first.append(watch.job_id)
@@ -260,6 +286,21 @@ class Telemetry:
                 if watch.last.time - watch.folded.time >= self.fold_every_s:
                     self._fold(watch, now)
         return first
+
+    def _readable(self, now: float) -> list[Watch]:
+        """The watches `poll` reads now; with `read_every_s`, each gets its next turn."""
+        if self.read_every_s is None:
+            return list(self.watches.values())
+        period, turns, ready = self.read_every_s, self._turns, []
+        while turns and turns[0][0] <= now:
+            when, _, watch = heapq.heappop(turns)
+            if self.watches.get(watch.job_id) is not watch:
+                continue  # ended, or another attempt's now
+            ready.append(watch)
+            # Its next turn, one period on; turns missed (a round that took long) are skipped,
+            # its place in the period kept (the turns stay spread).
+            self._turn(watch, when + period * (1 + math.floor((now - when) / period)))
+        return ready
 
     def _read(self, watch: Watch, now: float) -> bool:
         reports = watch.tail.read(now)
