@@ -168,11 +168,11 @@ class Telemetry:
         read_every_s: float | None = None,
     ) -> None:
         """`read_every_s`: each attempt's reports are read once every so many seconds, the
-        attempts' turns spread evenly over it, by `poll` (None: each `poll` reads every
+        attempts' turns spread evenly over it, by `poll` (None or 0: each `poll` reads every
         attempt)."""
         self.store = store
         self.fold_every_s = fold_every_s
-        self.read_every_s = read_every_s
+        self.read_every_s = read_every_s or None  # a period of 0 has no turns to spread
         #: The watches' next turns (when, tie-break, watch), with `read_every_s`; an entry
         #: whose watch ended or was replaced is dropped when its turn comes.
         self._turns: list[tuple[float, int, Watch]] = []
