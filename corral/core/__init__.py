@@ -3,7 +3,8 @@
 from corral.core.actions import Action, Decision, Preempt, Start
 from corral.core.cluster import Cell, Cluster, ClusterError, NodeDef
 from corral.core.job import Job, JobSpec, JobStatus, Priority
-from corral.core.scheduler import JobRefused, Scheduler
+from corral.core.refusal import JobRefused
+from corral.core.scheduler import Scheduler
 
 __all__ = [
     "Action",

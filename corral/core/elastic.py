@@ -47,8 +47,9 @@ from corral.core.placement.base import Placed, Placement
 from corral.core.plugin import SpeedModel
 from corral.core.policy.base import Policy
 from corral.core.policy.edf import ElasticFlowOrder, deadline_of
+from corral.core.refusal import JobRefused, refuse_new
 from corral.core.retry import FailureReport, RetryRule
-from corral.core.scheduler import JobRefused, Scheduler, refuse_new
+from corral.core.scheduler import Scheduler
 
 #: A job's training throughput on a number of GPUs, consolidated, in any unit (only ratios matter).
 Throughput = Callable[[Job, int], float]

@@ -15,7 +15,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import math
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import replace
 
 from sortedcontainers import SortedList
@@ -25,12 +25,13 @@ from corral.core.chain import as_chain
 from corral.core.cluster import Cluster
 from corral.core.job import Job, JobSpec, JobStatus
 from corral.core.lifecycle import Lifecycle
-from corral.core.placement.base import Placed, Placement, not_enough, whole_worker_gpus
+from corral.core.placement.base import Placed, Placement, not_enough
 from corral.core.plugin import PluginError, SpeedModel
 from corral.core.policy.base import Key, Policy
-from corral.core.precheck import PreRuns, precheck_problem
+from corral.core.precheck import PreRuns
 from corral.core.preempt import TOP, VICTIM_RULES, Preemption
 from corral.core.protocol import Admission
+from corral.core.refusal import Refusals, refuse_new
 from corral.core.retry import Failure, FailureReport, RetryOptions, RetryRule, Verdict
 from corral.core.stages import Stage
 from corral.core.statement import claim, unclaim
@@ -107,46 +108,6 @@ class _FlatIndex:
         bisect.insort(keys, new)
 
 
-class JobRefused(ValueError):
-    """A job that can never run on this cluster."""
-
-
-def refuse_new(jobs: Mapping[str, Job], spec: JobSpec, refusal: str | None = None) -> None:
-    """JobRefused if a job of this id exists already, or for `refusal` (why it could never run)."""
-    if spec.id in jobs:
-        raise JobRefused(f"job {spec.id}: a job with this id already exists")
-    if refusal is not None:
-        raise JobRefused(f"job {spec.id}: {refusal}")
-
-
-def worker_refusal(cluster: Cluster, spec: JobSpec, where: str = "") -> str | None:
-    """Why the job's workers could never be placed on `cluster` (`where` names it in the message,
-    e.g. " in VC a"), or None: each worker needs `gpus_per_worker` GPUs on one node."""
-    unit = spec.gpus_per_worker
-    if unit == 1:
-        return None
-    if unit < 1 or spec.gpus % unit:
-        return f"{spec.gpus} GPUs cannot be split into workers of {unit} GPUs"
-    types = [t for t in cluster.gpu_types if spec.accepts(t)]
-    kind = "" if spec.gpu_types is None else f" of type {'|'.join(sorted(spec.gpu_types))}"
-    largest = max((cluster.max_node_gpus_by_type[t] for t in types), default=0)
-    if unit > largest:
-        return (
-            f"each worker needs {unit} GPUs on one node, but the largest node{kind}{where} has "
-            f"{largest} (use more workers)"
-        )
-    room = max(
-        whole_worker_gpus(cluster, [n.index for n in cluster.nodes if n.gpu_type == t], unit)
-        for t in types
-    )
-    if spec.gpus > room:
-        return (
-            f"asks for {spec.gpus} GPUs, {unit} per worker on one node, but the nodes{kind}"
-            f"{where} can give only {room} GPUs in whole workers"
-        )
-    return None
-
-
 class Scheduler:
     def __init__(
         self,
@@ -194,11 +155,10 @@ class Scheduler:
         self._on_stop = chain.hooks("on_stop")
         self._round_hooks = chain.hooks("begin_round")
         self._narrows = chain.having("walks")
-        self._bounds = chain.having("refusal") or chain.having("capacity")
         self.policy = policy
         self.placement = placement
+        self._refusals = Refusals(placement, chain)
         self._placement_plans = type(placement).begin_round is not Placement.begin_round
-        self._placement_refuses = type(placement).refusal is not Placement.refusal
         self.backfill = backfill
         self.speed_model = speed_model
         self.restore_s = restore_s
@@ -284,44 +244,7 @@ class Scheduler:
     def refusal(self, spec: JobSpec) -> str | None:
         """Why this job could never run here (so `submit` would refuse it), or None. Depends
         only on the cluster's shape and the VCs, so a shell may ask before it stores the job."""
-        if spec.plain:
-            if spec.gpus <= 0:
-                return f"gpus must be a positive integer, got {spec.gpus}"
-        else:
-            problem = spec.request_problem()
-            if problem is not None:
-                return problem
-            if not self.placement.shares:
-                return (
-                    f"asks for {spec.describe_request()}, but placement {self.placement.name} "
-                    "gives whole GPUs only (shares of a GPU, CPU and memory need a placement "
-                    "that places them, such as fgd)"
-                )
-            if self.admission.counts_gpus:
-                return (
-                    f"asks for {spec.describe_request()}: shares of a GPU, CPU and memory are "
-                    f"not supported with admission {self.admission.name}"
-                )
-        problem = precheck_problem(spec.precheck_s)
-        if problem is not None:
-            return problem
-        capacity = self.cluster.capacity_for(spec.gpu_types)
-        if self._bounds:
-            problem = self.admission.refusal(spec)
-            if problem is not None:
-                return problem
-            bound = self.admission.capacity(spec)  # None: no bound of the admissions'
-            if bound is not None:
-                capacity = min(capacity, bound)
-        if spec.gpus > capacity:
-            kind = "" if spec.gpu_types is None else f" of type {'|'.join(sorted(spec.gpu_types))}"
-            unit = "GPU" if capacity == 1 else "GPUs"
-            return f"asks for {spec.gpus} GPUs but the cluster has only {capacity} {unit}{kind}"
-        if self._placement_refuses:
-            problem = self.placement.refusal(self.cluster, spec)
-            if problem is not None:
-                return problem
-        return worker_refusal(self.cluster, spec)
+        return self._refusals.refusal(self.cluster, spec)
 
     def submit(self, spec: JobSpec, now: float) -> Job:
         refuse_new(self.jobs, spec, self.refusal(spec))

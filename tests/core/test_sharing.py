@@ -24,7 +24,8 @@ from corral.core.placement.base import NotPlaced, Placed, Placement
 from corral.core.placement.sharing import Fgd, NodeIndex, RandomFit
 from corral.core.plugin import PluginError, Services
 from corral.core.policy import make_policy
-from corral.core.scheduler import JobRefused, Scheduler
+from corral.core.refusal import JobRefused
+from corral.core.scheduler import Scheduler
 
 SHARING = sorted(name for name, cls in PLACEMENTS.items() if cls.shares)
 

@@ -36,8 +36,9 @@ from corral.core.plugin import PluginError, SpeedModel
 from corral.core.policy.base import Policy
 from corral.core.precheck import precheck_problem
 from corral.core.protocol import Admission, SchedulerCore
+from corral.core.refusal import refuse_new, worker_refusal
 from corral.core.retry import FailureReport, RetryRule
-from corral.core.scheduler import Scheduler, refuse_new, worker_refusal
+from corral.core.scheduler import Scheduler
 from corral.core.vcluster import VirtualCluster, build_virtual_cluster
 
 #: The name under which opportunistic jobs are reported (they belong to no VC's guarantee).
