@@ -19,6 +19,10 @@ from setuptools.command.build import build
 #: The compiled modules: the scheduling core's round and the simulator's event loop.
 COMPILED = [
     "corral/core/scheduler.py",
+    "corral/core/state.py",
+    "corral/core/walk.py",
+    "corral/core/timers.py",
+    "corral/core/index.py",
     "corral/core/preempt.py",
     "corral/core/statement.py",
     "corral/core/chain.py",

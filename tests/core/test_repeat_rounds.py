@@ -100,7 +100,7 @@ def test_skipping_quiet_rounds_decides_exactly_as_walking_every_round(
     runs = []
     for may_repeat in (True, False):
         s = scheduler(4, 4, "las", placement=placement, racks=2, policy_options=options)
-        s._may_repeat = may_repeat
+        s._may_repeat = s.timers.idle_when_running = may_repeat
         result = Simulation(random_trace(seed, 150), s, record_decisions=True).run()
         runs.append(result.decisions)
     assert len(runs[0]) > 300  # the trace preempts: each job starts at least once
@@ -143,7 +143,7 @@ def test_key_changes_while_no_job_waits_decide_as_rounds_of_their_own(
     runs, rounds = [], []
     for may_repeat in (True, False):
         s = scheduler(4, 4, policy, placement="relax", racks=2, policy_options=options)
-        s._may_repeat = may_repeat
+        s._may_repeat = s.timers.idle_when_running = may_repeat
         result = Simulation(random_trace(seed, 150, gap_s), s, record_decisions=True).run()
         runs.append(result.decisions)
         rounds.append(result.rounds)
@@ -193,14 +193,14 @@ def test_a_long_waiting_queue_keeps_its_order_as_it_grows_and_shrinks():
     # a SortedList. Cancelling the even jobs from j2 to j8998 (4,499) and the odd ones from j1 to
     # j6999 (3,500) leaves 1,000, fewer than SHORT_QUEUE: a flat list again. Each step keeps
     # arrival order, and the next job to start is the earliest still waiting.
-    from corral.core.scheduler import LONG_QUEUE, SHORT_QUEUE, _FlatIndex
+    from corral.core.index import LONG_QUEUE, SHORT_QUEUE, FlatIndex
 
     s = scheduler(1, 1, "fifo")
     for i in range(9_000):
         s.submit(spec(f"j{i}", 1, submit=float(i)), float(i))
     assert s.decide(9_000).actions == [Start("j0", (0,))]
     assert s.pending_count == 8_999 > LONG_QUEUE
-    assert not isinstance(s._pending, _FlatIndex)
+    assert not isinstance(s.pending, FlatIndex)
     waiting = [f"j{i}" for i in range(1, 9_000)]
     assert [job.id for job in s.pending_jobs()] == waiting
     for i in range(2, 9_000, 2):
@@ -209,7 +209,7 @@ def test_a_long_waiting_queue_keeps_its_order_as_it_grows_and_shrinks():
         s.cancel(f"j{i}", 9_001)
     left = [f"j{i}" for i in range(7_001, 9_000, 2)]
     assert s.pending_count == len(left) == 1_000 < SHORT_QUEUE
-    assert isinstance(s._pending, _FlatIndex)
+    assert isinstance(s.pending, FlatIndex)
     assert [job.id for job in s.pending_jobs()] == left
     assert s.explain("j7003", 9_001).startswith("PENDING, position 2 of 1000")
     s.finished("j0", 9_002)

@@ -1,0 +1,208 @@
+"""When the scheduler must look at a job again without being told: its timers.
+
+A job's key (`Policy.key_changes_at`: a LAS queue's demotion), its placement's mode (relaxed
+after a wait), its retry backoff and a lifecycle plugin's own timer (a pre-run's limit) change at
+instants the policy and plugins announce. `Timers` keeps one timer per job (a later one replaces
+it: each carries the job's timer version) in three heaps:
+
+* due timers wake the scheduler (`next_wake`) and are taken at the first round at or after
+  their instant (`fire`);
+* lazy ones, of a policy whose key changes do not wake it (`Policy.rekey_wakes` false: Tiresias's
+  simulator), are taken at the first round at or after their instant, which something else wakes;
+* idle ones, a running job's key changes where a round with no job waiting does nothing (the
+  scheduler's quiet rounds, `Scheduler._may_repeat`): they wake the scheduler only while a job
+  waits, and are otherwise taken, each at its own instant, at the next round or before the job
+  stops or changes (`catch_up`), as the rounds they did not wake would have.
+
+A policy's own wake-ups, where key changes do not wake (`Policy.wakes_at`), are bounded per
+running attempt (`Policy.wake_bound`) and searched lazily (`earliest_wake`), so that a round asks
+only the jobs whose bound lies before the earliest wake-up found so far.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Protocol
+
+from corral.core.job import JobStatus
+
+if TYPE_CHECKING:
+    from corral.core.actions import Action
+    from corral.core.job import Job
+    from corral.core.lifecycle import Lifecycle
+    from corral.core.placement.base import Placement
+    from corral.core.policy.base import Policy
+
+#: A timer: (instant, job seq, the job's timer version when it was set).
+Timer = tuple[float, int, int]
+
+
+class TimerHost(Protocol):
+    def rekey(self, job: Job, now: float) -> None:
+        """Re-key the job in its queue at its timer (which sets its next one)."""
+        ...
+
+
+class Timers:
+    def __init__(
+        self,
+        host: TimerHost,
+        policy: Policy,
+        placement: Placement,
+        lifecycle: Lifecycle,
+        by_seq: Mapping[int, Job],
+        idle_when_running: bool,
+    ) -> None:
+        """`by_seq`: the scheduler's jobs by seq (read only). `idle_when_running`: a running
+        job's key changes matter only while a job waits (they go to the idle heap)."""
+        self.host = host
+        self.policy = policy
+        self.placement = placement
+        self.lifecycle = lifecycle
+        self._followed = lifecycle.jobs
+        self._by_seq = by_seq
+        self.idle_when_running = idle_when_running
+        self._due: list[Timer] = []
+        self._lazy: list[Timer] = []  # not waking (Policy.rekey_wakes)
+        self._idle: list[Timer] = []
+        #: Each running job's latest idle timer (instant, version), by seq.
+        self.idle_at: dict[int, tuple[float, int]] = {}
+        self._version: dict[int, int] = {}
+        #: Per running job (seq, attempt), its `Policy.wake_bound` from when it was last asked.
+        #: Entries of jobs that stopped wait to be popped.
+        self.asks_wakes = not policy.rekey_wakes
+        self._wake_bounds: list[Timer] = []
+
+    def set(self, job: Job, now: float) -> None:
+        """The job's one timer (a later one replaces it): the earliest instant its key, placement
+        mode, backoff or lifecycle timer changes."""
+        at = self.policy.key_changes_at(job, now)
+        lazy = idle = math.inf
+        if not self.policy.rekey_wakes:
+            lazy, at = at, math.inf
+        if job.status is JobStatus.PENDING:
+            at = min(at, self.placement.changes_at(job, now))
+            if job.hold_until > now:  # wake when its retry backoff ends
+                at = min(at, job.hold_until)
+        elif self._followed and job.id in self._followed:
+            at = min(at, self.lifecycle.due_at(job))
+        elif self.idle_when_running:
+            idle, at = at, math.inf
+        version = self._version.get(job.seq, 0) + 1
+        self._version[job.seq] = version
+        if at < math.inf:
+            heapq.heappush(self._due, (max(at, now), job.seq, version))
+        if lazy < at:
+            heapq.heappush(self._lazy, (max(lazy, now), job.seq, version))
+        if idle < math.inf:
+            idle = max(idle, now)
+            heapq.heappush(self._idle, (idle, job.seq, version))
+            self.idle_at[job.seq] = (idle, version)
+
+    def started(self, job: Job) -> None:
+        """An attempt started: its policy wake-up is asked at the end of this round."""
+        heapq.heappush(self._wake_bounds, (-math.inf, job.seq, job.attempts))
+
+    def forget(self, job: Job) -> None:
+        """The job ended or left: its timers, wherever they are, fire no more."""
+        self._version.pop(job.seq, None)
+
+    def fire(self, now: float, actions: list[Action]) -> None:
+        """Take every timer due by `now`, the earliest first."""
+        timers, lazy, idle = self._due, self._lazy, self._idle
+        while True:  # the earliest due timer of the three heaps
+            heap = timers if timers and timers[0][0] <= now else None
+            for other in (lazy, idle):
+                if other and other[0][0] <= now and (heap is None or other[0] < heap[0]):
+                    heap = other
+            if heap is None:
+                break
+            at, seq, version = heapq.heappop(heap)
+            if self._version.get(seq) != version:
+                continue
+            job = self._by_seq[seq]
+            if heap is idle:  # as if each had woken a round of its own at its instant
+                self._take_idle(job, at, now)
+                continue
+            self.policy.on_key_change(job, now)
+            if (
+                job.status is JobStatus.RUNNING
+                and self._followed
+                and job.id in self._followed
+                and self.lifecycle.due(job, now, actions)
+            ):
+                continue
+            self.host.rekey(job, now)
+
+    def _take_idle(self, job: Job, at: float, until: float) -> None:
+        """Take a running job's key changes from `at` up to `until`, each at its own instant."""
+        while True:
+            self.policy.on_key_change(job, at)
+            self.host.rekey(job, at)  # which sets the job's next one
+            due = self.idle_at.get(job.seq)
+            if due is None or due[0] > until or self._version[job.seq] != due[1]:
+                return
+            at = due[0]
+
+    def catch_up(self, job: Job, now: float) -> None:
+        """Before a running job stops or changes outside a round: take its key changes that
+        came due before `now` while no job waited, as the rounds they did not wake would have."""
+        due = self.idle_at.pop(job.seq, None)
+        if due is not None and due[0] < now and self._version.get(job.seq) == due[1]:
+            self._take_idle(job, due[0], math.nextafter(now, -math.inf))
+
+    def next_wake(self, now: float, waiting: bool, running: int) -> float | None:
+        """When the scheduler must run a round by itself, or None. `waiting`: a job waits (a
+        running job's key change matters only then); `running`: how many jobs run."""
+        version = self._version
+        timers = self._due
+        while timers and version.get(timers[0][1]) != timers[0][2]:
+            heapq.heappop(timers)
+        wake = timers[0][0] if timers else math.inf
+        idle = self._idle
+        if waiting:
+            while idle and version.get(idle[0][1]) != idle[0][2]:
+                heapq.heappop(idle)
+            if idle:
+                wake = min(wake, idle[0][0])
+        if self.asks_wakes:
+            wake = self._earliest_wake(wake, now, running)
+        return wake if wake < math.inf else None
+
+    def _earliest_wake(self, wake: float, now: float, running: int) -> float:
+        """The earliest of `wake` and every running job's `Policy.wakes_at`, as the policy's
+        owner asks them at each of its events. Only the jobs whose bound lies before the earliest
+        found so far are asked (each bound holds for the rest of the job's attempt): the same
+        instant as asking every running job, for a handful of them."""
+        bounds = self._wake_bounds
+        policy = self.policy
+        asked: list[Timer] = []
+        while bounds and bounds[0][0] < wake:
+            _, seq, attempt = heapq.heappop(bounds)
+            job = self._running_attempt(seq, attempt)
+            if job is None:
+                continue  # that attempt is over
+            at = policy.wakes_at(job, now)
+            wake = min(wake, at)
+            asked.append((policy.wake_bound(job, now, at), seq, attempt))
+        for entry in asked:
+            heapq.heappush(bounds, entry)
+        if len(bounds) > 2 * running + 64:  # drop the attempts that are over
+            live: dict[int, float] = {}
+            for bound, seq, attempt in bounds:
+                if self._running_attempt(seq, attempt) is not None:
+                    live[seq] = min(bound, live.get(seq, math.inf))
+            self._wake_bounds = [
+                (bound, seq, self._by_seq[seq].attempts) for seq, bound in live.items()
+            ]
+            heapq.heapify(self._wake_bounds)
+        return wake
+
+    def _running_attempt(self, seq: int, attempt: int) -> Job | None:
+        """The job numbered `seq` if it is still running its attempt `attempt`, else None."""
+        job = self._by_seq.get(seq)
+        if job is None or job.status is not JobStatus.RUNNING or job.attempts != attempt:
+            return None
+        return job

@@ -1,0 +1,193 @@
+"""The body of a scheduling round: the waiting jobs walked in the policy's order.
+
+For each waiting job, until nothing more can change, the walk asks the round's extension points
+in turn and goes on to the next job at the first that starts it:
+
+1. admit: its retry backoff, a queue blocked this round, the admissions' `check`;
+2. place: the placement, on free GPUs;
+3. defragment: the stages at that point (`Stage.point`), which may move running jobs first;
+4. preempt: the preemption plugin (corral.core.preempt), within the bounds below;
+5. share: the stages at that point, which may start it beside a running job;
+6. block: a blocking policy without backfill stops the walk (or, under an admission with queues,
+   that queue: YARN's capacity scheduler).
+
+Within a round a failure is remembered where it holds for the jobs behind: a job of the same kind
+needing at least as many GPUs as one that did not fit cannot fit either, nor find more victims.
+The walk stops early once no GPU is free (or fewer than the smallest waiting job asks), nothing
+may be preempted, and no stage may start a job without free GPUs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Protocol
+
+from corral.core.placement.base import Placed, not_enough
+from corral.core.stages import RoundHost, Stage
+
+if TYPE_CHECKING:
+    from corral.core.actions import Action
+    from corral.core.chain import AdmissionChain
+    from corral.core.cluster import Cluster
+    from corral.core.index import Index
+    from corral.core.job import Job
+    from corral.core.placement.base import Placement
+    from corral.core.policy.base import Policy
+    from corral.core.preempt import Preemption
+
+
+class WalkHost(RoundHost, Protocol):
+    """What the walk reads and does of the scheduler."""
+
+    #: The waiting jobs' keys, in order (the index may be replaced as jobs start).
+    pending: Index
+    #: Waiting jobs of whole GPUs by GPU count, and those asking for shares.
+    waiting_sizes: dict[int, int]
+    waiting_shares: int
+    #: The job that blocked the last walk (a blocking policy without backfill), or None.
+    blocked_by: str | None
+
+    def start_on(self, job: Job, placed: Placed, now: float, actions: list[Action]) -> None: ...
+
+
+class QueueWalk:
+    def __init__(
+        self,
+        host: WalkHost,
+        cluster: Cluster,
+        policy: Policy,
+        placement: Placement,
+        admission: AdmissionChain,
+        preemption: Preemption,
+        stages: Sequence[Stage],
+        by_seq: Mapping[int, Job],
+        backfill: bool,
+    ) -> None:
+        self.host = host
+        self.cluster = cluster
+        self.placement = placement
+        self.admission = admission
+        self.preemption = preemption
+        self.by_seq = by_seq
+        self.defragmenters = [s for s in stages if s.point == "defragment"]
+        self.sharers = [s for s in stages if s.point == "share"]
+        #: Does the walk stop at a job that does not start (policy blocking, backfill off)?
+        self.blocks = policy.blocking and not backfill
+        self._checks = admission.having("check")
+        self._queues = admission.having("queue")
+        self._picks = admission.picks_victims
+        # Once a job may not preempt, no job behind it may in this round: their keys are higher,
+        # jobs started meanwhile have lower keys than theirs, and none is preempted from here
+        # on. Not so where an admission or a stage decides otherwise (a reclaim, a move).
+        self._settles = not self._picks and not stages
+
+    def walk(self, now: float, preempt: bool, actions: list[Action]) -> None:
+        """Start (and preempt for) waiting jobs in the policy's order, as far as anything can
+        change."""
+        host = self.host
+        host.blocked_by = None
+        cluster = self.cluster
+        by_seq = self.by_seq
+        # Within a round, a job of the same kind needing at least as many GPUs as one that did not
+        # fit cannot fit either (and, being of lower priority, has no more victims to preempt).
+        # The kind includes the GPUs per worker: a job of smaller workers fits where larger did not.
+        # A job asking for a share, CPU or memory is of the same kind only with the same request.
+        no_fit: dict[tuple[object, ...], float] = {}
+        # Both bounds on preempting hold for the later jobs with the same victims: of those GPU
+        # types, and of that queue when a quota decides who may be preempted (another VC's job,
+        # or one beyond its share, may take back other jobs).
+        no_room: dict[tuple[object, ...], float] = {}
+        too_few_victims: dict[tuple[frozenset[str] | None, str], float] = {}
+        blocked_queues: set[str] = set()
+        admission, placement = self.admission, self.placement
+        checks, queues, picks, settles = self._checks, self._queues, self._picks, self._settles
+        defragmenters, sharers = self.defragmenters, self.sharers
+        sizes = host.waiting_sizes
+        may_preempt_for = self.preemption.may_preempt_for
+        make_room = self.preemption.make_room
+        preempting = preempt
+        position = 0
+        while position < len(host.pending):
+            job = by_seq[host.pending[position][-1]]
+            can_preempt = preempting and may_preempt_for(job, now)
+            if settles and not can_preempt:
+                preempting = False
+            free = cluster.free_gpus
+            if (
+                not can_preempt
+                and (free == 0 or free < min(sizes, default=0))
+                and not host.waiting_shares
+                and not any(stage.keeps_walking() for stage in sharers)
+            ):
+                if not picks or not admission.someone_over_share():
+                    short = not_enough(cluster, job) if free else None
+                    job.pending_reason = (
+                        "waiting for free GPUs: all are in use by jobs of equal or higher priority"
+                        if short is None
+                        else short.reason
+                    )
+                    break
+                # A job further back, of a VC under its share, may still reclaim GPUs.
+                job.pending_reason = "waiting for free GPUs"
+                position += 1
+                continue
+            if job.hold_until > now:
+                job.pending_reason = f"retry backoff: held for {job.hold_until - now:.0f} s more"
+                position += 1
+                continue
+            if blocked_queues and admission.queue(job) in blocked_queues:
+                job.pending_reason = f"blocked behind the head job of {admission.queue(job)}"
+                position += 1
+                continue
+            if checks:
+                refusal = admission.check(job)
+                if refusal is not None:
+                    job.pending_reason = refusal
+                    position += 1
+                    continue
+            spec = job.spec
+            kind: tuple[object, ...] = (
+                spec.gpu_types,
+                placement.mode(job, now),
+                spec.gpus_per_worker,
+            )
+            if not spec.plain:
+                kind += (spec.gpu_milli, spec.cpu_milli, spec.memory_mib)
+            if job.spec.gpus < no_fit.get(kind, math.inf):
+                result = placement.place(cluster, job, now)
+                if isinstance(result, Placed):
+                    host.start_on(job, result, now, actions)
+                    continue
+                if any(stage.try_start(host, job, now, actions) for stage in defragmenters):
+                    continue
+                no_fit[kind] = job.spec.gpus
+                job.pending_reason = result.reason
+            else:
+                job.pending_reason = (
+                    "no room: a job of the same kind needing fewer GPUs did not fit"
+                )
+            victims_kind = (job.spec.gpu_types, (admission.queue(job) or "") if queues else "")
+            if (
+                can_preempt
+                and job.spec.gpus < no_room.get((kind, victims_kind), math.inf)
+                and job.spec.gpus < too_few_victims.get(victims_kind, math.inf)
+            ):
+                outcome = make_room(job, now, actions)
+                if outcome == "started":
+                    # Its victims may have freed more GPUs than it took: what did not fit may now.
+                    no_fit.clear()
+                    continue
+                if outcome == "too few victims":
+                    too_few_victims[victims_kind] = job.spec.gpus
+                else:
+                    no_room[(kind, victims_kind)] = job.spec.gpus
+            if any(stage.try_start(host, job, now, actions) for stage in sharers):
+                continue
+            if self.blocks:
+                queue = admission.queue(job) if queues else None
+                if queue is None:
+                    host.blocked_by = job.id
+                    break
+                blocked_queues.add(queue)  # YARN-CS: a VC's queue blocks itself
+            position += 1
