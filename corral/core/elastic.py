@@ -50,6 +50,7 @@ from corral.core.policy.edf import ElasticFlowOrder, deadline_of
 from corral.core.refusal import JobRefused, refuse_new
 from corral.core.retry import FailureReport, RetryRule
 from corral.core.scheduler import Scheduler
+from corral.core.statement import Statement
 
 #: A job's training throughput on a number of GPUs, consolidated, in any unit (only ratios matter).
 Throughput = Callable[[Job, int], float]
@@ -698,7 +699,8 @@ class ElasticScheduler:
         """Restart a running job on more GPUs if a placement holds it there (consolidated, as a
         job that has just started to wait); if none does, it keeps running as it is."""
         curve = self._elastic[job.id].curve
-        self.cluster.release(job.placement)
+        statement = Statement(self.cluster)  # its GPUs, as if free, while the sizes are tried
+        statement.free(job)
         placed: Placed | None = None
         for size in reversed([s for s in curve.sizes if job.gpus < s <= target]):
             probe = Job(spec=replace(job.spec, gpus=size), seq=job.seq, queued_since=now)
@@ -706,7 +708,7 @@ class ElasticScheduler:
             if isinstance(result, Placed):
                 placed = result
                 break
-        self.cluster.allocate(job.placement)
+        statement.discard()  # the resize below stops and starts it through the scheduler
         if placed is None:
             return []
         before = job.gpus
