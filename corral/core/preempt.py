@@ -221,7 +221,8 @@ class Preemption:
     def rekeyed(self, old: Key, new: Key) -> None:
         """A running job's key changed: the waiting jobs that may now preempt it, and could not
         before, search again."""
-        self._forget(old, new)
+        if self.no_room:
+            self._forget(old, new)
 
     def _forget(self, low: Key, high: Key | None) -> None:
         """Forget the failed searches of the waiting jobs that may not preempt a running job of

@@ -145,8 +145,9 @@ class Scheduler(SchedulerState):
         )
         #: What runs as a round begins, before the walk (`_begin_round_hooks`).
         self._round_starts = self._begin_round_hooks(chain)
-        self._no_room = self.preemption.no_room  # failed searches remembered (read only)
         self._running_left = self.preemption.running_left
+        self._waiting_left = self.preemption.waiting_left
+        self._running_rekeyed = self.preemption.rekeyed
 
     # -- deciding ---------------------------------------------------------------------------
 

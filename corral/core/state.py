@@ -31,7 +31,7 @@ from corral.core.lifecycle import Lifecycle
 from corral.core.placement.base import Placed, Placement
 from corral.core.plugin import SpeedModel
 from corral.core.policy.base import Key, Policy
-from corral.core.preempt import TOP, Outcome, Preemption
+from corral.core.preempt import TOP, Preemption
 from corral.core.refusal import Refusals, refuse_new
 from corral.core.retry import Failure, FailureReport, RetryRule, Verdict
 from corral.core.stages import Stage
@@ -51,8 +51,11 @@ class SchedulerState:
     _followed: dict[str, Any]
     timers: Timers
     preemption: Preemption
-    _no_room: dict[int, tuple[str, Outcome]]
+    #: What the indexes tell the preemption plugin (its failed-search memory, corral.core.preempt):
+    #: a running job left, a waiting job left, a running job was re-keyed (old, new).
     _running_left: Callable[[Job, Key], None]
+    _waiting_left: Callable[[Job, Key], None]
+    _running_rekeyed: Callable[[Key, Key], None]
 
     def __init__(
         self,
@@ -575,8 +578,8 @@ class SchedulerState:
         self._quiet = None
         if index is self._running:
             self._running_left(job, key)
-        elif self._no_room:
-            self.preemption.waiting_left(job, key)
+        else:
+            self._waiting_left(job, key)
 
     def rekey(self, job: Job, now: float) -> None:
         """Re-key a job at its timer (corral.core.timers.TimerHost)."""
@@ -600,8 +603,7 @@ class SchedulerState:
         self._running.replace(old, new)
         self._quiet = None
         self.timers.set(job, now)
-        if self._no_room:  # the waiting jobs that may now preempt it, and could not before
-            self.preemption.rekeyed(old, new)
+        self._running_rekeyed(old, new)  # who may now preempt it, and could not before
         if quiet is None or quiet[2]:
             return
         cut = self.policy.preempt_prefix

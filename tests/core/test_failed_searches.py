@@ -1,5 +1,5 @@
 """A waiting job's search for victims that found no place is remembered until something that could
-give it one happens (Scheduler._no_room): hand-worked LAS scenarios, and random traces decided
+give it one happens (Preemption.no_room): hand-worked LAS scenarios, and random traces decided
 exactly as with a search at every round."""
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def _waiting_for_room() -> Scheduler:
     assert s.decide(60).actions == [Start("D", (2, 3)), Start("E", (4, 5, 6, 7))]
     s.submit(spec("J", 4, submit=70), 70)
     assert s.decide(70).actions == []
-    assert s._no_room == {s.jobs["J"].seq: ("node", "too few victims")}
+    assert s.preemption.no_room == {s.jobs["J"].seq: ("node", "too few victims")}
     return s
 
 
@@ -42,10 +42,10 @@ def test_a_victim_that_ends_keeps_the_failed_search_and_a_job_it_may_not_preempt
     # A, a victim, ends: its 2 GPUs are free, J still finds 2 on node 0 and none on node 1.
     s.finished("A", 72)
     assert s.decide(72).actions == []
-    assert s.jobs["J"].seq in s._no_room
+    assert s.jobs["J"].seq in s.preemption.no_room
     # D, which J may not preempt, ends: node 0 is free, and J starts there.
     s.finished("D", 75)
-    assert s._no_room == {}
+    assert s.preemption.no_room == {}
     assert s.decide(75).actions == [Start("J", (0, 1, 2, 3))]
 
 
@@ -54,7 +54,7 @@ def test_a_running_job_that_drops_below_the_waiting_job_forgets_its_failed_searc
     # At 85 E reaches 100 GPU-s: queue 1, below J, a victim now. J preempts it, not A (whose
     # node keeps D).
     assert s.decide(85).actions == [Preempt("E", (4, 5, 6, 7), "J"), Start("J", (4, 5, 6, 7))]
-    assert s._no_room == {}
+    assert s.preemption.no_room == {}
 
 
 def test_a_node_that_comes_back_forgets_the_failed_searches():
@@ -66,7 +66,7 @@ def test_a_node_that_comes_back_forgets_the_failed_searches():
     assert s.decide(60).actions == [Start("D", (2, 3))]
     s.submit(spec("J", 4, submit=70), 70)
     assert s.decide(70).actions == []  # node 1 is down: 2 GPUs of victims on node 0 (A's)
-    assert s.jobs["J"].seq in s._no_room
+    assert s.jobs["J"].seq in s.preemption.no_room
     s.node_recovered(1)
     assert s.decide(71).actions == [Start("J", (4, 5, 6, 7))]
 
@@ -83,7 +83,7 @@ def test_gpus_another_gives_back_on_the_same_cluster_forget_the_failed_searches(
     assert s.decide(0).actions == [Start("A", (0, 1))]
     s.submit(spec("J", 4, submit=60), 60)
     assert s.decide(60).actions == []
-    assert s.jobs["J"].seq in s._no_room
+    assert s.jobs["J"].seq in s.preemption.no_room
     s.cluster.release([2, 3])
     assert s.decide(61).actions == [Preempt("A", (0, 1), "J"), Start("J", (0, 1, 2, 3))]
 
@@ -91,7 +91,7 @@ def test_gpus_another_gives_back_on_the_same_cluster_forget_the_failed_searches(
 def test_a_job_that_leaves_the_queue_leaves_no_failed_search_behind():
     s = _waiting_for_room()
     s.cancel("J", 71)
-    assert s._no_room == {} and s.preemption.no_room_keys == []
+    assert s.preemption.no_room == {} and s.preemption.no_room_keys == []
 
 
 def test_a_search_that_passed_over_a_job_started_at_that_instant_is_not_remembered():
@@ -107,7 +107,7 @@ def test_a_search_that_passed_over_a_job_started_at_that_instant_is_not_remember
     assert s.decide(60).actions == [Start("B", (2, 3))]
     s.submit(spec("C", 4, submit=60, level=1), 60)
     assert s.decide(60).actions == []
-    assert s._no_room == {}
+    assert s.preemption.no_room == {}
     assert s.decide(61).actions == [
         Preempt("A", (0, 1), "C"),
         Preempt("B", (2, 3), "C"),
@@ -137,7 +137,7 @@ def test_remembering_failed_searches_decides_exactly_as_searching_every_time(
 
         def counted(job, now, actions, s=s, make_room=make_room):  # type: ignore[no-untyped-def]
             nonlocal hits
-            hits += job.seq in s._no_room  # remembered (under the same scope: most are)
+            hits += job.seq in s.preemption.no_room  # remembered (under the same scope: most are)
             return make_room(job, now, actions)
 
         s.preemption.make_room = counted
