@@ -1,7 +1,7 @@
 """Write the docs' tables of plugins from the registries, or check that they are current.
 
 Each kind of corral.cli.registries.KINDS (policies, placements, admissions, stages, trace
-formats, executors) has one table in the docs, between the lines
+formats, executors, presets) has one table in the docs, between the lines
 
     <!-- plugin-table: KIND -->
     <!-- end plugin-table -->

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 import typer
 
 from corral.cli.common import UserError, console, fail
-from corral.cli.registries import policy_help
+from corral.cli.registries import policy_help, preset_help
 
 
 def show(
@@ -19,7 +19,7 @@ def show(
     policy: Annotated[str | None, typer.Option(help=policy_help())] = None,
     preset: Annotated[
         str | None,
-        typer.Option(help="start from a named configuration (tiresias), as `simulate --preset`"),
+        typer.Option(help=preset_help()),
     ] = None,
     all_sections: Annotated[
         bool,

@@ -67,6 +67,12 @@ def trace_formats() -> list[Row]:
     return [Row(name, entry.summary, entry.usage) for name, entry in FORMATS.items()]
 
 
+def presets() -> list[Row]:
+    from corral.core.presets import PRESETS
+
+    return [Row(name, preset.summary, "") for name, preset in PRESETS.items()]
+
+
 def executors() -> list[Row]:
     from corral.server.executors import EXECUTORS
 
@@ -83,6 +89,7 @@ KINDS: list[tuple[str, Callable[[], list[Row]]]] = [
     ("stage", stages),
     ("trace format", trace_formats),
     ("executor", executors),
+    ("preset", presets),
 ]
 
 
@@ -107,4 +114,14 @@ def policy_help() -> str:
     return escape(
         f"the ordering policy, one of: {names_text('policy')} [default: the scheduler config's, "
         f"{CoreOptions().policy}]"
+    )
+
+
+def preset_help() -> str:
+    """The help of the `--preset` that `corral simulate` and `config show` declare."""
+    from rich.markup import escape
+
+    return escape(
+        f"start from a named configuration, one of: {names_text('preset')} (docs/policies.md); "
+        "the file and flags override it"
     )

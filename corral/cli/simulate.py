@@ -12,7 +12,7 @@ import typer
 from rich.markup import escape
 
 from corral.cli.common import UserError, console, fail
-from corral.cli.registries import policy_help
+from corral.cli.registries import policy_help, preset_help
 
 
 def parse_cluster(shorthand: str) -> tuple[int, int]:
@@ -86,10 +86,7 @@ def simulate(
     policy: Annotated[str | None, typer.Option(help=policy_help())] = None,
     preset: Annotated[
         str | None,
-        typer.Option(
-            help="start from a named configuration: tiresias (its simulator's placement, queues "
-            "and rules; see docs/policies.md); the file and flags override it"
-        ),
+        typer.Option(help=preset_help()),
     ] = None,
     spread_slowdown: Annotated[
         bool | None,

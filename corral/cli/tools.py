@@ -14,7 +14,7 @@ import typer
 from corral.cli import fgd, up
 from corral.cli.common import UserError, console, fail
 from corral.cli.lazy import LazyGroup
-from corral.cli.simulate import parse_cluster
+from corral.cli.simulate import parse_cluster, trace_help
 
 # Built when called: their flags come from the plugin registries (the scheduling core).
 LazyGroup.lazy = {
@@ -40,7 +40,7 @@ def main() -> None:
 
 @app.command("vc-config")
 def vc_config_command(
-    trace: Annotated[str, typer.Option(help="FORMAT:PATH of the trace whose VCs to size")],
+    trace: Annotated[str, typer.Option(help=trace_help())],
     cluster: Annotated[str, typer.Option(help="NODESxGPUS, e.g. 64x8")] = "64x8",
     racks: Annotated[int, typer.Option(help="racks the nodes are spread over")] = 8,
     gpu_type: Annotated[str, typer.Option(help="GPU type of the nodes")] = "v100",
