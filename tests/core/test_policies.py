@@ -115,6 +115,20 @@ def test_srtf_preempts_the_job_with_most_work_left_and_sjf_never_preempts():
     assert s2.decide(10).actions == []
 
 
+def test_sjf_starts_the_shortest_waiting_job_first_not_the_earliest():
+    # One 4-GPU node. "running" holds it until 100. "long" (300 s) arrives at 10, "short"
+    # (20 s) at 20: when the node frees at 100, sjf starts short (20 < 300), where arrival
+    # order would start long. Nothing is preempted at 20: sjf never preempts.
+    s = scheduler(1, 4, "sjf")
+    s.submit(spec("running", 4, duration=100), 0)
+    s.decide(0)
+    s.submit(spec("long", 4, submit=10, duration=300), 10)
+    s.submit(spec("short", 4, submit=20, duration=20), 20)
+    assert s.decide(20).actions == []
+    s.finished("running", 100)
+    assert s.decide(100).actions == [Start("short", (0, 1, 2, 3))]
+
+
 def test_srtf_does_not_preempt_a_job_that_is_closer_to_done():
     s = scheduler(1, 4, "srtf")
     s.submit(spec("a", 4, duration=100), 0)
