@@ -5,7 +5,9 @@ Two formats:
 * corral's own (`*.corral.jsonl`, corral.core.tracefile), lossless: the cluster's nodes, and each
   job that ran as the core's JobSpec the manager queued (its model, GPU types, workers' unit,
   priority, deadline, elastic range, ...), its `duration_s` the work it did in ideal seconds
-  (`job_work`). Beside it the store's measured throughputs (`NAME.throughputs.json`, Gavel's
+  (`job_work`), and what the manager decided its fate from outside the core (`job_replay`: its
+  dependencies, array and cap, holds, failed attempts, measured restore). Beside it the store's
+  measured throughputs (`NAME.throughputs.json`, Gavel's
   format: `Profiles.to_gavel`), which the replay's speeds come from, and the decisions the
   manager made (`NAME.decisions.jsonl`: `decision_log`), to compare with the replay's.
 * Helios's `cluster_log.csv` (corral.sim.traces.helios reads it), one row per job that ran: its
@@ -170,8 +172,9 @@ def job_work(
     start to its end, less the restore stall the core gives every start after the first) at the
     speed `Profiles.speed_model` gives it on its GPUs, summed over the attempts whose work the job
     kept (KEPT): for a job that SUCCEEDED, the work it needed; for one CANCELLED, the work it did
-    before. A job that FAILED kept none, and the replay (which draws no failures) runs it as the
-    work of all its attempts, so that it holds GPUs about as long as it did."""
+    before. A job that FAILED kept none: it is written with the work of all its attempts (the
+    replay fails each at the instant it failed live, `job_replay`). `restore_s`: the job's own
+    (`measured_restore`)."""
     job = Job(spec=spec)
     total = 0.0
     for attempt in attempts:

@@ -35,8 +35,9 @@ What may legitimately differ, and how this scenario makes it equal:
   changes as it measures, and every rate is a power of two: floating-point arithmetic is exact,
   and events that coincide live coincide in the replay.
 
-Not replayed (docs/server.md, export-trace): failures, a job cancelled while it waits after it
-ran (the replay ends it when it was stopped), the user's estimates live srtf orders by.
+Not replayed (docs/server.md, export-trace): a job cancelled while it waits after it ran (the
+replay ends it when it was stopped), the user's estimates live srtf orders by, node changes.
+The last test below replays a run with real processes and the real clock.
 """
 
 from __future__ import annotations
@@ -242,8 +243,12 @@ def test_the_trace_holds_each_jobs_work_its_spec_and_the_measured_throughputs(
         "version": 1,
         "time_origin": ORIGIN,
         "throughputs": "history.throughputs.json",
+        "decisions": "history.decisions.jsonl",
         "source": "corral export-trace",
     }
+    # Every resumed attempt restored its checkpoint for RESTORE_S before it first reported
+    # progress: the restore measured for each job is the paced executor's.
+    assert {record["restore_s"] for record in jobs.values()} == {RESTORE_S}
     assert [(n["name"], n["gpus"], n["gpu_type"], n["rack"]) for n in nodes] == [
         ("a1", 4, "a100", "r0"),
         ("a2", 2, "a100", "r0"),
