@@ -510,6 +510,24 @@ def test_a_real_run_replays_with_its_first_starts_and_preemptions(
     # ... and the replay decides the same.
     assert first_starts(replayed) == FIRST_STARTS, replayed
     assert preempted(replayed) == {"E"}
+    # F's first attempt failed after the seconds it ran live, and the core's retry rule started
+    # it again (no longer left out as a job that "did no work": its restore is its own, under a
+    # second, not the configured 30 s).
+    jobs = {r["id"]: r for r in map(json.loads, out.read_text().splitlines()[2:])}
+    failed = jobs[names["F"]]
+    assert [f["attempt"] for f in failed["failures"]] == [1] and failed["restore_s"] < 30
+    assert failed["failures"][0]["ran_s"] >= 3
+    again = [r for r in replayed if r["action"] == "start" and by_id[str(r["job"])] == "F"]
+    assert len(again) == 2 and again[1]["resumed"]
+    assert float(again[1]["at"]) - float(again[0]["at"]) == pytest.approx(
+        float(retried[1]["at"]) - float(retried[0]["at"]), abs=1.0
+    )
+    # The exported gates: the array's cap, D's dependency, H's hold until its release.
+    assert {jobs[names[f"arr{i}"]]["array"]["cap"] for i in range(4)} == {2}
+    assert jobs[names["D"]]["after"] == [names["B"]]
+    ((held_at, released_at),) = jobs[names["H"]]["holds"]
+    assert 5.0 <= held_at < released_at and released_at >= RELEASE_AT
+    assert jobs[names["L"]]["level"] == 5
     # The replay says how its decisions compare with the manager's, and lists each difference.
     output = " ".join(simulated.output.split())
     assert "against the manager's decisions" in output, output
