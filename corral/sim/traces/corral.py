@@ -119,8 +119,9 @@ def read(location: str, *, perf: PerfModel | None = None, seed: int = 0, **optio
         if not decision_log.is_file():
             notes.append(f"no decision log {decision_log}: the replay is compared with nothing")
             decision_log = None
-    if replay:
-        notes.append(replay_note(replay))
+    note = replay_note(replay)
+    if note is not None:
+        notes.append(note)
     return Trace(
         jobs=jobs,
         source=f"corral:{location}",
@@ -133,17 +134,18 @@ def read(location: str, *, perf: PerfModel | None = None, seed: int = 0, **optio
     )
 
 
-def replay_note(replay: dict[str, JobReplay]) -> str:
-    """What the replay honours, counted: the line `corral simulate` prints."""
+def replay_note(replay: dict[str, JobReplay]) -> str | None:
+    """What the replay honours besides the specs, counted (None: nothing): the note `corral
+    simulate` prints."""
     facts = list(replay.values())
-    arrays = {f.gates.array for f in facts if f.gates.capped}
-    parts = [
-        f"{len(arrays)} capped array(s)",
-        f"{sum(bool(f.gates.after) for f in facts)} job(s) with dependencies",
-        f"{sum(len(f.holds) for f in facts)} hold(s)",
-        f"{sum(len(f.failures) for f in facts)} failed attempt(s)",
+    counts = [
+        (len({f.gates.array for f in facts if f.gates.capped}), "capped array(s)"),
+        (sum(bool(f.gates.after) for f in facts), "job(s) with dependencies"),
+        (sum(len(f.holds) for f in facts), "hold(s)"),
+        (sum(len(f.failures) for f in facts), "failed attempt(s)"),
     ]
-    return "replayed as the manager decided them: " + ", ".join(parts)
+    parts = [f"{count} {what}" for count, what in counts if count]
+    return "replayed as the manager decided them: " + ", ".join(parts) if parts else None
 
 
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
