@@ -60,6 +60,7 @@ class ReplayGates:
     held: set[str] = field(default_factory=set)
     #: Each capped array's tasks that arrived, are not gated and have not ended.
     in_core: Counter[str] = field(default_factory=Counter)
+    counted: set[str] = field(default_factory=set)  # the capped tasks `in_core` counts
     #: Jobs that arrived (a dependency on one that has not is waited for, as live).
     arrived: set[str] = field(default_factory=set)
     #: Failed attempts not replayed yet, per job, in order.
@@ -99,9 +100,14 @@ class ReplayGates:
         return False
 
     def _count(self, job_id: str, change: int) -> None:
+        """The job entered (1) or left (-1) the core: its array's count, once each way."""
         facts = self.facts.get(job_id)
-        if facts is not None and facts.gates.capped and facts.gates.array is not None:
-            self.in_core[facts.gates.array] += change
+        if facts is None or not facts.gates.capped or facts.gates.array is None:
+            return
+        if (change > 0) == (job_id in self.counted):
+            return
+        self.counted.symmetric_difference_update((job_id,))
+        self.in_core[facts.gates.array] += change
 
     def ended(self, job: Job) -> None:
         """A job of the core ended: its array has one task fewer in the core."""
