@@ -9,10 +9,16 @@ and jobs in any order:
 
 A job line holds every field of `JobSpec` (`job_record` writes them all; a reader needs only
 `id`, `submit_time` and `gpus`, the others default as in `JobSpec`), times in seconds since the
-header's `time_origin` (`submit_time`, `deadline`), plus what the writer knew of it that the core
-does not use (`status`, `name`). A node line holds a `NodeDef`. The header may name the
+header's `time_origin` (`submit_time`, `deadline`, `holds`, `finished_at`), plus what the writer knew of it that the core
+does not use (`status`, `name`), and what a replay needs to decide as the live manager did
+(`JobReplay`, all optional): the gates it waited at outside the core (`after`: the jobs that had to
+succeed first; `array`: `{"id", "index", "cap"}`; `holds`: `[[held_at, released_at], ...]`,
+`released_at` null when it never was), its failed attempts (`failures`: `[{"attempt", "ran_s",
+"reason", "signature", "infrastructure"}, ...]`, each after `ran_s` seconds of its attempt), the
+seconds it restored on each resume (`restore_s`, measured) and when it ended (`finished_at`). A node line holds a `NodeDef`. The header may name the
 throughput table the jobs' speeds come from (`throughputs`: a Gavel-format file, a path relative
-to the trace's own directory; `corral.core.profiles.Profiles.from_gavel` reads it).
+to the trace's own directory; `corral.core.profiles.Profiles.from_gavel` reads it) and the
+live manager's decision log (`decisions`, the same way), which a replay compares its own with.
 
 `corral export-trace` writes this format (corral.server.export) and `corral simulate` reads it
 (corral.sim.traces.corral): both go through the functions here, so a field means the same in
@@ -30,15 +36,19 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from corral.core.cluster import NodeDef
+from corral.core.gates import Gates
 from corral.core.job import Elastic, JobSpec, Priority
 
 VERSION = 1
 #: Fields of a job record that are not the core's: what the shell that wrote it knew.
 JOB_EXTRAS = ("status", "name")
-HEADER_FIELDS = ("kind", "version", "time_origin", "throughputs", "source")
+#: Fields of a job record a replay decides from besides the spec (`JobReplay`).
+REPLAY_FIELDS = ("after", "array", "holds", "failures", "restore_s", "finished_at")
+HEADER_FIELDS = ("kind", "version", "time_origin", "throughputs", "decisions", "source")
 NODE_FIELDS = (
     "kind",
     "name",
@@ -70,7 +80,10 @@ JOB_FIELDS = (
     "gpu_milli",
     "cpu_milli",
     "memory_mib",
+    "level",
+    "precheck_s",
     *JOB_EXTRAS,
+    *REPLAY_FIELDS,
 )
 
 
@@ -78,15 +91,51 @@ class RecordError(ValueError):
     """A record that is not a valid header, node or job: `field: problem`, one line."""
 
 
+@dataclass(frozen=True, slots=True)
+class RecordedFailure:
+    """An attempt that failed live: its number, how long it ran, and what the live manager
+    reported to the core's retry rule (`FailureReport`'s reason, signature, infrastructure)."""
+
+    attempt: int
+    ran_s: float
+    reason: str
+    signature: str | None = None
+    infrastructure: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class JobReplay:
+    """What the live manager decided a job's fate from besides its spec (times on the trace's
+    clock): its gates, the intervals it was held (`holds`: released at None = never), its failed
+    attempts, the seconds it restored on a resume (`restore_s`; None: not known, the scheduler's
+    `restore_s`), when it ended, and its index in its array."""
+
+    gates: Gates = field(default_factory=Gates)
+    holds: tuple[tuple[float, float | None], ...] = ()
+    failures: tuple[RecordedFailure, ...] = ()
+    restore_s: float | None = None
+    finished_at: float | None = None
+    array_index: int | None = None
+
+    def held_at(self, now: float) -> bool:
+        return any(start <= now and (end is None or now < end) for start, end in self.holds)
+
+
 # -- writing --------------------------------------------------------------------------------------
 
 
 def header_record(
-    time_origin: float, *, throughputs: str | None = None, source: str | None = None
+    time_origin: float,
+    *,
+    throughputs: str | None = None,
+    source: str | None = None,
+    decisions: str | None = None,
 ) -> dict[str, Any]:
     record: dict[str, Any] = {"kind": "trace", "version": VERSION, "time_origin": time_origin}
     if throughputs is not None:
         record["throughputs"] = throughputs
+    if decisions is not None:
+        record["decisions"] = decisions
     if source is not None:
         record["source"] = source
     return record
@@ -105,9 +154,10 @@ def node_record(node: NodeDef) -> dict[str, Any]:
     }
 
 
-def job_record(spec: JobSpec, **extras: Any) -> dict[str, Any]:
+def job_record(spec: JobSpec, replay: JobReplay | None = None, **extras: Any) -> dict[str, Any]:
     """Every field of the spec (times as they are: the caller makes them relative to the
-    origin), then `extras` (`status`, `name`)."""
+    origin), then `extras` (`status`, `name`), then what `replay` holds (its fields at their
+    defaults left out)."""
     unknown = sorted(set(extras) - set(JOB_EXTRAS))
     if unknown:
         raise RecordError(f"{unknown[0]}: not a field of a job record")
@@ -139,8 +189,39 @@ def job_record(spec: JobSpec, **extras: Any) -> dict[str, Any]:
         "gpu_milli": spec.gpu_milli,
         "cpu_milli": spec.cpu_milli,
         "memory_mib": spec.memory_mib,
+        "level": spec.level,
+        "precheck_s": spec.precheck_s,
         **{key: value for key, value in extras.items() if value is not None},
+        **({} if replay is None else replay_fields(replay)),
     }
+
+
+def replay_fields(replay: JobReplay) -> dict[str, Any]:
+    """The fields of a job record that hold `replay` (those at their defaults left out)."""
+    gates = replay.gates
+    record: dict[str, Any] = {}
+    if gates.after:
+        record["after"] = list(gates.after)
+    if gates.array is not None:
+        record["array"] = {"id": gates.array, "index": replay.array_index, "cap": gates.cap}
+    if replay.holds:
+        record["holds"] = [[start, end] for start, end in replay.holds]
+    if replay.failures:
+        record["failures"] = [
+            {
+                "attempt": failure.attempt,
+                "ran_s": failure.ran_s,
+                "reason": failure.reason,
+                "signature": failure.signature,
+                "infrastructure": failure.infrastructure,
+            }
+            for failure in replay.failures
+        ]
+    if replay.restore_s is not None:
+        record["restore_s"] = replay.restore_s
+    if replay.finished_at is not None:
+        record["finished_at"] = replay.finished_at
+    return record
 
 
 def decision_order(record: Mapping[str, Any]) -> tuple[float, int, str]:
@@ -164,14 +245,20 @@ def kind_of(record: object) -> str:
 
 
 def read_header(record: Mapping[str, Any]) -> tuple[float, str | None]:
-    """(time_origin, throughputs) of a header record."""
+    """(time_origin, throughputs) of a header record (`header_decisions`: its decision log)."""
     _known(record, HEADER_FIELDS)
     version = record.get("version")
     if version != VERSION or isinstance(version, bool):
         raise RecordError(f"version: this corral reads version {VERSION}, got {_show(version)}")
     _opt_text(record, "source", None)
     origin = _opt_number(record, "time_origin", 0.0, kind=ANY)
+    _opt_text(record, "decisions", None)
     return origin or 0.0, _opt_text(record, "throughputs", None)
+
+
+def header_decisions(record: Mapping[str, Any]) -> str | None:
+    """The decision log a (checked) header names, if any."""
+    return _opt_text(record, "decisions", None)
 
 
 def read_node(record: Mapping[str, Any]) -> NodeDef:
@@ -236,6 +323,8 @@ def read_job(record: Mapping[str, Any]) -> JobSpec:
         gpu_milli=_opt_int(record, "gpu_milli", 1000) or 0,
         cpu_milli=_opt_int(record, "cpu_milli", 0) or 0,
         memory_mib=_opt_int(record, "memory_mib", 0) or 0,
+        precheck_s=_opt_number(record, "precheck_s", None),
+        level=_level(record.get("level")),
     )
     problem = spec.request_problem()
     if problem is not None:
@@ -244,7 +333,87 @@ def read_job(record: Mapping[str, Any]) -> JobSpec:
     return spec
 
 
+def read_job_replay(record: Mapping[str, Any]) -> JobReplay | None:
+    """What a job record holds for a replay (None: none of `REPLAY_FIELDS`)."""
+    if not any(record.get(name) is not None for name in REPLAY_FIELDS):
+        return None
+    after = record.get("after")
+    if after is not None and (
+        not isinstance(after, list) or not all(isinstance(a, str) and a for a in after)
+    ):
+        raise RecordError(f"after: must be null or a list of job ids, got {_show(after)}")
+    array, index, cap = None, None, None
+    raw = record.get("array")
+    if raw is not None:
+        if not isinstance(raw, Mapping) or set(raw) != {"id", "index", "cap"}:
+            raise RecordError(f"array: must be null or {{id, index, cap}}, got {_show(raw)}")
+        array = _req_text(raw, "id")
+        index = _opt_int(raw, "index", None)
+        cap = _opt_int(raw, "cap", None, positive=True)
+    holds: list[tuple[float, float | None]] = []
+    raw_holds = record.get("holds")
+    if raw_holds is not None:
+        if not isinstance(raw_holds, list):
+            raise RecordError(
+                f"holds: must be a list of [held_at, released_at], got {_show(raw_holds)}"
+            )
+        for number, pair in enumerate(raw_holds):
+            if not isinstance(pair, list) or len(pair) != 2:
+                raise RecordError(
+                    f"holds.{number}: must be [held_at, released_at], got {_show(pair)}"
+                )
+            both = {"held": pair[0], "released": pair[1]}
+            start = _req_number(both, "held")
+            end = _opt_number(both, "released", None)
+            if end is not None and end < start:
+                raise RecordError(f"holds.{number}: released at {end} before held at {start}")
+            holds.append((start, end))
+    failures = []
+    raw_failures = record.get("failures")
+    if raw_failures is not None:
+        if not isinstance(raw_failures, list):
+            raise RecordError(f"failures: must be a list, got {_show(raw_failures)}")
+        for number, item in enumerate(raw_failures):
+            if not isinstance(item, Mapping):
+                raise RecordError(f"failures.{number}: must be an object, got {_show(item)}")
+            try:
+                _known(item, ("", "attempt", "ran_s", "reason", "signature", "infrastructure"))
+                infrastructure = item.get("infrastructure", False)
+                if not isinstance(infrastructure, bool):
+                    raise RecordError(
+                        f"infrastructure: must be true or false, got {_show(infrastructure)}"
+                    )
+                failures.append(
+                    RecordedFailure(
+                        attempt=_req_int(item, "attempt", positive=True),
+                        ran_s=_req_number(item, "ran_s"),
+                        reason=_opt_text(item, "reason", "", empty=True) or "",
+                        signature=_opt_text(item, "signature", None, empty=True),
+                        infrastructure=infrastructure,
+                    )
+                )
+            except RecordError as exc:
+                raise RecordError(f"failures.{number}.{exc}") from None
+    return JobReplay(
+        gates=Gates(after=tuple(after or ()), array=array, cap=cap),
+        holds=tuple(holds),
+        failures=tuple(failures),
+        restore_s=_opt_number(record, "restore_s", None),
+        finished_at=_opt_number(record, "finished_at", None, kind=ANY),
+        array_index=index,
+    )
+
+
 # -- fields ---------------------------------------------------------------------------------------
+
+
+def _level(value: object) -> int:
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise RecordError(f"level: must be an integer, got {_show(value)}")
+    return value
+
 
 #: What a number may be: >= 0, > 0, or any finite number.
 NON_NEGATIVE, POSITIVE, ANY = "a number >= 0", "a positive number", "a finite number"

@@ -28,6 +28,7 @@ from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING
 
 from corral.core.actions import Start
+from corral.core.gates import ENDED, Gates, gate_order, gate_reason
 from corral.core.job import Job, JobSpec, JobStatus
 from corral.core.protocol import SchedulerCore
 from corral.server.metrics import ManagerMetrics
@@ -35,8 +36,6 @@ from corral.server.spec import JobSpecModel, array_tasks, parse_job_spec, signal
 from corral.server.state import Attempt, Executor
 from corral.server.store import JobRow, Store
 from corral.server.telemetry import Telemetry
-
-ENDED = ("SUCCEEDED", "FAILED", "CANCELLED", "REFUSED")
 
 
 class ControlError(ValueError):
@@ -129,27 +128,16 @@ class JobControls:
 
     def _gate(self, job_id: str, in_core: Counter[str]) -> tuple[str | None, bool]:
         """Why the job still waits at a gate (None: it may be queued), and whether that is the
-        end of it (a dependency that will never succeed)."""
-        if job_id in self._held:
-            return f"held by {self._held[job_id]}", False
+        end of it (a dependency that will never succeed): corral.core.gates, which the
+        simulator's replay of an exported history asks too."""
         model = self._spec_models[job_id]
-        waiting = []
-        for parent in map(str, model.after):
-            status = self._status_of(parent)
-            if status == "SUCCEEDED":
-                continue
-            if status is None or status in ENDED:
-                word = {None: "is unknown", "FAILED": "failed"}.get(
-                    status, f"was {str(status).lower()}"
-                )
-                return f"dependency {parent} {word}", True
-            waiting.append(parent)
-        if waiting:
-            return f"waiting for {', '.join(waiting)} to succeed", False
         array = self._array_of.get(job_id)
-        if array is not None and array[2] is not None and in_core[array[0]] >= array[2]:
-            return f"array cap {array[2]} reached", False
-        return None, False
+        gates = Gates(
+            after=tuple(map(str, model.after)),
+            array=None if array is None else array[0],
+            cap=None if array is None else array[2],
+        )
+        return gate_reason(self._held.get(job_id), gates, self._status_of, in_core)
 
     def _open_gates(self, now: float) -> None:
         """Queue the gated jobs whose gates are open, in id order; fail those whose dependency
@@ -159,7 +147,7 @@ class JobControls:
         in_core = Counter(
             array for job_id, (array, _, _) in self._array_of.items() if job_id not in self._gated
         )
-        for job_id in sorted(self._gated, key=int):
+        for job_id in gate_order(self._gated):
             reason, fails = self._gate(job_id, in_core)
             if fails:
                 assert reason is not None

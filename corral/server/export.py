@@ -5,7 +5,9 @@ Two formats:
 * corral's own (`*.corral.jsonl`, corral.core.tracefile), lossless: the cluster's nodes, and each
   job that ran as the core's JobSpec the manager queued (its model, GPU types, workers' unit,
   priority, deadline, elastic range, ...), its `duration_s` the work it did in ideal seconds
-  (`job_work`). Beside it the store's measured throughputs (`NAME.throughputs.json`, Gavel's
+  (`job_work`), and what the manager decided its fate from outside the core (`job_replay`: its
+  dependencies, array and cap, holds, failed attempts, measured restore). Beside it the store's
+  measured throughputs (`NAME.throughputs.json`, Gavel's
   format: `Profiles.to_gavel`), which the replay's speeds come from, and the decisions the
   manager made (`NAME.decisions.jsonl`: `decision_log`), to compare with the replay's.
 * Helios's `cluster_log.csv` (corral.sim.traces.helios reads it), one row per job that ran: its
@@ -30,11 +32,19 @@ import yaml
 
 from corral.core.cluster import Cluster
 from corral.core.framework import CoreOptions, config_from_mapping
+from corral.core.gates import Gates
 from corral.core.job import Job, JobSpec
-from corral.core.tracefile import decision_order, header_record, job_record, node_record
+from corral.core.tracefile import (
+    JobReplay,
+    RecordedFailure,
+    decision_order,
+    header_record,
+    job_record,
+    node_record,
+)
 from corral.server.factory import CONFIG_KEY, measured_spec, stored_nodes
-from corral.server.spec import SpecError, parse_job_spec
-from corral.server.store import AttemptRow, JobRow, Store
+from corral.server.spec import JobSpecModel, SpecError, array_tasks, parse_job_spec
+from corral.server.store import AttemptRow, JobRow, ProgressRow, Store
 from corral.server.telemetry import stored_profiles
 
 #: What an `--out` of corral's format ends with; the files beside it drop it from their names.
@@ -162,8 +172,9 @@ def job_work(
     start to its end, less the restore stall the core gives every start after the first) at the
     speed `Profiles.speed_model` gives it on its GPUs, summed over the attempts whose work the job
     kept (KEPT): for a job that SUCCEEDED, the work it needed; for one CANCELLED, the work it did
-    before. A job that FAILED kept none, and the replay (which draws no failures) runs it as the
-    work of all its attempts, so that it holds GPUs about as long as it did."""
+    before. A job that FAILED kept none: it is written with the work of all its attempts (the
+    replay fails each at the instant it failed live, `job_replay`). `restore_s`: the job's own
+    (`measured_restore`)."""
     job = Job(spec=spec)
     total = 0.0
     for attempt in attempts:
@@ -190,7 +201,7 @@ def export_corral(store: Store, out: Path) -> CorralExport:
     speed = profiles.speed_model(cluster) if cluster is not None else (lambda job, gpus: 1.0)
     gpu_ids = {} if cluster is None else {n: g for g, n in enumerate(cluster.gpu_names())}
     restore_s = restore_s_of(store)
-    specs: list[tuple[JobSpec, JobRow]] = []
+    specs: list[tuple[JobSpec, JobRow, JobSpecModel, list[AttemptRow], float]] = []
     for row in sorted(store.finished_jobs(), key=lambda j: (j.submitted_at, int(j.id))):
         attempts = store.attempts(row.id)
         if not attempts or row.started_at is None:
@@ -204,36 +215,114 @@ def export_corral(store: Store, out: Path) -> CorralExport:
         if model.gpu_memory is not None:  # its share was settled when it ran: from `gpus`
             model = model.model_copy(update={"gpu_memory": None})
         spec = measured_spec(profiles, model, row.id, row.submitted_at, row.user)
-        work = job_work(row, spec, attempts, speed, gpu_ids, restore_s)
+        restore = measured_restore(attempts, store.progress(row.id), restore_s)
+        work = job_work(row, spec, attempts, speed, gpu_ids, restore)
         if work <= 0:
             result.no_work += 1
             continue
-        specs.append((dataclasses.replace(spec, duration_s=work), row))
+        specs.append((dataclasses.replace(spec, duration_s=work), row, model, attempts, restore))
     result.unfinished = sum(
         count for status, count in store.job_counts().items() if status in ("PENDING", "RUNNING")
     )
-    origin = min((spec.submit_time for spec, _ in specs), default=0.0)
+    origin = min((spec.submit_time for spec, *_ in specs), default=0.0)
     result.time_origin = origin
     out.parent.mkdir(parents=True, exist_ok=True)
     lines = [
-        header_record(origin, throughputs=result.throughputs.name, source="corral export-trace")
+        header_record(
+            origin,
+            throughputs=result.throughputs.name,
+            decisions=result.decisions.name,
+            source="corral export-trace",
+        )
     ]
     lines += [node_record(node) for node in nodes]
-    for spec, row in specs:
+    for spec, row, model, attempts, restore in specs:
         shifted = dataclasses.replace(
             spec,
             submit_time=spec.submit_time - origin,
             deadline=None if spec.deadline is None else spec.deadline - origin,
         )
-        lines.append(job_record(shifted, status=row.status, name=row.name))
+        replay = job_replay(store, row, model, attempts, restore, origin)
+        lines.append(job_record(shifted, replay, status=row.status, name=row.name))
         result.statuses[row.status] = result.statuses.get(row.status, 0) + 1
     result.written, result.nodes = len(specs), len(nodes)
     _write_lines(out, lines)
     _write_text(
         result.throughputs, json.dumps(profiles.to_gavel(), indent=1, sort_keys=True) + "\n"
     )
-    _write_lines(result.decisions, decision_log(store, origin, [row.id for _, row in specs]))
+    _write_lines(result.decisions, decision_log(store, origin, [row.id for _, row, *_ in specs]))
     return result
+
+
+def measured_restore(
+    attempts: list[AttemptRow], progress: list[ProgressRow], configured: float
+) -> float:
+    """The seconds the job restored on each resume, as far as its history shows: no resumed
+    attempt (one after the first, whose work the job kept) restored longer than until it first
+    reported progress, or than it ran; the scheduler's `restore_s` where nothing shows less. A
+    job's work and its replay both count this, so its attempts end in the replay when they
+    ended live whatever it is; with the configured 30 s, an attempt shorter than that did no
+    work, and a job retried once after a failure did none at all."""
+    first_report: dict[int, float] = {}
+    for point in progress:
+        first_report[point.attempt] = min(first_report.get(point.attempt, point.at), point.at)
+    restore = configured
+    for attempt in attempts:
+        if attempt.number <= 1 or attempt.outcome not in KEPT or attempt.ended_at is None:
+            continue
+        until = attempt.ended_at - attempt.started_at
+        if attempt.number in first_report:
+            until = min(until, first_report[attempt.number] - attempt.started_at)
+        restore = min(restore, max(0.0, until))
+    return restore
+
+
+def job_replay(
+    store: Store,
+    row: JobRow,
+    model: JobSpecModel,
+    attempts: list[AttemptRow],
+    restore: float,
+    origin: float,
+) -> JobReplay:
+    """What the manager decided the job's fate from besides its spec (`JobReplay`), times since
+    `origin`: its gates (dependencies, its array and the array's cap), when it was held and
+    released, its failed attempts as it reported them to the core's retry rule, its restore."""
+    cap = array_tasks(model.array)[1] if model.array is not None else None
+    gates = Gates(
+        after=tuple(str(parent) for parent in model.after),
+        array=row.array_id,
+        cap=cap if row.array_id is not None else None,
+    )
+    holds: list[tuple[float, float | None]] = []
+    for event in store.events(row.id):
+        if event.kind == "held" and (not holds or holds[-1][1] is not None):
+            holds.append((event.at - origin, None))
+        elif event.kind == "released" and holds and holds[-1][1] is None:
+            holds[-1] = (holds[-1][0], event.at - origin)
+    failures = tuple(
+        RecordedFailure(
+            attempt=attempt.number,
+            ran_s=attempt.ended_at - attempt.started_at,
+            reason=attempt.reason,
+            # As the manager reported it (Manager._attempt_ended): hang detection's own, else the
+            # exit code and the detail.
+            signature="hung"
+            if attempt.reason.startswith("hung:")
+            else (f"{attempt.exit_code}|{attempt.reason}"),
+            infrastructure=attempt.outcome == "lost",
+        )
+        for attempt in attempts
+        if attempt.outcome in ("failed", "lost") and attempt.ended_at is not None
+    )
+    return JobReplay(
+        gates=gates,
+        holds=tuple(holds),
+        failures=failures,
+        restore_s=restore,
+        finished_at=None if row.finished_at is None else row.finished_at - origin,
+        array_index=row.array_index if row.array_id is not None else None,
+    )
 
 
 _PREEMPTED_BY = re.compile(r"preempted by job (\S+)")

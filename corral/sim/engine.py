@@ -26,7 +26,7 @@ from __future__ import annotations
 import heapq
 import math
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
@@ -37,10 +37,12 @@ from corral.core.job import Job, JobSpec, JobStatus
 from corral.core.precheck import PrecheckState
 from corral.core.protocol import SchedulerCore
 from corral.core.retry import FailureReport
+from corral.core.tracefile import JobReplay
 from corral.sim.failures import AttemptFailure, NodeFailures, PhillyFailures
+from corral.sim.replay import ReplayGates
 from corral.sim.result import SimResult, Timeline
 
-_FINISH, _FAIL, _TIMER, _NODE_DOWN, _NODE_UP, _PROGRESS = 0, 1, 2, 3, 4, 5
+_FINISH, _FAIL, _TIMER, _NODE_DOWN, _NODE_UP, _PROGRESS, _HOLD = 0, 1, 2, 3, 4, 5, 6
 
 #: Seconds after an attempt's start and restore at which a simulated job first reports progress
 #: (`--precheck-report-s`): the retry rule's `fast_fail_s` default, the window corral already
@@ -108,6 +110,7 @@ class Simulation:
         on_decision: Callable[[float, Action], None] | None = None,
         keep_ended: bool = True,
         timeline: Timeline | None = None,
+        replay: Mapping[str, JobReplay] | None = None,
     ) -> None:
         """Replay `jobs` through `scheduler` (any `SchedulerCore`: corral.core.framework builds
         them). `failures` draws the attempts that fail (and sets every job's `max_retries` to its
@@ -126,7 +129,11 @@ class Simulation:
         it is decided, and with `keep_ended=False` the job is then
         dropped from the core and from this engine, so that the run holds only the jobs still
         waiting or running (`SimResult.jobs` then lists only those). `timeline` records the
-        rounds instead of a `Timeline` that keeps every point (`TimelineTotals` keeps sums)."""
+        rounds instead of a `Timeline` that keeps every point (`TimelineTotals` keeps sums).
+
+        `replay`: what a live manager decided each job's fate from besides its spec (a corral
+        trace's `JobReplay`s, by job id): gates, holds, failed attempts and restores are then
+        replayed (corral.sim.replay; `self.gates.notes`: what it could not replay)."""
         if not precheck_report_s > 0:
             raise ValueError(f"precheck_report_s must be positive, got {precheck_report_s}")
         self.precheck_report_s = precheck_report_s
@@ -175,6 +182,10 @@ class Simulation:
         self.observer = observer
         #: Jobs given up because they could not be placed when they arrived (place_or_fail).
         self.unplaced = 0
+        self.gates: ReplayGates | None = None
+        if replay:
+            ids = {spec.id for spec in self.specs}
+            self.gates = ReplayGates(replay, scheduler, trace_ids=ids)
 
     def _draw_failure(self, job: Job, runs_for: float, prerun: bool) -> AttemptFailure | None:
         """How the attempt the job just started fails, if it does (a pre-run: on its one
@@ -236,6 +247,14 @@ class Simulation:
         progress_every = max(1, total // 200) if total is not None else 1000
         watched = self.place_or_fail or self.observer is not None  # the arrivals of each round
 
+        gates = self.gates
+        core_restore_s = float(getattr(scheduler, "restore_s", 0.0))
+        if gates is not None:
+            for at, job_id, held in gates.events():
+                order += 1
+                job_events += 1
+                heapq.heappush(events, (at, order, _HOLD, job_id, int(held)))
+
         if node_failures is not None:
             for node in range(len(cluster.nodes)):
                 order += 1
@@ -245,6 +264,8 @@ class Simulation:
         def count_end(job: Job) -> None:
             nonlocal ended, measured_left
             ended += 1
+            if gates is not None:
+                gates.ended(job)
             if self.measured is not None and job.id in self.measured:
                 measured_left -= 1
             if self.on_progress is not None and ended % progress_every == 0:
@@ -277,7 +298,7 @@ class Simulation:
             at, event_order, kind, job_id, attempt = event
             if kind == _TIMER:
                 return at != wake_at
-            if kind in (_NODE_DOWN, _NODE_UP):
+            if kind in (_NODE_DOWN, _NODE_UP, _HOLD):
                 return False
             job = scheduler.jobs.get(job_id)
             if job is None or job.status is not JobStatus.RUNNING or job.attempts != attempt:
@@ -307,6 +328,10 @@ class Simulation:
                 break  # only node events are left: failing nodes cannot start a waiting job
             arrived_now: list[Job] = []  # with `watched`: this instant's arrivals
             while upcoming is not None and upcoming.submit_time <= now:
+                if gates is not None and gates.arrive(upcoming, now):
+                    arrived_count += 1  # it waits at a gate, outside the core
+                    upcoming = next(arrivals, None)
+                    continue
                 arrived = scheduler.submit(upcoming, now)
                 arrived_count += 1
                 upcoming = next(arrivals, None)
@@ -347,6 +372,13 @@ class Simulation:
                 if kind == _TIMER:
                     timers.discard(now)
                     continue
+                if kind == _HOLD:
+                    assert gates is not None
+                    if attempt:
+                        gates.hold(job_id, now)
+                    else:
+                        gates.release(job_id, now)
+                    continue
                 found = scheduler.jobs.get(job_id)
                 if found is None:
                     continue  # it ended and was dropped (keep_ended=False)
@@ -362,6 +394,8 @@ class Simulation:
                     scheduler.finished(job_id, now)
                 else:
                     failure = failing.pop(job_id)
+                    if gates is not None:
+                        gates.failed(job)
                     lost_before = job.lost_gpu_s
                     scheduler.failed(
                         job_id,
@@ -374,6 +408,14 @@ class Simulation:
                 if job.status.finished:
                     count_end(job)
 
+            if gates is not None:
+                gates.open(now)
+                while gates.failed_at_gate:  # a dependency failed in the replay: never started
+                    stopped = scheduler.submit(gates.failed_at_gate.pop().spec, now)
+                    if not stopped.status.finished:
+                        scheduler.cancel(stopped.id, now)
+                    stopped.last_event = "its dependency did not succeed in the replay"
+                    count_end(stopped)
             decision = scheduler.decide(now)
             for action in decision.actions:
                 if self.record_decisions:
@@ -382,6 +424,8 @@ class Simulation:
                     self.on_decision(now, action)
                 if isinstance(action, Start):
                     job = scheduler.jobs[action.job_id]
+                    if gates is not None:
+                        gates.started(job, action, now, core_restore_s)
                     runs_for = job.remaining_wall_s(now)
                     kind = _FINISH
                     drawn = (
@@ -389,6 +433,8 @@ class Simulation:
                         if self.failures
                         else None
                     )
+                    if gates is not None and drawn is None:
+                        drawn = gates.failure(job)
                     if drawn is not None:
                         kind = _FAIL
                         runs_for = drawn.after_s

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from corral.core.actions import Action, Preempt, Start
 from corral.core.job import Job
 from corral.core.tracefile import decision_order
 from corral.sim.jobstats import JobStats
+
+if TYPE_CHECKING:
+    from corral.sim.replaydiff import ReplayCheck
 
 
 @dataclass(slots=True)
@@ -104,6 +108,8 @@ class SimResult:
     #: A streamed run's jobs as they ended (`jobs` then holds only those left at its end, and
     #: its jobs CSV and decisions were written as it went); None: read from `jobs`.
     stats: JobStats | None = None
+    #: A replay of a live manager's history under its own policy, against its decisions.
+    replay_check: ReplayCheck | None = None
 
     def decision_records(self) -> list[dict[str, object]]:
         """The decisions as records of corral.core.tracefile (the live manager's history gives the

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from functools import partial
@@ -46,6 +47,7 @@ from corral.sim.perfmodel import (
     load_throughputs,
 )
 from corral.sim.progress import LossCurveModel
+from corral.sim.replaydiff import ReplayCheck, compare, read_decisions
 from corral.sim.report import (
     decisions_name,
     jobs_csv_name,
@@ -672,6 +674,12 @@ def _run_policy(
         else None
     )
     resolved = config_for(settings, policy).resolved(vcs)
+    # The manager's own policy and placement replay its history: compared with its decisions.
+    checked = (
+        trace.decision_log is not None
+        and policy == settings.scheduler.core.policy
+        and config_for(settings, policy).core.placement == settings.scheduler.core.placement
+    )
     simulation = Simulation(
         jobs,
         scheduler,
@@ -684,9 +692,12 @@ def _run_policy(
         place_or_fail=trace.place_or_fail,
         observer=probe,
         precheck_report_s=settings.precheck_report_s,
-        record_decisions=settings.decisions,
+        record_decisions=settings.decisions or checked,
+        replay=trace.replay,
     )
     result = simulation.run()
+    if checked and trace.decision_log is not None:
+        result.replay_check = check_replay(trace, simulation, result, trace.decision_log)
     if probe is not None:
         probe.finish()
         result.annotations.update(probe.summary())
@@ -724,6 +735,23 @@ def _run_policy(
         if name in counters:  # ElasticFlow's
             result.annotations[name] = counters[name]
     return result
+
+
+def check_replay(trace: Trace, simulation: Simulation, result: SimResult, log: Path) -> ReplayCheck:
+    """The replay's decisions against the manager's log (corral.sim.replaydiff)."""
+    try:
+        live = read_decisions(log)
+    except (OSError, ValueError) as exc:
+        raise SimulationError(f"{log}: {' '.join(str(exc).split())}") from None
+    ends = {
+        job.id: (
+            trace.replay[job.id].finished_at if job.id in trace.replay else None,
+            job.finished_at,
+        )
+        for job in result.jobs
+    }
+    notes = simulation.gates.notes if simulation.gates is not None else []
+    return compare(live, result.decision_records(), notes, ends)
 
 
 def stream_refusal(settings: RunSettings) -> str | None:
@@ -977,5 +1005,22 @@ def _run(
     if multi_tenant or settings.private_baseline:
         for summary in summaries:
             console.print(vc_table(summary))
+    for result in results:
+        check = result.replay_check
+        if check is None:
+            continue
+        name = f"replay-{result.policy}-{result.placement}.jsonl"
+        (out / name).write_text("".join(json.dumps(r) + "\n" for r in check.records()))
+        console.print(
+            f"{result.policy}/{result.placement} against the manager's decisions: "
+            f"{check.summary()} ({out / name})",
+            soft_wrap=True,
+        )
+        for difference in check.differences[:5]:
+            console.print(f"  differs: {difference.why}", soft_wrap=True)
+        for note in check.notes[:5]:
+            console.print(
+                f"  note: at {note.at:.3f} s, job {note.job}: {note.what}", soft_wrap=True
+            )
     console.print(f"wrote {out / 'summary.json'}" + (" and plots" if plot else ""))
     return summaries

@@ -35,8 +35,9 @@ What may legitimately differ, and how this scenario makes it equal:
   changes as it measures, and every rate is a power of two: floating-point arithmetic is exact,
   and events that coincide live coincide in the replay.
 
-Not replayed (docs/server.md, export-trace): failures, a job cancelled while it waits after it
-ran (the replay ends it when it was stopped), the user's estimates live srtf orders by.
+Not replayed (docs/server.md, export-trace): a job cancelled while it waits after it ran (the
+replay ends it when it was stopped), the user's estimates live srtf orders by, node changes.
+The last test below replays a run with real processes and the real clock.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from __future__ import annotations
 import csv
 import json
 import shlex
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -241,8 +243,12 @@ def test_the_trace_holds_each_jobs_work_its_spec_and_the_measured_throughputs(
         "version": 1,
         "time_origin": ORIGIN,
         "throughputs": "history.throughputs.json",
+        "decisions": "history.decisions.jsonl",
         "source": "corral export-trace",
     }
+    # Every resumed attempt restored its checkpoint for RESTORE_S before it first reported
+    # progress: the restore measured for each job is the paced executor's.
+    assert {record["restore_s"] for record in jobs.values()} == {RESTORE_S}
     assert [(n["name"], n["gpus"], n["gpu_type"], n["rack"]) for n in nodes] == [
         ("a1", 4, "a100", "r0"),
         ("a2", 2, "a100", "r0"),
@@ -333,3 +339,199 @@ def test_export_trace_writes_helios_when_asked_and_refuses_an_unknown_format(
     refused = CliRunner().invoke(app, [*args, "--format", "slurm"])
     assert refused.exit_code == 2
     assert "--format: unknown 'slurm'; choose corral or helios" in refused.output
+
+
+# -- a real run: `corral up`, real processes, the real clock ---------------------------------------
+
+#: A job that works WORK_S seconds (its array task's from WORK_BY_INDEX), reporting progress and
+#: keeping what it did in its checkpoint directory: preempted (SIGTERM), it saves and exits, and
+#: its next attempt goes on from there. With FAIL_FIRST_S, its first attempt exits 3 after that
+#: many seconds (the marker in its checkpoint directory says it did).
+WORKER = """\
+import json, os, signal, sys, time
+work = float(os.environ.get("WORK_S") or 0)
+if "WORK_BY_INDEX" in os.environ:
+    work = json.loads(os.environ["WORK_BY_INDEX"])[os.environ["CORRAL_ARRAY_INDEX"]]
+keep = os.environ["CORRAL_CHECKPOINT_DIR"]
+saved = os.path.join(keep, "done")
+done = float(open(saved).read()) if os.path.exists(saved) else 0.0
+stop = []
+signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+progress = open(os.environ["CORRAL_PROGRESS_FILE"], "a")
+def report():
+    progress.write(json.dumps({"step": round(done * 10, 3)}) + "\\n")
+    progress.flush()
+report()
+marker = os.path.join(keep, "failed-once")
+if os.environ.get("FAIL_FIRST_S") and not os.path.exists(marker):
+    open(marker, "w").close()
+    time.sleep(float(os.environ["FAIL_FIRST_S"]))
+    sys.exit(3)
+began, base = time.monotonic(), done
+while done < work and not stop:
+    time.sleep(min(0.2, work - done))
+    done = base + time.monotonic() - began
+    report()
+with open(saved + ".tmp", "w") as handle:
+    handle.write(str(done))
+os.replace(saved + ".tmp", saved)
+sys.exit(0 if done >= work else 143)
+"""
+
+#: The scenario on 4 GPUs, worked out by hand (times in seconds after the first submission, every
+#: job's length its work in seconds): (at, name, GPUs, work, other spec fields). The array's cap
+#: of 2 keeps arr2 and arr3 out while GPUs are free; D waits for B to succeed; H is held from its
+#: submission until 17 s; F's first attempt exits 3 after 3 s and it is retried; L, at level 5,
+#: preempts the lowest of the running level-0 jobs, E.
+#:
+#:   0  arr0 (8 s), arr1 (13 s) start; arr2, arr3 wait at the cap   (without it: they start too)
+#:   1  B (1 GPU, 5 s) starts;  2.5  D arrives, waits for B          (without it: D starts at 2.5)
+#:   4  F starts (1 GPU);  5  H arrives, held
+#:   6  B ends: D starts;  7  F fails, retried at 7.5;  8  arr0 ends: arr2 starts (cap 2)
+#:   13 arr1 ends: arr3 starts;  15  E (2 GPUs, 8 s) starts;  17  H released: starts (1 free)
+#:   20.5  L (level 5, 2 GPUs) preempts E, starts;  22  H ends: E resumes
+#:   23  C (4 GPUs) arrives;  23.5  G (1 GPU);  24.5  E ends: G starts (C does not fit)
+#:   25.5  L ends;  27.5  G ends: C starts
+#:
+#: First starts: arr0 arr1 B F D arr2 arr3 E H L G C; preempted: E. Each of the gates, the hold,
+#: the level and the cap changes that order when left out; nothing that decides it is less than
+#: a second from another thing it depends on (F's retry, 0.5 s after its failure, is the core's
+#: backoff, the same in both).
+ARRAY_WORK = {"0": 8, "1": 13, "2": 6, "3": 5}
+LIVE_JOBS: list[tuple[float, str, int, float, dict[str, object]]] = [
+    (1.0, "B", 1, 5, {}),
+    (2.5, "D", 1, 4, {"after": ["B"]}),
+    (4.0, "F", 1, 7, {"env": {"FAIL_FIRST_S": "3"}, "max_retries": 2}),
+    (5.0, "H", 1, 5, {"hold": True}),
+    (15.0, "E", 2, 8, {}),
+    (20.5, "L", 2, 5, {"level": 5}),
+    (23.0, "C", 4, 3, {}),
+    (23.5, "G", 1, 3, {}),
+]
+RELEASE_AT = 17.0
+FIRST_STARTS = ["arr0", "arr1", "B", "F", "D", "arr2", "arr3", "E", "H", "L", "G", "C"]
+
+
+def test_a_real_run_replays_with_its_first_starts_and_preemptions(
+    data_dir: Path, tmp_path: Path
+) -> None:
+    """`corral up` with 4 GPUs, real processes and the real clock: an array with a cap, a
+    dependency, a hold and its release, a higher level that preempts, a job that fails once and
+    is retried. `corral export-trace`, then the `corral simulate` it prints: the replay starts the
+    jobs for the first time in the manager's order and preempts the same jobs."""
+    import time
+
+    from tests.server.helpers import admin_token, api, start_server, submit, wait_for, wait_until
+
+    worker = tmp_path / "worker.py"
+    worker.write_text(WORKER)
+    command = [sys.executable, str(worker)]
+    running = start_server(data_dir, gpus=4)
+    names: dict[str, str] = {}
+    try:
+        client = api(running.url, admin_token(data_dir))
+        began = time.monotonic()
+
+        def at(offset: float) -> None:  # the arrival process: each job arrives at its instant
+            wait_until(lambda: time.monotonic() >= began + offset, f"{offset} s", timeout=60)
+
+        answer = client.post(
+            "/api/v1/jobs",
+            json={
+                "name": "arr",
+                "gpus": 1,
+                "command": command,
+                "array": "0-3%2",
+                "env": {"WORK_BY_INDEX": json.dumps(ARRAY_WORK)},
+            },
+        )
+        assert answer.status_code == 201, answer.text
+        for index, job_id in enumerate(answer.json()["array_tasks"]):
+            names[f"arr{index}"] = job_id
+        released = False
+        for offset, name, gpus, work, extra in LIVE_JOBS:
+            if offset > RELEASE_AT and not released:
+                at(RELEASE_AT)
+                answer = client.post(f"/api/v1/jobs/{names['H']}/release")
+                assert answer.status_code == 200, answer.text
+                released = True
+            at(offset)
+            fields = dict(extra)
+            hold = fields.pop("hold", False)
+            if "after" in fields:
+                fields["after"] = [int(names[parent]) for parent in fields["after"]]  # type: ignore[union-attr]
+            env = {"WORK_S": str(work), **fields.pop("env", {})}  # type: ignore[dict-item]
+            names[name] = submit(client, name=name, gpus=gpus, command=command, env=env, **fields)
+            if hold:  # while it waits: the 4 GPUs are taken (arr0, arr1, B, F)
+                held = client.post(f"/api/v1/jobs/{names[name]}/hold")
+                assert held.status_code == 200, held.text
+        for name, job_id in names.items():
+            assert wait_for(client, job_id, timeout=240)["status"] == "SUCCEEDED", name
+    finally:
+        running.stop()
+    by_id = {job_id: name for name, job_id in names.items()}
+
+    out = tmp_path / "history.corral.jsonl"
+    result = CliRunner().invoke(
+        app, ["export-trace", "--data-dir", str(data_dir), "--out", str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    printed = " ".join(result.output.split())
+    assert "wrote 12 jobs" in printed, printed
+    replay_command = printed.split("replay with: ", 1)[1]
+    args = [*shlex.split(replay_command)[1:], "--out", str(tmp_path / "sim")]
+    simulated = CliRunner().invoke(app, args)
+    assert simulated.exit_code == 0, simulated.output
+
+    live = [
+        json.loads(line)
+        for line in out.with_name("history.decisions.jsonl").read_text().splitlines()
+    ]
+    decisions = sorted((tmp_path / "sim").glob("decisions-*.jsonl"))
+    assert len(decisions) == 1, decisions
+    replayed = [json.loads(line) for line in decisions[0].read_text().splitlines()]
+
+    def first_starts(records: list[dict[str, object]]) -> list[str]:
+        order: list[str] = []
+        for record in records:
+            name = by_id[str(record["job"])]
+            if record["action"] == "start" and name not in order:
+                order.append(name)
+        return order
+
+    def preempted(records: list[dict[str, object]]) -> set[str]:
+        return {by_id[str(r["job"])] for r in records if r["action"] == "preempt"}
+
+    # The manager decided as worked out above (the mechanisms acted) ...
+    assert first_starts(live) == FIRST_STARTS, live
+    assert preempted(live) == {"E"}
+    retried = [r for r in live if r["action"] == "start" and by_id[str(r["job"])] == "F"]
+    assert len(retried) == 2 and retried[1]["resumed"]
+    # ... and the replay decides the same.
+    assert first_starts(replayed) == FIRST_STARTS, replayed
+    assert preempted(replayed) == {"E"}
+    # F's first attempt failed after the seconds it ran live, and the core's retry rule started
+    # it again (no longer left out as a job that "did no work": its restore is its own, under a
+    # second, not the configured 30 s).
+    jobs = {r["id"]: r for r in map(json.loads, out.read_text().splitlines()[2:])}
+    failed = jobs[names["F"]]
+    assert [f["attempt"] for f in failed["failures"]] == [1] and failed["restore_s"] < 30
+    assert failed["failures"][0]["ran_s"] >= 3
+    again = [r for r in replayed if r["action"] == "start" and by_id[str(r["job"])] == "F"]
+    assert len(again) == 2 and again[1]["resumed"]
+    assert float(again[1]["at"]) - float(again[0]["at"]) == pytest.approx(
+        float(retried[1]["at"]) - float(retried[0]["at"]), abs=1.0
+    )
+    # The exported gates: the array's cap, D's dependency, H's hold until its release.
+    assert {jobs[names[f"arr{i}"]]["array"]["cap"] for i in range(4)} == {2}
+    assert jobs[names["D"]]["after"] == [names["B"]]
+    ((held_at, released_at),) = jobs[names["H"]]["holds"]
+    # (since the array's submission, a little after the test's clock began: the hold right
+    # after H's submission at 5 s, the release at 17 s)
+    assert 4.0 < held_at < 6.0 and RELEASE_AT - 1.0 < released_at < RELEASE_AT + 1.5
+    assert jobs[names["L"]]["level"] == 5
+    # The replay says how its decisions compare with the manager's, and lists each difference.
+    output = " ".join(simulated.output.split())
+    assert "against the manager's decisions" in output, output
+    assert "order of first starts the same, preempted jobs the same" in output, output
+    assert list((tmp_path / "sim").glob("replay-*.jsonl"))

@@ -15,6 +15,7 @@ from corral.core.cluster import NodeDef
 from corral.core.fragmentation import Workload
 from corral.core.job import JobSpec
 from corral.core.profiles import Profiles
+from corral.core.tracefile import JobReplay
 from corral.sim.perfmodel import PerfModel
 
 TIMESTAMP_FORMAT = "%Y-%m-%d %H:%M:%S"
@@ -51,6 +52,12 @@ class Trace:
     #: The arrivals ask for this share of the cluster's GPU capacity in all (openb's inflated
     #: arrivals): the fragmentation curves run up to it.
     target_load: float | None = None
+    #: What a live manager decided each job's fate from besides its spec (a corral trace from
+    #: `corral export-trace`: gates, holds, failures, restores), by job id: the replay honours it.
+    replay: dict[str, JobReplay] = field(default_factory=dict)
+    #: The live manager's decisions (a corral trace's `decisions` file), which a replay under the
+    #: manager's own policy is compared with.
+    decision_log: Path | None = None
 
 
 @dataclass(slots=True)
@@ -146,9 +153,21 @@ def finish(trace: Trace, arrival_scale: float) -> Trace:
     check_arrival_scale(arrival_scale)
     jobs = sorted(trace.jobs, key=lambda spec: spec.submit_time)
     first = jobs[0].submit_time
+    replay = trace.replay
     if first != 0.0 or arrival_scale != 1.0:
         jobs = [_moved(spec, (spec.submit_time - first) * arrival_scale) for spec in jobs]
-    return dataclasses.replace(trace, jobs=jobs, notes=list(trace.notes))
+        replay = {job: _moved_replay(f, first, arrival_scale) for job, f in replay.items()}
+    return dataclasses.replace(trace, jobs=jobs, notes=list(trace.notes), replay=replay)
+
+
+def _moved_replay(facts: JobReplay, first: float, scale: float) -> JobReplay:
+    """A job's replay facts on the moved clock: its holds and end as its arrival moved."""
+
+    def moved(at: float | None) -> float | None:
+        return None if at is None else (at - first) * scale
+
+    holds = tuple((float(moved(start) or 0.0), moved(end)) for start, end in facts.holds)
+    return dataclasses.replace(facts, holds=holds, finished_at=moved(facts.finished_at))
 
 
 def check_arrival_scale(arrival_scale: float) -> None:

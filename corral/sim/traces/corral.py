@@ -21,7 +21,16 @@ from typing import Any
 
 from corral.core.cluster import NodeDef
 from corral.core.job import JobSpec
-from corral.core.tracefile import RecordError, kind_of, read_header, read_job, read_node
+from corral.core.tracefile import (
+    JobReplay,
+    RecordError,
+    header_decisions,
+    kind_of,
+    read_header,
+    read_job,
+    read_job_replay,
+    read_node,
+)
 from corral.sim.perfmodel import PerfModel, PerfModelError, load_throughputs
 from corral.sim.traces.base import (
     Trace,
@@ -49,6 +58,8 @@ def read(location: str, *, perf: PerfModel | None = None, seed: int = 0, **optio
     node_line: dict[str, int] = {}
     statuses: Counter[str] = Counter()
     throughputs: str | None = None
+    decisions: str | None = None
+    replay: dict[str, JobReplay] = {}
     origin: float | None = None
     for number, line in enumerate(lines, start=1):
         if not line.strip():
@@ -61,6 +72,7 @@ def read(location: str, *, perf: PerfModel | None = None, seed: int = 0, **optio
                 if kind != "trace":
                     raise RecordError('kind: the first line must be the header {"kind": "trace"}')
                 origin, throughputs = read_header(record)
+                decisions = header_decisions(record)
             elif kind == "trace":
                 raise RecordError("kind: a second header")
             elif kind == "node":
@@ -73,6 +85,9 @@ def read(location: str, *, perf: PerfModel | None = None, seed: int = 0, **optio
                 nodes.append(node)
             else:
                 jobs.append(read_job(record))
+                facts = read_job_replay(record)
+                if facts is not None:
+                    replay[jobs[-1].id] = facts
                 where_of.append(f"line {number}")
                 statuses[record.get("status") or "(no status)"] += 1
         except RecordError as exc:
@@ -98,6 +113,15 @@ def read(location: str, *, perf: PerfModel | None = None, seed: int = 0, **optio
         except PerfModelError as exc:
             raise TraceError(str(exc)) from None
         notes.append(f"speeds from {table} ({len(profiles)} measured shapes)")
+    decision_log = None
+    if decisions is not None:
+        decision_log = path.parent / decisions
+        if not decision_log.is_file():
+            notes.append(f"no decision log {decision_log}: the replay is compared with nothing")
+            decision_log = None
+    note = replay_note(replay)
+    if note is not None:
+        notes.append(note)
     return Trace(
         jobs=jobs,
         source=f"corral:{location}",
@@ -105,7 +129,23 @@ def read(location: str, *, perf: PerfModel | None = None, seed: int = 0, **optio
         nodes=nodes or None,
         config_replaces_nodes=True,
         profiles=profiles,
+        replay=replay,
+        decision_log=decision_log,
     )
+
+
+def replay_note(replay: dict[str, JobReplay]) -> str | None:
+    """What the replay honours besides the specs, counted (None: nothing): the note `corral
+    simulate` prints."""
+    facts = list(replay.values())
+    counts = [
+        (len({f.gates.array for f in facts if f.gates.capped}), "capped array(s)"),
+        (sum(bool(f.gates.after) for f in facts), "job(s) with dependencies"),
+        (sum(len(f.holds) for f in facts), "hold(s)"),
+        (sum(len(f.failures) for f in facts), "failed attempt(s)"),
+    ]
+    parts = [f"{count} {what}" for count, what in counts if count]
+    return "replayed as the manager decided them: " + ", ".join(parts) if parts else None
 
 
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
