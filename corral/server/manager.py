@@ -676,10 +676,11 @@ class Manager(
         does) or ran past their `time_limit` (they fail, as in Slurm); send `signal_before_limit`.
         Returns the attempts to stop."""
         stops = []
-        for job_id, attempt in list(self._attempts.items()):
+        limited = self._limited_attempts()  # (most jobs set no limit: not looked at)
+        for job_id, attempt in limited:
             model = self._spec_models.get(job_id)
             if model is None or (model.progress_timeout is None and model.time_limit is None):
-                continue  # (most jobs: nothing to check)
+                continue
             if job_id in self._ending:
                 continue
             report = None
@@ -704,7 +705,7 @@ class Manager(
             self._ending[job_id] = report
             self.store.add_event(job_id, now, "stopping", report.reason)
             stops.append((job_id, attempt.number))
-        self._warn_before_limits(now)
+        self._warn_before_limits(now, limited)
         return stops
 
     # -- jobs sharing GPUs (Gandiva's packing, shares of a GPU) ------------------------------------

@@ -22,6 +22,7 @@ from tests.server.helpers import (
     submit,
     wait_for,
 )
+from tests.server.inert import HeldExecutor
 
 
 class ScriptedExecutor:
@@ -169,6 +170,38 @@ def test_a_job_directory_the_executor_cannot_make_fails_the_start(tmp_path: Path
         assert not (tmp_path / "jobs" / "1" / "attempt-1").exists()
     finally:
         manager.stop()
+
+
+def test_limits_are_checked_only_for_the_jobs_that_set_one(tmp_path: Path) -> None:
+    """Every `progress_check_s` the manager looks for attempts past their time limit or silent
+    past their progress timeout: only the attempts of jobs that set one (none while no job
+    does), and those it stops at their limit."""
+    clock = Clock()
+    executor = HeldExecutor()
+    manager = Manager(
+        Store(Store.sqlite_url(tmp_path)),
+        executor,
+        Cluster.shorthand(1, 4),
+        tmp_path,
+        settings=manager_settings(),
+        clock=clock,
+    )
+    for name in ("free", "free-too"):
+        manager.submit(parse_job_spec(python_job(name, "pass")), "u")
+    manager.step()
+    assert len(executor.running) == 2 and manager._limited_attempts() == []
+    for name, limit in [("limited", {"time_limit": 10}), ("watched", {"progress_timeout": 30})]:
+        manager.submit(parse_job_spec(python_job(name, "pass", **limit)), "u")
+    manager.submit(parse_job_spec(python_job("later", "pass", time_limit=5, gpus=2)), "u")
+    manager.step()
+    assert len(executor.running) == 4  # later waits for GPUs: no attempt to look at
+    assert [job for job, _ in manager._limited_attempts()] == ["3", "4"]
+    clock.now += 11  # past limited's time limit, within watched's progress timeout
+    manager.step()
+    assert executor.stopped == [("3", 1)]
+    clock.now += 30  # watched has sent no report for 41 s
+    manager.step()
+    assert executor.stopped == [("3", 1), ("4", 1)]
 
 
 def test_a_relative_data_dir_works_for_the_jobs(
