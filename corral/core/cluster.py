@@ -134,6 +134,9 @@ class Cluster:
         #: Counts the calls that give GPUs back (`release`, `unclaim`), so that a scheduler can
         #: tell its own from another's on the same cluster (HiveD's opportunistic jobs).
         self.frees = 0
+        #: `worker_room`'s answers by (GPU types, worker size): a cluster's nodes are fixed when
+        #: it is made (nodes that join or leave make a new Cluster), so they never go stale.
+        self._worker_room: dict[tuple[tuple[str, ...], int], tuple[int, int]] = {}
 
     def _index(self, root: Cell) -> None:
         """Number GPUs and nodes depth-first, find racks, and compute counts bottom-up."""
@@ -269,6 +272,24 @@ class Cluster:
             else [t for t in gpu_types if t in self.total_by_type]
         )
         return max((self.total_by_type[t] for t in types), default=0)
+
+    def worker_room(self, gpu_types: frozenset[str] | None, unit: int) -> tuple[int, int]:
+        """For workers of `unit` GPUs each on one node, on the nodes of the GPU types given (None:
+        any): the most GPUs one node has, and the most GPUs one type's nodes can give in whole
+        workers. Counts every node, free or not; worked out once per cluster and key (asked at
+        every submission of a job of several GPUs per worker)."""
+        types = tuple(t for t in self.gpu_types if gpu_types is None or t in gpu_types)
+        key = (types, unit)
+        room = self._worker_room.get(key)
+        if room is None:
+            largest = max((self.max_node_gpus_by_type[t] for t in types), default=0)
+            whole = [0] * len(self.gpu_types)
+            position = {t: i for i, t in enumerate(self.gpu_types)}
+            for node in self.nodes:
+                if node.gpu_type in types:
+                    whole[position[node.gpu_type]] += node.total_gpus - node.total_gpus % unit
+            room = self._worker_room[key] = (largest, max(whole, default=0))
+        return room
 
     def nodes_with_free(self, gpu_type: str, at_least: int) -> Iterator[int]:
         """Healthy nodes of a type with at least `at_least` free GPUs, tightest fit first."""

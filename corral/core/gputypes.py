@@ -52,9 +52,8 @@ def type_speeds(
 
 
 def _whole_worker_gpus(cluster: Cluster, gpu_type: str, unit: int) -> int:
-    """GPUs of the type that workers of `unit` GPUs each could have, every worker on one node
-    (corral.core.placement.base.whole_worker_gpus over the type's nodes)."""
-    return sum(n.total_gpus - n.total_gpus % unit for n in cluster.nodes if n.gpu_type == gpu_type)
+    """GPUs of the type that workers of `unit` GPUs each could have, every worker on one node."""
+    return cluster.worker_room(frozenset({gpu_type}), unit)[1]
 
 
 class TypeLog:

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from corral.core.chain import AdmissionChain
 from corral.core.cluster import Cluster
 from corral.core.job import Job, JobSpec
-from corral.core.placement.base import Placement, whole_worker_gpus
+from corral.core.placement.base import Placement
 from corral.core.precheck import precheck_problem
 
 
@@ -37,24 +37,19 @@ def worker_refusal(cluster: Cluster, spec: JobSpec, where: str = "") -> str | No
         return None
     if unit < 1 or spec.gpus % unit:
         return f"{spec.gpus} GPUs cannot be split into workers of {unit} GPUs"
-    types = [t for t in cluster.gpu_types if spec.accepts(t)]
+    largest, room = cluster.worker_room(spec.gpu_types, unit)  # (worked out once per cluster)
+    if unit <= largest and spec.gpus <= room:
+        return None
     kind = "" if spec.gpu_types is None else f" of type {'|'.join(sorted(spec.gpu_types))}"
-    largest = max((cluster.max_node_gpus_by_type[t] for t in types), default=0)
     if unit > largest:
         return (
             f"each worker needs {unit} GPUs on one node, but the largest node{kind}{where} has "
             f"{largest} (use more workers)"
         )
-    room = max(
-        whole_worker_gpus(cluster, [n.index for n in cluster.nodes if n.gpu_type == t], unit)
-        for t in types
+    return (
+        f"asks for {spec.gpus} GPUs, {unit} per worker on one node, but the nodes{kind}"
+        f"{where} can give only {room} GPUs in whole workers"
     )
-    if spec.gpus > room:
-        return (
-            f"asks for {spec.gpus} GPUs, {unit} per worker on one node, but the nodes{kind}"
-            f"{where} can give only {room} GPUs in whole workers"
-        )
-    return None
 
 
 class Refusals:

@@ -72,6 +72,13 @@ class AttemptLaunch:
     attempt_dir: Path
     #: Created before the workers start (it is theirs to write; the same for every attempt).
     checkpoint_dir: Path | None = None
+    #: The job's directory, the manager's, which holds its attempts' directories: made by the
+    #: executor (`make_job_dirs`), with the directory above it, before the attempt's. None: the
+    #: attempt directory's parents are made as they are needed.
+    job_dir: Path | None = None
+    #: `workdir` is the job's own (its spec names none): made by the executor before the
+    #: workers start, the account's (run_as's), 0700.
+    own_workdir: bool = False
     #: The account the workers run as; None: the manager's own (single-user mode).
     run_as: RunAs | None = None
     #: The GPU device indexes on this node the attempt may open (its device files); the others'
@@ -404,6 +411,30 @@ def own_directory(path: Path, run_as: RunAs | None, mode: int = 0o700) -> None:
         os.close(fd)
 
 
+class LaunchRefused(ValueError):
+    """An attempt that cannot start because of what is in its place (its job's directories are
+    another account's, or a link): nothing of it ran. One line naming the path."""
+
+
+def make_job_dirs(launch: AttemptLaunch) -> None:
+    """The job's directory and the one above it (the manager's: passable by the job's account,
+    0711, never listable; 0700 in single-user mode) and, when the job has no workdir of its own
+    choosing, its work dir (the account's, 0700), each checked as `own_directory` checks it.
+    Called by the executors as an attempt launches (not in the manager's round): LaunchRefused
+    for what cannot be made or used."""
+    if launch.job_dir is None:
+        return
+    passable = 0o711 if launch.run_as is not None else 0o700
+    job_dir = Path(launch.job_dir)
+    try:
+        own_directory(job_dir.parent, None, passable)
+        own_directory(job_dir, None, passable)
+        if launch.own_workdir:
+            own_directory(Path(launch.workdir), launch.run_as)
+    except (OSError, ValueError) as error:
+        raise LaunchRefused(str(error)) from error
+
+
 def attempt_directory(attempt_dir: Path, mode: int) -> int:
     """A descriptor of an attempt's directory (absolute), made with `mode` (its parents too,
     when missing); it and every directory above it must be the manager's (or root's) and
@@ -474,6 +505,7 @@ class LocalExecutor:
         with self._lock:
             if key in self._tracked:
                 raise ValueError(f"attempt {launch.attempt} of job {launch.job_id} is running")
+            make_job_dirs(launch)
             # The control files are the manager's. With run_as, the account may reach its own
             # log files (made by the shim, owned by it) but not list the directory.
             mode = 0o711 if launch.run_as is not None else 0o700

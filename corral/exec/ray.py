@@ -61,6 +61,7 @@ from corral.exec.local import (
     AttemptLaunch,
     WorkerLaunch,
     attempt_directory,
+    make_job_dirs,
 )
 from corral.exec.shim import PROGRESS_VARIABLE, last_line, signal_name, write_json_atomic
 
@@ -643,6 +644,7 @@ class RayExecutor:
         with self._lock:
             if key in self._tracked:
                 raise ValueError(f"attempt {launch.attempt} of job {launch.job_id} is running")
+            make_job_dirs(launch)  # on this machine: the manager's (each worker makes its own)
             # The manager's, checked as the local executor's are (recover reads it back).
             os.close(attempt_directory(attempt_dir, 0o700))
             if launch.checkpoint_dir is not None:

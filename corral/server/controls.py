@@ -86,6 +86,10 @@ class JobControls:
         self._array_of: dict[str, tuple[str, int, int | None]] = {}
         self._ended_status: dict[str, str] = {}  # jobs found ended in the store (dependencies)
         self._warned: set[tuple[str, int]] = set()  # attempts sent their signal_before_limit
+        #: The jobs whose spec sets a `time_limit` or a `progress_timeout` (a
+        #: `signal_before_limit` needs the first), in the order noted: the only ones the checks
+        #: of limits look at (`_limited_attempts`), so that they cost nothing while none does.
+        self._limited: dict[str, None] = {}
 
     def _reset_controls(self) -> None:
         """Before the state is rebuilt from the store (which holds every gate)."""
@@ -94,6 +98,7 @@ class JobControls:
         self._held.clear()
         self._array_of.clear()
         self._ended_status.clear()
+        self._limited.clear()
 
     # -- what the gates need ---------------------------------------------------------------------
 
@@ -104,6 +109,8 @@ class JobControls:
         if row.array_id is not None and model.array is not None:
             cap = array_tasks(model.array)[1]
             self._array_of[row.id] = (row.array_id, row.array_index or 0, cap)
+        if model.time_limit is not None or model.progress_timeout is not None:
+            self._limited[row.id] = None
 
     def _needs_gate(self, job_id: str) -> bool:
         model = self._spec_models.get(job_id)
@@ -212,6 +219,21 @@ class JobControls:
         self._gate_reasons.pop(job_id, None)
         self._held.pop(job_id, None)
         self._array_of.pop(job_id, None)
+        self._limited.pop(job_id, None)
+
+    def _limited_attempts(self) -> list[tuple[str, Attempt]]:
+        """The running attempts whose job sets a time limit or a progress timeout: the fewer of
+        the jobs that set one and the running attempts is looked through (none while no job
+        sets one)."""
+        if not self._limited:
+            return []
+        if len(self._limited) < len(self._attempts):
+            return [
+                (job_id, attempt)
+                for job_id in self._limited
+                if (attempt := self._attempts.get(job_id)) is not None
+            ]
+        return [(job_id, a) for job_id, a in self._attempts.items() if job_id in self._limited]
 
     def array_members(self, array_id: str) -> list[str]:
         """The unfinished tasks of an array, in index order."""
@@ -331,10 +353,10 @@ class JobControls:
 
     # -- signal_before_limit ---------------------------------------------------------------------
 
-    def _warn_before_limits(self, now: float) -> None:
+    def _warn_before_limits(self, now: float, limited: list[tuple[str, Attempt]]) -> None:
         """Send each running attempt whose job asks for it its `signal_before_limit`, once, that
-        many seconds before its time limit."""
-        for job_id, attempt in list(self._attempts.items()):
+        many seconds before its time limit (`limited`: the `_limited_attempts`)."""
+        for job_id, attempt in limited:
             model = self._spec_models.get(job_id)
             if model is None or model.signal_before_limit is None or model.time_limit is None:
                 continue

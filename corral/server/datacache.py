@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from corral.core.cache import DataCache, DataRead
 from corral.core.cluster import Cluster
+from corral.core.framework import STAGES
 from corral.core.job import JobSpec, JobStatus
 from corral.core.protocol import SchedulerCore
 from corral.exec.cachedir import CacheDirs, node_dir_name
@@ -111,10 +112,12 @@ class LiveCache:
         settings = self.settings.cache
         if settings is None:
             return
-        if "packing" in self.settings.scheduler.core.stages:  # as `corral simulate` refuses it
+        core = self.settings.scheduler.core
+        sharing = [name for name in core.stages if name in STAGES and STAGES[name].shares_gpus]
+        if sharing:  # as `corral simulate` refuses it
             raise ValueError(
-                "--cache-gb-per-node: not supported with the packing stage (it sets packed "
-                "jobs' speeds from Gavel's co-location table)"
+                f"--cache-gb-per-node: not supported with the {sharing[0]} stage (it lets jobs "
+                "share GPUs, at speeds it sets)"
             )
         self._cache_root = cache_root(settings, self.data_dir)
         # Kept as it is when it exists: jobs found running after a restart read through it.

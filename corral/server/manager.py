@@ -40,10 +40,10 @@ from corral.core.retry import FailureReport
 from corral.exec.local import (
     AttemptEnded,
     AttemptLaunch,
+    LaunchRefused,
     RunAs,
     WorkerLaunch,
     launch_argv,
-    own_directory,
     placement_worker_envs,
     share_env,
 )
@@ -402,16 +402,15 @@ class Manager(
         """Spawn a recorded attempt; one that cannot even start is lost, like a dead supervisor.
         In multi-user mode it runs as its user's account, which must still exist."""
         try:
-            launch.run_as = self._prepare_job_dirs(launch.job_id)
+            launch.run_as = self._run_as(launch.job_id)
             self._prepare_cache_dirs(launch)
         except (OSError, ValueError) as error:  # AccountError is a ValueError
-            reason = f"cannot start: {error}"
-            ended = AttemptEnded(launch.job_id, launch.attempt, None, None, False, reason, "", now)
-            with self.store.batch():
-                self._attempt_ended(ended, now)
+            self._cannot_start(launch, error, now)
             return
         try:
-            self.executor.launch(launch)
+            self.executor.launch(launch)  # it makes the job's directories (make_job_dirs)
+        except LaunchRefused as error:
+            self._cannot_start(launch, error, now)
         except Exception as error:
             log.exception("attempt %s of job %s could not start", launch.attempt, launch.job_id)
             reason = f"lost: its supervisor could not start: {error}"
@@ -448,22 +447,23 @@ class Manager(
             del self._deferred[start.job_id]
         return [self._record_start(start, now) for start in ready]
 
-    def _prepare_job_dirs(self, job_id: str) -> RunAs | None:
-        """The job's directory (the manager's: its attempts' control files live there) and, when
-        the spec names no workdir, its work dir (the account's, 0700). Returns the account."""
-        run_as = None
-        if self.settings.multi_user:
-            # A job stored by a single-user manager has no account: its user's name is one.
-            named = self._accounts.get(job_id)  # checked at submission
-            name = named or self.scheduler.jobs[job_id].spec.user
-            run_as = identity.account(name, field="unix user", named=named is not None)
-        job_dir = self.job_dir(job_id)
-        # Passable by the jobs' accounts, never listable (the mode is set: the umask is 077).
-        passable = 0o711 if run_as is not None else 0o700
-        own_directory(job_dir.parent, None, passable)
-        own_directory(job_dir, None, passable)
-        own_directory(self.work_dir(job_id), run_as)
-        return run_as
+    def _run_as(self, job_id: str) -> RunAs | None:
+        """The account the job's attempts run as (multi-user mode), which must still exist;
+        None: the manager's own. The executor makes the job's directories for it as the attempt
+        launches (corral.exec.local.make_job_dirs), not in the round."""
+        if not self.settings.multi_user:
+            return None
+        # A job stored by a single-user manager has no account: its user's name is one.
+        named = self._accounts.get(job_id)  # checked at submission
+        name = named or self.scheduler.jobs[job_id].spec.user
+        return identity.account(name, field="unix user", named=named is not None)
+
+    def _cannot_start(self, launch: AttemptLaunch, error: BaseException, now: float) -> None:
+        """An attempt refused before anything of it ran: it ends as a failed start."""
+        reason = f"cannot start: {error}"
+        ended = AttemptEnded(launch.job_id, launch.attempt, None, None, False, reason, "", now)
+        with self.store.batch():
+            self._attempt_ended(ended, now)
 
     # -- carrying out the core's actions ------------------------------------------------------
 
@@ -535,6 +535,8 @@ class Manager(
                 for rank, env in enumerate(envs)
             ],
             workdir=workdir,
+            job_dir=self.job_dir(job.id),
+            own_workdir=not spec_model.workdir,
             stop_signal=signal_number(spec_model),
             # A user's grace period must not hold GPUs against preemption and cancel forever.
             grace_s=min(spec_model.grace_seconds, self.settings.max_grace_s),
@@ -674,10 +676,11 @@ class Manager(
         does) or ran past their `time_limit` (they fail, as in Slurm); send `signal_before_limit`.
         Returns the attempts to stop."""
         stops = []
-        for job_id, attempt in list(self._attempts.items()):
+        limited = self._limited_attempts()  # (most jobs set no limit: not looked at)
+        for job_id, attempt in limited:
             model = self._spec_models.get(job_id)
             if model is None or (model.progress_timeout is None and model.time_limit is None):
-                continue  # (most jobs: nothing to check)
+                continue
             if job_id in self._ending:
                 continue
             report = None
@@ -702,7 +705,7 @@ class Manager(
             self._ending[job_id] = report
             self.store.add_event(job_id, now, "stopping", report.reason)
             stops.append((job_id, attempt.number))
-        self._warn_before_limits(now)
+        self._warn_before_limits(now, limited)
         return stops
 
     # -- jobs sharing GPUs (Gandiva's packing, shares of a GPU) ------------------------------------

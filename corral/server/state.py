@@ -27,7 +27,9 @@ class Executor(Protocol):
     `identity_text` (what `corral up` says at its start), `cache_dirs()` (SiloD's directories)."""
 
     def launch(self, launch: AttemptLaunch) -> None:
-        """Start the attempt and return at once (an exception: it is lost, never started)."""
+        """Start the attempt and return at once (an exception: it is lost, never started). One
+        that runs processes makes the job's directories first (`launch.job_dir`, its own
+        workdir: corral.exec.local.make_job_dirs, whose LaunchRefused is a failed start)."""
         ...
 
     def stop(self, job_id: str, attempt: int) -> None:

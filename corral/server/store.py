@@ -580,6 +580,49 @@ PROFILE_KEY = ("model", "gpu_type", "gpus", "nodes", "colocated", "vc")
 _UPDATES: dict[tuple[str, frozenset[str]], Any] = {}
 
 
+@dataclass(slots=True)
+class _Held:
+    """Writes of one statement held in a batch, sent as one executemany, in their order."""
+
+    statement: Any
+    params: list[dict[str, Any]]
+    missing: list[str | None]
+
+
+def _write_kind(statement: Any) -> tuple[str, sa.Table] | None:
+    """("insert" | "update", its table) of an INSERT or UPDATE; None for anything else."""
+    table = getattr(statement, "table", None)
+    if not isinstance(table, sa.Table):
+        return None
+    if getattr(statement, "is_insert", False):
+        return "insert", table
+    if getattr(statement, "is_update", False):
+        return "update", table
+    return None
+
+
+def _joinable(pending: list[_Held], statement: Any) -> _Held | None:
+    """The held writes of `statement` that a new one may join, or None. Joining moves it ahead
+    of the writes held after them: only past writes that it cannot depend on nor change the
+    outcome of, those to another table, and, for an insert, none that inserts into a table its
+    rows refer to (their referenced row may be that one). Writes of one statement, and of one
+    table, keep their order (a row's updates, the events' ids)."""
+    kind = _write_kind(statement)
+    if kind is None:
+        return None
+    _, table = kind
+    for held in reversed(pending):
+        if held.statement is statement:
+            return held
+        other = _write_kind(held.statement)
+        if other is None or other[1] is table:
+            return None
+        if kind[0] == "insert" and other[0] == "insert":
+            if any(key.references(other[1]) for key in table.foreign_keys):
+                return None
+    return None
+
+
 def _update_statement(table: sa.Table, keys: tuple[str, ...], columns: frozenset[str]) -> Any:
     """One UPDATE statement object per table and set of columns, so that a batch can send the
     same kind of update for many rows as one executemany."""
@@ -741,17 +784,18 @@ class Store:
                 self._local.pending = None
 
     def _run(self, statement: Any, params: dict[str, Any], missing: str | None = None) -> None:
-        """Execute a write; inside a batch, consecutive writes of the same statement are held and
-        sent together as one executemany (a round's many starts cost one statement per kind).
-        `missing`: the KeyError message when the write changes no row."""
-        pending: list[tuple[Any, list[dict[str, Any]], str | None]] | None = getattr(
-            self._local, "pending", None
-        )
+        """Execute a write; inside a batch, writes are held and each joins the held writes of the
+        same statement (`_joinable`), sent together as one executemany at the end: a round's
+        starts cost one statement per kind, not three per start. `missing`: the KeyError
+        message when the write changes no row."""
+        pending: list[_Held] | None = getattr(self._local, "pending", None)
         if pending is not None:
-            if pending and pending[-1][0] is statement and pending[-1][2] == missing:
-                pending[-1][1].append(params)
+            held = _joinable(pending, statement)
+            if held is None:
+                pending.append(_Held(statement, [params], [missing]))
             else:
-                pending.append((statement, [params], missing))
+                held.params.append(params)
+                held.missing.append(missing)
             return
         with self._writing() as connection:
             result = connection.execute(statement, params)
@@ -759,13 +803,20 @@ class Store:
                 raise KeyError(missing)
 
     def _flush(self, connection: Connection) -> None:
-        pending = self._local.pending
+        pending: list[_Held] = self._local.pending
         self._local.pending = []
-        for statement, params, missing in pending:
-            result = connection.execute(statement, params if len(params) > 1 else params[0])
+        for held in pending:
+            params = held.params
+            result = connection.execute(held.statement, params if len(params) > 1 else params[0])
             # (a driver may not count the rows of an executemany: -1)
-            if missing is not None and 0 <= result.rowcount < len(params):
-                raise KeyError(missing if len(params) == 1 else f"{missing} (in a batch)")
+            if held.missing[0] is not None and 0 <= result.rowcount < len(params):
+                if len(params) == 1:
+                    raise KeyError(held.missing[0])
+                # Which one: each again, alone (updates setting what they set; the batch is
+                # rolled back by the KeyError anyway).
+                for one, missing in zip(params, held.missing, strict=True):
+                    if connection.execute(held.statement, one).rowcount == 0:
+                        raise KeyError(missing)
 
     @contextmanager
     def _writing(self) -> Iterator[Connection]:

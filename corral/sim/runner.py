@@ -18,6 +18,7 @@ from corral.core.colocation import PairTable
 from corral.core.config import ConfigError
 from corral.core.fragmentation import Workload, WorkloadError
 from corral.core.framework import (
+    STAGES,
     SchedulerConfig,
     build_scheduler,
     check_config,
@@ -303,11 +304,17 @@ def check_cache_settings(settings: RunSettings) -> None:
         raise SimulationError(
             f"--datasets: unknown {settings.datasets!r}; choose {', '.join(DATASET_SCOPES)}"
         )
-    if cache_gb is not None and (
-        settings.private_baseline or "packing" in settings.scheduler.core.stages
-    ):  # packing sets speeds from the co-location table
+    if cache_gb is not None and settings.private_baseline:
+        raise SimulationError("--cache-gb-per-node: not supported with --private-baseline")
+    sharing = [
+        name
+        for name in settings.scheduler.core.stages
+        if name in STAGES and STAGES[name].shares_gpus
+    ]
+    if cache_gb is not None and sharing:  # such a stage sets the speeds of jobs sharing GPUs
         raise SimulationError(
-            "--cache-gb-per-node: not supported with --private-baseline or the packing stage"
+            f"--cache-gb-per-node: not supported with the {sharing[0]} stage (it lets jobs "
+            "share GPUs, at speeds it sets)"
         )
 
 

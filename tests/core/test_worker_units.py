@@ -9,6 +9,7 @@ remainder to the tightest node (fewest free, then lowest index) that can offer i
 
 from __future__ import annotations
 
+import copy
 from collections import Counter
 
 import pytest
@@ -289,6 +290,36 @@ def test_refusal_counts_only_whole_workers_per_node():
     assert s.refusal(spec("y", 8, gpus_per_worker=4)) is None
     assert s.refusal(spec("z", 12, gpus_per_worker=6)) is None
     assert s.refusal(spec("w", 12, gpus_per_worker=3)) is None
+
+
+def test_the_room_for_workers_is_remembered_per_cluster_and_follows_its_nodes():
+    """`Cluster.worker_room` is worked out once per cluster and key; a cluster with other nodes
+    (the live manager makes a new one when nodes join or leave) answers for its own nodes."""
+    twelve = spec("x", 12, gpus_per_worker=4)
+    only_8 = (
+        "asks for 12 GPUs, 4 per worker on one node, but the nodes can give only 8 GPUs in "
+        "whole workers"
+    )
+
+    def on(*sizes: int) -> Scheduler:
+        nodes = [NodeDef(f"n{i}", size) for i, size in enumerate(sizes)]
+        return Scheduler(Cluster.from_nodes(nodes), make_policy("fifo"), make_placement("relax"))
+
+    two = on(6, 6)  # 4 + 4 in whole workers
+    assert two.refusal(twelve) == only_8
+    assert two.cluster.worker_room(None, 4) == (6, 8)
+    assert two.refusal(twelve) == only_8  # remembered: the same answer
+    joined = on(6, 6, 4)  # a node joins: 4 + 4 + 4
+    assert joined.cluster.worker_room(None, 4) == (6, 12)
+    assert joined.refusal(twelve) is None
+    left = on(6, 2, 4)  # one of the 6-GPU nodes left, a 2-GPU one came: 4 + 0 + 4
+    assert left.refusal(twelve) == only_8
+    assert left.refusal(spec("y", 12, gpus_per_worker=6)) == (
+        "asks for 12 GPUs, 6 per worker on one node, but the nodes can give only 6 GPUs in "
+        "whole workers"
+    )
+    assert two.refusal(spec("y", 12, gpus_per_worker=6)) is None  # 6 + 6
+    assert copy.deepcopy(two.cluster).worker_room(None, 6) == (6, 12)
 
 
 def test_consolidate_spreads_across_racks_when_no_rack_holds_the_workers():

@@ -15,7 +15,9 @@ from click.testing import CliRunner
 
 from corral.cli.main import app
 from corral.core.cluster import Cluster
+from corral.core.framework import STAGES
 from corral.core.options import option
+from corral.core.stages import Stage
 from corral.exec.inert import PRERUN_REASON, STOPPED_REASON, TIME_LIMIT_REASON, InertExecutor
 from corral.exec.local import AttemptEnded, AttemptLaunch, WorkerLaunch
 from corral.server.boot import RunningServer, ServerOptions
@@ -23,13 +25,14 @@ from corral.server.executors import EXECUTORS, Boot, ExecutorEntry, Started
 from corral.server.executors.local import declared_cluster
 from corral.server.manager import Manager, ManagerSettings
 from corral.server.spec import parse_job_spec
-from corral.server.state import Executor
+from corral.server.state import CacheSettings, Executor
 from corral.server.store import Store
 from tests.server.helpers import (
     Corral,
     admin_token,
     api,
     job,
+    manager_settings,
     python_job,
     submit,
     wait_for,
@@ -296,3 +299,42 @@ def test_corral_up_with_the_inert_executor(tmp_path: Path) -> None:
     finally:
         client.close()
         corral.stop()
+
+
+class Cohabit(Stage):
+    """A stage of this test's that lets jobs share GPUs (and does nothing else)."""
+
+    name = "cohabit"
+    shares_gpus = True
+
+
+def test_a_stage_that_lets_jobs_share_gpus_is_refused_where_they_cannot(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ray's executor (one actor a GPU) and the live data caches refuse any stage that shares
+    GPUs, naming it, not only Gandiva's packing; a stage that shares none (migration) passes."""
+    monkeypatch.setitem(STAGES, "cohabit", Cohabit)
+    ray = EXECUTORS["ray"]
+    options = ray.Options(address="127.0.0.1:1")
+
+    def ray_refusal(*stages: str) -> str | None:
+        boot = Boot(tmp_path, manager_settings(stages=list(stages)))
+        return ray.refusal(options, boot)
+
+    assert ray_refusal("migration") is None
+    assert ray_refusal("migration", "cohabit") == (
+        "--stages cohabit: runs with the local executor only (the stage lets jobs share GPUs; "
+        "Ray lets one actor hold a GPU)"
+    )
+    with pytest.raises(ValueError) as refused:
+        Manager(
+            Store(Store.sqlite_url(tmp_path)),
+            InertExecutor(),
+            Cluster.shorthand(1, 2),
+            tmp_path,
+            settings=manager_settings(stages=["cohabit"], cache=CacheSettings(1.0)),
+        )
+    assert str(refused.value) == (
+        "--cache-gb-per-node: not supported with the cohabit stage (it lets jobs share GPUs, "
+        "at speeds it sets)"
+    )

@@ -638,6 +638,40 @@ def test_the_caps_themselves_are_accepted_and_the_whole_spec_is_capped() -> None
     assert str(caught.value).endswith(f"bytes as JSON; at most {MAX_SPEC_BYTES}")
 
 
+def test_the_whole_spec_is_capped_at_the_byte_as_the_store_writes_it() -> None:
+    """The cap counts the JSON the store keeps, to the byte: ASCII (an é is 6 characters, a
+    character outside the BMP 12), nested specs (elastic, dataset) and every default included."""
+    fields: dict[str, Any] = {
+        **SPEC,
+        "gpus": 2,
+        "elastic": {"min_gpus": 2, "max_gpus": 4},
+        "dataset": {"name": "imagenet", "size_gb": 150.5},
+        "gpu_type": ["A100", "h100"],
+        "after": [1, 2],
+        "command": ["python", "-c", "print('\u00e9\U0001f600')"],
+    }
+
+    def sized(pad: int) -> dict[str, Any]:  # the env's values: "é" * 1,000 and `pad` x's
+        half = pad // 2
+        return {**fields, "env": {"E": "\u00e9" * 1000, "A": "x" * half, "B": "x" * (pad - half)}}
+
+    def stored(spec: dict[str, Any]) -> int:
+        return len(json.dumps(parse_job_spec(spec).model_dump(mode="json")))
+
+    pad = MAX_SPEC_BYTES - stored(sized(0))
+    assert stored(sized(pad)) == MAX_SPEC_BYTES  # at the cap: accepted
+    with pytest.raises(SpecError) as caught:
+        parse_job_spec(sized(pad + 1))
+    assert str(caught.value) == (
+        f"the job spec is {MAX_SPEC_BYTES + 1} bytes as JSON; at most {MAX_SPEC_BYTES}"
+    )
+    for more, size in [("\u00e9", 6), ("\U0001f600", 12)]:  # one character more: 6, 12 bytes
+        spec = sized(pad)
+        spec["env"]["E"] += more
+        with pytest.raises(SpecError, match=f"^the job spec is {MAX_SPEC_BYTES + size} bytes"):
+            parse_job_spec(spec)
+
+
 # -- PostgreSQL -----------------------------------------------------------------------------------
 
 

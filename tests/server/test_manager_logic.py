@@ -3,12 +3,13 @@ what a run of lost attempts, or a relative data directory, leads to."""
 
 from __future__ import annotations
 
+import stat
 from pathlib import Path
 
 import pytest
 
 from corral.core.cluster import Cluster
-from corral.exec.local import AttemptEnded, AttemptLaunch
+from corral.exec.local import AttemptEnded, AttemptLaunch, LocalExecutor, make_job_dirs
 from corral.server.manager import Manager, ManagerSettings
 from corral.server.spec import parse_job_spec
 from corral.server.store import Store, StoreUnavailable
@@ -21,6 +22,7 @@ from tests.server.helpers import (
     submit,
     wait_for,
 )
+from tests.server.inert import HeldExecutor
 
 
 class ScriptedExecutor:
@@ -119,6 +121,87 @@ def test_a_user_error_exit_uses_retries_then_fails(tmp_path: Path) -> None:
     assert row is not None and row.status == "FAILED"
     assert (row.attempts, row.failures) == (2, 2)  # max_retries 1: two attempts in all
     assert row.reason == "exit code 1 (rank 0): ValueError: x"
+
+
+def test_the_round_makes_no_directory_the_executor_makes_them_at_launch(tmp_path: Path) -> None:
+    """A start tells the executor the job's directory and whether the workdir is the job's own;
+    the round makes neither (`make_job_dirs`, called by the executors as they launch, does)."""
+    manager, executor, _ = manager_with(tmp_path, LOST)
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    manager.submit(parse_job_spec(python_job("own", "pass")), "u")
+    manager.submit(parse_job_spec(python_job("named", "pass", workdir=str(mine))), "u")
+    manager.step()
+    own, named = executor.launched
+    jobs = manager.data_dir / "jobs"
+    assert (own.job_dir, own.workdir, own.own_workdir) == (jobs / "1", str(jobs / "1/work"), True)
+    assert (named.job_dir, named.workdir, named.own_workdir) == (jobs / "2", str(mine), False)
+    assert not jobs.exists()  # the round made nothing
+    for launch in (own, named):
+        make_job_dirs(launch)
+    for path in (jobs, jobs / "1", jobs / "1/work", jobs / "2"):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o700, path  # single-user: the manager's
+    assert not (jobs / "2/work").exists()  # its workdir is its own choice
+
+
+def test_a_job_directory_the_executor_cannot_make_fails_the_start(tmp_path: Path) -> None:
+    """The local executor refuses an attempt whose job directory cannot be made, before anything
+    of it runs: the manager records a start that failed, as when the round made it."""
+    executor = LocalExecutor()
+    clock = Clock()
+    manager = Manager(
+        Store(Store.sqlite_url(tmp_path)),
+        executor,
+        Cluster.shorthand(1, 1),
+        tmp_path,
+        settings=manager_settings(),
+        clock=clock,
+    )
+    (tmp_path / "jobs").mkdir()
+    (tmp_path / "jobs" / "1").write_text("")  # a file in the job directory's place
+    ran = tmp_path / "ran"
+    manager.submit(parse_job_spec(python_job("j", f"open({str(ran)!r}, 'w')")), "u")
+    try:
+        manager.step()
+        (attempt,) = manager.store.attempts("1")
+        assert attempt.outcome == "failed"
+        assert attempt.reason == f"cannot start: [Errno 17] File exists: '{tmp_path}/jobs/1'"
+        assert executor.active() == set() and not ran.exists()
+        assert not (tmp_path / "jobs" / "1" / "attempt-1").exists()
+    finally:
+        manager.stop()
+
+
+def test_limits_are_checked_only_for_the_jobs_that_set_one(tmp_path: Path) -> None:
+    """Every `progress_check_s` the manager looks for attempts past their time limit or silent
+    past their progress timeout: only the attempts of jobs that set one (none while no job
+    does), and those it stops at their limit."""
+    clock = Clock()
+    executor = HeldExecutor()
+    manager = Manager(
+        Store(Store.sqlite_url(tmp_path)),
+        executor,
+        Cluster.shorthand(1, 4),
+        tmp_path,
+        settings=manager_settings(),
+        clock=clock,
+    )
+    for name in ("free", "free-too"):
+        manager.submit(parse_job_spec(python_job(name, "pass")), "u")
+    manager.step()
+    assert len(executor.running) == 2 and manager._limited_attempts() == []
+    for name, limit in [("limited", {"time_limit": 10}), ("watched", {"progress_timeout": 30})]:
+        manager.submit(parse_job_spec(python_job(name, "pass", **limit)), "u")
+    manager.submit(parse_job_spec(python_job("later", "pass", time_limit=5, gpus=2)), "u")
+    manager.step()
+    assert len(executor.running) == 4  # later waits for GPUs: no attempt to look at
+    assert [job for job, _ in manager._limited_attempts()] == ["3", "4"]
+    clock.now += 11  # past limited's time limit, within watched's progress timeout
+    manager.step()
+    assert executor.stopped == [("3", 1)]
+    clock.now += 30  # watched has sent no report for 41 s
+    manager.step()
+    assert executor.stopped == [("3", 1), ("4", 1)]
 
 
 def test_a_relative_data_dir_works_for_the_jobs(

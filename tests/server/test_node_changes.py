@@ -10,9 +10,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from corral.core.cluster import Cluster, NodeDef
 from corral.exec.local import AttemptLaunch
-from corral.server.manager import Manager
+from corral.server.manager import Manager, SubmitError
 from corral.server.spec import parse_job_spec
 from corral.server.store import JobRow, Store
 from tests.server.helpers import manager_settings, python_job
@@ -245,3 +247,29 @@ def test_a_fixed_cluster_holds_its_missing_nodes_out_and_never_rebuilds(tmp_path
     assert [where(a) for a in executor.running.values()] == [["n1"]]
     second = manager.store.get_job("2")
     assert second is not None and second.status == "PENDING"
+
+
+def test_the_room_for_workers_is_the_live_nodes_as_they_join_and_leave(tmp_path: Path) -> None:
+    """A submission's check that its workers fit on nodes is worked out once per cluster: after
+    a node joins or leaves, the answer is the new nodes', not the one remembered for the old."""
+    nodes = Nodes()
+    nodes.live = [NodeDef("n1", 6, "gpu"), NodeDef("n2", 2, "gpu")]  # 8 GPUs, one worker of 4
+    manager, executor = manager_on(tmp_path, nodes)
+    wide = parse_job_spec(python_job("wide", "pass", gpus=8, workers=2))
+    refused = "asks for 8 GPUs, 4 per worker on one node, but the nodes can give only 4 GPUs"
+    for _ in range(2):  # the second answer is the remembered one: the same
+        with pytest.raises(SubmitError, match=refused):
+            manager.submit(wide, "u")
+    nodes.live.append(NodeDef("n3", 4, "gpu"))  # n1 and n3 hold a worker of 4 each
+    manager.step()
+    assert [node.name for node in manager.cluster.nodes] == ["n1", "n2", "n3"]
+    row = manager.submit(wide, "u")
+    manager.step()
+    (launch,) = executor.running.values()
+    assert (launch.job_id, sorted(where(launch))) == (row.id, ["n1", "n3"])
+    executor.end(row.id, 1, "exit code 0", code=0)
+    nodes.live.pop()  # n3 leaves: one worker of 4 again
+    manager.step()
+    assert [node.name for node in manager.cluster.nodes] == ["n1", "n2"]
+    with pytest.raises(SubmitError, match=refused):
+        manager.submit(wide, "u")

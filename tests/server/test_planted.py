@@ -30,6 +30,7 @@ import pytest
 from corral.exec import safefs
 from corral.exec.local import (
     AttemptLaunch,
+    LaunchRefused,
     LocalExecutor,
     RunAs,
     WorkerLaunch,
@@ -296,6 +297,55 @@ def test_the_executor_never_writes_into_directories_another_account_made(
             assert os.listdir(attempt_dir) == []
             assert executor.active() == set()
         assert not marker.exists()
+    finally:
+        executor.close()
+
+
+def test_the_executor_makes_a_jobs_directories_or_refuses_planted_ones(
+    mallory: Attacker, root_dir: Path
+) -> None:
+    """The job's directory and its work dir are made as the attempt launches (not in the
+    manager's round), before the workers start, as the job's account's: one another account
+    made first, or a link in the work dir's place, is refused and nothing runs."""
+    bob = pwd.getpwnam("nobody")
+    bobs = RunAs(bob.pw_name, bob.pw_uid, bob.pw_gid, bob.pw_dir)
+    jobs = root_dir / "jobs"
+    marker = root_dir / "ran"
+
+    def launch(job: str, command: str) -> AttemptLaunch:
+        planned = _launch(jobs / job / "attempt-1", marker)
+        planned.job_id, planned.run_as, planned.job_dir = job, bobs, jobs / job
+        planned.workdir, planned.own_workdir = str(jobs / job / "work"), True
+        planned.workers[0].argv = ["/bin/sh", "-c", command]
+        return planned
+
+    executor = LocalExecutor(containment="subreaper")
+    try:
+        hers = jobs / "1"
+        hers.mkdir(parents=True, mode=0o700)
+        os.chown(hers, mallory.run_as.uid, mallory.run_as.gid)
+        with pytest.raises(LaunchRefused, match=f"^{re.escape(str(hers))} belongs to crl-mal"):
+            executor.launch(launch("1", f"touch {marker}"))
+        assert os.listdir(hers) == []
+        (jobs / "2").mkdir(mode=0o700)
+        (jobs / "2" / "work").symlink_to(hers, target_is_directory=True)
+        linked = f"^{re.escape(str(jobs / '2' / 'work'))} is a symbolic link: not given to"
+        with pytest.raises(LaunchRefused, match=linked):
+            executor.launch(launch("2", f"touch {marker}"))
+        assert os.stat(hers).st_uid == mallory.run_as.uid and executor.active() == set()
+        assert not marker.exists()
+        executor.launch(launch("3", "pwd; id -u"))  # made first, then the worker runs in it
+        ended = wait_until(executor.poll, "job 3's attempt to end")
+        assert [(end.job_id, end.exit_code) for end in ended] == [("3", 0)]
+        output = (jobs / "3" / "attempt-1" / "rank-0.stdout").read_text().split()
+        assert output == [str(jobs / "3" / "work"), str(bob.pw_uid)]
+        for path, owner, mode in [
+            (jobs, 0, 0o711),
+            (jobs / "3", 0, 0o711),
+            (jobs / "3" / "work", bob.pw_uid, 0o700),
+        ]:
+            info = os.lstat(path)
+            assert (path, info.st_uid, stat.S_IMODE(info.st_mode)) == (path, owner, mode)
     finally:
         executor.close()
 

@@ -287,6 +287,45 @@ def test_a_batch_commits_once_and_reads_its_own_writes(store: Store) -> None:
     assert len(store.attempts(1)) == 1 and len(store.events(1)) == 1
 
 
+def test_a_batch_sends_each_kind_of_write_once_and_keeps_each_rows_order(store: Store) -> None:
+    """A round's starts (an attempt, the job's new status, an event each) go out as one
+    executemany per statement, not three statements per start; a row's updates, and the
+    events, keep their order."""
+    for job_id in (1, 2, 3):
+        add_job(store, job_id)
+    sent: list[tuple[str, bool]] = []
+
+    def count(conn, cursor, statement, parameters, context, executemany) -> None:  # noqa: ANN001
+        sent.append((statement.split()[0].upper(), executemany))
+
+    sa.event.listen(store._engine, "before_cursor_execute", count)
+    try:
+        with store.batch():
+            for job_id in (1, 2, 3):
+                store.add_attempt(job_id, 1, [f"n/{job_id}"], 5.0, "running")
+                store.update_job(job_id, status="RUNNING", attempts=1)
+                store.add_event(job_id, 5.0, "started", f"attempt 1 of {job_id}")
+            store.update_job(3, status="PENDING", reason="requeued")  # another kind of update
+            store.add_event(3, 6.0, "requeued", "again")
+            store.update_job(3, status="RUNNING", attempts=1)  # after it: not joined before it
+    finally:
+        sa.event.remove(store._engine, "before_cursor_execute", count)
+    writes = [(verb, many) for verb, many in sent if verb in ("INSERT", "UPDATE")]
+    assert writes == [
+        ("INSERT", True),  # the three attempts
+        ("UPDATE", True),  # the three jobs' status
+        ("INSERT", True),  # the four events, in order
+        ("UPDATE", False),  # job 3 requeued
+        ("UPDATE", False),  # job 3 running again: after it
+    ]
+    assert [row.status for row in map(store.get_job, (1, 2, 3))] == ["RUNNING"] * 3  # type: ignore[union-attr]
+    assert [event.message for event in store.events(3)] == ["attempt 1 of 3", "again"]
+    with pytest.raises(KeyError, match="^.job 9 not found.$"):
+        with store.batch():
+            store.update_job(1, status="RUNNING")
+            store.update_job(9, status="RUNNING")
+
+
 def test_a_failing_batch_rolls_back_everything(store: Store) -> None:
     add_job(store, 1)
     with pytest.raises(RuntimeError, match="boom"):

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from corral.core.framework import config_from_mapping
+from corral.core.framework import STAGES, config_from_mapping
 from corral.core.job import JobSpec
+from corral.core.stages import Stage
 from corral.sim.datasets import DATASETS, data_of, reads_for
 from corral.sim.perfmodel import PerfModel
 from corral.sim.runner import RunSettings, SimulationError, run_simulations
@@ -128,10 +129,31 @@ def test_simulate_with_node_caches_reports_hits_and_speed(tmp_path):
         ),
         (
             {"cache_gb_per_node": 1.0, "scheduler": {"stages": ["packing"]}},
-            "not supported with --private-baseline or the packing stage",
+            "^--cache-gb-per-node: not supported with the packing stage \\(it lets jobs share GPUs",
+        ),
+        (
+            {"cache_gb_per_node": 1.0, "private_baseline": True},
+            "^--cache-gb-per-node: not supported with --private-baseline$",
         ),
     ],
 )
 def test_bad_cache_options_are_refused_naming_the_option(tmp_path, options, message):
     with pytest.raises(SimulationError, match=message):
         simulate(tmp_path, **options)
+
+
+class Cohabit(Stage):
+    """A stage of this test's that lets jobs share GPUs (and does nothing else)."""
+
+    name = "cohabit"
+    shares_gpus = True
+
+
+def test_the_cache_is_refused_with_any_stage_that_lets_jobs_share_gpus(tmp_path, monkeypatch):
+    monkeypatch.setitem(STAGES, "cohabit", Cohabit)
+    with pytest.raises(SimulationError) as refused:
+        simulate(tmp_path, {"stages": ["migration", "cohabit"]}, cache_gb_per_node=1.0)
+    assert str(refused.value) == (
+        "--cache-gb-per-node: not supported with the cohabit stage (it lets jobs share GPUs, "
+        "at speeds it sets)"
+    )

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from corral.core.cluster import Cluster, NodeDef
+from corral.core.framework import STAGES
 from corral.core.options import option
 from corral.exec.shim import write_json_atomic
 from corral.server.executors.base import Boot, ExecutorEntry, ExecutorError, Started
@@ -126,11 +127,13 @@ class RayEntry(ExecutorEntry):
             return "--executor ray: the GPUs are the Ray nodes' (no --gpus, no --demo)"
         if boot.gpu_memory_mib is not None:
             return "--gpu-memory: the local executor's GPUs only (the Ray executor runs no shares)"
-        if "packing" in boot.settings.scheduler.core.stages:
-            # Ray gives each GPU to one actor: a packed guest's workers would never be scheduled.
+        stages = boot.settings.scheduler.core.stages
+        sharing = [name for name in stages if name in STAGES and STAGES[name].shares_gpus]
+        if sharing:
+            # Ray gives each GPU to one actor: a guest's workers would never be scheduled.
             return (
-                "--stages packing: runs with the local executor only "
-                "(Ray lets one actor hold a GPU)"
+                f"--stages {sharing[0]}: runs with the local executor only (the stage lets "
+                "jobs share GPUs; Ray lets one actor hold a GPU)"
             )
         return None
 
