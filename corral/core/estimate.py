@@ -44,7 +44,6 @@ class Remaining:
     (`Policy.remaining`): for the shells to show, never an input to a decision."""
 
     remaining_s: float  # ideal seconds of work left
-    total_s: float  # ideal seconds of work in all
     source: str  # where the estimate came from, e.g. "fit" or "prior" (optimus)
     basis: str  # the same, in words
 

@@ -75,7 +75,9 @@ class EstimateInfo(BaseModel):
 
     model_config = _OPEN
 
-    remaining_s: float = Field(description="seconds of running left")
+    remaining_s: float = Field(
+        description="seconds of running left (a policy's estimate: seconds of work at full speed)"
+    )
     source: str = Field(
         description="fit or prior (the policy's estimate, which its key holds now: optimus's "
         "loss-curve fit, or its prior when there is no fit), else what the job declared: "

@@ -251,9 +251,7 @@ class Optimus(Policy):
             )
             if estimate.points:
                 basis += f" ({estimate.points} reported losses, no converging fit)"
-        return Remaining(
-            max(0.0, estimate.total_work_s - done), estimate.total_work_s, estimate.source, basis
-        )
+        return Remaining(max(0.0, estimate.total_work_s - done), estimate.source, basis)
 
     def _learn_from_finished(self) -> None:
         """Record the lengths of watched jobs that succeeded since the last look. Looking costs
