@@ -1,13 +1,23 @@
 """A CPU stand-in for a training job: checkpoints every step, stops cleanly, resumes.
 
-It fits y = 3x + 1 by gradient descent, sleeping between steps as if each took real work, so that
-corral's preemption path (signal, grace, kill, requeue, resume) can be tried without a GPU:
+It fits a linear model to a synthetic regression problem by mini-batch SGD, sleeping between steps
+as if each took real work, so that corral's preemption path (signal, grace, kill, requeue, resume)
+can be tried without a GPU:
 
     python examples/train.py [STEPS]
 
+The problem is ill-conditioned on purpose, as real ones are: 16 features whose variances are
+spread evenly over (0, 1], each carrying an equal share of the signal (4 in all), plus label noise
+of variance 0.09. Gradient descent fits the large features within a few steps and the small ones
+ever more slowly, so the loss falls from about 4 towards its floor roughly as 1/(a*k + b) + c, the
+shape Optimus fits (docs/optimus.md), over a few hundred steps: Optimus's fit of this curve
+converges (excess loss at 5 %) near step 8 / LEARNING_RATE, about 400 at the default.
+
 Environment (all optional):
-  TRAIN_STEPS            number of steps (default 60; a STEPS argument wins)
+  TRAIN_STEPS            number of steps (default 400; a STEPS argument wins)
   STEP_SECONDS           time per step (default 0.1)
+  LEARNING_RATE          SGD's learning rate (default 0.02): the curve converges in about
+                         8 / LEARNING_RATE steps (0.1: about 80, 0.01: about 800)
   CHECKPOINT_EVERY       write the checkpoint every K steps (default 1)
   CORRAL_CHECKPOINT_DIR  where ckpt.json lives (default ./checkpoint); set by corral
   RANK                   this worker's rank (default 0); only rank 0 writes the checkpoint
@@ -20,8 +30,9 @@ Environment (all optional):
   HANG_AT_STEP=k         at step k, stop making progress (as a stuck collective would) but keep
                          running, until stopped
   CORRAL_PROGRESS_FILE   where each step appends its progress report, a JSON line
-                         {"step", "loss", "time"} (set by corral; docs/progress.md): written
-                         here by hand, as a program in any language can
+                         {"step", "loss", "time"}: the mini-batch loss before the step (set by
+                         corral; docs/progress.md): written here by hand, as a program in any
+                         language can
 
 On SIGTERM (corral's default stop signal) rank 0 writes a checkpoint and every rank exits with
 code 143 within one short sleep. On start every rank reads ckpt.json if present and prints
@@ -32,6 +43,7 @@ exits 0.
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import signal
@@ -39,7 +51,12 @@ import sys
 import time
 from pathlib import Path
 
-LEARNING_RATE = 0.3
+#: The problem: FEATURES features, feature i of variance (i + 1) / FEATURES, the signal (of
+#: variance SIGNAL) shared equally among them, and label noise of sd NOISE: the loss's floor is
+#: NOISE ** 2.
+FEATURES, SIGNAL, NOISE, BATCH = 16, 4.0, 0.3, 32
+SCALES = [math.sqrt((i + 1) / FEATURES) for i in range(FEATURES)]
+TRUE_WEIGHTS = [math.sqrt(SIGNAL / FEATURES) / scale for scale in SCALES]
 # The longest one sleep lasts, so that a stop request is seen promptly even with long steps.
 SLEEP_SLICE_S = 0.02
 
@@ -51,28 +68,36 @@ def on_sigterm(signum: int, frame: object) -> None:
     stop_requested = True
 
 
-def dataset() -> list[tuple[float, float]]:
-    rng = random.Random(0)
-    return [
-        (x, 3.0 * x + 1.0 + rng.gauss(0.0, 0.05)) for x in (rng.uniform(-1, 1) for _ in range(64))
-    ]
+def batch(step: int) -> list[tuple[list[float], float]]:
+    """Step `step`'s mini-batch of (x, y): the same for a given step on every run, so a resumed
+    job sees the data it would have seen."""
+    rng = random.Random(step * 7919)
+    samples = []
+    for _ in range(BATCH):
+        x = [rng.gauss(0.0, scale) for scale in SCALES]
+        y = sum(w * v for w, v in zip(TRUE_WEIGHTS, x, strict=True)) + rng.gauss(0.0, NOISE)
+        samples.append((x, y))
+    return samples
 
 
-def sgd_step(w: float, b: float, data: list[tuple[float, float]]) -> tuple[float, float, float]:
-    """One full-batch gradient step on the mean squared error; returns (w, b, loss before)."""
-    grad_w = grad_b = loss = 0.0
-    for x, y in data:
-        error = w * x + b - y
+def sgd_step(
+    weights: list[float], samples: list[tuple[list[float], float]], learning_rate: float
+) -> tuple[list[float], float]:
+    """One gradient step on the batch's mean squared error; returns (weights, loss before)."""
+    grad = [0.0] * len(weights)
+    loss = 0.0
+    for x, y in samples:
+        error = sum(w * v for w, v in zip(weights, x, strict=True)) - y
         loss += error * error
-        grad_w += 2 * error * x
-        grad_b += 2 * error
-    n = len(data)
-    return w - LEARNING_RATE * grad_w / n, b - LEARNING_RATE * grad_b / n, loss / n
+        for i, v in enumerate(x):
+            grad[i] += 2 * error * v
+    n = len(samples)
+    return [w - learning_rate * g / n for w, g in zip(weights, grad, strict=True)], loss / n
 
 
-def save_checkpoint(path: Path, step: int, w: float, b: float, loss: float) -> None:
+def save_checkpoint(path: Path, step: int, weights: list[float], loss: float) -> None:
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps({"step": step, "w": w, "b": b, "loss": loss}))
+    tmp.write_text(json.dumps({"step": step, "weights": weights, "loss": loss}))
     os.replace(tmp, path)
 
 
@@ -111,23 +136,27 @@ def report_progress(step: int, loss: float) -> None:
 
 def main() -> int:
     signal.signal(signal.SIGTERM, on_sigterm)
-    steps = int(sys.argv[1] if len(sys.argv) > 1 else os.environ.get("TRAIN_STEPS", "60"))
+    steps = int(sys.argv[1] if len(sys.argv) > 1 else os.environ.get("TRAIN_STEPS", "400"))
     step_seconds = float(os.environ.get("STEP_SECONDS", "0.1"))
+    learning_rate = float(os.environ.get("LEARNING_RATE", "0.02"))
     every = max(1, int(os.environ.get("CHECKPOINT_EVERY", "1")))
     rank = int(os.environ.get("RANK", "0"))
     checkpoint_dir = Path(os.environ.get("CORRAL_CHECKPOINT_DIR", "checkpoint"))
     checkpoint_dir.mkdir(parents=True, exist_ok=True)
     checkpoint = checkpoint_dir / "ckpt.json"
 
-    step, w, b, loss = 0, 0.0, 0.0, float("nan")
+    step, weights, loss = 0, [0.0] * FEATURES, float("nan")
     if checkpoint.exists():
         state = json.loads(checkpoint.read_text())
-        step, w, b, loss = int(state["step"]), float(state["w"]), float(state["b"]), state["loss"]
+        step, weights, loss = (
+            int(state["step"]),
+            [float(w) for w in state["weights"]],
+            state["loss"],
+        )
         print(f"rank {rank}: resumed from step {step}", flush=True)
     else:
         print(f"rank {rank}: starting from step 0", flush=True)
 
-    data = dataset()
     while step < steps:
         if stop_requested:
             break
@@ -140,20 +169,20 @@ def main() -> int:
                 sleep_unless_stopped(1.0)
             break
         sleep_unless_stopped(step_seconds)
-        w, b, loss = sgd_step(w, b, data)
+        weights, loss = sgd_step(weights, batch(step), learning_rate)
         step += 1
         if rank == 0:
             report_progress(step, loss)
         if rank == 0 and (step % every == 0 or step == steps):
-            save_checkpoint(checkpoint, step, w, b, loss)
-        print(f"rank {rank}: step {step}/{steps} loss={loss:.6f} w={w:.4f} b={b:.4f}", flush=True)
+            save_checkpoint(checkpoint, step, weights, loss)
+        print(f"rank {rank}: step {step}/{steps} loss={loss:.6f}", flush=True)
 
     if stop_requested:
         if rank == 0:
-            save_checkpoint(checkpoint, step, w, b, loss)
+            save_checkpoint(checkpoint, step, weights, loss)
         print(f"rank {rank}: stopped at step {step}, checkpoint saved", flush=True)
         return 143
-    print(f"rank {rank}: done: loss={loss:.6f} w={w:.4f} b={b:.4f}", flush=True)
+    print(f"rank {rank}: done: loss={loss:.6f}", flush=True)
     return 0
 
 

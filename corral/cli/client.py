@@ -340,6 +340,9 @@ def describe_text(job: dict[str, Any]) -> str:
         fields.append(("Exit code", str(job["exit_code"])))
     if job.get("progress"):
         fields.append(("Progress", _progress_line(job["progress"], job.get("progress_history"))))
+    if job.get("estimate"):
+        estimate = job["estimate"]
+        fields.append(("Remaining", f"{_age(estimate['remaining_s'])} ({estimate['basis']})"))
     problems = job.get("progress_problems") or {}
     if problems.get("malformed_lines") or problems.get("last_error"):
         fields.append(

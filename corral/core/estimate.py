@@ -38,6 +38,16 @@ class Progress:
     samples: Sequence[Sample] = ()
 
 
+@dataclass(slots=True, frozen=True)
+class Remaining:
+    """A policy's estimate of a job's remaining work, as it stands in the policy's own state
+    (`Policy.remaining`): for the shells to show, never an input to a decision."""
+
+    remaining_s: float  # ideal seconds of work left
+    source: str  # where the estimate came from, e.g. "fit" or "prior" (optimus)
+    basis: str  # the same, in words
+
+
 class EstimateError(ValueError):
     """Malformed progress samples (the message names the sample and the field)."""
 

@@ -308,6 +308,7 @@ def create_app(manager: Manager) -> FastAPI:
         detail["events"] = events
         detail["progress_history"] = [asdict(p) for p in store.progress(job_id, limit=500)]
         detail["progress_problems"] = manager.progress_problems(job_id)
+        detail["estimate"] = manager.estimate(job_id, row.spec, row.progress)
         model = row.spec.get("model") or row.name
         detail["throughput"] = [  # what the job reads: its VC's, no VC's, a shared model's
             p

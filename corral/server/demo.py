@@ -41,13 +41,20 @@ FINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
 
 
 def training_job(name: str, vc: str, gpus: int, steps: int, workers: int = 1) -> dict[str, object]:
+    """examples/train.py for `steps` steps of 0.05 s, at the learning rate whose loss curve
+    converges (by Optimus's fit, near step 8 / rate) about when the job ends: the losses it
+    reports are a curve `--policy optimus` can fit."""
     return {
         "name": name,
         "vc": vc,
         "gpus": gpus,
         "workers": workers,
         "command": [sys.executable, str(TRAIN_SCRIPT)],
-        "env": {"TRAIN_STEPS": str(steps), "STEP_SECONDS": "0.25"},
+        "env": {
+            "TRAIN_STEPS": str(steps),
+            "STEP_SECONDS": "0.05",
+            "LEARNING_RATE": f"{8 / steps:.2g}",
+        },
         "grace_seconds": 10,
         "max_retries": 1,
     }
@@ -168,8 +175,8 @@ def _play(
     bob = Client(url, admin.create_token("bob", vc="nlp", unix_user=account)["token"])
     story = _Narrator(admin, console)
     ids = [
-        alice.submit(training_job("resnet50", "vision", 2, steps=60))["id"],
-        alice.submit(training_job("vit-base", "vision", 2, steps=60, workers=2))["id"],
+        alice.submit(training_job("resnet50", "vision", 2, steps=300))["id"],
+        alice.submit(training_job("vit-base", "vision", 2, steps=300, workers=2))["id"],
     ]
     story.follow(ids)
     story.say(
@@ -179,7 +186,7 @@ def _play(
     _wait_until(admin, lambda jobs: all(j["status"] == "RUNNING" for j in jobs), ids, 30)
     story.say("both run: vit-base on nlp's idle GPUs, borrowed")
     time.sleep(5)
-    bert = bob.submit(training_job("bert-large", "nlp", 2, steps=30))["id"]
+    bert = bob.submit(training_job("bert-large", "nlp", 2, steps=150))["id"]
     typo = bob.submit(
         {
             "name": "typo",

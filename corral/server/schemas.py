@@ -70,6 +70,22 @@ class ProgressInfo(BaseModel):
     eta_s: float | None = Field(description="seconds left at the measured rate, if known")
 
 
+class EstimateInfo(BaseModel):
+    """A waiting or running job's estimated remaining run time, and what it came from."""
+
+    model_config = _OPEN
+
+    remaining_s: float = Field(
+        description="seconds of running left (a policy's estimate: seconds of work at full speed)"
+    )
+    source: str = Field(
+        description="fit or prior (the policy's estimate, which its key holds now: optimus's "
+        "loss-curve fit, or its prior when there is no fit), else what the job declared: "
+        "total_steps (at the measured rate) or time_limit (less the time it ran)"
+    )
+    basis: str = Field(description="the same in words, e.g. the fit's points and its step")
+
+
 class ProgressPoint(BaseModel):
     model_config = _OPEN
 
@@ -160,6 +176,9 @@ class JobDetail(JobSummary):
     )
     throughput: list[ProfileInfo] = Field(
         default_factory=list, description="its model's measured throughput per shape"
+    )
+    estimate: EstimateInfo | None = Field(
+        None, description="a waiting or running job's estimated remaining time; null: none"
     )
 
 

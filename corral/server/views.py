@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from corral.core.actions import Start
 from corral.core.cluster import Cluster
 from corral.core.job import JobStatus
 from corral.core.protocol import SchedulerCore
 from corral.server.state import Attempt
+from corral.server.store import JobProgress
 from corral.server.telemetry import Telemetry
 
 
@@ -100,6 +101,47 @@ class ManagerViews:
     def pending_reasons(self, job_ids: Iterable[str]) -> dict[str, str]:
         with self.lock:
             return {job_id: self.why(job_id) for job_id in job_ids}
+
+    def estimate(
+        self, job_id: str, declared: dict[str, Any], progress: JobProgress | None
+    ) -> dict[str, object] | None:
+        """A waiting or running job's estimated remaining run time, and what it came from: the
+        policy's own estimate where it makes one (optimus: its loss-curve fit, or its prior; the
+        estimate its key holds now), else what the job declared (`declared`, its spec):
+        `total_steps` at the measured rate, or `time_limit` less the time it ran. None: none."""
+        with self.lock:
+            job = self.scheduler.jobs.get(job_id)
+            if job is None or job.status not in (JobStatus.PENDING, JobStatus.RUNNING):
+                return None
+            now = self.clock()
+            policy = self.scheduler.policy
+            found = policy.remaining(job, now)
+            running = job.status is JobStatus.RUNNING
+            ran = job.executed_at(now)
+        if found is not None:
+            return {
+                "remaining_s": found.remaining_s,
+                "source": found.source,
+                "basis": f"{policy.name}: {found.basis}",
+            }
+        total_steps, time_limit = declared.get("total_steps"), declared.get("time_limit")
+        if total_steps is not None and progress is not None and progress.steps_per_s:
+            left = max(0.0, total_steps - progress.step) / progress.steps_per_s
+            if running:
+                left = max(0.0, left - max(0.0, now - progress.at))
+            return {
+                "remaining_s": left,
+                "source": "total_steps",
+                "basis": f"declared total_steps {total_steps:g}, step {progress.step:g}, at the "
+                f"measured {progress.steps_per_s:.3g} steps/s",
+            }
+        if time_limit is not None:
+            return {
+                "remaining_s": max(0.0, time_limit - ran),
+                "source": "time_limit",
+                "basis": f"declared time_limit {time_limit:g} s, {ran:.0f} s run",
+            }
+        return None
 
     def progress_problems(self, job_id: str) -> dict[str, object] | None:
         """What was wrong with the running attempt's progress file, if anything: lines that

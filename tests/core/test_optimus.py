@@ -132,6 +132,30 @@ def test_a_refit_changes_the_decision():
     assert "estimated remaining 9700s of work (loss-curve fit of 30 points)" in why
 
 
+def test_remaining_is_the_estimate_the_key_holds_read_only():
+    # The case above: A on its prior (3,600 s) from 0, refit at 300 from 30 points.
+    curve = LossCurve.converging_at(10_000, 2.0, 0.2, 0.05)
+    s = scheduler(1, 1, "optimus", policy_options={"observe": exact_observer({"A": (curve, 1.0)})})
+    policy = s.policy
+    s.submit(spec("A", 1, submit=0), 0)
+    s.decide(0)
+    a = s.jobs["A"]
+    # At 100 A has 10 points, but its key still holds the prior it started with: 3,500 s left.
+    at_100 = policy.remaining(a, 100)
+    assert at_100 is not None and at_100.source == "prior"
+    assert at_100.remaining_s == pytest.approx(3500)
+    assert at_100.basis == "prior: no job has finished yet (prior_s 3600 s)"
+    assert policy.remaining(a, 100) == at_100  # asking refits nothing
+    s.decide(300)  # the refit: converging at step 10,000, 9,700 s left
+    at_300 = policy.remaining(a, 300)
+    assert at_300 is not None and at_300.source == "fit"
+    assert at_300.remaining_s == pytest.approx(9700, rel=1e-4)
+    assert at_300.basis == "loss-curve fit of 30 reported losses, converging at step 10000"
+    # A job the policy never keyed has no estimate; the base policy makes none.
+    assert policy.remaining(Job(spec=spec("B", 1)), 300) is None
+    assert make_policy("fifo").remaining(a, 300) is None
+
+
 def test_prior_before_three_points_and_learnt_from_finished_jobs():
     curve = LossCurve.converging_at(1000, 2.0, 0.2, 0.05)
     policy = Optimus(exact_observer({"A": (curve, 1.0)}))

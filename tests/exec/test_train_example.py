@@ -8,6 +8,7 @@ import re
 import subprocess
 from pathlib import Path
 
+from corral.core.estimate import fit_loss_curve, thin
 from corral.exec.local import LocalExecutor
 from tests.exec.helpers import PYTHON, TRAIN_SCRIPT, make_launch, wait_ended, wait_for_text
 
@@ -59,11 +60,13 @@ def test_an_injected_failure_fails_once_then_the_retry_resumes(
     assert "resumed from step 3" in (retry.attempt_dir / "rank-0.stdout").read_text()
 
 
-def test_training_alone_fits_the_line(tmp_path: Path) -> None:
+def train_alone(tmp_path: Path, steps: int, learning_rate: str) -> list[tuple[float, float]]:
+    """Run train.py outside corral; its progress reports as (step, loss)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CORRAL_", "FAIL_", "TRAIN_"))}
-    env["STEP_SECONDS"] = "0"
+    env |= {"STEP_SECONDS": "0", "LEARNING_RATE": learning_rate}
+    env["CORRAL_PROGRESS_FILE"] = str(tmp_path / "progress.jsonl")
     run = subprocess.run(
-        [PYTHON, TRAIN_SCRIPT, "60"],
+        [PYTHON, TRAIN_SCRIPT, str(steps)],
         cwd=tmp_path,
         env=env,
         capture_output=True,
@@ -72,9 +75,31 @@ def test_training_alone_fits_the_line(tmp_path: Path) -> None:
         check=True,
     )
     assert run.stdout.startswith("rank 0: starting from step 0\n")
-    state = json.loads((tmp_path / "checkpoint" / "ckpt.json").read_text())
-    # y = 3x + 1 plus noise of sd 0.05: 60 steps of lr 0.3 converge to within the noise.
-    assert state["step"] == 60
-    assert abs(state["w"] - 3.0) < 0.05 and abs(state["b"] - 1.0) < 0.05
-    assert state["loss"] < 0.01
     assert "rank 0: done: loss=" in run.stdout.splitlines()[-1]
+    state = json.loads((tmp_path / "checkpoint" / "ckpt.json").read_text())
+    assert state["step"] == steps and len(state["weights"]) == 16
+    reports = [json.loads(line) for line in (tmp_path / "progress.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in reports] == list(range(1, steps + 1))
+    return [(r["step"], r["loss"]) for r in reports]
+
+
+def test_training_alone_reports_a_curve_optimus_fits(tmp_path: Path) -> None:
+    samples = train_alone(tmp_path, 400, "0.02")
+    # The loss starts near the signal's variance, 4 (a mini-batch of 32: 2.45 at step 1) and
+    # ends near the noise floor 0.3 ** 2 = 0.09 (the mean of the last 20 batches: about 0.12).
+    assert samples[0][1] > 1.5
+    assert 0.05 < sum(loss for _, loss in samples[-20:]) / 20 < 0.2
+    # Optimus's fit converges near step 8 / 0.02 = 400 (449 from all 400 points), and from the
+    # first 50 points alone already within a factor 1.5 of that (343).
+    whole = fit_loss_curve(thin(samples, 64))
+    early = fit_loss_curve(thin(samples[:50], 64))
+    assert whole is not None and early is not None
+    converges = whole.converged_step()
+    assert 250 < converges < 700
+    assert converges / 1.5 < early.converged_step() < converges * 1.5
+
+
+def test_a_larger_learning_rate_converges_sooner_by_the_fit(tmp_path: Path) -> None:
+    # 0.1 is 5 times 0.02: the fit converges near 8 / 0.1 = 80 (70 from 100 points).
+    curve = fit_loss_curve(thin(train_alone(tmp_path, 100, "0.1"), 64))
+    assert curve is not None and 40 < curve.converged_step() < 160

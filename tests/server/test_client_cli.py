@@ -549,6 +549,14 @@ def test_ls_describe_and_profile_ls_show_what_a_job_reported(
     progress = next(line for line in described.splitlines() if "Progress:" in line)
     assert "step 20/80 25%" in progress
     assert "loss 0.1 (down from" in progress  # 2/20; the first stored point's loss was higher
+    # fifo estimates nothing: the remaining time is the declared total_steps at the measured rate
+    # (60 steps left at about 10 steps/s: about 6 s, less the time since the 20th report), once
+    # the rate is measured.
+    estimate = wait_until(lambda: admin_client.job(job_id)["estimate"], "an estimate")
+    assert estimate["source"] == "total_steps" and 0 <= estimate["remaining_s"] <= 60 / 5
+    described = cli(server, "describe", job_id).stdout
+    remaining = next(line for line in described.splitlines() if "Remaining:" in line)
+    assert "(declared total_steps 80, step 20, at the measured " in remaining
     gate.write_text("")
     wait_status(admin_client, job_id, ("SUCCEEDED",))
     listed = json.loads(cli(server, "profile", "ls", "-o", "json").stdout)
@@ -559,6 +567,24 @@ def test_ls_describe_and_profile_ls_show_what_a_job_reported(
     assert table[0].split()[:3] == ["MODEL", "GPU", "TYPE"]
     assert table[1].split()[:5] == ["tiny", "gpu", "1", "1", "-"]
     assert "Throughput:" in cli(server, "describe", job_id).stdout
+
+
+def test_describe_estimates_a_running_job_from_its_time_limit(
+    server: RunningServer, admin_client: Client
+):
+    job_id = admin_client.submit(
+        {"name": "limited", "gpus": 1, "time_limit": 600, "command": "sleep 60"}
+    )["id"]
+    running = wait_status(admin_client, job_id, ("RUNNING",))
+    # No progress reports, no total_steps, and fifo estimates nothing: what is left of its
+    # time_limit, 600 s less the seconds it has run (a few).
+    estimate = admin_client.job(job_id)["estimate"]
+    ran = time.time() - running["started_at"]
+    assert estimate["source"] == "time_limit"
+    assert 600 - ran - 5 <= estimate["remaining_s"] <= 600 - ran + 5, (estimate, ran)
+    described = cli(server, "describe", job_id).stdout
+    remaining = next(line for line in described.splitlines() if "Remaining:" in line)
+    assert "(declared time_limit 600 s, " in remaining
 
 
 def test_users_see_their_own_vc_only(tmp_path: Path):

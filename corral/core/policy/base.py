@@ -15,6 +15,7 @@ import math
 from typing import Any, ClassVar
 
 from corral.core.compiled import mypyc_attr
+from corral.core.estimate import Remaining
 from corral.core.job import Job
 from corral.core.plugin import OptionsMixin
 
@@ -80,6 +81,11 @@ class Policy(OptionsMixin):
 
     def describe_key(self, job: Job, now: float) -> str:
         return ""
+
+    def remaining(self, job: Job, now: float) -> Remaining | None:
+        """The job's remaining work as this policy last estimated it (None: it estimates none).
+        Read only: the shells show it (`corral describe`); it changes no state and no decision."""
+        return None
 
     def preempts(self, job_key: Key, victim_key: Key) -> bool:
         """Whether a waiting job may preempt a running one, given the keys the scheduler holds

@@ -35,6 +35,7 @@ from corral.core.estimate import (
     MIN_POINTS,
     EstimateError,
     Progress,
+    Remaining,
     fit_loss_curve,
     thin,
 )
@@ -64,6 +65,7 @@ class Estimate:
     source: str  # "fit" or "prior"
     points: int
     fit_key: tuple[int, float]  # (samples, steps done) it was computed from
+    converged_step: float | None = None  # the fit's: the step its curve converges at
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,8 +179,11 @@ class Optimus(Policy):
             self.fits += 1
             if curve is not None:
                 steps_per_s = progress.steps_done / done
-                total_steps = max(curve.converged_step(self.converge_fraction), progress.steps_done)
-                return Estimate(total_steps / steps_per_s, "fit", len(progress.samples), fit_key)
+                converged = curve.converged_step(self.converge_fraction)
+                total_steps = max(converged, progress.steps_done)
+                return Estimate(
+                    total_steps / steps_per_s, "fit", len(progress.samples), fit_key, converged
+                )
         return Estimate(self.prior_total_s(done), "prior", len(progress.samples), fit_key)
 
     def _refresh(self, job: Job, now: float) -> Estimate:
@@ -225,6 +230,28 @@ class Optimus(Policy):
             else "prior: median length of finished jobs"
         )
         return f"estimated remaining {self.remaining_s(job, now):.0f}s of work ({basis})"
+
+    def remaining(self, job: Job, now: float) -> Remaining | None:
+        """The estimate the job is keyed by now (the one of its latest refresh), unchanged."""
+        state = job.peek(OptimusState)
+        estimate = state.estimate if state is not None else None
+        if estimate is None:
+            return None
+        done = job.work_done_at(now)
+        if estimate.source == "fit":
+            basis = f"loss-curve fit of {estimate.points} reported losses"
+            if estimate.converged_step is not None:
+                basis += f", converging at step {estimate.converged_step:.0f}"
+        else:
+            finished = len(self.finished_lengths)
+            basis = (
+                f"prior: learnt from the lengths of {finished} finished jobs"
+                if finished
+                else f"prior: no job has finished yet (prior_s {self.prior_s:g} s)"
+            )
+            if estimate.points:
+                basis += f" ({estimate.points} reported losses, no converging fit)"
+        return Remaining(max(0.0, estimate.total_work_s - done), estimate.source, basis)
 
     def _learn_from_finished(self) -> None:
         """Record the lengths of watched jobs that succeeded since the last look. Looking costs
