@@ -76,7 +76,7 @@ MUTANTS = [
             ),
         ),
         ("tests/core/test_policies.py", "tests/core/test_wake_bounds.py"),
-        ("tests/server/test_decisions_live.py",),
+        ("tests/server/test_gittins_live.py",),
     ),
     Mutant(
         "edf-deadline-ignored",
@@ -90,7 +90,7 @@ MUTANTS = [
             ),
         ),
         ("tests/core/test_policies.py", "tests/core/test_elastic.py"),
-        ("tests/server/test_decisions_live.py",),
+        ("tests/server/test_edf_live.py",),
     ),
     Mutant(
         "srtf-remaining-constant",
@@ -104,7 +104,10 @@ MUTANTS = [
             ),
         ),
         ("tests/core/test_policies.py",),
-        ("tests/server/test_telemetry.py",),
+        (
+            "tests/server/test_telemetry.py::"
+            "test_srtf_preempts_for_a_shorter_declared_length_and_refuses_jobs_without_one",
+        ),
     ),
     Mutant(
         "sjf-length-constant",
@@ -118,7 +121,10 @@ MUTANTS = [
             ),
         ),
         ("tests/core/test_policies.py",),
-        ("tests/server/test_telemetry.py",),
+        (
+            "tests/server/test_telemetry.py::"
+            "test_sjf_orders_by_the_declared_time_limit_and_refuses_jobs_without_one",
+        ),
     ),
     Mutant(
         "optimus-remaining-constant",
@@ -132,7 +138,7 @@ MUTANTS = [
             ),
         ),
         ("tests/core/test_optimus.py",),
-        ("tests/server/test_ddp_live.py",),
+        ("tests/server/test_optimus_live.py",),
     ),
     Mutant(
         "relax-never",
@@ -146,7 +152,7 @@ MUTANTS = [
             ),
         ),
         ("tests/core/test_placement.py",),
-        ("tests/server/test_decisions_live.py",),
+        ("tests/server/test_relax_live.py",),
     ),
     Mutant(
         "relax-at-once",
@@ -160,7 +166,7 @@ MUTANTS = [
             ),
         ),
         ("tests/core/test_placement.py",),
-        ("tests/server/test_decisions_live.py",),
+        ("tests/server/test_relax_live.py",),
     ),
     Mutant(
         "victims-highest-first",
@@ -199,7 +205,7 @@ MUTANTS = [
         "corral/core/admission/quota.py",
         (("            if self.lend_last:\n", "            if False:\n"),),
         ("tests/core/test_quota.py", "tests/core/test_quota_opportunistic.py"),
-        ("tests/server/test_quota_live.py", "tests/server/test_decisions_live.py"),
+        ("tests/server/test_lend_last_live.py",),
     ),
     Mutant(
         "fairshare-usage-ignored",
@@ -213,7 +219,7 @@ MUTANTS = [
             ),
         ),
         ("tests/core/test_quota.py", "tests/core/test_framework.py"),
-        ("tests/server/test_decisions_live.py",),
+        ("tests/server/test_fairshare_live.py",),
     ),
     Mutant(
         "fgd-score-inverted",
@@ -231,7 +237,7 @@ MUTANTS = [
             ),
         ),
         ("tests/core/test_sharing.py",),
-        ("tests/server/test_fractional_live.py", "tests/server/test_decisions_live.py"),
+        ("tests/server/test_fgd_live.py",),
     ),
     Mutant(
         "retry-fast-fail-off-by-one",
