@@ -54,7 +54,7 @@ def test_the_vc_that_used_less_takes_back_more_than_its_weight(data_dir: Path) -
         started = wait_for(client, bb, ["RUNNING"], timeout=60)
         assert len(started["placement"]) == 3
         with server.manager.lock:
-            (fairshare,) = server.manager.scheduler.admission.members  # type: ignore[attr-defined]
+            (fairshare,) = server.manager.scheduler.admission.members
             # (0.25 and 1 when bb started; b's usage has grown since)
             assert fairshare.factor("a") < fairshare.factor("b")
         a1, a2, a3, a4 = a_jobs

@@ -72,7 +72,7 @@ def test_a_gang_waits_for_one_node_then_relaxes_to_two_after_waiting(data_dir: P
 
         started = wait_for(client, w, ["RUNNING"], timeout=60)
         waited = started["started_at"] - started["submitted_at"]
-        assert RELAX_AFTER_S <= waited < RELAX_AFTER_S + 4.0
+        assert RELAX_AFTER_S - 1e-3 <= waited < RELAX_AFTER_S + 4.0  # (epoch seconds' rounding)
         assert nodes_of(started["placement"]) == ["n0", "n1"]
         gpus = set(started["placement"])
         assert not gpus & {g for j in (a, c) for g in placed[j]}
