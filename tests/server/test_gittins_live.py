@@ -89,7 +89,7 @@ def test_gittins_ranks_jobs_by_the_index_learned_from_finished_jobs(data_dir: Pa
         wait_for(client, a, ["RUNNING"])
         assert job(client, b)["status"] == "PENDING"
 
-        # 2. B preempts A when, and only when, A has 3 GPU-s (less a microsecond of rounding).
+        # 2. B preempts A when, and only when, A has 3 GPU-s (the epoch clock's rounding aside).
         wait_for(client, b, ["RUNNING", "SUCCEEDED"], timeout=60)
         # (A job's `started_at` is the scheduler's first start, from which it counts service;
         # an attempt's is when its processes were launched, once the GPU's owner had left.)
