@@ -48,7 +48,9 @@ def test_the_vc_that_used_less_takes_back_more_than_its_weight(data_dir: Path) -
         a_jobs = [submit(client, **sleeper(f"a{n}", "a")) for n in range(1, 5)]
         for job_id in a_jobs:
             wait_for(client, job_id, ["RUNNING"])
-        time.sleep(2.0)  # a's usage grows (how much does not change the shares above)
+        # a's usage grows: how much does not change the shares above, only how long b keeps
+        # what it takes (twice as long as a ran alone, 6 s: the checks below take far less).
+        time.sleep(3.0)
         a5 = submit(client, **sleeper("a5", "a", gpus=3))
         bb = submit(client, **sleeper("bb", "b", gpus=3))
         started = wait_for(client, bb, ["RUNNING"], timeout=60)
