@@ -24,19 +24,19 @@ def waiter(marks: Path, name: str, deadline: float | None) -> dict[str, Any]:
 
 
 def considered(client: httpx.Client, job_id: str) -> dict[str, Any]:
-    """The job once a round has queued it (or started it: the caller asserts which)."""
-    return dict(
-        wait_until(
-            lambda: (
-                (
-                    (found := job(client, job_id))["reason"].startswith("PENDING")
-                    or found["attempts"]
-                )
-                and found
-            ),
-            f"job {job_id} considered by a round",
+    """The job once a scheduling round has seen it: waiting with the round's reason, or started
+    (the caller asserts which)."""
+
+    def seen() -> dict[str, Any] | None:
+        found = job(client, job_id)
+        if found["attempts"]:
+            return found
+        reason = str(found["reason"])
+        return (
+            found if reason.startswith("PENDING") and "not yet considered" not in reason else None
         )
-    )
+
+    return dict(wait_until(seen, f"job {job_id} considered by a round"))
 
 
 def test_deadlines_order_the_jobs_and_an_earlier_one_preempts(data_dir: Path) -> None:

@@ -27,18 +27,19 @@ def sleeper(name: str, vc: str) -> dict[str, Any]:
 
 
 def considered(client: httpx.Client, job_id: str) -> dict[str, Any]:
-    return dict(
-        wait_until(
-            lambda: (
-                (
-                    (found := job(client, job_id))["reason"].startswith("PENDING")
-                    or found["attempts"]
-                )
-                and found
-            ),
-            f"job {job_id} considered by a round",
+    """The job once a scheduling round has seen it: waiting with the round's reason, or started
+    (the caller asserts which)."""
+
+    def seen() -> dict[str, Any] | None:
+        found = job(client, job_id)
+        if found["attempts"]:
+            return found
+        reason = str(found["reason"])
+        return (
+            found if reason.startswith("PENDING") and "not yet considered" not in reason else None
         )
-    )
+
+    return dict(wait_until(seen, f"job {job_id} considered by a round"))
 
 
 def test_a_job_within_its_quota_is_placed_before_an_earlier_borrower(data_dir: Path) -> None:

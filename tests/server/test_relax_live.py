@@ -7,6 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from corral.core.cluster import Cluster, NodeDef
 from corral.exec.local import LocalExecutor
 from corral.server.boot import RunningServer, ServerOptions, _build_with
@@ -34,6 +36,22 @@ def two_nodes(data_dir: Path, **settings: Any) -> RunningServer:
     return run_server(_build_with(options, LocalExecutor(), cluster, None))
 
 
+def considered(client: httpx.Client, job_id: str) -> dict[str, Any]:
+    """The job once a scheduling round has seen it: waiting with the round's reason, or started
+    (the caller asserts which)."""
+
+    def seen() -> dict[str, Any] | None:
+        found = job(client, job_id)
+        if found["attempts"]:
+            return found
+        reason = str(found["reason"])
+        return (
+            found if reason.startswith("PENDING") and "not yet considered" not in reason else None
+        )
+
+    return dict(wait_until(seen, f"job {job_id} considered by a round"))
+
+
 def nodes_of(placement: list[str]) -> list[str]:
     return sorted(gpu.split("/")[0] for gpu in placement)
 
@@ -59,20 +77,14 @@ def test_a_gang_waits_for_one_node_then_relaxes_to_two_after_waiting(data_dir: P
         wait_until(lambda: job(client, b)["attempt_history"][0]["state"] == "ended", "b gone")
 
         w = submit(client, name="w", **(SLEEPER | {"gpus": 2, "workers": 2}))
-        waiting = wait_until(
-            lambda: (
-                ((found := job(client, w))["reason"].startswith("PENDING") or found["attempts"])
-                and found
-            ),
-            "w considered by a round",
-        )
+        waiting = considered(client, w)
         assert waiting["status"] == "PENDING"
         assert "locality: needs 2 GPUs on one node; no node has them free" in waiting["reason"]
         assert "(relaxes at t=" in waiting["reason"]
 
         started = wait_for(client, w, ["RUNNING"], timeout=60)
         waited = started["started_at"] - started["submitted_at"]
-        assert RELAX_AFTER_S - 1e-3 <= waited < RELAX_AFTER_S + 4.0  # (epoch seconds' rounding)
+        assert RELAX_AFTER_S - 1e-3 <= waited < RELAX_AFTER_S + 10.0  # (epoch seconds' rounding)
         assert nodes_of(started["placement"]) == ["n0", "n1"]
         gpus = set(started["placement"])
         assert not gpus & {g for j in (a, c) for g in placed[j]}
