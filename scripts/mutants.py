@@ -93,6 +93,48 @@ MUTANTS = [
         ("tests/server/test_edf_live.py",),
     ),
     Mutant(
+        "gittins-lowest-index-first",
+        "Tiresias: gittins",
+        "the lowest Gittins index first (the order inverted)",
+        "corral/core/policy/gittins.py",
+        (
+            (
+                "        return (-self.index(job, now), *tie_break(job))\n",
+                "        return (self.index(job, now), *tie_break(job))\n",
+            ),
+        ),
+        ("tests/core/test_policies.py",),
+        ("tests/server/test_gittins_live.py",),
+    ),
+    Mutant(
+        "edf-no-deadline-first",
+        "ElasticFlow: edf",
+        "a job without a deadline goes before every job with one",
+        "corral/core/policy/edf.py",
+        (
+            (
+                "    return job.spec.deadline if job.spec.deadline is not None else math.inf\n",
+                "    return job.spec.deadline if job.spec.deadline is not None else -math.inf\n",
+            ),
+        ),
+        ("tests/core/test_elastic.py", "tests/core/test_policies.py"),
+        ("tests/server/test_edf_live.py",),
+    ),
+    Mutant(
+        "reclaim-highest-first",
+        "quota, fairshare: GPU quotas, lending last",
+        "a VC taking back its share preempts the other VC's highest-priority jobs first",
+        "corral/core/admission/quota.py",
+        (
+            (
+                "            yield from (victim for victim in running if self.reclaimable(victim, job))\n",
+                "            yield from reversed([v for v in running if self.reclaimable(v, job)])\n",
+            ),
+        ),
+        ("tests/core/test_quota.py", "tests/core/test_framework.py"),
+        ("tests/server/test_fairshare_live.py",),
+    ),
+    Mutant(
         "srtf-remaining-constant",
         "sjf, srtf (declared lengths)",
         "srtf's remaining work is the same for every job",

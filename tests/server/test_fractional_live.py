@@ -122,6 +122,7 @@ def considered(client: httpx.Client, job_id: str) -> str:
             lambda: (
                 (found := job(client, job_id))["status"] == "PENDING"
                 and found["reason"].startswith("PENDING, position")
+                and "not yet considered" not in found["reason"]
                 and found["reason"]
             ),
             f"job {job_id} to be considered by a round",
