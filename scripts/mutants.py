@@ -213,7 +213,7 @@ MUTANTS = [
     Mutant(
         "victims-highest-first",
         "Tiresias: las",
-        "preemption looks at the highest-priority running job first (and so gives up at once)",
+        "preemption takes the highest-priority running job it may preempt first",
         "corral/core/preempt.py",
         (
             (
@@ -222,9 +222,7 @@ MUTANTS = [
             ),
         ),
         ("tests/core/test_policies.py", "tests/core/test_failed_searches.py"),
-        (
-            "tests/server/test_manager.py::test_las_preempts_the_job_that_attained_more_service_and_it_resumes",
-        ),
+        ("tests/server/test_las_victims_live.py",),
     ),
     Mutant(
         "failed-search-never-forgotten",
