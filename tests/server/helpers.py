@@ -183,6 +183,22 @@ def alive(pid: int) -> bool:
         return False
 
 
+def considered(client: httpx.Client, job_id: str) -> dict[str, Any]:
+    """The job once a scheduling round has seen it: waiting with the round's reason, or started
+    (the caller asserts which)."""
+
+    def seen() -> dict[str, Any] | None:
+        found = job(client, job_id)
+        if found["attempts"]:
+            return found
+        reason = str(found["reason"])
+        return (
+            found if reason.startswith("PENDING") and "not yet considered" not in reason else None
+        )
+
+    return dict(wait_until(seen, f"job {job_id} considered by a round"))
+
+
 def kill_jobs_of(data_dir: Path) -> int:
     """Kill whatever processes a test's jobs left behind (after a failed assertion)."""
     return sum(kill_attempt(attempt) for attempt in data_dir.glob("jobs/*/attempt-*"))

@@ -7,9 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import httpx
-
-from tests.server.helpers import admin_token, api, job, start_server, submit, wait_for, wait_until
+from tests.server.helpers import admin_token, api, considered, job, start_server, submit, wait_for
 
 
 def waiter(marks: Path, name: str, deadline: float | None) -> dict[str, Any]:
@@ -21,22 +19,6 @@ def waiter(marks: Path, name: str, deadline: float | None) -> dict[str, Any]:
         "grace_seconds": 1,
     }
     return spec if deadline is None else spec | {"deadline": deadline}
-
-
-def considered(client: httpx.Client, job_id: str) -> dict[str, Any]:
-    """The job once a scheduling round has seen it: waiting with the round's reason, or started
-    (the caller asserts which)."""
-
-    def seen() -> dict[str, Any] | None:
-        found = job(client, job_id)
-        if found["attempts"]:
-            return found
-        reason = str(found["reason"])
-        return (
-            found if reason.startswith("PENDING") and "not yet considered" not in reason else None
-        )
-
-    return dict(wait_until(seen, f"job {job_id} considered by a round"))
 
 
 def test_deadlines_order_the_jobs_and_an_earlier_one_preempts(data_dir: Path) -> None:

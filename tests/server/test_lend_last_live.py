@@ -8,38 +8,20 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from tests.server.helpers import (
     TWO_VCS,
     admin_token,
     api,
+    considered,
     job,
     start_server,
     submit,
     wait_for,
-    wait_until,
 )
 
 
 def sleeper(name: str, vc: str) -> dict[str, Any]:
     return {"name": name, "vc": vc, "gpus": 1, "command": "exec sleep 3600", "grace_seconds": 1}
-
-
-def considered(client: httpx.Client, job_id: str) -> dict[str, Any]:
-    """The job once a scheduling round has seen it: waiting with the round's reason, or started
-    (the caller asserts which)."""
-
-    def seen() -> dict[str, Any] | None:
-        found = job(client, job_id)
-        if found["attempts"]:
-            return found
-        reason = str(found["reason"])
-        return (
-            found if reason.startswith("PENDING") and "not yet considered" not in reason else None
-        )
-
-    return dict(wait_until(seen, f"job {job_id} considered by a round"))
 
 
 def test_a_job_within_its_quota_is_placed_before_an_earlier_borrower(data_dir: Path) -> None:

@@ -7,14 +7,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from corral.core.cluster import Cluster, NodeDef
 from corral.exec.local import LocalExecutor
 from corral.server.boot import RunningServer, ServerOptions, _build_with
 from tests.server.helpers import (
     admin_token,
     api,
+    considered,
     fast_settings,
     job,
     run_server,
@@ -34,22 +33,6 @@ def two_nodes(data_dir: Path, **settings: Any) -> RunningServer:
     options = ServerOptions(data_dir=data_dir, settings=fast_settings(**settings), single_user=True)
     cluster = Cluster.from_nodes([NodeDef("n0", 2, "gpu"), NodeDef("n1", 2, "gpu")])
     return run_server(_build_with(options, LocalExecutor(), cluster, None))
-
-
-def considered(client: httpx.Client, job_id: str) -> dict[str, Any]:
-    """The job once a scheduling round has seen it: waiting with the round's reason, or started
-    (the caller asserts which)."""
-
-    def seen() -> dict[str, Any] | None:
-        found = job(client, job_id)
-        if found["attempts"]:
-            return found
-        reason = str(found["reason"])
-        return (
-            found if reason.startswith("PENDING") and "not yet considered" not in reason else None
-        )
-
-    return dict(wait_until(seen, f"job {job_id} considered by a round"))
 
 
 def nodes_of(placement: list[str]) -> list[str]:
