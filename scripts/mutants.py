@@ -307,7 +307,10 @@ MUTANTS = [
             ),
         ),
         ("tests/core/test_precheck.py",),
-        ("tests/server/test_precheck_live.py",),
+        (
+            "tests/server/test_precheck_live.py::"
+            "test_a_pre_run_that_reports_and_runs_on_passes_by_its_report",
+        ),
     ),
     Mutant(
         "packing-never-splits",

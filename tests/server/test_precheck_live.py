@@ -94,6 +94,37 @@ def test_a_good_job_passes_its_pre_run_on_its_first_report_then_runs_its_gang(
     assert done["preemptions"] == 0
 
 
+def test_a_pre_run_that_reports_and_runs_on_passes_by_its_report(
+    server: RunningServer, tmp_path: Path
+) -> None:
+    # As a pre-run (CORRAL_PRECHECK set) the job reports its 20 steps and then keeps running for
+    # 120 s; its pre-run limit is 600 s. So only its first report can pass it (an exit or the
+    # timer would come minutes later): the pre-run ends with the manager's "its pre-run passed",
+    # not "exited 0", and the gang then runs the 20 steps and ends.
+    client = api(server.url, admin_token(server.manager.data_dir))
+    command = (
+        f'{sys.executable} {TRAIN} && if [ -n "${{CORRAL_PRECHECK:-}}" ]; then exec sleep 120; fi'
+    )
+    job_id = submit(
+        client,
+        name="reports",
+        gpus=2,
+        workers=2,
+        precheck=600,
+        command=command,
+        workdir=str(tmp_path),
+        env={"TRAIN_STEPS": "20", "STEP_SECONDS": "0.05"},
+        grace_seconds=1,
+    )
+    done = wait_for(client, job_id, timeout=90)
+    assert done["status"] == "SUCCEEDED", (done["reason"], done["attempt_history"])
+    first, second = done["attempt_history"]
+    assert len(first["gpus"]) == 1 and first["outcome"] == "pre-run"
+    assert len(second["gpus"]) == 2 and second["outcome"] == "succeeded"
+    passed = [e["message"] for e in done["events"] if e["kind"] == "pre-run passed"]
+    assert passed == ["its pre-run passed"]
+
+
 def test_a_silent_pre_run_passes_by_its_timer_and_one_that_exits_0_passes(
     server: RunningServer,
 ) -> None:
