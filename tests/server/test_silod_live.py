@@ -3,7 +3,9 @@ each node's cache a directory the jobs fill as they read (docs/silod.md#live).
 
 With one node, placement has no node to choose; what is observable here is what the manager does:
 the variables a job gets, the allocation it records, the directories it trims or removes when
-another data set takes the space, and the hits a later job of the same data set finds."""
+another data set takes the space, and the hits a later job of the same data set finds. Two nodes
+declared on this machine (the local executor), and two Ray nodes, show cache-aware placement's
+choice of node."""
 
 from __future__ import annotations
 
@@ -24,8 +26,16 @@ import pytest
 
 from corral.cli.common import UserError
 from corral.cli.up import cache_settings
+from corral.core.cluster import Cluster, NodeDef
 from corral.exec.cachedir import CacheDirs, trim
-from corral.server.boot import BootError, RunningServer, ServerOptions, build_manager
+from corral.exec.local import LocalExecutor
+from corral.server.boot import (
+    BootError,
+    RunningServer,
+    ServerOptions,
+    _build_with,
+    build_manager,
+)
 from corral.server.datacache import CACHE_META_KEY
 from corral.server.spec import SpecError, parse_job_spec
 from corral.server.state import CacheSettings
@@ -36,6 +46,7 @@ from tests.server.helpers import (
     fast_settings,
     job,
     kill_jobs_of,
+    run_server,
     start_server,
     submit,
     wait_for,
@@ -394,6 +405,69 @@ def test_trimming_never_follows_a_link(tmp_path: Path) -> None:
     assert (outside / "precious").read_bytes() == b"p" * 100
 
 
+# -- two nodes declared on this machine: cache-aware placement, local executor ----------------
+
+
+def two_cached_nodes(data_dir: Path) -> RunningServer:
+    """Nodes n0 and n1 of two GPUs each, declared on this machine (the local executor runs both
+    nodes' jobs here), each with its own cache directory (DATA_DIR/cache/n0, .../n1) of 0.01 GB;
+    silod's cache policy; placement cache-aware."""
+    data_dir.mkdir(parents=True)
+    cache = CacheSettings(gb_per_node=0.01, policy="silod")
+    settings = fast_settings(policy="fifo", placement="cache-aware", cache=cache)
+    options = ServerOptions(data_dir=data_dir, settings=settings, single_user=True)
+    cluster = Cluster.from_nodes([NodeDef("n0", 2, "gpu"), NodeDef("n1", 2, "gpu")])
+    return run_server(_build_with(options, LocalExecutor(), cluster, None))
+
+
+def test_cache_aware_sends_a_job_to_the_declared_node_that_caches_its_data(
+    data_dir: Path, tmp_path: Path
+) -> None:
+    """On two declared nodes, a job goes to the node whose cache holds its data set, not to the
+    node consolidate's best fit picks; a data set cached nowhere follows best fit."""
+    # Storage gives 1 Gbit/s = 0.125 GB/s per node, 0.0625 per GPU; the readers read 1 GB/s
+    # per GPU: IO-bound, so the cache decides. Consolidate puts a 1-GPU job on the node with
+    # the fewest free GPUs that holds it (ties: n0). By hand:
+    # 1. S1, S2 (no data set): S1 on n0 (a tie), S2 on n0 (1 free there, 2 on n1). n0 is full.
+    # 2. first (mnist) runs on n1, the only room, and fills n1's cache with mnist.
+    # 3. S2 is cancelled: n0 has 1 free GPU, n1 2.
+    # 4. other (cifar, cached nowhere): placed as consolidate would, on n0 (the tightest); it
+    #    ends and frees it.
+    # 5. again (mnist): consolidate would pick n0 (the tightest); cache-aware picks n1, which
+    #    caches mnist, and the job hits there. (Cache-aware placing as consolidate: n0, misses.)
+    server = two_cached_nodes(data_dir)
+    fast = {"read_gb_s": 1.0}
+    try:
+        client = api(server.url, admin_token(data_dir))
+        sleep = {"gpus": 1, "command": "exec sleep 3600", "grace_seconds": 1}
+        s1, s2 = (submit(client, name=name, **sleep) for name in ("S1", "S2"))
+        for job_id in (s1, s2):
+            assert wait_for(client, job_id, ["RUNNING"])["placement"][0].startswith("n0/")
+        first = submit(client, **reader(tmp_path, "first", "mnist", dataset=fast))
+        assert wait_for(client, first)["status"] == "SUCCEEDED"
+        assert job(client, first)["attempt_history"][0]["gpus"][0].startswith("n1/")
+        assert output(data_dir, first)["misses"] == FILES
+        n1_mnist = server.manager.cache_path("n1", "mnist")
+        assert cached_bytes(n1_mnist) == FILES * FILE_BYTES
+
+        client.post(f"/api/v1/jobs/{s2}/cancel")
+        assert wait_for(client, s2)["status"] == "CANCELLED"
+        other = submit(client, **reader(tmp_path, "other", "cifar", dataset=fast))
+        assert wait_for(client, other)["status"] == "SUCCEEDED"
+        assert job(client, other)["attempt_history"][0]["gpus"][0].startswith("n0/")
+
+        again = submit(client, **reader(tmp_path, "again", "mnist", dataset=fast))
+        assert wait_for(client, again)["status"] == "SUCCEEDED"
+        assert job(client, again)["attempt_history"][0]["gpus"][0].startswith("n1/")
+        seen = output(data_dir, again)
+        assert seen["hits"] == FILES
+        assert seen["CORRAL_DATASET_CACHE"] == str(n1_mnist)
+        client.post(f"/api/v1/jobs/{s1}/cancel")
+        assert wait_for(client, s1)["status"] == "CANCELLED"
+    finally:
+        server.stop()
+
+
 # -- two nodes: cache-aware placement on a Ray cluster ------------------------------------------
 
 
@@ -417,7 +491,6 @@ def test_cache_aware_placement_sends_a_job_to_the_node_that_caches_its_data(
     job hits there. Its job reads 1 GB/s per GPU: IO-bound on 0.125."""
     from corral.exec.ray import RayExecutor
     from corral.server.executors.ray import ray_namespace
-    from tests.server.helpers import run_server
 
     data_dir = tmp_path / "state"
     data_dir.mkdir()
