@@ -408,6 +408,14 @@ def test_trimming_never_follows_a_link(tmp_path: Path) -> None:
 # -- two nodes declared on this machine: cache-aware placement, local executor ----------------
 
 
+def attempt_ended(client: Any, job_id: str) -> None:
+    """Wait until the job's last attempt has ended (its processes gone, its GPUs free)."""
+    wait_until(
+        lambda: job(client, job_id)["attempt_history"][-1]["state"] == "ended",
+        f"job {job_id}'s attempt ended",
+    )
+
+
 def two_cached_nodes(data_dir: Path) -> RunningServer:
     """Nodes n0 and n1 of two GPUs each, declared on this machine (the local executor runs both
     nodes' jobs here), each with its own cache directory (DATA_DIR/cache/n0, .../n1) of 0.01 GB;
@@ -452,9 +460,11 @@ def test_cache_aware_sends_a_job_to_the_declared_node_that_caches_its_data(
 
         client.post(f"/api/v1/jobs/{s2}/cancel")
         assert wait_for(client, s2)["status"] == "CANCELLED"
+        attempt_ended(client, s2)
         other = submit(client, **reader(tmp_path, "other", "cifar", dataset=fast))
         assert wait_for(client, other)["status"] == "SUCCEEDED"
         assert job(client, other)["attempt_history"][0]["gpus"][0].startswith("n0/")
+        attempt_ended(client, other)
 
         again = submit(client, **reader(tmp_path, "again", "mnist", dataset=fast))
         assert wait_for(client, again)["status"] == "SUCCEEDED"
@@ -487,8 +497,11 @@ def test_cache_aware_placement_sends_a_job_to_the_node_that_caches_its_data(
     ray_cluster: Any, tmp_path: Path
 ) -> None:
     """Two 1-GPU Ray nodes, each with its own cache directory. mnist is cached on n1 (n0 was
-    busy); with both free, consolidate would pick n0 (the lowest), cache-aware picks n1, and the
-    job hits there. Its job reads 1 GB/s per GPU: IO-bound on 0.125."""
+    busy); with both free, cache-aware picks n1, and the job hits there. Its job reads 1 GB/s per
+    GPU: IO-bound on 0.125. Consolidate, between two nodes equally free, takes the one that
+    became free first (`Cluster.nodes_with_free`: the order of its free-GPU buckets is their
+    history); the blocker on n0 therefore ends before mnist's reader on n1, so that consolidate
+    would pick n0 and only the cache sends the job to n1."""
     from corral.exec.ray import RayExecutor
     from corral.server.executors.ray import ray_namespace
 
@@ -511,6 +524,7 @@ def test_cache_aware_placement_sends_a_job_to_the_node_that_caches_its_data(
         raise
     server = run_server(manager)
     release = tmp_path / "release"
+    read_done = tmp_path / "read-done"
     fast = {"read_gb_s": 1.0}
     try:
         client = api(server.url, admin_token(data_dir))
@@ -523,17 +537,25 @@ def test_cache_aware_placement_sends_a_job_to_the_node_that_caches_its_data(
         )
         wait_for(client, blocker, ("RUNNING",))
         assert job(client, blocker)["attempt_history"][0]["gpus"] == ["n0/0"]
-        first = submit(client, **reader(tmp_path, "first", "mnist", dataset=fast))
-        assert wait_for(client, first)["status"] == "SUCCEEDED"
+        first = submit(
+            client,
+            **reader(tmp_path, "first", "mnist", dataset=fast, env={"RELEASE": str(read_done)}),
+        )
+        wait_for(client, first, ("RUNNING",))
         assert job(client, first)["attempt_history"][0]["gpus"] == ["n1/0"]
-        release.touch()
+        cached = (data_dir / "cache" / "n1" / "mnist").resolve()
+        wait_until(lambda: cached_bytes(cached) == FILES * FILE_BYTES, "mnist cached on n1")
+        release.touch()  # n0 becomes free first,
         assert wait_for(client, blocker)["status"] == "SUCCEEDED"
+        attempt_ended(client, blocker)
+        read_done.touch()  # then n1
+        assert wait_for(client, first)["status"] == "SUCCEEDED"
+        attempt_ended(client, first)
         again = submit(client, **reader(tmp_path, "again", "mnist", dataset=fast))
         assert wait_for(client, again)["status"] == "SUCCEEDED"
         assert job(client, again)["attempt_history"][0]["gpus"] == ["n1/0"]
         seen = output(data_dir, again)
         assert seen["hits"] == FILES
-        cached = (data_dir / "cache" / "n1" / "mnist").resolve()
         assert seen["CORRAL_DATASET_CACHE"] == str(cached)
         # What eviction runs on a Ray node: a trim as a task there.
         dirs = executor.cache_dirs()
@@ -542,6 +564,7 @@ def test_cache_aware_placement_sends_a_job_to_the_node_that_caches_its_data(
         assert cached_bytes(cached) == FILE_BYTES
     finally:
         release.touch()
+        read_done.touch()
         server.stop()
 
 
