@@ -236,7 +236,7 @@ MUTANTS = [
             ),
         ),
         ("tests/core/test_failed_searches.py",),
-        (),
+        ("tests/server/test_failed_search_live.py",),
     ),
     Mutant(
         "quota-lends-first",
@@ -277,7 +277,10 @@ MUTANTS = [
             ),
         ),
         ("tests/core/test_sharing.py",),
-        ("tests/server/test_fgd_live.py",),
+        (
+            "tests/server/test_fgd_live.py::test_fgd_chooses_the_node_where_fragmentation_grows_least",
+            "tests/server/test_fgd_live.py::test_fgd_places_each_share_where_fragmentation_grows_least",
+        ),
     ),
     Mutant(
         "retry-fast-fail-off-by-one",
@@ -352,7 +355,7 @@ MUTANTS = [
             ),
         ),
         ("tests/core/test_elastic.py",),
-        ("tests/server/test_ddp_live.py",),
+        ("tests/server/test_elastic_grow_live.py", "tests/server/test_ddp_live.py"),
     ),
     Mutant(
         "timeslice-turns-never-end",
@@ -380,7 +383,12 @@ MUTANTS = [
             ),
         ),
         ("tests/core/test_cache.py",),
-        ("tests/server/test_silod_live.py",),
+        (
+            "tests/server/test_silod_live.py::"
+            "test_cache_aware_sends_a_job_to_the_declared_node_that_caches_its_data",
+            "tests/server/test_silod_live.py::"
+            "test_cache_aware_placement_sends_a_job_to_the_node_that_caches_its_data",
+        ),
     ),
 ]
 
