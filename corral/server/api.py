@@ -21,6 +21,7 @@ from starlette.concurrency import run_in_threadpool
 from corral.server import auth, limits, redact, schemas
 from corral.server.auth import Principal
 from corral.server.controls import ControlError
+from corral.server.liveness import add_liveness_routes
 from corral.server.logread import LogRead, UnreadableLog, read_log
 from corral.server.manager import Manager, SubmitError
 from corral.server.metrics import metrics_text
@@ -756,6 +757,7 @@ def create_app(manager: Manager) -> FastAPI:
             {"detail": "internal error: the manager's log has the details"}, status_code=500
         )
 
+    add_liveness_routes(app, manager)  # /healthz, /readyz (corral.server.liveness)
     _document_spec_body(app, spec_schema)
     static = StaticFiles(directory=WEB_DIR, html=True) if WEB_DIR.is_dir() else None
     app.mount("/", limits.ApiFallback(app, static), name="dashboard")  # last: what no route took

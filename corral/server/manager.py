@@ -167,6 +167,8 @@ class Manager(
         self._inbox_ready = threading.Event()
         self._committer: threading.Thread | None = None
         self.rounds = 0
+        #: When the latest scheduling round ran (the manager's clock; None: none yet): /readyz.
+        self.last_round_at: float | None = None
         self.on_stop: list[Callable[[], None]] = []  # e.g. release the data directory's lock
         self.round_seconds: list[float] = []  # the latest 1,000 rounds' (benchmarks read them)
         self.metrics = ManagerMetrics()  # counters and histograms for /metrics
@@ -346,7 +348,9 @@ class Manager(
             now = self.clock()
             ended = self.executor.poll()
             wake = self._wake_at is not None and now >= self._wake_at
-            deciding = self._dirty or bool(ended) or wake
+            last = self.last_round_at
+            due = last is None or now - last >= self.settings.round_every_s  # (liveness)
+            deciding = self._dirty or bool(ended) or wake or due
             stops: list[tuple[str, int]] = []
             node_check = self._nodes is not None and now >= self._next_node_check
             # One transaction for the step; but a step that reads the nodes commits the ends
@@ -390,6 +394,7 @@ class Manager(
             for launch in launches:
                 self._launch(launch, now)
             if deciding:
+                self.last_round_at = now
                 self.rounds += 1
                 took = time.perf_counter() - began
                 self.metrics.round_seconds.observe(took)
