@@ -48,6 +48,7 @@ from corral.exec.local import (
     share_env,
 )
 from corral.server import identity
+from corral.server.bulk import BulkControls
 from corral.server.committer import Submission, SubmissionCommitter
 from corral.server.controls import ControlError, JobControls
 from corral.server.datacache import LiveCache
@@ -84,7 +85,13 @@ OUTAGE_LOG_S = 30.0
 
 
 class Manager(
-    SubmissionCommitter, Recovery, ManagerViews, SchedulerFactory, LiveCache, JobControls
+    SubmissionCommitter,
+    Recovery,
+    ManagerViews,
+    SchedulerFactory,
+    LiveCache,
+    JobControls,
+    BulkControls,
 ):
     """The live manager: its state, the control loop and the attempts; the parts it is composed
     of (its bases) each hold one concern (see the module's docstring)."""
@@ -879,7 +886,9 @@ class Manager(
                 return
         self._wake.set()
 
-    def _cancel_locked(self, job_id: str) -> None:
+    def _cancel_locked(self, job_id: str, stops: list[tuple[str, int]] | None = None) -> None:
+        """`stops`: the attempts to stop are added to it, for the caller to stop once its
+        transaction is committed (None: stopped here)."""
         job = self.scheduler.jobs[job_id]
         if job.status.finished:
             return
@@ -900,7 +909,9 @@ class Manager(
                 self.store.update_attempt(
                     job_id, attempt.number, state="stopping", outcome="cancelled"
                 )
-        if attempt is not None:
+        if attempt is not None and stops is not None:
+            stops.append((job_id, attempt.number))
+        elif attempt is not None:
             self.executor.stop(job_id, attempt.number)
         self._forget(job_id)
         self._dirty = True
