@@ -15,13 +15,16 @@ The cluster (2 GPUs, fifo: nothing is preempted) holds, by hand:
 from __future__ import annotations
 
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+import sqlalchemy as sa
 from click.testing import CliRunner
+from sqlalchemy.pool import NullPool
 
 from corral.cli.main import app
 from corral.client import Client
@@ -210,7 +213,17 @@ def postgres() -> Iterator[PostgresServer]:
         server.stop()
 
 
-def test_a_store_failure_changes_nothing_answers_503_and_the_same_call_then_succeeds(
+def sql(url: str, statement: str) -> list[tuple[Any, ...]]:
+    engine = sa.create_engine(url, poolclass=NullPool)
+    try:
+        with engine.begin() as connection:
+            result = connection.exec_driver_sql(statement)
+            return [tuple(row) for row in result] if result.returns_rows else []
+    finally:
+        engine.dispose()
+
+
+def test_a_store_failure_mid_call_changes_nothing_answers_503_and_the_call_may_be_repeated(
     postgres: PostgresServer, data_dir: Path, tmp_path: Path
 ) -> None:
     options = ServerOptions(
@@ -226,22 +239,45 @@ def test_a_store_failure_changes_nothing_answers_503_and_the_same_call_then_succ
         first = submit(client, **forever("run", tmp_path / "run.pid"))
         wait_for(client, first, ["RUNNING"])
         waiting = [submit(client, **forever(f"w-{i}", tmp_path / f"w{i}.pid")) for i in range(5)]
-        postgres.halt()
+        # The third waiting job's row, once it is written CANCELLED, sleeps in the database:
+        # the call's transaction has written the first two by then, and the database stops.
+        sql(
+            postgres.url,
+            "CREATE FUNCTION stall() RETURNS trigger AS $$ BEGIN PERFORM pg_sleep(120); "
+            "RETURN NEW; END $$ LANGUAGE plpgsql",
+        )
+        sql(
+            postgres.url,
+            "CREATE TRIGGER stall BEFORE UPDATE ON jobs FOR EACH ROW WHEN "
+            f"(NEW.id = {waiting[2]} AND NEW.status = 'CANCELLED') EXECUTE FUNCTION stall()",
+        )
+        answers: list[httpx.Response] = []
+        call = threading.Thread(
+            target=lambda: answers.append(
+                client.post("/api/v1/jobs/cancel", json={"state": "PENDING"})
+            )
+        )
+        call.start()
         try:
-            refused = client.post("/api/v1/jobs/cancel", json={"state": "PENDING"})
-            assert refused.status_code == 503, refused.text
-            assert refused.json()["detail"].startswith("the store is unavailable")
+            sleeping = "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep'"
+            wait_until(lambda: sql(postgres.url, sleeping)[0][0] == 1, "the call mid-way")
+            postgres.halt()
+            call.join(120)
+            assert answers and answers[0].status_code == 503, answers and answers[0].text
+            assert answers[0].json()["detail"].startswith("the store is unavailable")
         finally:
+            call.join(120)
             postgres.resume()
+        sql(postgres.url, "DROP TRIGGER stall ON jobs")
 
         def pending() -> list[str] | None:
             try:
                 rows = running.manager.store.list_jobs(status="PENDING")
             except StoreUnavailable:
                 return None
-            return sorted((row.id for row in rows), key=int)
+            return sorted((row.id for row in rows), key=int) or None
 
-        # nothing was cancelled: the five still wait, in the store and in the manager's memory
+        # nothing was cancelled, not even the two written before the stall: one transaction
         assert wait_until(pending, "the store back") == waiting
         assert job(client, first)["status"] == "RUNNING"
 
