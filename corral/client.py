@@ -204,6 +204,26 @@ class Client:
         params = {"array": "true"} if array else None
         return self._request("POST", f"/jobs/{_segment(job_id)}/release", params=params)
 
+    def cancel_jobs(self, **where: Any) -> dict:
+        """Cancel every unfinished job a filter selects, in one call and one transaction:
+        `state` (PENDING, RUNNING or a list of them), `user`, `vc`, `name` (a shell glob,
+        `sweep-*`); at least one. Users select only their own jobs. {"count", "ids"}."""
+        return self._bulk("cancel", where)
+
+    def hold_jobs(self, **where: Any) -> dict:
+        """Hold every pending job a filter selects (as `cancel_jobs`): {"count", "ids"}."""
+        return self._bulk("hold", where)
+
+    def release_jobs(self, **where: Any) -> dict:
+        """Release every held job a filter selects (as `cancel_jobs`): {"count", "ids"}."""
+        return self._bulk("release", where)
+
+    def _bulk(self, verb: str, where: Mapping[str, Any]) -> dict:
+        body = {key: value for key, value in where.items() if value not in (None, (), [])}
+        if isinstance(body.get("state"), tuple):
+            body["state"] = list(body["state"])
+        return self._request("POST", f"/jobs/{verb}", json=body)
+
     def requeue(self, job_id: str | int) -> dict:
         """Stop a running job and queue it again, or queue a failed or cancelled job again."""
         return self._request("POST", f"/jobs/{_segment(job_id)}/requeue")

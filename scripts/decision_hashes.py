@@ -130,6 +130,11 @@ def framework_runs() -> list[Run]:
     add("las demote at rounds", scheduler={"las": {"demote_at_rounds": True}})
     add("las victims in-order", scheduler={"victims": "in-order"})
     add("las restore 0", scheduler={"restore_s": 0.0})
+    add("las preempt exempt 600", scheduler={"preempt_exempt_s": 600.0})
+    add(
+        "las victims in-order preempt exempt 600",
+        scheduler={"victims": "in-order", "preempt_exempt_s": 600.0},
+    )
     add("gittins thresholds", "one", "gittins", scheduler={"gittins": {"thresholds_gpu_s": [900]}})
     add("gittins quantiles", "one", "gittins", scheduler={"gittins": {"quantiles": 4}})
     add(
@@ -147,6 +152,7 @@ def framework_runs() -> list[Run]:
     )
     add("gittins demote", "one", "gittins", scheduler={"gittins": {"demote_at_rounds": True}})
     add("gittins victims in-order", "one", "gittins", scheduler={"victims": "in-order"})
+    add("gittins preempt exempt 600", "one", "gittins", scheduler={"preempt_exempt_s": 600.0})
     for key, value in (
         ("converge_fraction", 0.2),
         ("max_points", 4),

@@ -225,6 +225,20 @@ MUTANTS = [
         ("tests/server/test_las_victims_live.py",),
     ),
     Mutant(
+        "preempt-exempt-ignored",
+        "preemption: preempt_exempt_s",
+        "a running job is a victim however recently it started: the exempt time is ignored",
+        "corral/core/preempt.py",
+        (
+            (
+                "        return start == now or (start is not None and now - start < self.exempt_s)\n",
+                "        return start == now\n",
+            ),
+        ),
+        ("tests/core/test_preempt_exempt.py",),
+        ("tests/server/test_preempt_exempt_live.py",),
+    ),
+    Mutant(
         "failed-search-never-forgotten",
         "Tiresias: las",
         "a failed search for victims is remembered even after a running job it may preempt appears",

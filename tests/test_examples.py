@@ -245,7 +245,8 @@ def test_the_api_table_lists_exactly_the_routes_served(manager: Manager) -> None
         (method, generic(route.path))
         for route in app.routes
         for method in getattr(route, "methods", None) or ()
-        if method != "HEAD" and (route.path.startswith("/api/") or route.path == "/metrics")
+        if method != "HEAD"
+        and (route.path.startswith("/api/") or route.path in ("/metrics", "/healthz", "/readyz"))
     }
     assert served == {pair for pair in documented if pair[1] != "/"}
     assert ("GET", "/") in documented  # the dashboard, mounted as static files

@@ -447,12 +447,76 @@ def array_option(function: Any) -> Any:
     )(function)
 
 
+def filter_options(function: Any) -> Any:
+    """`--state/-t`, `--user/-u`, `--vc`, `--name/-n`: act on every unfinished job they select
+    (Slurm's scancel -t PENDING -u alice), in one call, instead of one JOB."""
+    for option in reversed(
+        (
+            click.option(
+                "--state",
+                "-t",
+                "states",
+                multiple=True,
+                type=click.Choice(["PENDING", "RUNNING"], case_sensitive=False),
+                help="only jobs in this state (repeat for both)",
+            ),
+            click.option("--user", "-u", help="only this user's jobs (an admin's token: anyone)"),
+            click.option("--vc", help="only jobs of this VC"),
+            click.option("--name", "-n", help="only jobs whose name matches this glob (sweep-*)"),
+        )
+    ):
+        function = option(function)
+    return click.argument("job_id", metavar="[JOB]", required=False)(function)
+
+
+def bulk_or_one(
+    verb: str, job_id: str | None, array: bool, where: dict[str, Any], output: str
+) -> bool:
+    """With a filter (and no JOB), act on every job it selects and report; True if it did."""
+    given = {key: value for key, value in where.items() if value}
+    if job_id is not None and given:
+        refuse(f"give JOB or a filter ({', '.join('--' + key for key in given)}), not both")
+    if job_id is None and not given:
+        refuse("give a JOB, or a filter: --state, --user, --vc or --name")
+    if job_id is not None:
+        return False
+    if array:
+        refuse("--array needs a JOB (an array's id)")
+    states = list(given.pop("states", ()))
+    if states:
+        given["state"] = [state.upper() for state in states]
+    with connected() as client:
+        answer = getattr(client, f"{verb}_jobs")(**given)
+    if output != TABLE:
+        print_data(answer, output)
+        return True
+    past = {"cancel": "cancelled", "hold": "held", "release": "released"}[verb]
+    ids = answer["ids"]
+    shown = ", ".join(ids[:20]) + (f", ... ({len(ids) - 20} more)" if len(ids) > 20 else "")
+    count = answer["count"]
+    click.echo(f"{count} job{'' if count == 1 else 's'} {past}" + (f": {shown}" if ids else ""))
+    return True
+
+
 @click.command()
-@job_option
+@filter_options
 @array_option
 @output_option(formats=(TABLE, JSON, YAML))
-def cancel(job_id: str, array: bool, output: str) -> None:
-    """Cancel a pending or running job (its processes get their signal, then SIGKILL)."""
+def cancel(
+    job_id: str | None,
+    states: tuple[str, ...],
+    user: str | None,
+    vc: str | None,
+    name: str | None,
+    array: bool,
+    output: str,
+) -> None:
+    """Cancel a pending or running job (its processes get their signal, then SIGKILL), or every
+    job a filter selects: `corral cancel --state PENDING --user alice --name 'sweep-*'`."""
+    where = {"states": states, "user": user, "vc": vc, "name": name}
+    if bulk_or_one("cancel", job_id, array, where, output):
+        return
+    assert job_id is not None
     with connected() as client:
         job = client.cancel(job_id, array=array)
     if output != TABLE:

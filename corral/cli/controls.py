@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import click
 
-from corral.cli.client import array_option, connected, job_option
+from corral.cli.client import array_option, bulk_or_one, connected, filter_options, job_option
 from corral.cli.output import JSON, TABLE, YAML, output_option, print_data
 
 
@@ -18,21 +18,47 @@ def _done(what: str, job_id: str, array: bool, answer: object, output: str) -> N
 
 
 @click.command()
-@job_option
+@filter_options
 @array_option
 @output_option(formats=(TABLE, JSON, YAML))
-def hold(job_id: str, array: bool, output: str) -> None:
-    """Keep a pending job from starting until `corral release` (a running job is refused)."""
+def hold(
+    job_id: str | None,
+    states: tuple[str, ...],
+    user: str | None,
+    vc: str | None,
+    name: str | None,
+    array: bool,
+    output: str,
+) -> None:
+    """Keep a pending job from starting until `corral release` (a running job is refused), or
+    every pending job a filter selects (--user, --vc, --name)."""
+    where = {"states": states, "user": user, "vc": vc, "name": name}
+    if bulk_or_one("hold", job_id, array, where, output):
+        return
+    assert job_id is not None
     with connected() as client:
         _done("held", job_id, array, client.hold(job_id, array=array), output)
 
 
 @click.command()
-@job_option
+@filter_options
 @array_option
 @output_option(formats=(TABLE, JSON, YAML))
-def release(job_id: str, array: bool, output: str) -> None:
-    """Let a held job start again, in its place in the queue."""
+def release(
+    job_id: str | None,
+    states: tuple[str, ...],
+    user: str | None,
+    vc: str | None,
+    name: str | None,
+    array: bool,
+    output: str,
+) -> None:
+    """Let a held job start again, in its place in the queue, or every held job a filter
+    selects (--user, --vc, --name)."""
+    where = {"states": states, "user": user, "vc": vc, "name": name}
+    if bulk_or_one("release", job_id, array, where, output):
+        return
+    assert job_id is not None
     with connected() as client:
         _done("released", job_id, array, client.release(job_id, array=array), output)
 

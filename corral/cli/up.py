@@ -208,6 +208,17 @@ def up(
             "has its progress reports rejected: none of its measurements count"
         ),
     ] = 100_000.0,
+    round_every_s: Annotated[
+        float,
+        typer.Option(
+            help="run a scheduling round at least this often, also when idle (/readyz and "
+            "corral_last_round_timestamp_seconds see a live control loop)"
+        ),
+    ] = 5.0,
+    ready_round_s: Annotated[
+        float,
+        typer.Option(help="/readyz answers 503 once no scheduling round ran for this long"),
+    ] = 30.0,
     demo: Annotated[
         bool,
         typer.Option(
@@ -239,6 +250,11 @@ def up(
         fail("--gpus: must be a positive integer")
     if not 0 < max_steps_per_s < float("inf"):
         fail(f"--max-steps-per-s: must be a positive number of steps/s, got {max_steps_per_s:g}")
+    if not 0 < round_every_s < ready_round_s < float("inf"):
+        fail(
+            f"--round-every-s {round_every_s:g}, --ready-round-s {ready_round_s:g}: need "
+            "0 < round-every-s < ready-round-s"
+        )
     if port is None:
         port = 0 if demo else 8470
     if data_dir is None:
@@ -279,6 +295,8 @@ def up(
         connections=connections,
         job_pids_max=default_pids_max() if job_pids_max is None else job_pids_max or None,
         max_steps_per_s=max_steps_per_s,
+        round_every_s=round_every_s,
+        ready_round_s=ready_round_s,
     )
     options = ServerOptions(
         data_dir=data_dir.expanduser(),

@@ -60,6 +60,12 @@ class CoreOptions:
         help="which running jobs a waiting job preempts: "
         + "; or ".join(f"{name} ({rule.summary})" for name, rule in VICTIM_RULES.items()),
     )
+    preempt_exempt_s: float = option(
+        0.0,
+        help="a running job is no preemption victim until it has run this many seconds since "
+        "its last start (Slurm's PreemptExemptTime; 0: from the next instant on)",
+        low=0,
+    )
     precheck_s: float | None = option(
         None,
         help="run each job of more than one worker first as one worker (a pre-run, to catch "
@@ -242,6 +248,11 @@ def check_config(
             "admission elasticflow does not run pre-runs (precheck_s): it sizes and restarts "
             "every gang itself"
         )
+    if admission_name == "elasticflow" and core.preempt_exempt_s:
+        raise PluginError(
+            "admission elasticflow does not take preempt_exempt_s: it resizes and restarts "
+            "every gang itself"
+        )
     for scheme in schemes:
         for stage in [*core.stages, *(["cache"] if uses_cache else [])]:
             problem = scheme.unsupported(stage)
@@ -282,6 +293,7 @@ def build_scheduler(
         backfill=core.backfill,
         restore_s=core.restore_s,
         victims=core.victims,
+        preempt_exempt_s=core.preempt_exempt_s,
         retry=RetryRule(config.section("retry")),
         precheck_s=core.precheck_s or None,
         stages=stages,

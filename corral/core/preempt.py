@@ -19,11 +19,19 @@ Two fast paths keep preemption-heavy rounds cheap:
   that stops (`running_left`), or one whose key comes to follow the job's (`rekeyed`), makes them
   grow (GPUs freed by anything else, `Cluster.frees`, forget every search);
 * in-order victims are read as one slice of the running index (`_candidates_in_order`).
+
+A running job that started less than `exempt_s` ago (since its last start) is no victim (Slurm's
+PreemptExemptTime): an 8-GPU job LAS demotes is not stopped by every 1-GPU job that arrives.
+Each start's exemption end is kept in a heap (`started`), so that the scheduler wakes when one
+ends while a job waits (`next_exemption_end`) and does not repeat a quiet round across it
+(`exemption_ended`); a search that passed over an exempt job is not remembered.
 """
 
 from __future__ import annotations
 
 import bisect
+import heapq
+import math
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, ClassVar, Literal, Protocol
 
@@ -162,12 +170,15 @@ class Preemption:
         stored: dict[int, Key],
         shared: Sequence[Stage],
         remembers: bool,
+        exempt_s: float = 0.0,
     ) -> None:
         """`running`: the running jobs' keys in order (the scheduler's flat index, read only);
         `by_seq`, `stored`: its jobs and their stored keys by seq; `shared`: the stages under
         which jobs share GPUs (a victim's GPUs may stay taken by its partner); `remembers`:
         failed searches may be remembered (keys fixed between announced instants and a
-        placement that depends on the free GPUs alone, under the base victim rule)."""
+        placement that depends on the free GPUs alone, under the base victim rule);
+        `exempt_s`: a running job is no victim until it has run this long since its last
+        start (0: from the next instant on)."""
         self.host = host
         self.cluster = host.cluster
         self.policy = host.policy
@@ -200,8 +211,49 @@ class Preemption:
         #: jobs), so every failed search is forgotten.
         self._frees_seen = self.cluster.frees
         self._skipped_new = False  # `_candidates` passed over a job started at that instant
+        #: (start + exempt_s, seq, start) of each start (`started`); stale ones are dropped.
+        self.exempt_s = exempt_s
+        self._exemptions: list[tuple[float, int, float]] = []
 
     # -- what the scheduler tells it ------------------------------------------------------------
+
+    def started(self, job: Job, now: float) -> None:
+        """A job started (or was found running): exempt until `exempt_s` after its start (a
+        start hook, added only when `exempt_s` > 0)."""
+        start = job.run_started_at
+        if start is not None:
+            heapq.heappush(self._exemptions, (start + self.exempt_s, job.seq, start))
+
+    def _drop_stale(self) -> None:
+        heap = self._exemptions
+        by_seq = self._by_seq
+        while heap:
+            _, seq, start = heap[0]
+            job = by_seq.get(seq)
+            if job is not None and job.run_started_at == start:
+                return
+            heapq.heappop(heap)  # it stopped (or started again: a later entry)
+
+    def exemption_ended(self, now: float) -> bool:
+        """A running job's exemption ended since the last `next_exemption_end` (by `now`)."""
+        self._drop_stale()
+        return bool(self._exemptions) and self._exemptions[0][0] <= now
+
+    def next_exemption_end(self, now: float) -> float:
+        """The earliest instant after `now` a running job stops being exempt (inf: none); the
+        ends up to `now` are taken (the round at `now` saw them)."""
+        heap = self._exemptions
+        while True:
+            self._drop_stale()
+            if not heap or heap[0][0] > now:
+                return heap[0][0] if heap else math.inf
+            heapq.heappop(heap)
+
+    def exempt(self, victim: Job, now: float) -> bool:
+        """The running job is no victim at `now`: it started at this instant, or less than
+        `exempt_s` ago."""
+        start = victim.run_started_at
+        return start == now or (start is not None and now - start < self.exempt_s)
 
     def running_left(self, job: Job, key: Key) -> None:
         """A running job of this key left the running index (it stopped: its GPUs are free,
@@ -288,10 +340,14 @@ class Preemption:
         """The job's victims (`_victims`, the lowest first) whose GPUs it could use. The first two
         filters stand in `_candidates_in_order` too, written out there to keep its loop tight."""
         half_pairs: dict[str, Job] = {}
+        exempt_s = self.exempt_s
         for victim in self._victims(job, now):
             if victim.run_started_at == now:
                 self._skipped_new = True  # one of its victims from the next instant on
                 continue  # never undo a start of this same instant: no preemption cycles
+            if exempt_s and self.exempt(victim, now):
+                self._skipped_new = True  # one of its victims once its exemption ends
+                continue
             if (
                 job.spec.gpu_types is not None
                 and victim.placement
@@ -318,10 +374,13 @@ class Preemption:
         types = job.spec.gpu_types
         gpus = self.cluster.gpus
         ordered = []
+        exempt_s = self.exempt_s
         for key in keys[start:]:
             victim = by_seq[key[-1]]
             if victim.run_started_at == now:
                 continue  # never undo a start of this same instant: no preemption cycles
+            if exempt_s and self.exempt(victim, now):
+                continue
             if types is not None and victim.placement:
                 if not job.spec.accepts(gpus[victim.placement[0]].gpu_type):
                     continue

@@ -57,8 +57,10 @@ class Scheduler(SchedulerState):
         stages: Sequence[Stage] = (),
         retry: RetryRule | None = None,
         precheck_s: float | None = None,
+        preempt_exempt_s: float = 0.0,
     ) -> None:
-        """`retry` judges failed attempts: the backoff before a retry and the user-error rule
+        """`preempt_exempt_s`: a running job is no preemption victim until it has run this long
+        since its last start (corral.core.preempt). `retry` judges failed attempts: the backoff before a retry and the user-error rule
         (default: `RetryRule(RetryOptions())`). `precheck_s`: the pre-run of jobs whose spec
         names none (corral.core.precheck; None or 0: none). `victims`: which running jobs a
         waiting job preempts (corral.core.preempt.VICTIM_RULES). `admission`: the admissions
@@ -130,7 +132,11 @@ class Scheduler(SchedulerState):
             stored=self._stored,
             shared=self._shared,
             remembers=self._may_repeat,
+            exempt_s=preempt_exempt_s,
         )
+        self._exempts = preempt_exempt_s > 0
+        if self._exempts:
+            self._on_start = (*self._on_start, self.preemption.started)
         #: The body of a round (corral.core.walk).
         self._walk = QueueWalk(
             self,
@@ -199,7 +205,8 @@ class Scheduler(SchedulerState):
         """This round's walk would repeat the last round's, which did nothing: nothing changed
         since (no job queued, re-keyed where it matters, started or stopped, no GPU freed or
         taken), no waiting job is held by a retry backoff (its reason names the time left), and
-        no running job started at that round's instant (it was no victim then, it is now)."""
+        no running job started at that round's instant (it was no victim then, it is now), and
+        no running job's preemption exemption ended since."""
         quiet = self._quiet
         return (
             quiet is not None
@@ -207,10 +214,17 @@ class Scheduler(SchedulerState):
             and quiet[1] == preempt
             and not self._held
             and self._last_start_at < self._quiet_at
+            and not (self._exempts and self.preemption.exemption_ended(now))
         )
 
     def _next_wake(self, now: float) -> float | None:
-        return self.timers.next_wake(now, bool(self.pending), len(self._running.keys))
+        wake = self.timers.next_wake(now, bool(self.pending), len(self._running.keys))
+        if not self._exempts:
+            return wake
+        ends = self.preemption.next_exemption_end(now)  # a job may become a victim then
+        if not self.pending or ends == math.inf:
+            return wake
+        return ends if wake is None else min(wake, ends)
 
     def start_defragmented(self, job_id: str, now: float) -> list[Action]:
         """Start a waiting job by the defragmenting stages (migration): the moves and the start,

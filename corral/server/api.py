@@ -20,7 +20,9 @@ from starlette.concurrency import run_in_threadpool
 
 from corral.server import auth, limits, redact, schemas
 from corral.server.auth import Principal
+from corral.server.bulk import parse_filter
 from corral.server.controls import ControlError
+from corral.server.liveness import add_liveness_routes
 from corral.server.logread import LogRead, UnreadableLog, read_log
 from corral.server.manager import Manager, SubmitError
 from corral.server.metrics import metrics_text
@@ -423,6 +425,34 @@ def create_app(manager: Manager) -> FastAPI:
         job."""
         return control(job_id, who, "requeue", False)
 
+    def bulk_control(verb: str, who: Principal, body: dict[str, Any]) -> dict[str, Any]:
+        """Act on every job a filter selects, in one transaction (corral.server.bulk)."""
+        try:
+            chosen = parse_filter(body, who)
+        except PermissionError as error:
+            raise HTTPException(403, str(error)) from None
+        except ValueError as error:
+            raise HTTPException(422, str(error)) from None
+        ids = manager.bulk(verb, chosen, who.user)
+        return {"verb": verb, "count": len(ids), "ids": ids}
+
+    @app.post("/api/v1/jobs/cancel", tags=["jobs"])
+    def cancel_jobs(who: Caller, body: Annotated[dict[str, Any], Body()]) -> dict[str, Any]:
+        """Cancel every unfinished job a filter selects: `{"state": "PENDING" or a list,
+        "user", "vc", "name": a glob}`, at least one; users select only their own jobs. One
+        transaction: `{"verb", "count", "ids"}` once it is committed."""
+        return bulk_control("cancel", who, body)
+
+    @app.post("/api/v1/jobs/hold", tags=["jobs"])
+    def hold_jobs(who: Caller, body: Annotated[dict[str, Any], Body()]) -> dict[str, Any]:
+        """Hold every pending job a filter selects (as POST /api/v1/jobs/cancel)."""
+        return bulk_control("hold", who, body)
+
+    @app.post("/api/v1/jobs/release", tags=["jobs"])
+    def release_jobs(who: Caller, body: Annotated[dict[str, Any], Body()]) -> dict[str, Any]:
+        """Release every held job a filter selects (as POST /api/v1/jobs/cancel)."""
+        return bulk_control("release", who, body)
+
     @app.get("/api/v1/jobs/{job_id}/logs", tags=["jobs"], response_class=PlainTextResponse)
     def job_logs(
         job_id: str,
@@ -756,6 +786,7 @@ def create_app(manager: Manager) -> FastAPI:
             {"detail": "internal error: the manager's log has the details"}, status_code=500
         )
 
+    add_liveness_routes(app, manager)  # /healthz, /readyz (corral.server.liveness)
     _document_spec_body(app, spec_schema)
     static = StaticFiles(directory=WEB_DIR, html=True) if WEB_DIR.is_dir() else None
     app.mount("/", limits.ApiFallback(app, static), name="dashboard")  # last: what no route took

@@ -247,39 +247,41 @@ class JobControls:
         """Keep a pending job from starting until released (durable: written first). A
         ControlError (409) for a job that is not pending."""
         with self._changing():
-            now = self.clock()
-            job = self.scheduler.jobs.get(job_id)
-            queued = job is not None and job.status is JobStatus.PENDING
-            if job_id not in self._gated and not queued:
-                status = job.status.value if job is not None else self._status_of(job_id)
-                if job_id in self._deferred or status == "RUNNING":
-                    status = "RUNNING"
-                if status != "PENDING":
-                    raise ControlError(
-                        409, f"job {job_id} is {status}: only a pending job can be held"
-                    )
-            if job_id not in self._held:
-                with self.store.batch():
-                    self.store.update_job(job_id, held_by=user, reason=f"held by {user}")
-                    self.store.add_event(job_id, now, "held", f"held by {user}")
-                self._held[job_id] = user
-            if queued and job_id not in self._gated:
-                self._gated[job_id] = self.scheduler.withdraw(job_id, now)
-                self._touch_holders(job_id)  # (a preempted attempt may still be stopping)
-                self._dirty = True
+            self._hold_locked(job_id, user, self.clock())
+
+    def _hold_locked(self, job_id: str, user: str, now: float) -> None:
+        job = self.scheduler.jobs.get(job_id)
+        queued = job is not None and job.status is JobStatus.PENDING
+        if job_id not in self._gated and not queued:
+            status = job.status.value if job is not None else self._status_of(job_id)
+            if job_id in self._deferred or status == "RUNNING":
+                status = "RUNNING"
+            if status != "PENDING":
+                raise ControlError(409, f"job {job_id} is {status}: only a pending job can be held")
+        if job_id not in self._held:
+            with self.store.batch():
+                self.store.update_job(job_id, held_by=user, reason=f"held by {user}")
+                self.store.add_event(job_id, now, "held", f"held by {user}")
+            self._held[job_id] = user
+        if queued and job_id not in self._gated:
+            self._gated[job_id] = self.scheduler.withdraw(job_id, now)
+            self._touch_holders(job_id)  # (a preempted attempt may still be stopping)
+            self._dirty = True
 
     def release(self, job_id: str, user: str) -> None:
         """Let a held job start again (in its place, where the policy keeps arrival order)."""
         with self._changing():
-            if job_id not in self._held:
-                raise ControlError(409, f"job {job_id} is not held")
-            now = self.clock()
-            with self.store.batch():
-                self.store.update_job(job_id, held_by=None, reason="released")
-                self.store.add_event(job_id, now, "released", f"released by {user}")
-            del self._held[job_id]
-            self._dirty = True
+            self._release_locked(job_id, user, self.clock())
         self._wake.set()
+
+    def _release_locked(self, job_id: str, user: str, now: float) -> None:
+        if job_id not in self._held:
+            raise ControlError(409, f"job {job_id} is not held")
+        with self.store.batch():
+            self.store.update_job(job_id, held_by=None, reason="released")
+            self.store.add_event(job_id, now, "released", f"released by {user}")
+        del self._held[job_id]
+        self._dirty = True
 
     # -- requeue ---------------------------------------------------------------------------------
 

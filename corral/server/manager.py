@@ -48,6 +48,7 @@ from corral.exec.local import (
     share_env,
 )
 from corral.server import identity
+from corral.server.bulk import BulkControls
 from corral.server.committer import Submission, SubmissionCommitter
 from corral.server.controls import ControlError, JobControls
 from corral.server.datacache import LiveCache
@@ -84,7 +85,13 @@ OUTAGE_LOG_S = 30.0
 
 
 class Manager(
-    SubmissionCommitter, Recovery, ManagerViews, SchedulerFactory, LiveCache, JobControls
+    SubmissionCommitter,
+    Recovery,
+    ManagerViews,
+    SchedulerFactory,
+    LiveCache,
+    JobControls,
+    BulkControls,
 ):
     """The live manager: its state, the control loop and the attempts; the parts it is composed
     of (its bases) each hold one concern (see the module's docstring)."""
@@ -167,6 +174,8 @@ class Manager(
         self._inbox_ready = threading.Event()
         self._committer: threading.Thread | None = None
         self.rounds = 0
+        #: When the latest scheduling round ran (the manager's clock; None: none yet): /readyz.
+        self.last_round_at: float | None = None
         self.on_stop: list[Callable[[], None]] = []  # e.g. release the data directory's lock
         self.round_seconds: list[float] = []  # the latest 1,000 rounds' (benchmarks read them)
         self.metrics = ManagerMetrics()  # counters and histograms for /metrics
@@ -346,7 +355,9 @@ class Manager(
             now = self.clock()
             ended = self.executor.poll()
             wake = self._wake_at is not None and now >= self._wake_at
-            deciding = self._dirty or bool(ended) or wake
+            last = self.last_round_at
+            due = last is None or now - last >= self.settings.round_every_s  # (liveness)
+            deciding = self._dirty or bool(ended) or wake or due
             stops: list[tuple[str, int]] = []
             node_check = self._nodes is not None and now >= self._next_node_check
             # One transaction for the step; but a step that reads the nodes commits the ends
@@ -390,6 +401,7 @@ class Manager(
             for launch in launches:
                 self._launch(launch, now)
             if deciding:
+                self.last_round_at = now
                 self.rounds += 1
                 took = time.perf_counter() - began
                 self.metrics.round_seconds.observe(took)
@@ -874,7 +886,9 @@ class Manager(
                 return
         self._wake.set()
 
-    def _cancel_locked(self, job_id: str) -> None:
+    def _cancel_locked(self, job_id: str, stops: list[tuple[str, int]] | None = None) -> None:
+        """`stops`: the attempts to stop are added to it, for the caller to stop once its
+        transaction is committed (None: stopped here)."""
         job = self.scheduler.jobs[job_id]
         if job.status.finished:
             return
@@ -895,7 +909,9 @@ class Manager(
                 self.store.update_attempt(
                     job_id, attempt.number, state="stopping", outcome="cancelled"
                 )
-        if attempt is not None:
+        if attempt is not None and stops is not None:
+            stops.append((job_id, attempt.number))
+        elif attempt is not None:
             self.executor.stop(job_id, attempt.number)
         self._forget(job_id)
         self._dirty = True

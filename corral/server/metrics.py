@@ -204,6 +204,14 @@ class ManagerCollector(Collector):
         )
         offline.add_metric([], len(manager.offline_gpus()))
         yield offline
+        last_round = GaugeMetricFamily(
+            "corral_last_round_timestamp_seconds",
+            "When the latest scheduling round ran (Unix time; 0 before the first): one runs at "
+            "least every few seconds, also when idle, so an old value means a stuck control "
+            "loop or a store it cannot write to.",
+        )
+        last_round.add_metric([], manager.last_round_at or 0.0)
+        yield last_round
 
     def _from_store(self) -> Iterator[Metric]:
         """The gauges read from the store (none while it is unavailable: StoreUnavailable)."""

@@ -124,6 +124,11 @@ class ManagerSettings:
     #: None: only admins' API tokens read it. `metrics_public`: it needs no token at all.
     metrics_token_sha256: bytes | None = None
     metrics_public: bool = False
+    #: A scheduling round runs at least this often, also when nothing happened (a quiet round
+    #: repeats the last one cheaply): /readyz and corral_last_round_timestamp_seconds see a
+    #: live loop. `ready_round_s`: /readyz answers 503 once no round ran for this long.
+    round_every_s: float = 5.0
+    ready_round_s: float = 30.0
 
 
 @dataclass(slots=True)

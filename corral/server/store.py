@@ -920,6 +920,12 @@ class Store:
                 ],
             )
 
+    def ping(self) -> None:
+        """One trivial query (StoreUnavailable when the database does not answer it): /readyz.
+        Takes no lock of the store's (a file-backed or remote database)."""
+        with self._reading() as connection:
+            connection.exec_driver_sql("SELECT 1")
+
     def max_job_id(self) -> int:
         """The highest job id ever inserted, 0 if none: the next job is this plus one."""
         with self._reading() as connection:

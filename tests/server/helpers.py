@@ -53,6 +53,7 @@ SCHEDULER_OPTIONS = {
     "optimus_refit_min_s": ("optimus", "refit_min_s"),
     "optimus_prior_s": ("optimus", "prior_s"),
     "stages": (None, "stages"),
+    "preempt_exempt_s": (None, "preempt_exempt_s"),
     "packing_threshold": ("packing", "threshold"),
     "packing_unmeasured": ("packing", "unmeasured"),
 }

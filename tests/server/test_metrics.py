@@ -266,6 +266,7 @@ def test_deploy_queries_name_only_metrics_the_manager_exports(scenario: dict[str
         "corral_gpus_offline",
         "corral_job_queueing_seconds_bucket",
         "corral_scheduling_round_seconds_bucket",
+        "corral_last_round_timestamp_seconds",
         "corral_jobs_submitted_total",
         "corral_attempts_started_total",
         "corral_preemptions_total",

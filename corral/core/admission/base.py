@@ -44,6 +44,8 @@ class Assembly:
     restore_s: float
     retry: RetryRule
     victims: str = "lowest"
+    #: A running job is no victim until it has run this long since its last start.
+    preempt_exempt_s: float = 0.0
     stages: list[Stage] = field(default_factory=list)
     on_start: StartHook | None = None
     #: The pre-run of jobs whose spec names none (corral.core.precheck); None: none.
@@ -71,6 +73,7 @@ class Assembly:
             speed_model=speed_for(target) if speed_for is not None else None,
             restore_s=self.restore_s,
             victims=self.victims,
+            preempt_exempt_s=self.preempt_exempt_s,
             admission=[*([admission] if admission is not None else []), *self.admissions],
             on_start=self.on_start,
             stages=self.stages,

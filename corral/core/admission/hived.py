@@ -64,6 +64,7 @@ class HivedScheduler:
         retry: RetryRule | None = None,
         precheck_s: float | None = None,
         admissions: Sequence[Admission] = (),
+        preempt_exempt_s: float = 0.0,
     ) -> None:
         """`precheck_s`: the pre-run of jobs whose spec names none (corral.core.precheck),
         run by each VC's scheduler and the opportunistic one alike; `admissions`: chained
@@ -96,6 +97,7 @@ class HivedScheduler:
                 retry=retry,
                 precheck_s=precheck_s,
                 admission=admissions,
+                preempt_exempt_s=preempt_exempt_s,
             )
 
         for name in sorted(virtual_clusters):
@@ -694,4 +696,5 @@ class Hived(AdmissionScheme):
             retry=parts.retry,
             precheck_s=parts.precheck_s,
             admissions=parts.admissions,
+            preempt_exempt_s=parts.preempt_exempt_s,
         )
