@@ -8,7 +8,6 @@ they make tokens.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, Any
@@ -552,12 +551,6 @@ def create_app(manager: Manager) -> FastAPI:
                 ]
         return views
 
-    def node_control(name: str, act: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-        try:
-            return act()
-        except ControlError as error:
-            raise HTTPException(error.status, str(error)) from None
-
     @app.post("/api/v1/nodes/{name}/drain", tags=["nodes"])
     def drain_node(
         name: str, who: Caller, body: Annotated[dict[str, Any], Body()]
@@ -577,16 +570,20 @@ def create_app(manager: Manager) -> FastAPI:
             )
         if not isinstance(preempt, bool):
             raise HTTPException(422, "preempt: must be true or false")
-        return node_control(
-            name, lambda: manager.drain_node(name, reason.strip(), who.user, preempt=preempt)
-        )
+        try:
+            return manager.drain_node(name, reason.strip(), who.user, preempt=preempt)
+        except ControlError as error:
+            raise HTTPException(error.status, str(error)) from None
 
     @app.post("/api/v1/nodes/{name}/resume", tags=["nodes"])
     def resume_node(name: str, who: Caller) -> dict[str, Any]:
         """Bring a drained node back (admins only; 404 for an unknown node, 409 for one that is
         not drained)."""
         admins_only(who, "resume a node")
-        return node_control(name, lambda: manager.resume_node(name, who.user))
+        try:
+            return manager.resume_node(name, who.user)
+        except ControlError as error:
+            raise HTTPException(error.status, str(error)) from None
 
     @app.get("/api/v1/config", tags=["cluster"])
     def scheduler_config(who: Caller) -> dict[str, Any]:

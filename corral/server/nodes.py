@@ -98,7 +98,8 @@ class NodeLifecycle:
             before = self.drains.drained.get(name)
             try:
                 with self.store.batch():
-                    self._known_node(name)
+                    if not self._known_node(name):
+                        raise ControlError(404, _unknown(name))
                     self.store.add_node_change(now, name, DRAINING, reason, user, preempt=preempt)
                     for action in self.drains.drain(
                         self.scheduler, name, now, reason=reason, by=user, preempt=preempt
@@ -124,7 +125,8 @@ class NodeLifecycle:
         not drained)."""
         with self._changing():
             now = self.clock()
-            self._known_node(name)
+            if not self._known_node(name):
+                raise ControlError(404, _unknown(name))
             if name not in self.drains.drained:
                 raise ControlError(409, f"node {name} is not drained")
             before = self.drains.drained[name]
@@ -140,9 +142,8 @@ class NodeLifecycle:
         self._wake.set()
         return self.node_view(name)
 
-    def _known_node(self, name: str) -> None:
-        if all(node.name != name for node in self.cluster.nodes):
-            raise ControlError(404, str(UnknownNode(f"no node {name!r}")))
+    def _known_node(self, name: str) -> bool:
+        return any(node.name == name for node in self.cluster.nodes)
 
     # -- what everyone sees -------------------------------------------------------------------
 
@@ -228,6 +229,10 @@ class NodeLifecycle:
     def _node_change(self, now: float, name: str, state: str, reason: str) -> None:
         self.store.add_node_change(now, name, state, reason, MANAGER)
         self._node_since[name] = now
+
+
+def _unknown(name: str) -> str:
+    return str(UnknownNode(f"no node {name!r}"))
 
 
 def _job_order(job_id: str) -> tuple[int, str]:
