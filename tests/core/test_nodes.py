@@ -92,3 +92,26 @@ def test_a_drain_of_an_unknown_node_names_it() -> None:
     with pytest.raises(UnknownNode, match="no node 'n9'"):
         NodeDrains().resume(s, "n9")
     assert NodeDrains().resume(s, N0) is False  # not drained: nothing to do
+
+
+def test_hived_drains_by_physical_node_and_binds_the_vc_elsewhere() -> None:
+    """HiveD on three 4-GPU nodes, VCs a and b one node each: a's job runs on the node its cell
+    bound to; a drain with preemption of that physical node requeues it (a preemption, not a
+    failure), and it restarts on another node's GPUs, never the drained one."""
+    from tests.core.test_hived import THREE_NODES, hived, job
+
+    s = hived(THREE_NODES)
+    drains = NodeDrains()
+    s.submit(job("a1", "a"), 0)
+    (start,) = s.decide(0).actions
+    assert isinstance(start, Start)
+    node = s.cluster.gpu_node[start.gpus[0]]
+    name = s.cluster.nodes[node].name
+    (stop,) = drains.drain(s, name, 5, reason="fan", preempt=True)
+    assert (stop.job_id, stop.gpus, stop.by_job_id) == ("a1", start.gpus, f"drain of node {name}")
+    a1 = s.jobs["a1"]
+    assert (a1.status, a1.preemptions, a1.failures) == (JobStatus.PENDING, 1, 0)
+    drains.hold(s)
+    (again,) = s.decide(5).actions
+    assert isinstance(again, Start) and again.job_id == "a1"
+    assert all(s.cluster.gpu_node[g] != node for g in again.gpus)
