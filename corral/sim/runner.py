@@ -168,18 +168,22 @@ def build_cluster(
     return cluster, DEFAULT_VCS, {"default": cluster.total_gpus}
 
 
-def node_changes_of(settings: RunSettings, trace: Trace, cluster: Cluster) -> list[NodeChange]:
+def node_changes_of(
+    settings: RunSettings, trace: Trace | None, cluster: Cluster
+) -> list[NodeChange]:
     """The drains and resumes a run applies (corral.core.nodes): the trace's (a live manager's,
     exported) and the maintenance windows of `--config`, in time order. A trace's change of a
     node the cluster lacks (`--config` replaced its nodes) is refused, naming it."""
     names = {node.name for node in cluster.nodes}
-    for change in trace.node_changes:
-        if change.node not in names:
-            raise SimulationError(
-                f"{trace.source}: a node change at {change.at:g} s names node {change.node!r}, "
-                "which the cluster does not have"
-            )
-    changes = list(trace.node_changes)
+    changes: list[NodeChange] = []
+    if trace is not None:  # (a streamed trace carries none)
+        changes = list(trace.node_changes)
+        for change in changes:
+            if change.node not in names:
+                raise SimulationError(
+                    f"{trace.source}: a node change at {change.at:g} s names node "
+                    f"{change.node!r}, which the cluster does not have"
+                )
     if settings.config is not None:
         from corral.config_file import load_cluster_config
 
@@ -971,6 +975,7 @@ def _run_streamed(
             on_decision=written.decided if settings.decisions else None,
             keep_ended=False,
             timeline=TimelineTotals(total_gpus=run_cluster.total_gpus),
+            node_changes=node_changes_of(settings, None, run_cluster),
         )
         result = simulation.run()
         result.stats = written.finish(result.jobs)
