@@ -333,6 +333,21 @@ class Client:
         """Nodes and their GPUs (with the job holding each), and the VCs."""
         return self._request("GET", "/cluster")
 
+    def nodes(self) -> list[dict]:
+        """Every node: state (up, draining, drained, down), reason, by, since, GPUs, jobs."""
+        return self._request("GET", "/nodes")
+
+    def drain_node(self, node: str, reason: str, *, preempt: bool = False) -> dict:
+        """Drain a node (admins only): nothing new starts on it; with `preempt` its jobs are
+        preempted (checkpoint) and queued again, else they finish."""
+        return self._request(
+            "POST", f"/nodes/{_segment(node)}/drain", json={"reason": reason, "preempt": preempt}
+        )
+
+    def resume_node(self, node: str) -> dict:
+        """Bring a drained node back (admins only)."""
+        return self._request("POST", f"/nodes/{_segment(node)}/resume")
+
     def profiles(self) -> list[dict]:
         """Measured throughput per VC, model and placement shape (steps/s): {model, gpu_type,
         gpus, nodes, colocated, vc, shared, steps_per_s, samples_per_s, seconds, runs,

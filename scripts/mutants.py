@@ -404,6 +404,40 @@ MUTANTS = [
             "test_cache_aware_placement_sends_a_job_to_the_node_that_caches_its_data",
         ),
     ),
+    Mutant(
+        "drain-ignored",
+        "Node lifecycle: drain (with or without `--preempt`), resume",
+        "a drained node's free GPUs are never held out: jobs start there as on any node",
+        "corral/core/nodes.py",
+        (
+            (
+                "        if not self.drained:\n            return\n",
+                "        if True:\n            return\n",
+            ),
+        ),
+        ("tests/core/test_nodes.py", "tests/sim/test_maintenance.py"),
+        (
+            "tests/server/test_nodes_live.py::test_a_drained_node_lets_its_job_finish_and_the_next_job_starts_on_the_other",
+            "tests/server/test_nodes_replay.py",
+        ),
+    ),
+    Mutant(
+        "drain-preempt-ignored",
+        "Node lifecycle: drain (with or without `--preempt`), resume",
+        "a drain with --preempt preempts nothing: the node's jobs run on",
+        "corral/core/nodes.py",
+        (
+            (
+                "        stops = core.evict_node(node, now, drain_label(name)) if preempt else []\n",
+                "        stops = []\n",
+            ),
+        ),
+        ("tests/core/test_nodes.py", "tests/sim/test_maintenance.py"),
+        (
+            "tests/server/test_nodes_live.py::test_a_drain_with_preempt_requeues_the_job_which_restarts_elsewhere",
+            "tests/server/test_nodes_replay.py",
+        ),
+    ),
 ]
 
 

@@ -36,6 +36,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "vc": ("corral.cli.client:vc_group", "Virtual clusters (teams' GPU shares)."),
     "token": ("corral.cli.client:token_group", "API tokens (admins only)."),
     "profile": ("corral.cli.client:profile_group", "Throughput measured per VC and model."),
+    "node": ("corral.cli.node:node_group", "Nodes: their state, drain and resume (admins)."),
     "up": (TOOLS, "Run the manager: API, dashboard, scheduler, executor."),
     "export-trace": (TOOLS, "Write the manager's job history as a trace."),
     "config": (TOOLS, "Show or check a scheduler config."),

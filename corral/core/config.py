@@ -34,6 +34,10 @@ Rules (each violation is a ConfigError whose message starts with the offending k
   The VCs together must fit in the cluster: going from the biggest cell types down, the cells of a
   type available to VCs are the physical ones plus those inside the bigger cells no VC was given;
   asking for more is refused, naming the type, the total asked and the number available.
+- ``maintenance`` (the simulator's): a list of ``{node, start, end, reason, preempt}``, a node
+  drained from ``start`` to ``end`` (seconds on the simulation's clock; no ``end``: to the end of
+  the run), its attempts preempted at ``start`` with ``preempt: true`` (docs/simulator.md). The
+  node must be one of the cluster's (a node-level cell's name) and ``end`` after ``start``.
 - No ``virtual_clusters`` (or an empty mapping) gives one VC, ``default``, the whole cluster: it is
   returned as ``{"default": {}}``; an empty cell map means "the whole cluster" and only arises so.
 """
@@ -49,6 +53,7 @@ from pydantic import BaseModel, ConfigDict, PlainValidator, StrictBool, Validati
 from pydantic_core import PydanticCustomError
 
 from corral.core.cluster import Cell, Cluster, ClusterError
+from corral.core.nodes import NodeChange, maintenance_changes
 
 DEFAULT_VC = "default"
 # Counts that would build a bigger tree are a typo, not a cluster: refuse them before building.
@@ -70,6 +75,8 @@ class ConfigError(ValueError):
 class ClusterConfig:
     cluster: Cluster
     virtual_clusters: dict[str, dict[str, int]]  # VC -> {cell type: count}; {} = whole cluster
+    #: The simulator's maintenance windows as drains and resumes, in time order (`maintenance`).
+    maintenance: tuple[NodeChange, ...] = ()
 
 
 # -- shape (pydantic) ---------------------------------------------------------------------------
@@ -128,10 +135,35 @@ class PhysicalCellSpec(_Strict):
     names: list[CellName] | None = None
 
 
+def _seconds(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+        raise PydanticCustomError(
+            "seconds", "must be a number of seconds >= 0, got {got}", {"got": _show(value)}
+        )
+    if value == float("inf"):
+        raise PydanticCustomError("seconds", "must be finite, got {got}", {"got": _show(value)})
+    return float(value)
+
+
+Seconds = Annotated[float, PlainValidator(_seconds)]
+
+
+class MaintenanceSpec(_Strict):
+    """A node drained from `start` to `end` (seconds on the simulation's clock; no end: drained
+    to the end of the run), its attempts preempted at the start with `preempt`."""
+
+    node: VcName
+    start: Seconds
+    end: Seconds | None = None
+    reason: VcName = "maintenance"
+    preempt: StrictBool = False
+
+
 class ClusterConfigSpec(_Strict):
     cell_types: dict[CellName, CellTypeSpec]
     physical_cells: list[PhysicalCellSpec]
     virtual_clusters: dict[VcName, dict[CellName, Count]] | None = None
+    maintenance: list[MaintenanceSpec] | None = None
 
 
 _SHAPE_ERRORS = {
@@ -167,6 +199,8 @@ def _allowed_keys(parent: list[int | str]) -> list[str]:
         model = CellTypeSpec
     elif len(parent) == 2 and parent[0] == "physical_cells":
         model = PhysicalCellSpec
+    elif len(parent) == 2 and parent[0] == "maintenance":
+        model = MaintenanceSpec
     return list(model.model_fields)
 
 
@@ -479,7 +513,30 @@ def parse_cluster_config(data: object) -> ClusterConfig:
         cluster = Cluster(_build_tree(types, infos, nodes, cells))
     except ClusterError as error:  # the checks above should make this unreachable
         raise ConfigError("physical_cells", str(error)) from None
-    return ClusterConfig(cluster=cluster, virtual_clusters=virtual_clusters)
+    maintenance = _maintenance(spec.maintenance or [], cluster)
+    return ClusterConfig(
+        cluster=cluster, virtual_clusters=virtual_clusters, maintenance=maintenance
+    )
+
+
+def _maintenance(windows: list[MaintenanceSpec], cluster: Cluster) -> tuple[NodeChange, ...]:
+    """The windows as drains and resumes; a node the cluster lacks, or an end not after its
+    start, is refused naming the window."""
+    names = {node.name for node in cluster.nodes}
+    for number, window in enumerate(windows):
+        if window.node not in names:
+            hint = _hint(window.node, sorted(names))
+            raise ConfigError(f"maintenance.{number}.node", f"no node {window.node!r}{hint}")
+        if window.end is not None and window.end <= window.start:
+            raise ConfigError(
+                f"maintenance.{number}.end",
+                f"must be after start ({window.start:g}), got {window.end:g}",
+            )
+    return tuple(
+        maintenance_changes(
+            [(w.node, w.start, w.end, w.reason, w.preempt) for w in windows],
+        )
+    )
 
 
 def vc_gpu_quota(config: ClusterConfig) -> dict[str, int]:

@@ -459,6 +459,10 @@ class ElasticScheduler:
     def node_recovered(self, node: int) -> None:
         self.inner.node_recovered(node)
 
+    def evict_node(self, node: int, now: float, by: str) -> list[Preempt]:
+        """As `Scheduler.evict_node`: the jobs are planned again as they wait."""
+        return self.inner.evict_node(node, now, by)
+
     def cancel(self, job_id: str, now: float) -> Job:
         if self.jobs[job_id].status is JobStatus.REFUSED:
             return self.jobs[job_id]

@@ -107,6 +107,11 @@ class SchedulerCore(Protocol):
 
     def node_recovered(self, node: int) -> None: ...
 
+    def evict_node(self, node: int, now: float, by: str) -> list[Preempt]:
+        """Preempt every attempt on the node (checkpoint, requeued, `by` their cause): an
+        operator's drain with preemption (corral.core.nodes)."""
+        ...
+
     def take_offline(self, gpus: Iterable[int]) -> None:
         """Hold free GPUs out of allocation (a node leaving, processes that would not end)."""
         ...

@@ -213,6 +213,17 @@ class SchedulerState:
     def node_recovered(self, node: int) -> None:
         self.bring_online(self.cluster.node_gpus[node])
 
+    def evict_node(self, node: int, now: float, by: str) -> list[Preempt]:
+        """Stop every attempt on the node through its checkpoint contract and queue its job
+        again (an operator's drain with preemption, corral.core.nodes): preemptions by `by`, not
+        failures, so no retry is used."""
+        hit = [
+            job
+            for job in self.running_jobs()
+            if job.node == node or any(self.cluster.gpu_node[g] == node for g in job.placement)
+        ]
+        return [self.evict(job.id, now, by) for job in hit if job.status is JobStatus.RUNNING]
+
     def take_offline(self, gpus: Iterable[int]) -> None:
         """Hold free GPUs out of allocation (GPUs in use must be freed first)."""
         free = [g for g in gpus if self.cluster.gpu_free[g]]

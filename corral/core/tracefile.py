@@ -6,6 +6,7 @@ and jobs in any order:
     {"kind": "trace", "version": 1, "time_origin": 1760000000.0, "throughputs": "h.throughputs.json"}
     {"kind": "node", "name": "a1", "gpus": 4, "gpu_type": "a100", "rack": "r0", ...}
     {"kind": "job", "id": "7", "submit_time": 12.0, "gpus": 2, "duration_s": 340.0, ...}
+    {"kind": "node_change", "at": 95.0, "node": "a1", "state": "draining", "reason": "...", "preempt": false}
 
 A job line holds every field of `JobSpec` (`job_record` writes them all; a reader needs only
 `id`, `submit_time` and `gpus`, the others default as in `JobSpec`), times in seconds since the
@@ -19,6 +20,9 @@ seconds it restored on each resume (`restore_s`, measured) and when it ended (`f
 throughput table the jobs' speeds come from (`throughputs`: a Gavel-format file, a path relative
 to the trace's own directory; `corral.core.profiles.Profiles.from_gavel` reads it) and the
 live manager's decision log (`decisions`, the same way), which a replay compares its own with.
+A node_change line is an operator's drain (`state` "draining", `preempt` whether its attempts
+were preempted) or resume (`state` "resumed") of a node at `at` (corral.core.nodes.NodeChange):
+the replay applies it at that instant.
 
 `corral export-trace` writes this format (corral.server.export) and `corral simulate` reads it
 (corral.sim.traces.corral): both go through the functions here, so a field means the same in
@@ -42,12 +46,15 @@ from typing import Any
 from corral.core.cluster import NodeDef
 from corral.core.gates import Gates
 from corral.core.job import Elastic, JobSpec, Priority
+from corral.core.nodes import NodeChange
 
 VERSION = 1
 #: Fields of a job record that are not the core's: what the shell that wrote it knew.
 JOB_EXTRAS = ("status", "name")
 #: Fields of a job record a replay decides from besides the spec (`JobReplay`).
 REPLAY_FIELDS = ("after", "array", "holds", "failures", "restore_s", "finished_at")
+NODE_CHANGE_FIELDS = ("kind", "at", "node", "state", "reason", "preempt")
+NODE_CHANGE_STATES = ("draining", "resumed")
 HEADER_FIELDS = ("kind", "version", "time_origin", "throughputs", "decisions", "source")
 NODE_FIELDS = (
     "kind",
@@ -154,6 +161,17 @@ def node_record(node: NodeDef) -> dict[str, Any]:
     }
 
 
+def node_change_record(change: NodeChange) -> dict[str, Any]:
+    return {
+        "kind": "node_change",
+        "at": change.at,
+        "node": change.node,
+        "state": "draining" if change.drain else "resumed",
+        "reason": change.reason,
+        "preempt": change.preempt,
+    }
+
+
 def job_record(spec: JobSpec, replay: JobReplay | None = None, **extras: Any) -> dict[str, Any]:
     """Every field of the spec (times as they are: the caller makes them relative to the
     origin), then `extras` (`status`, `name`), then what `replay` holds (its fields at their
@@ -235,12 +253,12 @@ def decision_order(record: Mapping[str, Any]) -> tuple[float, int, str]:
 
 
 def kind_of(record: object) -> str:
-    """The record's `kind`: trace, node or job."""
+    """The record's `kind`: trace, node, job or node_change."""
     if not isinstance(record, Mapping):
         raise RecordError(f"record: expected a JSON object, got {_show(record)}")
     kind = record.get("kind")
-    if kind not in ("trace", "node", "job"):
-        raise RecordError(f"kind: must be trace, node or job, got {_show(kind)}")
+    if kind not in ("trace", "node", "job", "node_change"):
+        raise RecordError(f"kind: must be trace, node, job or node_change, got {_show(kind)}")
     return str(kind)
 
 
@@ -277,6 +295,21 @@ def read_node(record: Mapping[str, Any]) -> NodeDef:
         cpu_milli=_opt_int(record, "cpu_milli", None),
         memory_mib=_opt_int(record, "memory_mib", None),
     )
+
+
+def read_node_change(record: Mapping[str, Any]) -> NodeChange:
+    """The drain or resume a node_change record holds (`at` on the trace's clock)."""
+    _known(record, NODE_CHANGE_FIELDS)
+    at = _req_number(record, "at")
+    node = _req_text(record, "node")
+    state = record.get("state")
+    if state not in NODE_CHANGE_STATES:
+        raise RecordError(f"state: must be draining or resumed, got {_show(state)}")
+    preempt = record.get("preempt", False)
+    if not isinstance(preempt, bool):
+        raise RecordError(f"preempt: must be true or false, got {_show(preempt)}")
+    reason = _opt_text(record, "reason", "", empty=True) or ""
+    return NodeChange(at, node, state == "draining", reason, preempt)
 
 
 def read_job(record: Mapping[str, Any]) -> JobSpec:

@@ -55,6 +55,8 @@ LOG_CHUNK = 1 << 20  # at most 1 MiB of a log per call
 LOG_MAX_OFFSET = 1 << 62  # beyond any file (ext4 stops at 2**44, btrfs and XFS at 2**63)
 LOG_MAX_TAIL = 1_000_000  # lines
 LOG_MAX_INDEX = 1_000_000  # attempts, ranks
+#: The longest reason a drain may give.
+MAX_REASON_CHARS = 512
 TOKEN_FIELDS = ("user", "vc", "admin", "unix_user", "expires_in_seconds")
 #: The answer to any call while the store fails (503): nothing was changed, the call may be
 #: repeated (`Retry-After` seconds later).
@@ -560,6 +562,58 @@ def create_app(manager: Manager) -> FastAPI:
             "vcs": list_vcs(who),
             "policy": manager.settings.scheduler.core.policy,
         }
+
+    # -- nodes (corral.server.nodes) --------------------------------------------------------------
+
+    @app.get("/api/v1/nodes", tags=["nodes"])
+    def list_nodes(who: Caller) -> list[dict[str, Any]]:
+        """Every node: `state` (up, draining, drained, down), `reason`, `by`, `since`, its GPUs
+        (`gpus`, `gpus_used`, `gpus_free`) and the jobs on it (those the caller may see)."""
+        views = manager.node_views()
+        if not who.admin:
+            ids = {job_id for view in views for job_id in view["jobs"]}
+            rows = {row.id: row for row in store.list_jobs(ids=ids)}
+            for view in views:
+                view["jobs"] = [
+                    job_id
+                    for job_id in view["jobs"]
+                    if job_id in rows and auth.can_read_job(who, rows[job_id].user, rows[job_id].vc)
+                ]
+        return views
+
+    @app.post("/api/v1/nodes/{name}/drain", tags=["nodes"])
+    def drain_node(
+        name: str, who: Caller, body: Annotated[dict[str, Any], Body()]
+    ) -> dict[str, Any]:
+        """Drain the node (admins only): `{"reason": TEXT, "preempt": false}`. Nothing new
+        starts on it; its jobs finish, or with `preempt` are preempted (checkpoint) and queued
+        again. 404 naming the node if there is none."""
+        admins_only(who, "drain a node")
+        only_fields(body, ("reason", "preempt"))
+        reason, preempt = body.get("reason"), body.get("preempt", False)
+        if not isinstance(reason, str) or not reason.strip():
+            raise HTTPException(422, "reason: must be a non-empty string")
+        if len(reason) > MAX_REASON_CHARS or not reason.isprintable():
+            raise HTTPException(
+                422,
+                f"reason: at most {MAX_REASON_CHARS} characters, none of them control characters",
+            )
+        if not isinstance(preempt, bool):
+            raise HTTPException(422, "preempt: must be true or false")
+        try:
+            return manager.drain_node(name, reason.strip(), who.user, preempt=preempt)
+        except ControlError as error:
+            raise HTTPException(error.status, str(error)) from None
+
+    @app.post("/api/v1/nodes/{name}/resume", tags=["nodes"])
+    def resume_node(name: str, who: Caller) -> dict[str, Any]:
+        """Bring a drained node back (admins only; 404 for an unknown node, 409 for one that is
+        not drained)."""
+        admins_only(who, "resume a node")
+        try:
+            return manager.resume_node(name, who.user)
+        except ControlError as error:
+            raise HTTPException(error.status, str(error)) from None
 
     @app.get("/api/v1/config", tags=["cluster"])
     def scheduler_config(who: Caller) -> dict[str, Any]:

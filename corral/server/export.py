@@ -6,7 +6,8 @@ Two formats:
   job that ran as the core's JobSpec the manager queued (its model, GPU types, workers' unit,
   priority, deadline, elastic range, ...), its `duration_s` the work it did in ideal seconds
   (`job_work`), and what the manager decided its fate from outside the core (`job_replay`: its
-  dependencies, array and cap, holds, failed attempts, measured restore). Beside it the store's
+  dependencies, array and cap, holds, failed attempts, measured restore), and the operators'
+  drains and resumes of nodes at their instants (`node_change` lines). Beside it the store's
   measured throughputs (`NAME.throughputs.json`, Gavel's
   format: `Profiles.to_gavel`), which the replay's speeds come from, and the decisions the
   manager made (`NAME.decisions.jsonl`: `decision_log`), to compare with the replay's.
@@ -34,15 +35,18 @@ from corral.core.cluster import Cluster
 from corral.core.framework import CoreOptions, config_from_mapping
 from corral.core.gates import Gates
 from corral.core.job import Job, JobSpec
+from corral.core.nodes import NodeChange
 from corral.core.tracefile import (
     JobReplay,
     RecordedFailure,
     decision_order,
     header_record,
     job_record,
+    node_change_record,
     node_record,
 )
 from corral.server.factory import CONFIG_KEY, measured_spec, stored_nodes
+from corral.server.nodes import DRAINING, RESUMED
 from corral.server.spec import JobSpecModel, SpecError, array_tasks, parse_job_spec
 from corral.server.store import AttemptRow, JobRow, ProgressRow, Store
 from corral.server.telemetry import stored_profiles
@@ -236,6 +240,7 @@ def export_corral(store: Store, out: Path) -> CorralExport:
         )
     ]
     lines += [node_record(node) for node in nodes]
+    lines += [node_change_record(change) for change in node_changes(store, origin)]
     for spec, row, model, attempts, restore in specs:
         shifted = dataclasses.replace(
             spec,
@@ -252,6 +257,17 @@ def export_corral(store: Store, out: Path) -> CorralExport:
     )
     _write_lines(result.decisions, decision_log(store, origin, [row.id for _, row, *_ in specs]))
     return result
+
+
+def node_changes(store: Store, origin: float) -> list[NodeChange]:
+    """The operators' drains and resumes of nodes, at their instants since `origin` (one before
+    the first job's submission, at 0: nothing ran before it)."""
+    return [
+        NodeChange(
+            max(0.0, row.at - origin), row.node, row.state == DRAINING, row.reason, row.preempt
+        )
+        for row in store.node_changes((DRAINING, RESUMED))
+    ]
 
 
 def measured_restore(
@@ -325,7 +341,7 @@ def job_replay(
     )
 
 
-_PREEMPTED_BY = re.compile(r"preempted by job (\S+)")
+_PREEMPTED_BY = re.compile(r"preempted by (?:job (\S+)|(drain of node \S+))")
 
 
 def decision_log(store: Store, origin: float, job_ids: list[str]) -> list[dict[str, object]]:
@@ -361,7 +377,7 @@ def decision_log(store: Store, origin: float, job_ids: list[str]) -> list[dict[s
                     "action": "preempt",
                     "job": job_id,
                     "gpus": [] if attempt is None else [str(name) for name in attempt.gpus],
-                    "by": found.group(1) if found else None,
+                    "by": (found.group(1) or found.group(2)) if found else None,
                 }
             )
     return sorted(records, key=decision_order)

@@ -35,6 +35,7 @@ from pathlib import Path
 from corral.core.actions import Preempt, Respeed, Start
 from corral.core.cluster import Cluster, NodeDef
 from corral.core.job import Job, JobStatus
+from corral.core.nodes import drain_label
 from corral.core.profiles import Shape
 from corral.core.retry import FailureReport
 from corral.exec.local import (
@@ -55,6 +56,7 @@ from corral.server.datacache import LiveCache
 from corral.server.factory import MIN_GITTINS_HISTORY, SchedulerFactory
 from corral.server.holders import GpuHolders
 from corral.server.metrics import ManagerMetrics
+from corral.server.nodes import NodeLifecycle
 from corral.server.recovery import Recovery
 from corral.server.spec import JobSpecModel, job_env, signal_number
 from corral.server.state import (
@@ -84,6 +86,10 @@ REBUILD_RETRY_S = 1.0
 OUTAGE_LOG_S = 30.0
 
 
+#: How the cause of a drain's preemptions begins (corral.core.nodes.drain_label).
+DRAIN_PREFIX = drain_label("")
+
+
 class Manager(
     SubmissionCommitter,
     Recovery,
@@ -92,6 +98,7 @@ class Manager(
     LiveCache,
     JobControls,
     BulkControls,
+    NodeLifecycle,
 ):
     """The live manager: its state, the control loop and the attempts; the parts it is composed
     of (its bases) each hold one concern (see the module's docstring)."""
@@ -161,6 +168,7 @@ class Manager(
         self._ending: dict[str, FailureReport] = {}
         self._next_progress_check = 0.0
         self._init_controls()  # hold, arrays, dependencies (corral.server.controls)
+        self._init_nodes()  # drains, from the store (corral.server.nodes)
         self._pristine_cluster = copy.deepcopy(cluster)  # to rebuild the core from the store
         self._dirty = True
         self._wake_at: float | None = None
@@ -180,6 +188,8 @@ class Manager(
         self.round_seconds: list[float] = []  # the latest 1,000 rounds' (benchmarks read them)
         self.metrics = ManagerMetrics()  # counters and histograms for /metrics
         self.metrics.watch(self)
+        with self.store.batch():
+            self._note_node_states(self.clock())  # the nodes it starts with, if new
 
     # -- set-up -------------------------------------------------------------------------------
 
@@ -376,8 +386,11 @@ class Manager(
                     self._next_node_check = now + self.settings.node_check_s
                     self._refresh_nodes()
                     deciding = deciding or self._dirty  # rebuilt, or nodes came back
+                    with self.store.batch():
+                        self._note_node_states(now)  # joined, left, offline, online
                 self._hold_unusable()
                 self._hold_tainted(now)
+                self.drains.hold(self.scheduler)  # ends on drained nodes freed GPUs there
                 with self.store.batch():
                     if deciding:
                         self._open_gates(now)  # held, dependencies, array caps
@@ -606,6 +619,8 @@ class Manager(
         """Why the core stopped the job, in the words of its `kind`: preempted, migrated (to make
         room for a job), unpacked (split from the job whose GPUs it shared)."""
         by = action.by_job_id
+        if by.startswith(DRAIN_PREFIX):  # an operator drained its node (corral.server.nodes)
+            return f"preempted by {by}"
         if action.kind == "migrated":
             return f"migrated to make room for job {by}"
         if action.kind == "unpacked":

@@ -182,6 +182,14 @@ class ManagerCollector(Collector):
         yield running
         yield allocated
         yield guaranteed
+        node_state = GaugeMetricFamily(
+            "corral_node_state",
+            "1 for the state each node is in (up, draining, drained, down), 0 for the others.",
+            labels=["node", "state"],
+        )
+        for node, state, value in manager.node_state_counts():
+            node_state.add_metric([node, state], value)
+        yield node_state
         up = GaugeMetricFamily(
             "corral_store_up",
             "1 while the store answers and the manager's state is the store's; 0 from a failed "

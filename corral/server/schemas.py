@@ -279,7 +279,8 @@ ERRORS = {
     "404": "no such job (or one this token may not see), or no such item",
     "413": "the request body is larger than the server's limit (1 MiB by default)",
     "409": "the job's state does not allow it (holding a running job, releasing one not "
-    "held, requeueing a pending one), or its log is not a regular file",
+    "held, requeueing a pending one), or its log is not a regular file; resuming a node not "
+    "drained",
     "422": "a refused parameter or body: a NUL character, a number out of range, invalid "
     "JSON, a refused job spec",
     "503": "the store is unavailable: try again (Retry-After)",
@@ -294,6 +295,7 @@ FORBIDDEN = (
     ("get", "/api/v1/export"),  # admins only
     ("post", "/api/v1/profiles/share"),  # admins only (and /unshare)
     ("post", "/api/v1/profiles/unshare"),
+    ("post", "/api/v1/nodes/"),  # admins only: drain, resume
 )
 #: Operations refused (409) when the job's state does not allow them: (method, path), exactly.
 CONFLICT = (
@@ -301,6 +303,7 @@ CONFLICT = (
     ("post", "/api/v1/jobs/{job_id}/release"),
     ("post", "/api/v1/jobs/{job_id}/requeue"),
     ("get", "/api/v1/jobs/{job_id}/logs"),
+    ("post", "/api/v1/nodes/{name}/resume"),
 )
 _ERROR_REF = {"$ref": "#/components/schemas/ErrorBody"}
 _BODY_METHODS = ("post", "put", "patch")

@@ -165,6 +165,22 @@ shared_models_table = sa.Table(
     sa.Column("marked_at", sa.Double, nullable=False),
 )
 
+#: Every change of a node's state, in order (corral.server.nodes): an operator's drain and resume
+#: (`state` "draining", "resumed"; `actor` who, `preempt` whether its attempts were preempted) and
+#: what the manager saw of the cluster (`state` "joined", "left", "offline", "online"; `actor`
+#: "manager"). A restarted manager takes its drains from here; export-trace carries them.
+node_changes_table = sa.Table(
+    "node_changes",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("at", sa.Double, nullable=False),
+    sa.Column("node", sa.String, nullable=False, index=True),
+    sa.Column("state", sa.String, nullable=False),
+    sa.Column("reason", sa.Text, nullable=False),
+    sa.Column("actor", sa.String, nullable=False),
+    sa.Column("preempt", sa.Boolean, nullable=False),
+)
+
 meta_table = sa.Table(
     "meta",
     metadata,
@@ -482,6 +498,19 @@ class EventRow:
 
 #: A token's public id: this many hex digits of its SHA-256 (the secret's hash, not the secret).
 TOKEN_ID_CHARS = 12
+
+
+@dataclass(frozen=True, slots=True)
+class NodeChangeRow:
+    """One change of a node's state (node_changes_table)."""
+
+    id: int
+    at: float
+    node: str
+    state: str
+    reason: str
+    actor: str
+    preempt: bool
 
 
 @dataclass(slots=True)
@@ -1200,6 +1229,44 @@ class Store:
                 connection.execute(table.delete().where(table.c.model == model))
                 return True
             return False
+
+    # -- node changes -----------------------------------------------------------------------------
+
+    def add_node_change(
+        self,
+        at: float,
+        node: str,
+        state: str,
+        reason: str,
+        actor: str,
+        *,
+        preempt: bool = False,
+    ) -> None:
+        """Record a change of a node's state (see node_changes_table)."""
+        self._run(
+            node_changes_table.insert(),
+            dict(at=at, node=node, state=state, reason=reason, actor=actor, preempt=preempt),
+        )
+
+    def node_changes(self, states: Iterable[str] | None = None) -> list[NodeChangeRow]:
+        """Every recorded change of node state in order (only those of `states`, if given)."""
+        query = sa.select(node_changes_table).order_by(node_changes_table.c.id)
+        if states is not None:
+            query = query.where(node_changes_table.c.state.in_(list(states)))
+        with self._reading() as connection:
+            rows = list(connection.execute(query).mappings())
+        return [
+            NodeChangeRow(
+                id=row["id"],
+                at=row["at"],
+                node=row["node"],
+                state=row["state"],
+                reason=row["reason"],
+                actor=row["actor"],
+                preempt=bool(row["preempt"]),
+            )
+            for row in rows
+        ]
 
     # -- settings ---------------------------------------------------------------------------------
 

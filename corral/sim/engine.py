@@ -34,6 +34,7 @@ import numpy as np
 
 from corral.core.actions import Action, Start
 from corral.core.job import Job, JobSpec, JobStatus
+from corral.core.nodes import NodeChange, NodeDrains, apply_change, node_index
 from corral.core.precheck import PrecheckState
 from corral.core.protocol import SchedulerCore
 from corral.core.retry import FailureReport
@@ -42,7 +43,7 @@ from corral.sim.failures import AttemptFailure, NodeFailures, PhillyFailures
 from corral.sim.replay import ReplayGates
 from corral.sim.result import SimResult, Timeline
 
-_FINISH, _FAIL, _TIMER, _NODE_DOWN, _NODE_UP, _PROGRESS, _HOLD = 0, 1, 2, 3, 4, 5, 6
+_FINISH, _FAIL, _TIMER, _NODE_DOWN, _NODE_UP, _PROGRESS, _HOLD, _NODE_CHANGE = range(8)
 
 #: Seconds after an attempt's start and restore at which a simulated job first reports progress
 #: (`--precheck-report-s`): the retry rule's `fast_fail_s` default, the window corral already
@@ -90,6 +91,19 @@ class FailureModel:
         return None
 
 
+def drained_idle(scheduler: SchedulerCore, drains: NodeDrains) -> int:
+    """GPUs of drained nodes that no job runs on (held out of allocation, not in use)."""
+    cluster = scheduler.cluster
+    used = {g for job in scheduler.running_jobs() for g in job.placement}
+    return sum(
+        1
+        for node in cluster.nodes
+        if node.name in drains.drained
+        for g in cluster.node_gpus[node.index]
+        if g not in used
+    )
+
+
 class Simulation:
     def __init__(
         self,
@@ -111,6 +125,7 @@ class Simulation:
         keep_ended: bool = True,
         timeline: Timeline | None = None,
         replay: Mapping[str, JobReplay] | None = None,
+        node_changes: Sequence[NodeChange] = (),
     ) -> None:
         """Replay `jobs` through `scheduler` (any `SchedulerCore`: corral.core.framework builds
         them). `failures` draws the attempts that fail (and sets every job's `max_retries` to its
@@ -133,10 +148,17 @@ class Simulation:
 
         `replay`: what a live manager decided each job's fate from besides its spec (a corral
         trace's `JobReplay`s, by job id): gates, holds, failed attempts and restores are then
-        replayed (corral.sim.replay; `self.gates.notes`: what it could not replay)."""
+        replayed (corral.sim.replay; `self.gates.notes`: what it could not replay).
+
+        `node_changes`: operators' drains and resumes of nodes (a live manager's, from its
+        trace, or a cluster config's maintenance windows), each applied at its instant
+        (corral.core.nodes): a drained node starts nothing new, a drain with `preempt` preempts
+        its attempts at once."""
         if not precheck_report_s > 0:
             raise ValueError(f"precheck_report_s must be positive, got {precheck_report_s}")
         self.precheck_report_s = precheck_report_s
+        self.node_changes = list(node_changes)
+        self.drains = NodeDrains()
         self.record_decisions = record_decisions
         self.on_end = on_end
         self.on_decision = on_decision
@@ -255,6 +277,12 @@ class Simulation:
                 job_events += 1
                 heapq.heappush(events, (at, order, _HOLD, job_id, int(held)))
 
+        drains = self.drains
+        for number, change in enumerate(self.node_changes):  # the number: which change it is
+            node_index(cluster, change.node)  # UnknownNode, naming it, before the run
+            order += 1
+            heapq.heappush(events, (change.at, order, _NODE_CHANGE, "", number))
+
         if node_failures is not None:
             for node in range(len(cluster.nodes)):
                 order += 1
@@ -298,7 +326,7 @@ class Simulation:
             at, event_order, kind, job_id, attempt = event
             if kind == _TIMER:
                 return at != wake_at
-            if kind in (_NODE_DOWN, _NODE_UP, _HOLD):
+            if kind in (_NODE_DOWN, _NODE_UP, _HOLD, _NODE_CHANGE):
                 return False
             job = scheduler.jobs.get(job_id)
             if job is None or job.status is not JobStatus.RUNNING or job.attempts != attempt:
@@ -356,6 +384,16 @@ class Simulation:
                     order += 1
                     back_at = now + node_failures.down_for(self.node_rng)
                     heapq.heappush(events, (back_at, order, _NODE_UP, "", node))
+                    continue
+                if kind == _NODE_CHANGE:
+                    change = self.node_changes[attempt]
+                    for stop in apply_change(drains, scheduler, change, now):
+                        if self.record_decisions:
+                            decisions.append((now, stop))
+                        if self.on_decision is not None:
+                            self.on_decision(now, stop)
+                    for node in down:  # a resume gives back a dead node's GPUs: held again
+                        scheduler.take_offline(cluster.node_gpus[node])
                     continue
                 if kind == _NODE_UP:
                     assert node_failures is not None
@@ -416,6 +454,7 @@ class Simulation:
                         scheduler.cancel(stopped.id, now)
                     stopped.last_event = "its dependency did not succeed in the replay"
                     count_end(stopped)
+            drains.hold(scheduler)  # ends on drained nodes freed GPUs there
             decision = scheduler.decide(now)
             for action in decision.actions:
                 if self.record_decisions:
@@ -484,9 +523,11 @@ class Simulation:
                 job_events += 1
                 heapq.heappush(events, (wake, order, _TIMER, "", 0))
             free = cluster.free_gpus
+            held = drained_idle(scheduler, drains) if drains.drained else 0
             timeline.record(
                 now,
-                max(0, cluster.total_gpus - free - offline_gpus),  # a dead node's GPUs: not in use
+                # a dead node's GPUs, and a drained node's idle ones: not in use
+                max(0, cluster.total_gpus - free - offline_gpus - held),
                 scheduler.pending_count,
                 scheduler.running_count,
                 free - cluster.free_in_whole_nodes(),

@@ -27,6 +27,7 @@ from corral.core.framework import (
 )
 from corral.core.gputypes import TypeLog
 from corral.core.job import Elastic, Job, JobSpec, Priority
+from corral.core.nodes import NodeChange
 from corral.core.options import OptionError
 from corral.core.plugin import PluginError, Services, SpeedModel
 from corral.core.policy import POLICIES
@@ -165,6 +166,29 @@ def build_cluster(
         settings.gpus_per_switch,
     )
     return cluster, DEFAULT_VCS, {"default": cluster.total_gpus}
+
+
+def node_changes_of(
+    settings: RunSettings, trace: Trace | None, cluster: Cluster
+) -> list[NodeChange]:
+    """The drains and resumes a run applies (corral.core.nodes): the trace's (a live manager's,
+    exported) and the maintenance windows of `--config`, in time order. A trace's change of a
+    node the cluster lacks (`--config` replaced its nodes) is refused, naming it."""
+    names = {node.name for node in cluster.nodes}
+    changes: list[NodeChange] = []
+    if trace is not None:  # (a streamed trace carries none)
+        changes = list(trace.node_changes)
+        for change in changes:
+            if change.node not in names:
+                raise SimulationError(
+                    f"{trace.source}: a node change at {change.at:g} s names node "
+                    f"{change.node!r}, which the cluster does not have"
+                )
+    if settings.config is not None:
+        from corral.config_file import load_cluster_config
+
+        changes += load_cluster_config(settings.config).maintenance
+    return sorted(changes, key=lambda change: change.at)
 
 
 def check_fits(trace: Trace, cluster: Cluster, skip: bool) -> tuple[list[JobSpec], int]:
@@ -701,6 +725,7 @@ def _run_policy(
         precheck_report_s=settings.precheck_report_s,
         record_decisions=settings.decisions or checked,
         replay=trace.replay,
+        node_changes=node_changes_of(settings, trace, scheduler.cluster),
     )
     result = simulation.run()
     if checked and trace.decision_log is not None:
@@ -950,6 +975,7 @@ def _run_streamed(
             on_decision=written.decided if settings.decisions else None,
             keep_ended=False,
             timeline=TimelineTotals(total_gpus=run_cluster.total_gpus),
+            node_changes=node_changes_of(settings, None, run_cluster),
         )
         result = simulation.run()
         result.stats = written.finish(result.jobs)

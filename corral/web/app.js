@@ -8,6 +8,7 @@
   const TOKEN_KEY = "corral.token";
   const RECENT_JOBS = 200;
   const QUEUE_JOBS = 100;
+  const MAX_NODE_ROWS = 64; // a larger cluster's nodes: `corral node ls`
   const LOG_CHUNK_BYTES = 1 << 20; // the server's largest log reply
   const LOG_KEEP_CHARS = 512 * 1024; // older output is dropped from the page, not the server
   // A VC's colour is the palette entry at its index among the sorted VC names, so it stays the
@@ -352,6 +353,29 @@
     $("vcs-body").replaceChildren(...rows);
   }
 
+  // Each node's state (up, draining, drained, down) with the reason a drain gave, as `corral
+  // node ls` shows it. Shown only where the cluster is small enough to list (MAX_NODE_ROWS).
+  function renderNodeStates(nodes) {
+    if (!changed("node-states", nodes)) return;
+    $("node-states-panel").hidden = nodes.length > MAX_NODE_ROWS;
+    const rows = nodes.slice(0, MAX_NODE_ROWS).map((node) =>
+      el(
+        "tr",
+        { data: { node: node.name, state: node.state } },
+        el("td", {}, node.name),
+        el(
+          "td",
+          { title: node.reason ? `${node.reason}${node.by ? ` (${node.by})` : ""}` : null },
+          el("span", { class: `badge node-${node.state}` }, node.state),
+          node.reason ? ` ${node.reason}` : "",
+        ),
+        el("td", { class: "num" }, `${node.gpus_used}/${node.gpus}`),
+        el("td", {}, node.jobs.join(", ")),
+      ),
+    );
+    $("node-states-body").replaceChildren(...rows);
+  }
+
   function queuePosition(job) {
     const match = /position (\d+) of/.exec(job.reason || "");
     return match ? Number(match[1]) : Number.MAX_SAFE_INTEGER;
@@ -633,15 +657,17 @@
       }
       // The queue comes in the scheduler's order, its first QUEUE_JOBS with the total: with
       // thousands waiting, the page stays as cheap to serve as with a few.
-      const [cluster, recent, queue, running] = await Promise.all([
+      const [cluster, recent, queue, running, nodes] = await Promise.all([
         getJson("/cluster"),
         getJson(`/jobs?limit=${RECENT_JOBS}`),
         getJson(`/queue?limit=${QUEUE_JOBS}`),
         getJson("/jobs?status=RUNNING"),
+        getJson("/nodes"),
       ]);
       if (generation !== state.generation) return;
       showDashboard();
       render(cluster, recent, queue, running);
+      renderNodeStates(nodes);
       if (state.selected) await refreshDetail();
       state.polls += 1;
       document.body.dataset.polls = state.polls;
@@ -693,7 +719,7 @@
     $("banner").hidden = true;
     $("cluster-name").textContent = location.host;
     // nothing a previous token could read stays on the page
-    for (const id of ["nodes", "legend", "vcs-body", "queue", "jobs-body", "log"]) {
+    for (const id of ["nodes", "legend", "vcs-body", "queue", "jobs-body", "log", "node-states-body"]) {
       $(id).replaceChildren();
     }
     $("login").hidden = false;

@@ -10,15 +10,18 @@ import pytest
 
 from corral.core.cluster import NodeDef
 from corral.core.job import Elastic, JobSpec, Priority
+from corral.core.nodes import NodeChange
 from corral.core.tracefile import (
     RecordError,
     header_record,
     job_record,
     kind_of,
+    node_change_record,
     node_record,
     read_header,
     read_job,
     read_node,
+    read_node_change,
 )
 
 FULL = JobSpec(
@@ -96,5 +99,31 @@ def test_a_bad_node_or_header_names_its_field() -> None:
         read_node({"kind": "node", "gpus": 4})
     with pytest.raises(RecordError, match="^version: this corral reads version 1, got 2$"):
         read_header({"kind": "trace", "version": 2})
-    with pytest.raises(RecordError, match="^kind: must be trace, node or job, got 'pod'$"):
+    with pytest.raises(
+        RecordError, match="^kind: must be trace, node, job or node_change, got 'pod'$"
+    ):
         kind_of({"kind": "pod"})
+
+
+def test_a_node_change_round_trips_and_a_bad_one_names_its_field() -> None:
+    change = NodeChange(95.0, "a1", True, "swap a fan", preempt=True)
+    record = node_change_record(change)
+    assert record == {
+        "kind": "node_change",
+        "at": 95.0,
+        "node": "a1",
+        "state": "draining",
+        "reason": "swap a fan",
+        "preempt": True,
+    }
+    assert kind_of(record) == "node_change" and read_node_change(record) == change
+    resumed = node_change_record(NodeChange(99.0, "a1", False))
+    assert read_node_change(resumed) == NodeChange(99.0, "a1", False)
+    with pytest.raises(RecordError, match="^state: must be draining or resumed, got 'down'$"):
+        read_node_change(record | {"state": "down"})
+    with pytest.raises(RecordError, match="^preempt: must be true or false, got 1$"):
+        read_node_change(record | {"preempt": 1})
+    with pytest.raises(RecordError, match="^at: missing$"):
+        read_node_change({k: v for k, v in record.items() if k != "at"})
+    with pytest.raises(RecordError, match="^when: unknown field"):
+        read_node_change(record | {"when": 1})

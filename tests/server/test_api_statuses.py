@@ -67,15 +67,23 @@ def raised_with(node: ast.AST, exception: str) -> ast.expr | None:
 
 
 def control_statuses() -> dict[str, set[str]]:
-    """The statuses of the ControlErrors each of the manager's controls raises."""
-    tree = ast.parse((SERVER / "controls.py").read_text())
+    """The statuses of the ControlErrors each of the manager's controls raises (its job
+    controls and its node controls)."""
+    found: dict[str, set[str]] = {}
+    for module in ("controls.py", "nodes.py"):
+        found |= module_control_statuses(module)
+    return found
+
+
+def module_control_statuses(module: str) -> dict[str, set[str]]:
+    tree = ast.parse((SERVER / module).read_text())
     found: dict[str, set[str]] = {}
     for name, function in functions(tree).items():
         statuses = set()
         for node in own_nodes(function):
             status = raised_with(node, "ControlError")
             if status is not None:
-                assert isinstance(status, ast.Constant), f"controls.py {name}: a status not given"
+                assert isinstance(status, ast.Constant), f"{module} {name}: a status not given"
                 statuses.add(str(status.value))
         found[name] = statuses
     return found

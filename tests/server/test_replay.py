@@ -36,7 +36,8 @@ What may legitimately differ, and how this scenario makes it equal:
   and events that coincide live coincide in the replay.
 
 Not replayed (docs/server.md, export-trace): a job cancelled while it waits after it ran (the
-replay ends it when it was stopped), the user's estimates live srtf orders by, node changes.
+replay ends it when it was stopped), the user's estimates live srtf orders by, the nodes the
+manager saw join or leave (drains are replayed: tests/server/test_nodes_replay.py).
 The last test below replays a run with real processes and the real clock.
 """
 

@@ -351,6 +351,11 @@ def test_dump_shows_gpus_vcs_queue_jobs_and_the_detail(scenario: Scenario, tmp_p
     (free_gpu,) = free
     assert gpus[free_gpu].attrs["data-job"] == "" and "free" in gpus[free_gpu].attrs["class"]
 
+    # The node table: the one node, up, with 3 of its 4 GPUs used by the two running jobs.
+    (node_row,) = dom.by_id("node-states-body").all("data-node", tag="tr")
+    assert (node_row.attrs["data-node"], node_row.attrs["data-state"]) == (NODE, "up")
+    assert "3/4" in node_row.text() and ticker in node_row.text()
+
     legend = {
         e.attrs["data-vc"]: e.attrs.get("data-colour") for e in dom.by_id("legend").all("data-vc")
     }

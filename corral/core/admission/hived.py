@@ -505,6 +505,27 @@ class HivedScheduler:
                     self._unbind_idle(vc, offline)
         return hit
 
+    def evict_node(self, node: int, now: float, by: str) -> list[Preempt]:
+        """Preempt the attempts whose physical GPUs lie on the node (an operator's drain): each
+        through its scheduler, its cells given back as at any stop."""
+        on_node = set(self.cluster.node_gpus[node])
+        stops: list[Preempt] = []
+        for job_id, job in list(self.jobs.items()):
+            if job.status is not JobStatus.RUNNING:
+                continue
+            owner = self._owner[job_id]
+            if not on_node.intersection(self.physical_placement_of(owner, job.placement)):
+                continue
+            if owner == OPPORTUNISTIC:
+                stop = self._evict_opportunistic(job_id, by, now)
+            else:
+                vc = self.vcs[owner]
+                stop = self._release_guaranteed(
+                    vc, self.schedulers[owner].evict(job_id, now, by), now
+                )
+            stops.append(stop)
+        return stops
+
     def _spare_cells(self, vc_name: str, cell_type: str) -> int:
         """Free healthy cells of a type beyond what the other VCs may still bind of it (cells
         inside bigger free cells are not counted: a conservative bound while nodes are dead)."""

@@ -14,6 +14,7 @@ from typing import Any
 from corral.core.cluster import NodeDef
 from corral.core.fragmentation import Workload
 from corral.core.job import JobSpec
+from corral.core.nodes import NodeChange
 from corral.core.profiles import Profiles
 from corral.core.tracefile import JobReplay
 from corral.sim.perfmodel import PerfModel
@@ -58,6 +59,9 @@ class Trace:
     #: The live manager's decisions (a corral trace's `decisions` file), which a replay under the
     #: manager's own policy is compared with.
     decision_log: Path | None = None
+    #: Operators' drains and resumes of nodes, in time order (a corral trace's node_change
+    #: lines): the replay applies each at its instant (corral.core.nodes).
+    node_changes: list[NodeChange] = field(default_factory=list)
 
 
 @dataclass(slots=True)

@@ -21,6 +21,7 @@ from typing import Any
 
 from corral.core.cluster import NodeDef
 from corral.core.job import JobSpec
+from corral.core.nodes import NodeChange
 from corral.core.tracefile import (
     JobReplay,
     RecordError,
@@ -30,6 +31,7 @@ from corral.core.tracefile import (
     read_job,
     read_job_replay,
     read_node,
+    read_node_change,
 )
 from corral.sim.perfmodel import PerfModel, PerfModelError, load_throughputs
 from corral.sim.traces.base import (
@@ -60,6 +62,7 @@ def read(location: str, *, perf: PerfModel | None = None, seed: int = 0, **optio
     throughputs: str | None = None
     decisions: str | None = None
     replay: dict[str, JobReplay] = {}
+    node_changes: list[NodeChange] = []
     origin: float | None = None
     for number, line in enumerate(lines, start=1):
         if not line.strip():
@@ -83,6 +86,8 @@ def read(location: str, *, perf: PerfModel | None = None, seed: int = 0, **optio
                     )
                 node_line[node.name] = number
                 nodes.append(node)
+            elif kind == "node_change":
+                node_changes.append(read_node_change(record))
             else:
                 jobs.append(read_job(record))
                 facts = read_job_replay(record)
@@ -122,6 +127,12 @@ def read(location: str, *, perf: PerfModel | None = None, seed: int = 0, **optio
     note = replay_note(replay)
     if note is not None:
         notes.append(note)
+    if node_changes:
+        drains = sum(change.drain for change in node_changes)
+        notes.append(
+            f"node changes replayed at their instants: {drains} drain(s), "
+            f"{len(node_changes) - drains} resume(s)"
+        )
     return Trace(
         jobs=jobs,
         source=f"corral:{location}",
@@ -131,6 +142,7 @@ def read(location: str, *, perf: PerfModel | None = None, seed: int = 0, **optio
         profiles=profiles,
         replay=replay,
         decision_log=decision_log,
+        node_changes=sorted(node_changes, key=lambda change: change.at),
     )
 
 
