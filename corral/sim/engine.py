@@ -523,11 +523,11 @@ class Simulation:
                 job_events += 1
                 heapq.heappush(events, (wake, order, _TIMER, "", 0))
             free = cluster.free_gpus
-            held = drained_idle(scheduler, drains) if drains.drained else 0
+            drained_gpus = drained_idle(scheduler, drains) if drains.drained else 0
             timeline.record(
                 now,
                 # a dead node's GPUs, and a drained node's idle ones: not in use
-                max(0, cluster.total_gpus - free - offline_gpus - held),
+                max(0, cluster.total_gpus - free - offline_gpus - drained_gpus),
                 scheduler.pending_count,
                 scheduler.running_count,
                 free - cluster.free_in_whole_nodes(),
