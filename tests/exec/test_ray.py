@@ -173,8 +173,20 @@ def test_nodes_are_read_from_ray(executor: RayExecutor) -> None:
 
 def test_two_workers_on_two_nodes_get_the_cores_gpus(executor: RayExecutor, tmp_path: Path) -> None:
     # Ray would hand each 1-GPU actor its device 0; the core chose device 1 on node a.
-    argvs = [[PYTHON, "-c", ENV_DUMP, str(tmp_path / f"env-{rank}.json")] for rank in (0, 1)]
-    argvs[1] = ["/bin/sh", "-c", f'{PYTHON} -c "{ENV_DUMP}" {tmp_path}/env-1.json; exit 3']
+    # Rank 1 fails once rank 0 has written its environment (renamed into place whole): the
+    # failure stops rank 0, which on a loaded machine may not have written it yet.
+    argvs = [
+        [
+            "/bin/sh",
+            "-c",
+            f'{PYTHON} -c "{ENV_DUMP}" {tmp_path}/env-0.tmp && mv {tmp_path}/env-0.tmp {tmp_path}/env-0.json',
+        ],
+        [
+            "/bin/sh",
+            "-c",
+            f'{PYTHON} -c "{ENV_DUMP}" {tmp_path}/env-1.json; until [ -e {tmp_path}/env-0.json ]; do sleep 0.05; done; exit 3',
+        ],
+    ]
     launch = make_launch(tmp_path, argvs, [("a", [1]), ("b", [0])], job_id="10")
     executor.launch(launch)
     (end,) = wait_ended(executor)
