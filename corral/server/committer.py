@@ -12,6 +12,7 @@ have moved, is rebuilt from the store before it decides anything (`Manager._stor
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import threading
 from collections import deque
@@ -24,7 +25,7 @@ from corral.core.protocol import SchedulerCore
 from corral.server import identity
 from corral.server.identity import AccountError
 from corral.server.metrics import ManagerMetrics
-from corral.server.spec import JobSpecModel, SpecError, array_tasks
+from corral.server.spec import JobSpecModel, SpecError, array_tasks, stored_json
 from corral.server.state import ManagerSettings, SubmitError
 from corral.server.store import JobRow, Store, StoreUnavailable
 
@@ -149,7 +150,8 @@ class SubmissionCommitter:
             if self.store.get_job(parent) is None:
                 raise SubmitError(f"after.{position}: no job {parent}")
         indexes = array_tasks(model.array)[0] if model.array is not None else [None]
-        dumped = model.model_dump(mode="json")
+        stored = stored_json(model)
+        dumped = json.loads(stored)  # (what model_dump(mode="json") gives, at a third of its cost)
         with self._inbox_lock:  # ids in the order the core will queue the jobs
             first = str(self.next_id)
             rows = []
@@ -166,6 +168,7 @@ class SubmissionCommitter:
                     spec=dumped,
                     submitted_at=now,
                     unix_user=account,
+                    spec_json=stored,
                 )
                 if index is not None:
                     row.array_id, row.array_index = first, index

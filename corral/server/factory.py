@@ -122,8 +122,10 @@ class SchedulerFactory:
         """Jobs were queued: their shapes join the target workload (the oldest leave it), and a
         placement that measures against it (`retarget`, FGD's) measures against the new one."""
         shapes = self._workload_shapes
+        if shapes is None:  # no placement here measures against a workload
+            return
         new = [TaskShape.of(spec) for spec in specs]
-        if shapes is None or not new:
+        if not new:
             return
         shapes.extend(new)
         retarget = getattr(self.scheduler.placement, "retarget", None)
@@ -229,6 +231,8 @@ def measured_spec(
     them: steps/s (its length, from `total_steps`) and its slowdown when spread over nodes
     (`profile`); `gpu_memory`: each GPU type's memory, for a share asked in GPU memory. The live
     manager queues this; `export-trace` writes it."""
+    if not profiles:  # nothing measured yet: nothing to look up
+        return to_core_spec(model, job_id, submit_time, user, gpu_memory=gpu_memory)
     key = model_key(model)
     return to_core_spec(
         model,

@@ -125,6 +125,7 @@ class Manager(
         self.executor = executor
         self.cluster = cluster
         self.data_dir = Path(data_dir).resolve()  # job processes run elsewhere: no relative paths
+        self._jobs_root = self.data_dir / "jobs"
         self.settings = settings or ManagerSettings()
         self.clock = clock
         self._quota_follows_cluster = not vc_quota
@@ -207,15 +208,18 @@ class Manager(
         return list(self.cluster.node_gpus[node]).index(gpu)
 
     def job_dir(self, job_id: str) -> Path:
-        return self.data_dir / "jobs" / job_id
+        return self._jobs_root / job_id
 
-    def work_dir(self, job_id: str) -> Path:
-        """A job's working directory when its spec names none (the account's own)."""
-        return self.job_dir(job_id) / "work"
+    def work_dir(self, job_id: str, job_dir: Path | None = None) -> Path:
+        """A job's working directory when its spec names none (the account's own). `job_dir`:
+        the job's, when the caller has it already (a round's starts)."""
+        return (job_dir or self.job_dir(job_id)) / "work"
 
-    def checkpoint_dir(self, job_id: str) -> Path:
+    def checkpoint_dir(self, job_id: str, job_dir: Path | None = None) -> Path:
         root = self.settings.checkpoint_root
-        return self.job_dir(job_id) / "checkpoint" if root is None else Path(root) / job_id
+        if root is not None:
+            return Path(root) / job_id
+        return (job_dir or self.job_dir(job_id)) / "checkpoint"
 
     def _worker_placement(self, gpus: tuple[int, ...], workers: int) -> list[tuple[str, list[int]]]:
         """Each worker's node and device indexes: the core's GPUs node by node, split into
@@ -232,8 +236,8 @@ class Manager(
             placement.append((node, [self._device_index(g) for g in own]))
         return placement
 
-    def attempt_dir(self, job_id: str, attempt: int) -> Path:
-        return self.job_dir(job_id) / f"attempt-{attempt}"
+    def attempt_dir(self, job_id: str, attempt: int, job_dir: Path | None = None) -> Path:
+        return (job_dir or self.job_dir(job_id)) / f"attempt-{attempt}"
 
     # -- the loop -----------------------------------------------------------------------------
 
@@ -527,8 +531,9 @@ class Manager(
             f"{self._sharing_note(job.id, gpus)}",
         )
         self._note_unenforced(job.id, number, spec_model, now)
-        checkpoint = self.checkpoint_dir(job.id)
-        attempt_dir = self.attempt_dir(job.id, number)
+        job_dir = self.job_dir(job.id)
+        checkpoint = self.checkpoint_dir(job.id, job_dir)
+        attempt_dir = self.attempt_dir(job.id, number, job_dir)
         self.telemetry.watch(
             job.id, number, progress_file(attempt_dir), self.shape_of(job, gpus), now, resumed=False
         )
@@ -551,7 +556,7 @@ class Manager(
                 env["CORRAL_ARRAY_JOB_ID"], env["CORRAL_ARRAY_INDEX"] = array[0], str(array[1])
         self._cache_env(job.id, number, placement, envs, now)
         command = launch_argv(spec_model.command, spec_model.launcher)
-        workdir = spec_model.workdir or str(self.work_dir(job.id))
+        workdir = spec_model.workdir or str(self.work_dir(job.id, job_dir))
         return AttemptLaunch(
             job_id=job.id,
             attempt=number,
@@ -560,7 +565,7 @@ class Manager(
                 for rank, env in enumerate(envs)
             ],
             workdir=workdir,
-            job_dir=self.job_dir(job.id),
+            job_dir=job_dir,
             own_workdir=not spec_model.workdir,
             stop_signal=signal_number(spec_model),
             # A user's grace period must not hold GPUs against preemption and cancel forever.

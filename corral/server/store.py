@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import enum
 import fcntl
+import functools
 import json
 import os
 import threading
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -291,6 +292,8 @@ class JobRow:
     held_by: str | None = None
     array_id: str | None = None
     array_index: int | None = None
+    #: `spec` as the JSON text the store keeps, when the submitter has it already (not compared).
+    spec_json: str | None = field(default=None, compare=False, repr=False)
 
     @classmethod
     def new(
@@ -305,8 +308,10 @@ class JobRow:
         spec: dict[str, Any],
         submitted_at: float,
         unix_user: str | None = None,
+        spec_json: str | None = None,
     ) -> JobRow:
-        """The row of a job just submitted (PENDING, nothing run yet)."""
+        """The row of a job just submitted (PENDING, nothing run yet); `spec_json`: `spec` as
+        JSON text, if the caller has it (else the store writes it)."""
         return cls(
             id=str(job_id),
             name=name,
@@ -327,6 +332,7 @@ class JobRow:
             executed_s=0.0,
             exit_code=None,
             unix_user=unix_user,
+            spec_json=spec_json,
         )
 
 
@@ -616,6 +622,7 @@ class _Held:
     statement: Any
     params: list[dict[str, Any]]
     missing: list[str | None]
+    kind: tuple[str, sa.Table] | None  # the statement's `_write_kind`, worked out once
 
 
 def _write_kind(statement: Any) -> tuple[str, sa.Table] | None:
@@ -630,25 +637,32 @@ def _write_kind(statement: Any) -> tuple[str, sa.Table] | None:
     return None
 
 
-def _joinable(pending: list[_Held], statement: Any) -> _Held | None:
-    """The held writes of `statement` that a new one may join, or None. Joining moves it ahead
-    of the writes held after them: only past writes that it cannot depend on nor change the
-    outcome of, those to another table, and, for an insert, none that inserts into a table its
-    rows refer to (their referenced row may be that one). Writes of one statement, and of one
-    table, keep their order (a row's updates, the events' ids)."""
-    kind = _write_kind(statement)
+@functools.cache
+def _refers_to(table: sa.Table, other: sa.Table) -> bool:
+    """Whether rows of `table` may refer to rows of `other` (a foreign key); the tables are
+    fixed (`metadata`), so each pair's answer is worked out once."""
+    return any(key.references(other) for key in table.foreign_keys)
+
+
+def _joinable(
+    pending: list[_Held], statement: Any, kind: tuple[str, sa.Table] | None
+) -> _Held | None:
+    """The held writes of `statement` (of `kind`) that a new one may join, or None. Joining
+    moves it ahead of the writes held after them: only past writes that it cannot depend on nor
+    change the outcome of, those to another table, and, for an insert, none that inserts into a
+    table its rows refer to (their referenced row may be that one). Writes of one statement, and
+    of one table, keep their order (a row's updates, the events' ids)."""
     if kind is None:
         return None
-    _, table = kind
+    action, table = kind
     for held in reversed(pending):
         if held.statement is statement:
             return held
-        other = _write_kind(held.statement)
+        other = held.kind
         if other is None or other[1] is table:
             return None
-        if kind[0] == "insert" and other[0] == "insert":
-            if any(key.references(other[1]) for key in table.foreign_keys):
-                return None
+        if action == "insert" and other[0] == "insert" and _refers_to(table, other[1]):
+            return None
     return None
 
 
@@ -819,9 +833,10 @@ class Store:
         message when the write changes no row."""
         pending: list[_Held] | None = getattr(self._local, "pending", None)
         if pending is not None:
-            held = _joinable(pending, statement)
+            kind = _write_kind(statement)
+            held = _joinable(pending, statement, kind)
             if held is None:
-                pending.append(_Held(statement, [params], [missing]))
+                pending.append(_Held(statement, [params], [missing], kind))
             else:
                 held.params.append(params)
                 held.missing.append(missing)
@@ -922,7 +937,7 @@ class Store:
                         vc=row.vc,
                         priority=row.priority,
                         gpus=row.gpus,
-                        spec=json.dumps(row.spec),
+                        spec=row.spec_json or json.dumps(row.spec),
                         workers=_workers_of(row.spec),
                         total_steps=_total_steps_of(row.spec),
                         status=row.status,

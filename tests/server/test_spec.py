@@ -18,6 +18,7 @@ from corral.server.spec import (
     load_job_spec_file,
     parse_job_spec,
     signal_number,
+    stored_json,
     to_core_spec,
 )
 
@@ -343,6 +344,45 @@ def test_a_full_spec_is_normalised() -> None:
     # The dump is plain JSON and parses back to the same model (what the store keeps).
     again = parse_job_spec(json.loads(json.dumps(model.model_dump())))
     assert again == model
+
+
+EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples" / "jobs").glob("*.yaml"))
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        BASE,
+        {
+            **BASE,
+            "gpus": 2,
+            "gpu_type": ["A100", "h100"],
+            "env": {"A": "é ☃ \u2028", "B": 'quote " and \\'},
+            "command": ["python", "-c", "print('x')"],
+            "elastic": {"min_gpus": 2, "max_gpus": 4},
+            "array": "0-9%2",
+            "after": [3, 1],
+            "time_limit": 3600,
+            "signal_before_limit": "SIGUSR1@60",
+            "deadline": 7200,
+            "precheck": True,
+            "dataset": {"name": "imagenet", "size_gb": 140.5},
+        },
+        {**BASE, "gpus": 0.25, "gpu_memory": "8GiB", "priority": "opportunistic"},
+    ],
+    ids=["minimal", "rich", "share"],
+)
+def test_the_stored_json_is_the_dump_as_json(data: dict) -> None:
+    """What a submission stores is what `json.dumps(model_dump(mode="json"))` writes: the
+    committer writes it from the fields' own values, without `model_dump`."""
+    model = parse_job_spec(data)
+    assert stored_json(model) == json.dumps(model.model_dump(mode="json"))
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[path.stem for path in EXAMPLES])
+def test_each_example_spec_is_stored_as_its_dump(path: Path) -> None:
+    model = load_job_spec_file(path)
+    assert stored_json(model) == json.dumps(model.model_dump(mode="json"))
 
 
 def test_a_single_gpu_type_string_is_lower_cased() -> None:
