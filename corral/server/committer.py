@@ -151,7 +151,8 @@ class SubmissionCommitter:
                 raise SubmitError(f"after.{position}: no job {parent}")
         indexes = array_tasks(model.array)[0] if model.array is not None else [None]
         stored = stored_json(model)
-        dumped = json.loads(stored)  # (what model_dump(mode="json") gives, at a third of its cost)
+        # What model_dump(mode="json") gives (the row's dict); the store keeps `stored` as it is.
+        dumped = json.loads(stored)
         with self._inbox_lock:  # ids in the order the core will queue the jobs
             first = str(self.next_id)
             rows = []

@@ -1199,8 +1199,8 @@ _PLAIN_JSON = json.JSONEncoder(default=_plain_fields)
 
 def stored_json(model: JobSpecModel) -> str:
     """The spec as the store keeps it: `json.dumps(model.model_dump(mode="json"))`, written
-    from the fields' own values (a third of the work: `model_dump` calls a Python function per
-    validated field) where they are all plain."""
+    from the fields' own values where they are all plain (as `_fits_in_the_store` measures
+    it), without `model_dump`, which calls a Python function per validated field."""
     try:
         return _PLAIN_JSON.encode(model.__dict__)
     except _NotPlain:
