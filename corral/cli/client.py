@@ -449,7 +449,8 @@ def array_option(function: Any) -> Any:
 
 def filter_options(function: Any) -> Any:
     """`--state/-t`, `--user/-u`, `--vc`, `--name/-n`: act on every unfinished job they select
-    (Slurm's scancel -t PENDING -u alice), in one call, instead of one JOB."""
+    (Slurm's scancel -t PENDING -u alice), in one call, instead of one JOB. The command takes
+    them as `**where` (states, user, vc, name), what `bulk_or_one` reads."""
     for option in reversed(
         (
             click.option(
@@ -502,18 +503,9 @@ def bulk_or_one(
 @filter_options
 @array_option
 @output_option(formats=(TABLE, JSON, YAML))
-def cancel(
-    job_id: str | None,
-    states: tuple[str, ...],
-    user: str | None,
-    vc: str | None,
-    name: str | None,
-    array: bool,
-    output: str,
-) -> None:
+def cancel(job_id: str | None, array: bool, output: str, **where: Any) -> None:
     """Cancel a pending or running job (its processes get their signal, then SIGKILL), or every
     job a filter selects: `corral cancel --state PENDING --user alice --name 'sweep-*'`."""
-    where = {"states": states, "user": user, "vc": vc, "name": name}
     if bulk_or_one("cancel", job_id, array, where, output):
         return
     assert job_id is not None

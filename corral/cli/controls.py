@@ -4,6 +4,8 @@ Plain click commands, listed in corral.cli.main.COMMANDS; the client is imported
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from corral.cli.client import array_option, bulk_or_one, connected, filter_options, job_option
@@ -21,18 +23,9 @@ def _done(what: str, job_id: str, array: bool, answer: object, output: str) -> N
 @filter_options
 @array_option
 @output_option(formats=(TABLE, JSON, YAML))
-def hold(
-    job_id: str | None,
-    states: tuple[str, ...],
-    user: str | None,
-    vc: str | None,
-    name: str | None,
-    array: bool,
-    output: str,
-) -> None:
+def hold(job_id: str | None, array: bool, output: str, **where: Any) -> None:
     """Keep a pending job from starting until `corral release` (a running job is refused), or
     every pending job a filter selects (--user, --vc, --name)."""
-    where = {"states": states, "user": user, "vc": vc, "name": name}
     if bulk_or_one("hold", job_id, array, where, output):
         return
     assert job_id is not None
@@ -44,18 +37,9 @@ def hold(
 @filter_options
 @array_option
 @output_option(formats=(TABLE, JSON, YAML))
-def release(
-    job_id: str | None,
-    states: tuple[str, ...],
-    user: str | None,
-    vc: str | None,
-    name: str | None,
-    array: bool,
-    output: str,
-) -> None:
+def release(job_id: str | None, array: bool, output: str, **where: Any) -> None:
     """Let a held job start again, in its place in the queue, or every held job a filter
     selects (--user, --vc, --name)."""
-    where = {"states": states, "user": user, "vc": vc, "name": name}
     if bulk_or_one("release", job_id, array, where, output):
         return
     assert job_id is not None
