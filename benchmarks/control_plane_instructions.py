@@ -2,10 +2,10 @@
 
 `control_plane.py`'s jobs/s move by a fifth from one minute to the next on a shared 2-core
 machine; the instructions executed do not. This counts them under valgrind's cachegrind
-(`--cache-sim=no`, a fixed `PYTHONHASHSEED`), as `instructions.py` does for the simulator, in
+(`--cache-sim=no`, a fixed `PYTHONHASHSEED`), with `instructions.py`'s `count_instructions`, in
 two in-process passes of different sizes whose difference is divided by the difference in
-items (1,000), so that start-up and set-up cancel out (two runs of the same pass differ by about
-0.1 %: a few thousandths of a million instructions an item):
+items (1,000), so that start-up and set-up cancel out (two runs of the same pass differ by 0.1
+to 0.3 %: the figures move by up to 0.03 M instructions an item between runs):
 
 - `submit`: POST /api/v1/jobs through the API's ASGI app (its middleware, authentication, the
   spec's checks, the answer), in groups of 8 submissions stored in one commit (as the committing
@@ -25,14 +25,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import random
-import re
-import shutil
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
+
+from instructions import count_instructions  # (beside this script)
 
 from corral.core.cluster import Cluster
 from corral.server import auth
@@ -168,27 +165,8 @@ def one_pass(what: str, count: int) -> None:
 
 
 def counted(what: str, count: int) -> int:
-    valgrind = shutil.which("valgrind")
-    if valgrind is None:
-        sys.exit("control_plane_instructions.py: valgrind not found (apt-get install valgrind)")
-    with tempfile.TemporaryDirectory() as tmp:
-        command = [
-            valgrind,
-            "--tool=cachegrind",
-            "--cache-sim=no",
-            f"--cachegrind-out-file={tmp}/out",
-            sys.executable,
-            __file__,
-            "--one",
-            what,
-            str(count),
-        ]
-        env = {**os.environ, "PYTHONHASHSEED": "0"}
-        done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
-    found = re.search(r"I\s+refs:\s+([\d,]+)", done.stderr)
-    if done.returncode != 0 or found is None:
-        sys.exit(f"control_plane_instructions.py: the run failed:\n{done.stdout}{done.stderr}")
-    return int(found.group(1).replace(",", ""))
+    arguments = [__file__, "--one", what, str(count)]
+    return count_instructions(arguments, "control_plane_instructions.py")[0]
 
 
 def per_item(what: str, small: int, large: int) -> float:

@@ -30,14 +30,13 @@ from pathlib import Path
 BENCHMARK = Path(__file__).resolve().parent / "sim_preemption_heavy.py"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--jobs", type=int, default=100_000)
-    parser.add_argument("--policy", default="las")
-    args = parser.parse_args()
+def count_instructions(arguments: list[str], who: str) -> tuple[int, str]:
+    """The instructions `python ARGUMENTS` executes under cachegrind (counting only, a fixed
+    PYTHONHASHSEED), with its output; exits naming `who` when valgrind is missing or the run
+    fails."""
     valgrind = shutil.which("valgrind")
     if valgrind is None:
-        sys.exit("instructions.py: valgrind not found (Debian: apt-get install valgrind)")
+        sys.exit(f"{who}: valgrind not found (Debian: apt-get install valgrind)")
     with tempfile.TemporaryDirectory() as tmp:
         command = [
             valgrind,
@@ -45,21 +44,27 @@ def main() -> None:
             "--cache-sim=no",
             f"--cachegrind-out-file={tmp}/out",
             sys.executable,
-            str(BENCHMARK),
-            "--jobs",
-            str(args.jobs),
-            "--one",
-            args.policy,
+            *arguments,
         ]
         env = {**os.environ, "PYTHONHASHSEED": "0"}
         done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
     if done.returncode != 0:
-        sys.exit(f"instructions.py: the run failed:\n{done.stdout}{done.stderr}")
+        sys.exit(f"{who}: the run failed:\n{done.stdout}{done.stderr}")
     counted = re.search(r"I\s+refs:\s+([\d,]+)", done.stderr)
     if counted is None:
-        sys.exit(f"instructions.py: no instruction count in valgrind's output:\n{done.stderr}")
-    instructions = int(counted.group(1).replace(",", ""))
-    print(f"{instructions / 1e9:,.2f} G instructions: {done.stdout.strip()}")
+        sys.exit(f"{who}: no instruction count in valgrind's output:\n{done.stderr}")
+    return int(counted.group(1).replace(",", "")), done.stdout
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=100_000)
+    parser.add_argument("--policy", default="las")
+    args = parser.parse_args()
+    instructions, output = count_instructions(
+        [str(BENCHMARK), "--jobs", str(args.jobs), "--one", args.policy], "instructions.py"
+    )
+    print(f"{instructions / 1e9:,.2f} G instructions: {output.strip()}")
 
 
 if __name__ == "__main__":
