@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from tests.server.helpers import kill_jobs_of
-from tests.server.postgres import postgres_server, postgres_url  # noqa: F401
+from tests.server.postgres import postgres, postgres_server, postgres_url  # noqa: F401
 
 
 @pytest.fixture

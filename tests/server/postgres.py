@@ -292,3 +292,17 @@ def postgres_server() -> Iterator[PostgresServer]:
 def postgres_url(postgres_server: PostgresServer) -> str:
     """The SQLAlchemy URL of an empty PostgreSQL database for this test alone."""
     return postgres_server.fresh_database()
+
+
+@pytest.fixture
+def postgres() -> Iterator[PostgresServer]:
+    """A PostgreSQL server of this test's own, to stop and start again (a store outage)."""
+    try:
+        server = start_server()
+    except PostgresUnavailable as error:
+        pytest.fail(str(error), pytrace=False)
+    try:
+        server.fresh_database()
+        yield server
+    finally:
+        server.stop()

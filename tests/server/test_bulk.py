@@ -44,8 +44,7 @@ from tests.server.helpers import (
     wait_for,
     wait_until,
 )
-from tests.server.postgres import PostgresServer, PostgresUnavailable
-from tests.server.postgres import start_server as start_postgres
+from tests.server.postgres import PostgresServer
 
 #: Writes its pid, then runs until stopped.
 FOREVER = (
@@ -198,19 +197,6 @@ def test_the_filter_is_read_field_by_field() -> None:
         parse_filter({"user": "bob"}, alice)
     with pytest.raises(ValueError, match="name: must be a non-empty string"):
         parse_filter({"name": 3}, root)
-
-
-@pytest.fixture
-def postgres() -> Iterator[PostgresServer]:
-    try:
-        server = start_postgres()
-    except PostgresUnavailable as error:
-        pytest.fail(str(error), pytrace=False)
-    try:
-        server.fresh_database()
-        yield server
-    finally:
-        server.stop()
 
 
 def sql(url: str, statement: str) -> list[tuple[Any, ...]]:

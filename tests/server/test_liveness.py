@@ -23,8 +23,7 @@ from tests.server.helpers import (
     start_server,
     wait_until,
 )
-from tests.server.postgres import PostgresServer, PostgresUnavailable
-from tests.server.postgres import start_server as start_postgres
+from tests.server.postgres import PostgresServer
 
 #: Rounds at least every 0.3 s; not ready once none ran for 2 s.
 LIVENESS = {"round_every_s": 0.3, "ready_round_s": 2.0}
@@ -99,19 +98,6 @@ def test_a_stuck_control_loop_turns_readyz_503_with_its_reason_while_healthz_sta
         free.set()
         holder.join()
     wait_until(lambda: ready(client).status_code == 200, "readyz 200 again", timeout=60)
-
-
-@pytest.fixture
-def postgres() -> Iterator[PostgresServer]:
-    try:
-        server = start_postgres()
-    except PostgresUnavailable as error:
-        pytest.fail(str(error), pytrace=False)
-    try:
-        server.fresh_database()
-        yield server
-    finally:
-        server.stop()
 
 
 def test_an_unreachable_store_turns_readyz_503_and_back_once_it_returns(

@@ -26,7 +26,7 @@ import sqlalchemy as sa
 from sqlalchemy.pool import NullPool
 
 from tests.server.helpers import Corral, alive, job, kill_jobs_of, submit, wait_for, wait_until
-from tests.server.postgres import PostgresServer, PostgresUnavailable, start_server
+from tests.server.postgres import PostgresServer
 
 # Writes its pid, then runs until the file named by its argument exists.
 GATED = (
@@ -63,20 +63,6 @@ def until_answered(call: Any, what: str) -> httpx.Response:
 
     response: httpx.Response = wait_until(answered, what)
     return response
-
-
-@pytest.fixture
-def postgres() -> Iterator[PostgresServer]:
-    """A PostgreSQL server of this test's own, to stop and start again."""
-    try:
-        server = start_server()
-    except PostgresUnavailable as error:
-        pytest.fail(str(error), pytrace=False)
-    try:
-        server.fresh_database()
-        yield server
-    finally:
-        server.stop()
 
 
 def stored(url: str, query: str) -> list[tuple[Any, ...]]:
