@@ -17,6 +17,16 @@ from corral.server.boot import RunningServer, ServerOptions, build_manager
 from tests.server.helpers import fast_settings
 
 
+class Clock:
+    """A manager's clock that a test moves by hand (`clock.now = ...`)."""
+
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
 class InstantExecutor(LocalExecutor):
     """The local executor (so the API checks workdirs as it does for it) that starts nothing:
     each attempt ends, successfully, at the next poll."""

@@ -37,6 +37,7 @@ from tests.server.helpers import (
     submit,
     wait_for,
 )
+from tests.server.inert import Clock
 
 # -- an executor registered here, run by `corral up` -----------------------------------------
 
@@ -165,14 +166,6 @@ def test_corral_up_runs_an_executor_registered_by_a_test_with_its_generated_flag
 
 
 # -- the inert executor on its own, on a fake clock ------------------------------------------
-
-
-class Clock:
-    def __init__(self, now: float = 1000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def launch_of(

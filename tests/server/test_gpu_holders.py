@@ -20,15 +20,7 @@ from corral.server.spec import parse_job_spec
 from corral.server.store import Store
 from corral.server.telemetry import Telemetry
 from tests.server.helpers import manager_settings, python_job
-from tests.server.inert import HeldExecutor
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.server.inert import Clock, HeldExecutor
 
 
 def manager(

@@ -22,7 +22,7 @@ from tests.server.helpers import (
     submit,
     wait_for,
 )
-from tests.server.inert import HeldExecutor
+from tests.server.inert import Clock, HeldExecutor
 
 
 class ScriptedExecutor:
@@ -63,14 +63,6 @@ class ScriptedExecutor:
 
     def close(self) -> None:
         pass
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def manager_with(tmp_path: Path, outcome: AttemptEnded) -> tuple[Manager, ScriptedExecutor, Clock]:

@@ -9,15 +9,8 @@ from pathlib import Path
 
 from corral.server.spec import parse_job_spec
 from tests.server.helpers import python_job
+from tests.server.inert import Clock
 from tests.server.test_node_changes import Nodes, manager_on
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def changes(manager: object) -> list[tuple[float, str, str, str]]:
@@ -26,7 +19,7 @@ def changes(manager: object) -> list[tuple[float, str, str, str]]:
 
 
 def test_joins_leaves_and_nodes_held_out_are_recorded_with_their_time(tmp_path: Path) -> None:
-    nodes, clock = Nodes("n1", "n2"), Clock()
+    nodes, clock = Nodes("n1", "n2"), Clock(100.0)
     manager, executor = manager_on(tmp_path, nodes, clock=clock)
     manager.submit(parse_job_spec(python_job("wide", "pass", gpus=8, workers=2)), "u")
     manager.step()

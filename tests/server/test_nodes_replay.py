@@ -34,7 +34,7 @@ from corral.exec.local import AttemptLaunch
 from corral.server.manager import Manager, ManagerSettings
 from corral.server.spec import parse_job_spec
 from corral.server.store import ProfileRow, Store
-from tests.server.inert import PacedExecutor
+from tests.server.inert import Clock, PacedExecutor
 
 NODES = [NodeDef("n0", 2, "a100", "r0"), NodeDef("n1", 2, "a100", "r0")]
 RATE = 8.0  # steps/s per GPU
@@ -46,14 +46,6 @@ JOBS = [(0.0, "j1", 2, 800), (0.0, "j2", 2, 1600), (20.0, "j3", 2, 320)]
 CHANGES = [(10.0, "n0", True, False), (60.0, "n1", True, True), (70.0, "n0", False, False)]
 CHANGES += [(80.0, "n1", False, False)]
 ORIGIN = 1000.0
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = ORIGIN
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @dataclass
@@ -70,7 +62,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveRun]:
     manager = None
     try:
         store.save_profile(ProfileRow("resnet", "a100", 1, 1, "", RATE, None, 60.0, 1, 0.0))
-        clock = Clock()
+        clock = Clock(ORIGIN)
         steps: dict[str, float] = {}
         gpus: dict[str, int] = {}
 

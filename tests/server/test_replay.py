@@ -65,7 +65,7 @@ from corral.server.manager import Manager, ManagerSettings
 from corral.server.spec import parse_job_spec
 from corral.server.store import AttemptRow, JobRow, ProfileRow, Store
 from corral.server.telemetry import stored_profiles
-from tests.server.inert import PacedExecutor
+from tests.server.inert import Clock, PacedExecutor
 
 NODES = [
     NodeDef("a1", 4, "a100", "r0"),
@@ -100,14 +100,6 @@ CANCEL = (60.0, "r1")  # while it runs
 ORIGIN = 1000.0
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = ORIGIN
-
-    def __call__(self) -> float:
-        return self.now
-
-
 @dataclass
 class LiveRun:
     data_dir: Path
@@ -127,7 +119,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveRun]:
         for model, rates in RATE.items():
             for gpu_type, rate in rates.items():
                 store.save_profile(ProfileRow(model, gpu_type, 1, 1, "", rate, None, 60.0, 1, 0.0))
-        clock = Clock()
+        clock = Clock(ORIGIN)
         steps: dict[str, float] = {}
         models: dict[str, str] = {}
         gpus: dict[str, int] = {}
