@@ -87,16 +87,22 @@ def settled(server: RunningServer) -> None:
         pass
 
 
-def test_a_drained_node_lets_its_job_finish_and_the_next_job_starts_on_the_other(
-    server: RunningServer, tmp_path: Path
-) -> None:
-    client = api(server.url, admin_token(server.manager.data_dir))
+def one_on_each_node(client: httpx.Client, tmp_path: Path) -> tuple[str, str, Path, Path]:
+    """Jobs a (on n0) and b (on n1) running until their files go_a and go_b appear."""
     go_a, go_b = tmp_path / "go-a", tmp_path / "go-b"
     a = submit(client, **until_file("a", go_a))
     wait_for(client, a, ["RUNNING"])
     b = submit(client, **until_file("b", go_b))
     wait_for(client, b, ["RUNNING"])
     assert (attempt_nodes(client, a), attempt_nodes(client, b)) == (["n0"], ["n1"])
+    return a, b, go_a, go_b
+
+
+def test_a_drained_node_lets_its_job_finish_and_the_next_job_starts_on_the_other(
+    server: RunningServer, tmp_path: Path
+) -> None:
+    client = api(server.url, admin_token(server.manager.data_dir))
+    a, b, go_a, go_b = one_on_each_node(client, tmp_path)
 
     answer = client.post("/api/v1/nodes/n0/drain", json={"reason": "swap a fan"})
     assert answer.status_code == 200, answer.text
@@ -178,11 +184,7 @@ def test_a_preempted_job_restarts_on_its_node_after_resume(
     server: RunningServer, tmp_path: Path
 ) -> None:
     client = api(server.url, admin_token(server.manager.data_dir))
-    go_a, go_b = tmp_path / "go-a", tmp_path / "go-b"
-    a = submit(client, **until_file("a", go_a))
-    wait_for(client, a, ["RUNNING"])
-    b = submit(client, **until_file("b", go_b))
-    wait_for(client, b, ["RUNNING"])
+    a, b, go_a, go_b = one_on_each_node(client, tmp_path)
     answer = client.post("/api/v1/nodes/n0/drain", json={"reason": "x", "preempt": True})
     assert answer.status_code == 200, answer.text
     wait_for(client, a, ["PENDING"])
