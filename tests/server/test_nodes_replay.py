@@ -19,15 +19,12 @@ first arrival):
 from __future__ import annotations
 
 import json
-import shlex
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
-from corral.cli.main import app
 from corral.core.cluster import Cluster, NodeDef
 from corral.core.framework import config_from_mapping
 from corral.exec.local import AttemptLaunch
@@ -35,6 +32,7 @@ from corral.server.manager import Manager, ManagerSettings
 from corral.server.spec import parse_job_spec
 from corral.server.store import ProfileRow, Store
 from tests.server.inert import Clock, PacedExecutor
+from tests.server.test_replay import export_trace, replay
 
 NODES = [NodeDef("n0", 2, "a100", "r0"), NodeDef("n1", 2, "a100", "r0")]
 RATE = 8.0  # steps/s per GPU
@@ -46,6 +44,7 @@ JOBS = [(0.0, "j1", 2, 800), (0.0, "j2", 2, 1600), (20.0, "j3", 2, 320)]
 CHANGES = [(10.0, "n0", True, False), (60.0, "n1", True, True), (70.0, "n0", False, False)]
 CHANGES += [(80.0, "n1", False, False)]
 ORIGIN = 1000.0
+RUN = "fifo-consolidate"  # the replay's policy and placement (SCHEDULER's)
 
 
 @dataclass
@@ -113,19 +112,8 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveRun]:
 
 @pytest.fixture(scope="module")
 def exported(live: LiveRun, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
-    out = tmp_path_factory.mktemp("export") / "history.corral.jsonl"
-    result = CliRunner().invoke(
-        app, ["export-trace", "--data-dir", str(live.data_dir), "--out", str(out)]
-    )
-    assert result.exit_code == 0, result.output
-    command = " ".join(result.output.split()).split("replay with: ", 1)[1]
-    return out, command
-
-
-def replay(command: str, out: Path) -> list[str]:
-    result = CliRunner().invoke(app, [*shlex.split(command)[1:], "--out", str(out)])
-    assert result.exit_code == 0, result.output
-    return (out / "decisions-fifo-consolidate.jsonl").read_text().splitlines()
+    out, printed = export_trace(live.data_dir, tmp_path_factory)
+    return out, printed.split("replay with: ", 1)[1]
 
 
 def test_the_live_drains_decide_as_worked_out(live: LiveRun, exported: tuple[Path, str]) -> None:
@@ -163,9 +151,9 @@ def test_the_replay_applies_the_drains_at_their_instants(
 ) -> None:
     trace, command = exported
     lines = trace.with_name("history.decisions.jsonl").read_text().splitlines()
-    assert replay(command, tmp_path / "sim") == lines
+    assert replay(command, tmp_path / "sim", run=RUN) == lines
     # Without the node changes the replay decides otherwise (j3 at 50 on n0, no preemption).
     kept = [line for line in trace.read_text().splitlines() if '"kind": "node_change"' not in line]
     bare = trace.with_name("bare.corral.jsonl")
     bare.write_text("\n".join(kept) + "\n")
-    assert replay(command.replace(trace.name, bare.name), tmp_path / "bare") != lines
+    assert replay(command.replace(trace.name, bare.name), tmp_path / "bare", run=RUN) != lines

@@ -168,24 +168,31 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveRun]:
 @pytest.fixture(scope="module")
 def exported(live: LiveRun, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     """`corral export-trace` of the live run: the trace, and the replay command it printed."""
-    out = tmp_path_factory.mktemp("export") / "history.corral.jsonl"
-    result = CliRunner().invoke(
-        app, ["export-trace", "--data-dir", str(live.data_dir), "--out", str(out)]
-    )
-    assert result.exit_code == 0, result.output
-    printed = " ".join(result.output.split())
+    out, printed = export_trace(live.data_dir, tmp_path_factory)
     assert "wrote 9 jobs and 3 nodes" in printed
     command = printed.split("replay with: ", 1)[1]
     assert command.startswith("corral simulate --trace corral:")
     return out, command
 
 
-def replay(command: str, out: Path, *more: str) -> list[str]:
-    """Run the printed command (plus `more`); its decisions' lines."""
+def export_trace(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """`corral export-trace` of a manager's data directory: the trace, and what it printed (on
+    one line)."""
+    out = tmp_path_factory.mktemp("export") / "history.corral.jsonl"
+    result = CliRunner().invoke(
+        app, ["export-trace", "--data-dir", str(data_dir), "--out", str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    return out, " ".join(result.output.split())
+
+
+def replay(command: str, out: Path, *more: str, run: str = "las-consolidate") -> list[str]:
+    """Run the printed command (plus `more`); the lines of its decisions (`run`: its policy and
+    placement)."""
     args = [*shlex.split(command)[1:], "--out", str(out), *more]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
-    return (out / "decisions-las-consolidate.jsonl").read_text().splitlines()
+    return (out / f"decisions-{run}.jsonl").read_text().splitlines()
 
 
 def test_the_replay_makes_the_decisions_the_live_manager_made(
