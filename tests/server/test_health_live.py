@@ -180,6 +180,8 @@ def test_an_unhealthy_node_requeues_its_job_elsewhere_and_comes_back_when_its_ch
     assert row[1] == "unhealthy" and "XID" in listed.stdout, listed.stdout
     metrics = client.get("/metrics")
     assert 'corral_node_state{node="n0",state="unhealthy"} 1.0' in metrics.text
+    shown = {n["name"]: n for n in client.get("/api/v1/cluster").json()["nodes"]}  # dashboard
+    assert (shown["n0"]["state"], shown["n1"]["state"]) == ("unhealthy", "up"), shown
 
     (flags / "sick-n0").unlink()  # the check passes again: n0 is back, c starts there
     found = wait_for(client, c, ["RUNNING"])
