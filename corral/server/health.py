@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import IO, Protocol
 
 from corral.exec.nvmlhealth import NvmlReader, node_verdict
+from corral.server.store import StoreUnavailable
 
 log = logging.getLogger("corral.health")
 
@@ -218,7 +219,9 @@ class HealthMonitor:
         while not self._stopping.is_set():
             try:
                 self.check_once()
-            except Exception:  # e.g. the store failed: the next pass tries again
+            except StoreUnavailable as error:  # the manager says so too; the next pass retries
+                log.warning("a health check pass was not recorded: %s", error)
+            except Exception:
                 log.exception("a health check pass failed")
             self._stopping.wait(self.settings.every_s)
 

@@ -203,3 +203,99 @@ def test_every_recorded_node_change_is_exported_with_its_time(tmp_path: Path) ->
         (30.0, "n0", "draining", True),
         (50.0, "n0", "resumed", False),
     ]
+
+
+# -- a node that went away: held out as not live, and back ---------------------------------------
+
+#: (seconds after the first, name, steps): j1 100 s, j2 30 s, j3 20 s
+AWAY_JOBS = [(0.0, "j1", 800), (0.0, "j2", 240), (40.0, "j3", 160)]
+AWAY_FROM, AWAY_TO = 35.0, 60.0  # n1 not live (a fixed cluster's node: held out, `offline`)
+
+
+@pytest.fixture(scope="module")
+def away(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveRun]:
+    """A fixed cluster whose n1 is not live from 35 s to 60 s (as a Ray node that went away):
+    0 j1 on n0, j2 on n1; 30 j2 ends; 35 n1 held out (offline); 40 j3 arrives and waits (n0
+    busy, n1 out: without the change it would start on n1 here); 60 n1 back (online): j3
+    starts there, ends at 80; j1 ends at 100."""
+    data_dir = tmp_path_factory.mktemp("away")
+    store = Store(Store.sqlite_url(data_dir))
+    manager = None
+    try:
+        store.save_profile(ProfileRow("resnet", "a100", 1, 1, "", RATE, None, 60.0, 1, 0.0))
+        clock = Clock(ORIGIN)
+        steps: dict[str, float] = {}
+        executor = NoCheckpoints(clock, steps, lambda launch: RATE, RESTORE_S)
+        settings = ManagerSettings(scheduler=config_from_mapping(SCHEDULER))
+
+        def live_nodes() -> list[NodeDef]:
+            gone = ORIGIN + AWAY_FROM <= clock.now < ORIGIN + AWAY_TO
+            return [node for node in NODES if not (gone and node.name == "n1")]
+
+        manager = Manager(
+            store,
+            executor,
+            Cluster.from_nodes(NODES),
+            data_dir,
+            settings=settings,
+            clock=clock,
+            nodes=live_nodes,
+            fixed_cluster=True,
+        )
+        ids: dict[str, str] = {}
+        arrivals = list(AWAY_JOBS)
+        changes = [ORIGIN + AWAY_FROM, ORIGIN + AWAY_TO]
+        for _ in range(1000):
+            while arrivals and ORIGIN + arrivals[0][0] <= clock.now:
+                _, name, total = arrivals.pop(0)
+                spec = {"name": name, "command": "true", "gpus": 1, "model": "resnet"}
+                job_id = manager.submit(parse_job_spec(spec), "alice").id
+                ids[name], steps[job_id] = job_id, total
+            while changes and changes[0] <= clock.now:
+                changes.pop(0)
+            for _ in range(10):
+                if not manager.step():
+                    break
+            counts = store.job_counts()
+            if not arrivals and not changes and not counts.get("PENDING"):
+                if not counts.get("RUNNING"):
+                    break
+            upcoming = [
+                ORIGIN + arrivals[0][0] if arrivals else None,
+                changes[0] if changes else None,
+                executor.next_end(),
+                manager.next_round_at(),
+            ]
+            clock.now = min(at for at in upcoming if at is not None and at > clock.now)
+        else:
+            pytest.fail("the live run did not end")
+        yield LiveRun(data_dir, store, ids)
+    finally:
+        if manager is not None:
+            manager.stop()
+        store.close()
+
+
+def test_a_replay_of_a_run_where_a_node_went_away_makes_the_same_decisions(
+    away: LiveRun, tmp_path_factory: pytest.TempPathFactory, tmp_path: Path
+) -> None:
+    trace, printed = export_trace(away.data_dir, tmp_path_factory)
+    command = printed.split("replay with: ", 1)[1]
+    lines = trace.with_name("history.decisions.jsonl").read_text().splitlines()
+    j1, j2, j3 = (away.ids[name] for name in ("j1", "j2", "j3"))
+    got = [(r["at"], r["job"], r["gpus"][0]) for r in map(json.loads, lines)]
+    assert got == [(0.0, j1, "n0/0"), (0.0, j2, "n1/0"), (60.0, j3, "n1/0")]
+    records = [json.loads(line) for line in trace.read_text().splitlines()]
+    assert [(r["at"], r["node"], r["state"]) for r in records if r["kind"] == "node_change"] == [
+        (0.0, "n0", "joined"),
+        (0.0, "n1", "joined"),
+        (AWAY_FROM, "n1", "offline"),
+        (AWAY_TO, "n1", "online"),
+    ]
+    assert replay(command, tmp_path / "sim", run=RUN) == lines
+    # Without the node changes j3 starts on n1 as it arrives, at 40.
+    kept = [line for line in trace.read_text().splitlines() if '"kind": "node_change"' not in line]
+    bare = trace.with_name("bare.corral.jsonl")
+    bare.write_text("\n".join(kept) + "\n")
+    otherwise = replay(command.replace(trace.name, bare.name), tmp_path / "bare", run=RUN)
+    assert json.loads(otherwise[2])["at"] == 40.0, otherwise
