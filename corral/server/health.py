@@ -205,8 +205,8 @@ class HealthMonitor:
 
     def stop(self) -> None:
         self._stopping.set()
-        if self._thread is not None:
-            self._thread.join()
+        if self._thread is not None:  # a check under way ends by its timeout at the latest
+            self._thread.join(self.settings.timeout_s + 5.0)
         if self.nvml is not None:
             self.nvml.close()
 
