@@ -299,3 +299,41 @@ def test_a_replay_of_a_run_where_a_node_went_away_makes_the_same_decisions(
     bare.write_text("\n".join(kept) + "\n")
     otherwise = replay(command.replace(trace.name, bare.name), tmp_path / "bare", run=RUN)
     assert json.loads(otherwise[2])["at"] == 40.0, otherwise
+
+
+def test_an_unhealthy_node_stays_unhealthy_after_a_restart(tmp_path: Path) -> None:
+    store = Store(Store.sqlite_url(tmp_path))
+    clock = Clock(ORIGIN)
+    first = second = None
+    try:
+        executor = NoCheckpoints(clock, {}, lambda launch: RATE, RESTORE_S)
+        settings = ManagerSettings(scheduler=config_from_mapping(SCHEDULER))
+        first = Manager(
+            store, executor, Cluster.from_nodes(NODES), tmp_path, settings=settings, clock=clock
+        )
+        assert first.health_verdict("n0", False, "ECC: 3 uncorrectable")
+        assert not first.health_verdict("n0", False, "another reason")  # no change: no row
+        assert not first.health_verdict("n9", False, "x")  # no such node: ignored
+        first.stop()
+        first = None
+        second = Manager(
+            store, executor, Cluster.from_nodes(NODES), tmp_path, settings=settings, clock=clock
+        )
+        view = second.node_view("n0")
+        assert (view["state"], view["reason"], view["gpus_free"]) == (
+            "unhealthy",
+            "ECC: 3 uncorrectable",
+            0,
+        )
+        second.recover()
+        job_id = second.submit(
+            parse_job_spec({"name": "w", "command": "true", "gpus": 1}), "alice"
+        ).id
+        second.step()
+        (attempt,) = store.attempts(job_id)
+        assert attempt.gpus == ["n1/0"]  # n0 is still out (consolidate would pick n0 first)
+    finally:
+        for manager in (first, second):
+            if manager is not None:
+                manager.stop()
+        store.close()
