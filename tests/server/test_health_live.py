@@ -113,6 +113,13 @@ def attempt_nodes(client: httpx.Client, job_id: str) -> list[str]:
     return [a["gpus"][0].split("/")[0] for a in job(client, job_id)["attempt_history"]]
 
 
+def flip(path: Path, text: str) -> None:
+    """Make the check fail with `text`, at once (a check never reads it half-written)."""
+    partial = path.with_name(path.name + ".part")
+    partial.write_text(text)
+    partial.rename(path)
+
+
 def checked(flags: Path, node: str) -> int:
     ran = flags / f"ran-{node}"
     return len(ran.read_text()) if ran.exists() else 0
@@ -146,7 +153,7 @@ def test_an_unhealthy_node_requeues_its_job_elsewhere_and_comes_back_when_its_ch
     wait_for(client, b, ["RUNNING"])
     assert (attempt_nodes(client, a), attempt_nodes(client, b)) == (["n0"], ["n1"])
 
-    (flags / "sick-n0").write_text("XID 79: GPU has\x07 fallen off the bus\n")
+    flip(flags / "sick-n0", "XID 79: GPU has\x07 fallen off the bus\n")
     wait_until(lambda: nodes(client)["n0"]["state"] == "unhealthy", "n0 unhealthy")
     view = nodes(client)["n0"]
     # The first line, its control character made a space; the second line is not the reason.
@@ -202,7 +209,7 @@ def test_an_admin_resume_brings_an_unhealthy_node_back_until_its_check_fails_aga
     server: RunningServer, flags: Path
 ) -> None:
     client = api(server.url, admin_token(server.manager.data_dir))
-    (flags / "sick-n1").write_text("")  # no output: the exit code is the reason
+    flip(flags / "sick-n1", "")  # no output: the exit code is the reason
     wait_until(lambda: nodes(client)["n1"]["state"] == "unhealthy", "n1 unhealthy")
     assert nodes(client)["n1"]["reason"] == "health check exited 1"
     # Resumed by an admin while its check still fails: up at once, unhealthy at the next check.
