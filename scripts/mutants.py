@@ -411,8 +411,8 @@ MUTANTS = [
         "corral/core/nodes.py",
         (
             (
-                "        if not self.drained:\n            return\n",
-                "        if True:\n            return\n",
+                "        return name in self.drained or name in self.unhealthy or name in self.absent\n",
+                "        return name in self.unhealthy or name in self.absent\n",
             ),
         ),
         ("tests/core/test_nodes.py", "tests/sim/test_maintenance.py"),
@@ -436,6 +436,39 @@ MUTANTS = [
         (
             "tests/server/test_nodes_live.py::test_a_drain_with_preempt_requeues_the_job_which_restarts_elsewhere",
             "tests/server/test_nodes_replay.py",
+        ),
+    ),
+    Mutant(
+        "unhealthy-ignored",
+        "Node lifecycle: health checks",
+        "an unhealthy node's free GPUs are never held out: jobs start there as on any node",
+        "corral/core/nodes.py",
+        (
+            (
+                "        return name in self.drained or name in self.unhealthy or name in self.absent\n",
+                "        return name in self.drained or name in self.absent\n",
+            ),
+        ),
+        ("tests/core/test_nodes.py", "tests/sim/test_health_changes.py"),
+        (
+            "tests/server/test_health_live.py::test_an_unhealthy_node_requeues_its_job_elsewhere_and_comes_back_when_its_check_passes",
+            "tests/server/test_health_replay.py",
+        ),
+    ),
+    Mutant(
+        "unhealthy-not-infrastructure",
+        "Node lifecycle: health checks",
+        "the attempts on an unhealthy node fail as the job's own failures: they use up max_retries",
+        "corral/core/nodes.py",
+        (
+            (
+                "        report = FailureReport(unhealthy_label(name, reason), infrastructure=True)\n",
+                "        report = FailureReport(unhealthy_label(name, reason), infrastructure=False)\n",
+            ),
+        ),
+        ("tests/core/test_nodes.py", "tests/sim/test_health_changes.py"),
+        (
+            "tests/server/test_health_live.py::test_an_unhealthy_node_requeues_its_job_elsewhere_and_comes_back_when_its_check_passes",
         ),
     ),
 ]

@@ -31,6 +31,7 @@ NODE_COLUMNS = (
     Column("SINCE", lambda n: _since(n["since"])),
     Column("GPUS FREE", lambda n: n["gpus_free"], right=True),
     Column("GPUS USED", lambda n: n["gpus_used"], right=True),
+    Column("GPUS HELD", lambda n: n.get("gpus_held", 0), right=True),
     Column("JOBS", lambda n: ",".join(n["jobs"]) or "-", width=30),
     Column("BY", lambda n: n["by"] or "-", wide_only=True),
 )
@@ -39,8 +40,8 @@ NODE_COLUMNS = (
 @node_group.command("ls")
 @output_option()
 def node_ls(output: str) -> None:
-    """Every node: state (up, draining, drained, down), why and since when, GPUs free and used,
-    the jobs on it."""
+    """Every node: state (up, draining, drained, unhealthy, down), why and since when, GPUs free,
+    used and held out (idle on a node that takes no jobs), the jobs on it."""
     with connected() as client:
         nodes = client.nodes()
     emit(nodes, NODE_COLUMNS, output)
@@ -70,7 +71,8 @@ def node_drain(node: str, reason: str, preempt: bool, output: str) -> None:
 @click.argument("node")
 @output_option(formats=(TABLE, JSON, YAML))
 def node_resume(node: str, output: str) -> None:
-    """Let jobs start on a drained NODE again (admins only)."""
+    """Let jobs start on a drained or unhealthy NODE again (admins only); a health check that
+    still fails takes it out again."""
     with connected() as client:
         answer = client.resume_node(node)
     if output == TABLE:

@@ -15,6 +15,7 @@ from corral.cli.output import plural
 from corral.cli.registries import policy_help
 
 if TYPE_CHECKING:
+    from corral.server.health import HealthSettings
     from corral.server.state import CacheSettings
 
 # root's manager is a system service whose jobs run as other accounts: its state goes where they
@@ -219,6 +220,41 @@ def up(
         float,
         typer.Option(help="/readyz answers 503 once no scheduling round ran for this long"),
     ] = 30.0,
+    health_check: Annotated[
+        str | None,
+        typer.Option(
+            help="a site's health-check command, run for each node every --health-every-s "
+            "with CORRAL_NODE set (split like a shell line, run without a shell or the "
+            "manager's environment): exit 0 is healthy, else the node is taken out with the "
+            "first line of its output as the reason [default: the --config's health_check]",
+            rich_help_panel="Health checks",
+        ),
+    ] = None,
+    health_every_s: Annotated[
+        float | None,
+        typer.Option(
+            help="run the health checks this often [default: 30]",
+            rich_help_panel="Health checks",
+        ),
+    ] = None,
+    health_timeout_s: Annotated[
+        float | None,
+        typer.Option(
+            help="a health check that has not exited after this long is killed and the node "
+            "is unhealthy [default: 10]",
+            rich_help_panel="Health checks",
+        ),
+    ] = None,
+    nvml_health: Annotated[
+        bool | None,
+        typer.Option(
+            "--nvml-health/--no-nvml-health",
+            help="take the node out when NVML reports an XID error, uncorrectable ECC errors, "
+            "retired pages pending or a lost GPU (this machine's GPUs) [default: the "
+            "--config's, else off]",
+            rich_help_panel="Health checks",
+        ),
+    ] = None,
     demo: Annotated[
         bool,
         typer.Option(
@@ -286,7 +322,14 @@ def up(
     )
     if (problem := connections.problem()) is not None:
         fail(problem)
+    try:
+        health = health_settings(
+            config, health_check, health_every_s, health_timeout_s, nvml_health
+        )
+    except UserError as error:
+        fail(str(error))
     settings = ManagerSettings(
+        health=health,
         scheduler=scheduler_settings,
         checkpoint_root=checkpoint_root.expanduser().resolve() if checkpoint_root else None,
         cache=cache,
@@ -385,6 +428,41 @@ def cache_settings(
 
 
 SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def health_settings(
+    config: Path | None,
+    command: str | None,
+    every_s: float | None,
+    timeout_s: float | None,
+    nvml: bool | None,
+) -> HealthSettings | None:
+    """The health checks from the flags over the --config's `health_check:` (None: none)."""
+    from corral.server.health import HealthSettings
+
+    base = None
+    if config is not None:
+        from corral.config_file import load_cluster_config
+        from corral.core.config import ConfigError
+
+        try:
+            base = load_cluster_config(config).health_check
+        except ConfigError as error:
+            raise UserError(str(error)) from None
+    command = command if command is not None else base.command if base else None
+    nvml = nvml if nvml is not None else base.nvml if base else False
+    if command is None and not nvml:
+        if every_s is not None or timeout_s is not None:
+            raise UserError(
+                "--health-every-s, --health-timeout-s: need --health-check or --nvml-health"
+            )
+        return None
+    every = every_s if every_s is not None else base.every_s if base else 30.0
+    timeout = timeout_s if timeout_s is not None else base.timeout_s if base else 10.0
+    try:
+        return HealthSettings.parse(command, every, timeout, nvml)
+    except ValueError as error:
+        raise UserError(f"--health-check: {error}") from None
 
 
 def parse_size(option: str, text: str) -> int:

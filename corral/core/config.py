@@ -38,6 +38,10 @@ Rules (each violation is a ConfigError whose message starts with the offending k
   drained from ``start`` to ``end`` (seconds on the simulation's clock; no ``end``: to the end of
   the run), its attempts preempted at ``start`` with ``preempt: true`` (docs/simulator.md). The
   node must be one of the cluster's (a node-level cell's name) and ``end`` after ``start``.
+- ``health_check`` (the live manager's, `corral up`): ``{command, every_s, timeout_s, nvml}``, a
+  site's health-check command run for each node every ``every_s`` seconds (default 30) with a
+  ``timeout_s`` (default 10), and whether NVML's signals are read (docs/server.md, "Nodes");
+  `corral up --health-check` and its flags override it.
 - No ``virtual_clusters`` (or an empty mapping) gives one VC, ``default``, the whole cluster: it is
   returned as ``{"default": {}}``; an empty cell map means "the whole cluster" and only arises so.
 """
@@ -77,6 +81,18 @@ class ClusterConfig:
     virtual_clusters: dict[str, dict[str, int]]  # VC -> {cell type: count}; {} = whole cluster
     #: The simulator's maintenance windows as drains and resumes, in time order (`maintenance`).
     maintenance: tuple[NodeChange, ...] = ()
+    #: The live manager's health checks (`health_check`); None: none.
+    health_check: HealthCheckConfig | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class HealthCheckConfig:
+    """A config's `health_check:` section (corral.server.health runs it)."""
+
+    command: str | None = None
+    every_s: float = 30.0
+    timeout_s: float = 10.0
+    nvml: bool = False
 
 
 # -- shape (pydantic) ---------------------------------------------------------------------------
@@ -159,11 +175,21 @@ class MaintenanceSpec(_Strict):
     preempt: StrictBool = False
 
 
+class HealthCheckSpec(_Strict):
+    """The live manager's health checks of its nodes (corral.server.health)."""
+
+    command: VcName | None = None
+    every_s: Seconds = 30.0
+    timeout_s: Seconds = 10.0
+    nvml: StrictBool = False
+
+
 class ClusterConfigSpec(_Strict):
     cell_types: dict[CellName, CellTypeSpec]
     physical_cells: list[PhysicalCellSpec]
     virtual_clusters: dict[VcName, dict[CellName, Count]] | None = None
     maintenance: list[MaintenanceSpec] | None = None
+    health_check: HealthCheckSpec | None = None
 
 
 _SHAPE_ERRORS = {
@@ -201,6 +227,8 @@ def _allowed_keys(parent: list[int | str]) -> list[str]:
         model = PhysicalCellSpec
     elif len(parent) == 2 and parent[0] == "maintenance":
         model = MaintenanceSpec
+    elif len(parent) == 1 and parent[0] == "health_check":
+        model = HealthCheckSpec
     return list(model.model_fields)
 
 
@@ -514,8 +542,18 @@ def parse_cluster_config(data: object) -> ClusterConfig:
     except ClusterError as error:  # the checks above should make this unreachable
         raise ConfigError("physical_cells", str(error)) from None
     maintenance = _maintenance(spec.maintenance or [], cluster)
+    health = None
+    if spec.health_check is not None:
+        check = spec.health_check
+        for key in ("every_s", "timeout_s"):
+            if not getattr(check, key) > 0:
+                raise ConfigError(f"health_check.{key}", "must be a positive number of seconds")
+        health = HealthCheckConfig(check.command, check.every_s, check.timeout_s, check.nvml)
     return ClusterConfig(
-        cluster=cluster, virtual_clusters=virtual_clusters, maintenance=maintenance
+        cluster=cluster,
+        virtual_clusters=virtual_clusters,
+        maintenance=maintenance,
+        health_check=health,
     )
 
 

@@ -21,8 +21,10 @@ throughput table the jobs' speeds come from (`throughputs`: a Gavel-format file,
 to the trace's own directory; `corral.core.profiles.Profiles.from_gavel` reads it) and the
 live manager's decision log (`decisions`, the same way), which a replay compares its own with.
 A node_change line is an operator's drain (`state` "draining", `preempt` whether its attempts
-were preempted) or resume (`state` "resumed") of a node at `at` (corral.core.nodes.NodeChange):
-the replay applies it at that instant.
+were preempted) or resume (`state` "resumed") of a node at `at` (corral.core.nodes.NodeChange),
+a health check's verdict (`state` "unhealthy", with the check's reason, or "healthy") or what
+the live manager saw of its cluster (`state` "joined", "left", "offline", "online"): the replay
+applies it at that instant.
 
 `corral export-trace` writes this format (corral.server.export) and `corral simulate` reads it
 (corral.sim.traces.corral): both go through the functions here, so a field means the same in
@@ -46,7 +48,7 @@ from typing import Any
 from corral.core.cluster import NodeDef
 from corral.core.gates import Gates
 from corral.core.job import Elastic, JobSpec, Priority
-from corral.core.nodes import NodeChange
+from corral.core.nodes import CHANGE_STATES, DRAINING, NodeChange
 
 VERSION = 1
 #: Fields of a job record that are not the core's: what the shell that wrote it knew.
@@ -54,7 +56,7 @@ JOB_EXTRAS = ("status", "name")
 #: Fields of a job record a replay decides from besides the spec (`JobReplay`).
 REPLAY_FIELDS = ("after", "array", "holds", "failures", "restore_s", "finished_at")
 NODE_CHANGE_FIELDS = ("kind", "at", "node", "state", "reason", "preempt")
-NODE_CHANGE_STATES = ("draining", "resumed")
+NODE_CHANGE_STATES = CHANGE_STATES
 HEADER_FIELDS = ("kind", "version", "time_origin", "throughputs", "decisions", "source")
 NODE_FIELDS = (
     "kind",
@@ -166,7 +168,7 @@ def node_change_record(change: NodeChange) -> dict[str, Any]:
         "kind": "node_change",
         "at": change.at,
         "node": change.node,
-        "state": "draining" if change.drain else "resumed",
+        "state": change.kind,
         "reason": change.reason,
         "preempt": change.preempt,
     }
@@ -304,12 +306,14 @@ def read_node_change(record: Mapping[str, Any]) -> NodeChange:
     node = _req_text(record, "node")
     state = record.get("state")
     if state not in NODE_CHANGE_STATES:
-        raise RecordError(f"state: must be draining or resumed, got {_show(state)}")
+        raise RecordError(f"state: must be one of {', '.join(CHANGE_STATES)}, got {_show(state)}")
     preempt = record.get("preempt", False)
     if not isinstance(preempt, bool):
         raise RecordError(f"preempt: must be true or false, got {_show(preempt)}")
     reason = _opt_text(record, "reason", "", empty=True) or ""
-    return NodeChange(at, node, state == "draining", reason, preempt)
+    if state in (DRAINING, "resumed"):
+        return NodeChange(at, node, state == DRAINING, reason, preempt)
+    return NodeChange(at, node, False, reason, preempt, state=state)
 
 
 def read_job(record: Mapping[str, Any]) -> JobSpec:

@@ -536,6 +536,7 @@ def create_app(manager: Manager) -> FastAPI:
             }
 
         nodes = []
+        states = {view["name"]: view for view in manager.node_views()}
         for node_index, node in enumerate(cluster.nodes):
             gpus = []
             for device, gpu in enumerate(cluster.node_gpus[node_index]):
@@ -556,7 +557,16 @@ def create_app(manager: Manager) -> FastAPI:
                     }
                 )
             rack = cluster.racks[cluster.node_rack[node_index]].name
-            nodes.append({"name": node.name, "rack": rack, "gpus": gpus})
+            state = states.get(node.name, {})  # up, draining, drained, unhealthy, down
+            nodes.append(
+                {
+                    "name": node.name,
+                    "rack": rack,
+                    "gpus": gpus,
+                    "state": state.get("state", "up"),
+                    "reason": state.get("reason", ""),
+                }
+            )
         return {
             "nodes": nodes,
             "vcs": list_vcs(who),

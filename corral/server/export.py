@@ -6,8 +6,10 @@ Two formats:
   job that ran as the core's JobSpec the manager queued (its model, GPU types, workers' unit,
   priority, deadline, elastic range, ...), its `duration_s` the work it did in ideal seconds
   (`job_work`), and what the manager decided its fate from outside the core (`job_replay`: its
-  dependencies, array and cap, holds, failed attempts, measured restore), and the operators'
-  drains and resumes of nodes at their instants (`node_change` lines). Beside it the store's
+  dependencies, array and cap, holds, failed attempts, measured restore), and every recorded
+  change of a node at its instant (`node_change` lines): the operators' drains and resumes,
+  the health checks' verdicts (unhealthy, healthy) and the nodes that joined, left, went
+  offline or came back online. Beside it the store's
   measured throughputs (`NAME.throughputs.json`, Gavel's
   format: `Profiles.to_gavel`), which the replay's speeds come from, and the decisions the
   manager made (`NAME.decisions.jsonl`: `decision_log`), to compare with the replay's.
@@ -35,7 +37,7 @@ from corral.core.cluster import Cluster
 from corral.core.framework import CoreOptions, config_from_mapping
 from corral.core.gates import Gates
 from corral.core.job import Job, JobSpec
-from corral.core.nodes import NodeChange
+from corral.core.nodes import CHANGE_STATES, NodeChange
 from corral.core.tracefile import (
     JobReplay,
     RecordedFailure,
@@ -240,7 +242,8 @@ def export_corral(store: Store, out: Path) -> CorralExport:
         )
     ]
     lines += [node_record(node) for node in nodes]
-    lines += [node_change_record(change) for change in node_changes(store, origin)]
+    names = {node.name for node in nodes}
+    lines += [node_change_record(change) for change in node_changes(store, origin, names)]
     for spec, row, model, attempts, restore in specs:
         shifted = dataclasses.replace(
             spec,
@@ -259,15 +262,19 @@ def export_corral(store: Store, out: Path) -> CorralExport:
     return result
 
 
-def node_changes(store: Store, origin: float) -> list[NodeChange]:
-    """The operators' drains and resumes of nodes, at their instants since `origin` (one before
-    the first job's submission, at 0: nothing ran before it)."""
-    return [
-        NodeChange(
-            max(0.0, row.at - origin), row.node, row.state == DRAINING, row.reason, row.preempt
-        )
-        for row in store.node_changes((DRAINING, RESUMED))
-    ]
+def node_changes(store: Store, origin: float, names: set[str] | None = None) -> list[NodeChange]:
+    """Every recorded change of a node (corral.core.nodes.CHANGE_STATES), at its instant since
+    `origin` (one before the first job's submission, at 0: nothing ran before it). With `names`
+    (the nodes the trace lists), only the changes of those nodes but the operators' own (a
+    drain of a node the trace lacks is refused by the replay, naming it)."""
+    changes = []
+    for row in store.node_changes(CHANGE_STATES):
+        at = max(0.0, row.at - origin)
+        if row.state in (DRAINING, RESUMED):
+            changes.append(NodeChange(at, row.node, row.state == DRAINING, row.reason, row.preempt))
+        elif names is None or row.node in names:
+            changes.append(NodeChange(at, row.node, False, row.reason, state=row.state))
+    return changes
 
 
 def measured_restore(

@@ -55,6 +55,7 @@ from corral.server.committer import Submission, SubmissionCommitter
 from corral.server.controls import ControlError, JobControls
 from corral.server.datacache import LiveCache
 from corral.server.factory import MIN_GITTINS_HISTORY, SchedulerFactory
+from corral.server.health import HealthMonitor
 from corral.server.holders import GpuHolders
 from corral.server.metrics import ManagerMetrics
 from corral.server.nodes import NodeLifecycle
@@ -193,6 +194,7 @@ class Manager(
         #: When the latest scheduling round ran (the manager's clock; None: none yet): /readyz.
         self.last_round_at: float | None = None
         self.on_stop: list[Callable[[], None]] = []  # e.g. release the data directory's lock
+        self.health: HealthMonitor | None = None  # the nodes' health checks (`start`)
         self.round_seconds: list[float] = []  # the latest 1,000 rounds' (benchmarks read them)
         self.metrics = ManagerMetrics()  # counters and histograms for /metrics
         self.metrics.watch(self)
@@ -259,9 +261,22 @@ class Manager(
             target=self._commit_loop, name="corral-submissions", daemon=True
         )
         self._committer.start()
+        if self.settings.health is not None:  # a site's health-check command, NVML's signals
+            self.health = HealthMonitor(self.settings.health, self._health_nodes, self)
+            self.on_resume = self.health.forget
+            self.health.start()
+
+    def _health_nodes(self) -> list[tuple[str, int]]:
+        """The nodes the health checks look at: name and GPU count."""
+        with self.lock:
+            return [
+                (node.name, len(self.cluster.node_gpus[node.index])) for node in self.cluster.nodes
+            ]
 
     def stop(self) -> None:
         """Stop the loop; jobs keep running and are found again by the next start."""
+        if self.health is not None:
+            self.health.stop()
         self._stopping.set()
         self._wake.set()
         self._inbox_ready.set()
@@ -419,6 +434,7 @@ class Manager(
                                 stops.append(stop)
                         for respeed in decision.respeeds:
                             self._record_respeed(respeed, now)
+                        self.drains.explain_waits(self.scheduler)  # held-out nodes named
                     launches = self._record_ready_starts(now)
                     if deciding or ended:  # attempts began or ended: who shares which GPUs
                         self._follow_partners(now)
@@ -826,6 +842,9 @@ class Manager(
         if key in self._draining:  # a stop we asked for: its GPUs are free for real now
             del self._draining[key]
             self._drop_holder(*key)
+            lost = self._lost_reasons.pop(key, None)  # its node was found unhealthy
+            if lost is not None:
+                outcome_fields["reason"] = lost
             self.store.update_attempt(end.job_id, end.attempt, **outcome_fields)
             self._dirty = True
             return

@@ -184,7 +184,7 @@ class ManagerCollector(Collector):
         yield guaranteed
         node_state = GaugeMetricFamily(
             "corral_node_state",
-            "1 for the state each node is in (up, draining, drained, down), 0 for the others.",
+            "1 for the state each node is in (up, draining, drained, unhealthy, down), 0 for the others.",
             labels=["node", "state"],
         )
         for node, state, value in manager.node_state_counts():

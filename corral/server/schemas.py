@@ -238,6 +238,10 @@ class NodeView(BaseModel):
     name: str
     rack: str
     gpus: list[GpuView]
+    state: str = Field(
+        "up", description="up, draining, drained, unhealthy or down (`corral node ls`)"
+    )
+    reason: str = Field("", description="why it is not up (a drain's reason, a failed check's)")
 
 
 class ClusterView(BaseModel):

@@ -16,6 +16,7 @@ from corral.exec.contain import default_pids_max
 from corral.exec.local import AttemptEnded, AttemptLaunch
 from corral.exec.logcap import DEFAULT_CAP_BYTES
 from corral.server.connections import ConnectionLimits
+from corral.server.health import HealthSettings
 
 
 class Executor(Protocol):
@@ -129,6 +130,9 @@ class ManagerSettings:
     #: live loop. `ready_round_s`: /readyz answers 503 once no round ran for this long.
     round_every_s: float = 5.0
     ready_round_s: float = 30.0
+    #: The nodes' health checks (a site's command, NVML's signals: corral.server.health); None:
+    #: none.
+    health: HealthSettings | None = None
 
 
 @dataclass(slots=True)

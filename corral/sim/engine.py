@@ -34,7 +34,13 @@ import numpy as np
 
 from corral.core.actions import Action, Start
 from corral.core.job import Job, JobSpec, JobStatus
-from corral.core.nodes import NodeChange, NodeDrains, apply_change, node_index
+from corral.core.nodes import (
+    NodeChange,
+    NodeDrains,
+    absent_from_start,
+    apply_change,
+    node_index,
+)
 from corral.core.precheck import PrecheckState
 from corral.core.protocol import SchedulerCore
 from corral.core.retry import FailureReport
@@ -92,13 +98,14 @@ class FailureModel:
 
 
 def drained_idle(scheduler: SchedulerCore, drains: NodeDrains) -> int:
-    """GPUs of drained nodes that no job runs on (held out of allocation, not in use)."""
+    """GPUs of held-out nodes (drained, unhealthy, absent) that no job runs on (held out of
+    allocation, not in use)."""
     cluster = scheduler.cluster
     used = {g for job in scheduler.running_jobs() for g in job.placement}
     return sum(
         1
         for node in cluster.nodes
-        if node.name in drains.drained
+        if drains.holds(node.name)
         for g in cluster.node_gpus[node.index]
         if g not in used
     )
@@ -282,6 +289,8 @@ class Simulation:
             node_index(cluster, change.node)  # UnknownNode, naming it, before the run
             order += 1
             heapq.heappush(events, (change.at, order, _NODE_CHANGE, "", number))
+        for name in sorted(absent_from_start(self.node_changes)):  # joined later
+            drains.mark_absent(scheduler, name, True)
 
         if node_failures is not None:
             for node in range(len(cluster.nodes)):
@@ -387,11 +396,19 @@ class Simulation:
                     continue
                 if kind == _NODE_CHANGE:
                     change = self.node_changes[attempt]
-                    for stop in apply_change(drains, scheduler, change, now):
+                    lost_by_id = {job.id: job.lost_gpu_s for job in scheduler.running_jobs()}
+                    applied = apply_change(drains, scheduler, change, now)
+                    for stop in applied.stops:
                         if self.record_decisions:
                             decisions.append((now, stop))
                         if self.on_decision is not None:
                             self.on_decision(now, stop)
+                    for job in applied.failed:  # on a node found unhealthy: the infra's
+                        if gates is not None:  # the live failure of this attempt, replayed now
+                            gates.failed_by_node(job)
+                        lose_attempt(job, True, lost_by_id[job.id])
+                        if job.status.finished:
+                            count_end(job)
                     for node in down:  # a resume gives back a dead node's GPUs: held again
                         scheduler.take_offline(cluster.node_gpus[node])
                     continue
@@ -523,7 +540,7 @@ class Simulation:
                 job_events += 1
                 heapq.heappush(events, (wake, order, _TIMER, "", 0))
             free = cluster.free_gpus
-            drained_gpus = drained_idle(scheduler, drains) if drains.drained else 0
+            drained_gpus = drained_idle(scheduler, drains) if drains.held else 0
             timeline.record(
                 now,
                 # a dead node's GPUs, and a drained node's idle ones: not in use

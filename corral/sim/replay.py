@@ -210,6 +210,13 @@ class ReplayGates:
             recorded.infrastructure,
         )
 
+    def failed_by_node(self, job: Job) -> None:
+        """The job's attempt failed as its node was found unhealthy (a replayed node change):
+        that is the live failure of this attempt, which is not replayed again."""
+        queue = self.failures.get(job.id)
+        if queue and queue[0].attempt <= job.attempts and queue[0].infrastructure:
+            queue.pop(0)
+
     def failed(self, job: Job) -> None:
         """The job's replayed failure happened."""
         queue = self.failures.get(job.id)

@@ -274,6 +274,10 @@
           { class: "node-head" },
           el("span", { class: "node-name" }, node.name),
           el("span", { class: "muted" }, `${types} · ${used}/${node.gpus.length} used`),
+          // a node held out of allocation: its state and why (drained, unhealthy, down)
+          node.state && node.state !== "up"
+            ? el("span", { class: "node-state", title: node.reason || "" }, node.state)
+            : "",
         ),
         el("div", { class: "gpus" }, ...cells),
       );

@@ -115,3 +115,54 @@ def test_hived_drains_by_physical_node_and_binds_the_vc_elsewhere() -> None:
     (again,) = s.decide(5).actions
     assert isinstance(again, Start) and again.job_id == "a1"
     assert all(s.cluster.gpu_node[g] != node for g in again.gpus)
+
+
+# -- health: a node found unhealthy, and back ---------------------------------------------------
+
+
+def test_an_unhealthy_node_fails_its_attempts_as_the_infrastructures_and_starts_nothing() -> None:
+    from corral.core.nodes import UNHEALTHY
+
+    s, drains = _two_running()
+    # n0 found unhealthy at 10: a's attempt ends at once as an infrastructure failure (not a
+    # preemption: its work since its last checkpoint is lost), requeued with max_retries
+    # untouched (failures 0, infra_failures 1), held for the first backoff.
+    (failed,) = drains.mark_unhealthy(s, N0, 10, "XID 79")
+    a = s.jobs["a"]
+    assert failed is a
+    assert (a.status, a.failures, a.infra_failures, a.preemptions) == (JobStatus.PENDING, 0, 1, 0)
+    assert a.failure_history[-1].infrastructure
+    assert a.failure_history[-1].signature == f"node {N0} unhealthy: XID 79"
+    assert drains.state(N0, running=0) == UNHEALTHY
+    # n0's GPUs 0, 1 are free but held out; n1 runs c: neither a (in its backoff) nor b starts,
+    # though without the health check b (2 GPUs) would start on 0, 1 here.
+    drains.hold(s)
+    assert s.decide(10).actions == []
+    drains.explain_waits(s)
+    assert "2 on node node-0000 is unhealthy (XID 79)" in s.jobs["b"].pending_reason
+    # c ends at 100: a (first in fifo order, its backoff over) takes n1, never n0.
+    s.finished("c", 100)
+    drains.hold(s)
+    assert s.decide(100).actions == [Start("a", (2, 3), resumed=True)]
+    # The check passes at 150: n0 takes b.
+    assert drains.mark_healthy(s, N0) is True
+    assert drains.state(N0, running=0) == "up"
+    drains.hold(s)
+    assert s.decide(150).actions == [Start("b", (0, 1))]
+
+
+def test_an_admin_resume_brings_an_unhealthy_and_drained_node_back() -> None:
+    s, drains = _two_running()
+    drains.drain(s, N0, 5, reason="fan")
+    drains.mark_unhealthy(s, N0, 10, "ECC")
+    # Healthy again, the node stays drained: nothing starts on it.
+    drains.mark_healthy(s, N0)
+    s.finished("c", 20)
+    drains.hold(s)
+    (start,) = s.decide(20).actions
+    assert isinstance(start, Start) and start.gpus == (2, 3)  # a (fifo's first) on n1
+    drains.mark_unhealthy(s, N0, 30, "ECC")
+    # resume ends both the drain and the failed check: b goes to n0.
+    assert drains.resume(s, N0) is True
+    drains.hold(s)
+    assert s.decide(40).actions == [Start("b", (0, 1))]

@@ -123,6 +123,9 @@ def test_a_drained_node_lets_its_job_finish_and_the_next_job_starts_on_the_other
         0,
         [],
     )
+    # Its idle GPU is held out, not free; c waits for it, not for GPUs "all in use".
+    assert (view["gpus_free"], view["gpus_held"]) == (0, 1), view
+    assert "1 on node n0 is drained (swap a fan)" in found["reason"], found["reason"]
 
     go_b.touch()  # n1 frees: c starts there, not on the drained n0
     assert wait_for(client, c)["status"] == "SUCCEEDED"

@@ -139,6 +139,8 @@ def test_the_live_drains_decide_as_worked_out(live: LiveRun, exported: tuple[Pat
         for r in records
         if r["kind"] == "node_change"
     ] == [
+        (0.0, "n0", "joined", False),  # the manager's first look, before the first job: at 0
+        (0.0, "n1", "joined", False),
         (10.0, "n0", "draining", False),
         (60.0, "n1", "draining", True),
         (70.0, "n0", "resumed", False),

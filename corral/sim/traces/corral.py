@@ -128,11 +128,9 @@ def read(location: str, *, perf: PerfModel | None = None, seed: int = 0, **optio
     if note is not None:
         notes.append(note)
     if node_changes:
-        drains = sum(change.drain for change in node_changes)
-        notes.append(
-            f"node changes replayed at their instants: {drains} drain(s), "
-            f"{len(node_changes) - drains} resume(s)"
-        )
+        kinds = Counter(change.kind for change in node_changes)
+        counted = ", ".join(f"{count} {kind}" for kind, count in sorted(kinds.items()))
+        notes.append(f"node changes replayed at their instants: {counted}")
     return Trace(
         jobs=jobs,
         source=f"corral:{location}",
