@@ -197,6 +197,15 @@ class VcView(BaseModel):
     allocated_gpus: int
     pending: int
     running: int
+    #: Under departments (hierarchical queues) only: "vc" or "department", the department
+    #: above it (null: none), its depth in the tree, GPUs used beyond its quota, its over-quota
+    #: weight and its limit (null: none).
+    kind: str | None = None
+    parent: str | None = None
+    depth: int | None = None
+    borrowed_gpus: int | None = None
+    weight: float | None = None
+    limit: int | None = None
 
 
 class GpuJobView(BaseModel):
