@@ -12,7 +12,8 @@ from corral.core.framework import build_scheduler, config_from_mapping
 from corral.core.plugin import Services
 from corral.sim.engine import Simulation
 
-#: Department d (quota 3): a (2 GPUs), b (1); department e (quota 1): c (1). One 4-GPU node.
+#: Department d (quota 3): a (2 GPUs), b (1); department e (quota 1, over-quota weight 3): c
+#: (1). One 4-GPU node.
 TREE_YAML = """\
 cell_types:
   ONE: {child: gpu, count: 1}
@@ -25,7 +26,7 @@ virtual_clusters:
   c: {cells: {ONE: 1}, parent: e}
 departments:
   d: {quota: 3}
-  e: {quota: 1}
+  e: {quota: 1, weight: 3}
 """
 
 #: (instant, job, VC): c's three jobs, then b's two, then a's one by one.
@@ -45,7 +46,9 @@ ARRIVALS = [
 #: 10: demand b 2, c 3. Cluster level: d min(2, 3) = 2, e min(3, 1) = 1, 1 left, only e asks
 #:    more: e 2. Inside d: b 1 + a's idle 1 = 2. b0 (within b's quota) takes the idle GPU; b1
 #:    (within b's share, lent a's idle GPU inside d) takes one back from c, 3 of a share of 2:
-#:    c2, its lowest in fifo order. A GPU idle inside d goes to b before c.
+#:    c2, its lowest in fifo order. A GPU idle inside d goes to b before c, though e's weight
+#:    is 3 to d's 1: lent across by weight, d's idle 2 would split 0.5 : 1.5 (b 1.5, c 2.5),
+#:    and b1 would wait.
 #: 30: demand a 1: d min(4, 3) = 3, e 1. Inside d: a 1, b 1, 1 left, only b asks more: b 2.
 #:    a0 (within a's quota) reclaims: c is over its share (2 of 1) from outside d, b is not
 #:    (2 of 2): c1 goes.
