@@ -642,9 +642,11 @@ def _queue_tree(
         seen = [name]
         parent = departments[name].parent
         while parent is not None:
-            if parent in seen:
+            if parent in seen:  # named by the first of the cycle met
                 cycle = " -> ".join([*seen[seen.index(parent) :], parent])
-                raise ConfigError(f"departments.{name}.parent", f"a cycle of departments: {cycle}")
+                raise ConfigError(
+                    f"departments.{parent}.parent", f"a cycle of departments: {cycle}"
+                )
             seen.append(parent)
             parent = departments[parent].parent
     children: dict[str, list[str]] = {name: [] for name in departments}

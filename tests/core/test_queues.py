@@ -9,7 +9,7 @@ from collections import Counter
 
 import pytest
 
-from corral.core import Cluster, JobSpec, Preempt, Scheduler, Start
+from corral.core import Cluster, JobRefused, JobSpec, Preempt, Scheduler, Start
 from corral.core.admission.queues import QueuesAdmission
 from corral.core.admission.quota import QuotaAdmission
 from corral.core.config import ConfigError, parse_cluster_config, vc_gpu_quota
@@ -197,6 +197,15 @@ def test_among_borrowers_outside_the_furthest_over_its_share_gives_first():
     assert shares(s) == pytest.approx({"x": 3, "a": 3, "y": 2.25, "b": 2.25, "z": 2.75, "c": 2.75})
     assert running(s) == {"a": 3, "b": 2, "c": 3}
     assert not [a for a in s.decide(20).actions if isinstance(a, Preempt)]
+
+
+def test_a_job_larger_than_a_limit_above_it_is_refused_at_submission():
+    # b's department d has a limit of 5: a 6-GPU job of b's could never start.
+    queues = tree(dept("d", 4, limit=5), vc("a", "d", 2), vc("b", "d", 2), vc("c", None, 4))
+    s = scheduler(queues)
+    with pytest.raises(JobRefused, match="asks for 6 GPUs but the cluster has only 5 GPUs"):
+        s.submit(JobSpec(id="big", submit_time=0, gpus=6, vc="b", duration_s=1.0), 0)
+    s.submit(JobSpec(id="c8", submit_time=0, gpus=8, vc="c", duration_s=1.0), 0)  # no limit
 
 
 def test_without_oversubscription_idle_quota_stays_in_its_department():

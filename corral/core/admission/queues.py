@@ -35,7 +35,7 @@ from typing import Any
 
 from corral.core.admission.quota import Quota, QuotaAdmission
 from corral.core.cluster import Cluster
-from corral.core.job import Job, Priority
+from corral.core.job import Job, JobSpec, Priority
 from corral.core.plugin import Services
 from corral.core.protocol import Admission as AdmissionHooks
 from corral.core.queues import EPSILON, QueueTree
@@ -125,6 +125,17 @@ class QueuesAdmission(QuotaAdmission):
         return None
 
     # -- verdicts -------------------------------------------------------------------------
+
+    def capacity(self, spec: JobSpec) -> int | None:
+        """The most GPUs a guaranteed job may ask for: the smallest limit above it and, without
+        oversubscription, its top-level queue's quota (nothing is lent across)."""
+        if spec.priority is OPPORTUNISTIC:
+            return None
+        chain = self.chains[spec.vc]
+        bounds = [q.limit for q in (self.tree.queues[n] for n in chain) if q.limit is not None]
+        if not self.oversubscribe:
+            bounds.append(self.tree.queues[chain[-1]].quota)
+        return min(bounds) if bounds else None
 
     def walks(self) -> Iterator[None]:
         try:
