@@ -1,6 +1,6 @@
 """Hierarchical queues in `corral up`: real job processes (local executor), a real SQLite file,
 HTTP on loopback. A two-level queue (department d: teams a and b; department e: team c) on one
-machine of 4 declared GPUs lends a team's idle GPU inside its department before across, and
+machine of 6 declared GPUs lends a team's idle GPU inside its department before across, and
 takes GPUs back from outside the department first: the decisions of the same scenario in the
 simulator (tests/sim/test_queues_sim.py, worked out by hand there)."""
 
@@ -38,7 +38,7 @@ def sleeper(name: str, vc: str) -> dict[str, Any]:
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[RunningServer]:
     data_dir = tmp_path / "corral"
-    running = start_server(data_dir, gpus=4, config=TREE_YAML, policy="fifo", admission="quota")
+    running = start_server(data_dir, gpus=6, config=TREE_YAML, policy="fifo", admission="quota")
     try:
         yield running
     finally:
@@ -86,12 +86,12 @@ def test_a_two_level_queue_lends_within_first_and_reclaims_from_outside_first(
         assert found["preemptions"] == 1
         preempted.append(name)
 
-    # c asks for 3: e's quota 1 and d's idle 2 are lent to it (nobody in d asks). 1 GPU idle.
-    arrive("c0", "c1", "c2")
-    # b asks for 2: b0 takes the idle GPU; b1 is lent a's idle GPU inside d, before c keeps
-    # it: c2 (c's lowest in fifo order) gives way.
-    arrive("b0", "b1")
-    gave_way("c2")
+    # c asks for 4: e's quota 2 and the idle rest are lent to it (nobody in d asks). 2 idle.
+    arrive("c0", "c1", "c2", "c3")
+    # b asks for 3: b0 and b1 take the idle GPUs; b2 is lent a's idle quota inside d before c
+    # keeps it (though e weighs 3 to d's 1): c3 (c's lowest in fifo order) gives way.
+    arrive("b0", "b1", "b2")
+    gave_way("c3")
     rows = vc_ls(server)
     assert [(r["name"], r["depth"], r["kind"]) for r in rows] == [
         ("d", 0, "department"),
@@ -100,32 +100,37 @@ def test_a_two_level_queue_lends_within_first_and_reclaims_from_outside_first(
         ("e", 0, "department"),
         ("c", 1, "vc"),
     ]
-    # (quota, used, borrowed): b borrows a's idle GPU inside d, c one of d's across.
+    # (quota, used, borrowed): b borrows a's idle quota inside d, c one GPU no quota holds.
     assert [tree_row(rows, n) for n in ("d", "a", "b", "e", "c")] == [
-        (3, 2, 0),
+        (3, 3, 0),
         (2, 0, 0),
-        (1, 2, 1),
-        (1, 2, 1),
-        (1, 2, 1),
+        (1, 3, 2),
+        (2, 3, 1),
+        (2, 3, 1),
     ]
-    # a asks for 1, within its quota: the borrower from outside d gives way (c1), not b.
+    # a asks for 1, within its quota: b (3 of a share of 2.25) and c (3 of 2.75) are both over
+    # their shares; the borrower from outside d gives way (c2), not b.
     arrive("a0")
-    gave_way("c1")
-    assert statuses(client, {n: ids[n] for n in ("b0", "b1", "c0")}) == {
+    gave_way("c2")
+    assert statuses(client, {n: ids[n] for n in ("b0", "b1", "b2", "c0", "c1")}) == {
         "b0": ("RUNNING", 0),
         "b1": ("RUNNING", 0),
+        "b2": ("RUNNING", 0),
         "c0": ("RUNNING", 0),
+        "c1": ("RUNNING", 0),
     }
-    # a asks for 1 more: now only b is over its share (2 of 1): b1 gives way.
+    # a asks for 1 more: now only b is over its share (3 of 1.25): b2 gives way.
     arrive("a1")
-    gave_way("b1")
+    gave_way("b2")
     final = statuses(client, ids)
     assert final == {
         "c0": ("RUNNING", 0),
-        "c1": ("PENDING", 1),
+        "c1": ("RUNNING", 0),
         "c2": ("PENDING", 1),
+        "c3": ("PENDING", 1),
         "b0": ("RUNNING", 0),
-        "b1": ("PENDING", 1),
+        "b1": ("RUNNING", 0),
+        "b2": ("PENDING", 1),
         "a0": ("RUNNING", 0),
         "a1": ("RUNNING", 0),
     }
@@ -135,11 +140,11 @@ def test_a_two_level_queue_lends_within_first_and_reclaims_from_outside_first(
     assert sorted(started) == sorted(ids)
     rows = vc_ls(server)
     assert [tree_row(rows, n) for n in ("d", "a", "b", "e", "c")] == [
-        (3, 3, 0),
+        (3, 4, 1),
         (2, 2, 0),
-        (1, 1, 0),
-        (1, 1, 0),
-        (1, 1, 0),
+        (1, 2, 1),
+        (2, 2, 0),
+        (2, 2, 0),
     ]
     table = CliRunner().invoke(
         app,
@@ -157,9 +162,9 @@ def test_a_two_level_queue_lends_within_first_and_reclaims_from_outside_first(
         "PENDING",
         "RUNNING",
     ]
-    assert lines[1].split() == ["d/", "3", "3", "0", "1", "-", "1", "3"]
-    assert lines[4].split() == ["e/", "1", "1", "0", "3", "-", "2", "1"]
-    assert lines[3].split() == ["b", "1", "1", "0", "1", "-", "1", "1"]
+    assert lines[1].split() == ["d/", "3", "4", "1", "1", "-", "1", "4"]
+    assert lines[3].split() == ["b", "1", "2", "1", "1", "-", "1", "2"]
+    assert lines[4].split() == ["e/", "2", "2", "0", "3", "-", "2", "2"]
 
 
 @pytest.mark.parametrize(
@@ -175,7 +180,7 @@ def test_a_two_level_queue_lends_within_first_and_reclaims_from_outside_first(
             "quota of 2",
         ),
         (
-            TREE_YAML.replace("e: {quota: 1,", "e: {quota: 1, parent: d,").replace(
+            TREE_YAML.replace("e: {quota: 2,", "e: {quota: 2, parent: d,").replace(
                 "d: {quota: 3}", "d: {quota: 3, parent: e}"
             ),
             "departments.d.parent: a cycle of departments: d -> e -> d",
@@ -188,7 +193,7 @@ def test_corral_up_refuses_a_bad_tree_in_one_line(tmp_path: Path, text: str, mes
     done = subprocess.run(
         [
             sys.executable,
-            *("-m", "corral.cli", "up", "--gpus", "4", "--config", str(config)),
+            *("-m", "corral.cli", "up", "--gpus", "6", "--config", str(config)),
             *("--data-dir", str(tmp_path / "data"), "--single-user"),
         ],
         capture_output=True,
@@ -206,7 +211,7 @@ def test_corral_up_refuses_hived_with_departments(tmp_path: Path):
     done = subprocess.run(
         [
             sys.executable,
-            *("-m", "corral.cli", "up", "--gpus", "4", "--config", str(config)),
+            *("-m", "corral.cli", "up", "--gpus", "6", "--config", str(config)),
             *("--data-dir", str(tmp_path / "data"), "--single-user", "--admission", "hived"),
         ],
         capture_output=True,
