@@ -499,12 +499,7 @@ def create_app(manager: Manager) -> FastAPI:
             },
         )
 
-    @app.get(
-        "/api/v1/vcs",
-        tags=["cluster"],
-        response_model=list[schemas.VcView],
-        response_model_exclude_unset=True,
-    )
+    @app.get("/api/v1/vcs", tags=["cluster"], response_model=list[schemas.VcView])
     def list_vcs(who: Caller) -> list[dict[str, Any]]:
         """Each VC (under departments: the tree, each department first; a user bound to a VC
         sees it and the departments above it)."""

@@ -197,15 +197,9 @@ class VcView(BaseModel):
     allocated_gpus: int
     pending: int
     running: int
-    #: Under departments (hierarchical queues) only: "vc" or "department", the department
-    #: above it (null: none), its depth in the tree, GPUs used beyond its quota, its over-quota
-    #: weight and its limit (null: none).
-    kind: str | None = None
-    parent: str | None = None
-    depth: int | None = None
-    borrowed_gpus: int | None = None
-    weight: float | None = None
-    limit: int | None = None
+    # Under departments (hierarchical queues) each row also has `kind` ("vc" or "department"),
+    # `parent` (null: none), `depth` in the tree, `borrowed_gpus` (used beyond its quota),
+    # `weight` (over-quota) and `limit` (null: none); a flat cluster's rows have none of them.
 
 
 class GpuJobView(BaseModel):
