@@ -9,7 +9,7 @@ from collections import Counter
 
 import pytest
 
-from corral.core import Cluster, JobRefused, JobSpec, Preempt, Scheduler, Start
+from corral.core import Cluster, JobRefused, JobSpec, Preempt, Priority, Scheduler, Start
 from corral.core.admission.queues import QueuesAdmission
 from corral.core.admission.quota import QuotaAdmission
 from corral.core.config import ConfigError, parse_cluster_config, vc_gpu_quota
@@ -234,6 +234,59 @@ def test_without_oversubscription_idle_quota_stays_in_its_department():
 )
 def test_fair_shares_by_hand(demand: dict[str, int], expected: dict[str, float]):
     assert TWO_DEPARTMENTS.fair_shares(demand, 8) == pytest.approx(expected)
+
+
+def test_departments_nest_and_idle_quota_stays_in_the_nearest_one_first():
+    # org (quota 6): department x (quota 4: a 2, b 2) and VC c (2); z (2) beside org; 8 GPUs.
+    # a asks 4, z asks 8, b and c nothing. Cluster: org min(4, 6) = 4, z 2, 2 left, org asks no
+    # more: z 4. Inside org: x 4, c 0. Inside x: a 2 + b's idle 2 = 4. b's idle quota went to
+    # a (same department x); c's idle quota and org's spare 2 went across to z.
+    nested = tree(
+        Queue("org", None, 6, is_vc=False),
+        Queue("x", "org", 4, is_vc=False),
+        vc("a", "x", 2),
+        vc("b", "x", 2),
+        vc("c", "org", 2),
+        vc("z", None, 2),
+    )
+    shares = nested.fair_shares({"a": 4, "b": 0, "c": 0, "z": 8}, 8)
+    assert shares == {"org": 4, "x": 4, "a": 4, "b": 0, "c": 0, "z": 4}
+    # The config takes a department under a department.
+    parsed = parse_cluster_config(
+        config(
+            {
+                "a": {"cells": {"ONE": 2}, "parent": "x"},
+                "c": {"cells": {"ONE": 2}, "parent": "org"},
+            },
+            {"x": {"parent": "org"}, "org": {"quota": 6}},
+        )
+    )
+    assert parsed.queues is not None and parsed.queues.chain("a") == ["a", "x", "org"]
+
+
+def test_opportunistic_jobs_give_way_before_any_borrower():
+    # c runs 4 (its quota); a's 4 opportunistic jobs take the idle GPUs (no quota counted).
+    # b asks 2 within its quota: the opportunistic jobs go first (lowest first: a3, a2), not c's.
+    s = scheduler(TWO_DEPARTMENTS)
+    submit(s, "c", 4, 0)
+    for i in range(4):
+        s.submit(
+            JobSpec(
+                id=f"o{i}",
+                submit_time=0,
+                gpus=1,
+                vc="a",
+                duration_s=1e6,
+                priority=Priority.OPPORTUNISTIC,
+            ),
+            0,
+        )
+    s.decide(0)
+    assert running(s) == {"c": 4, "a": 4}
+    submit(s, "b", 2, 10)
+    preempted = [a.job_id for a in s.decide(10).actions if isinstance(a, Preempt)]
+    assert sorted(preempted) == ["o2", "o3"]
+    assert running(s) == {"c": 4, "a": 2, "b": 2}
 
 
 def test_a_flat_tree_is_each_vc_its_quota_plus_an_equal_part():
