@@ -103,7 +103,7 @@ OPENB_EVERY = (10, 8)
 @dataclass(frozen=True, slots=True)
 class Run:
     name: str
-    trace: str  # "one", "small", "short", "vcs", "hetero", "openb"
+    trace: str  # "one", "small", "short", "vcs", "tree", "hetero", "openb"
     policy: str = "las"
     scheduler: dict[str, object] = field(default_factory=dict)
     settings: dict[str, object] = field(default_factory=dict)
@@ -318,6 +318,16 @@ def framework_runs() -> list[Run]:
         ("fast_fail_repeats", 0),
     ):
         add(f"retry {key}", scheduler={"retry": {key: value}}, settings=philly)
+    # Hierarchical queues: the three VCs, two of them under a department (quota, weights,
+    # limits at each level), lending across and, without oversubscription, only within.
+    for policy in ("las", "fifo"):
+        add(f"queues quota {policy}", "tree", policy, scheduler={"admission": "quota"})
+    add(
+        "queues quota no oversubscribe",
+        "tree",
+        "las",
+        scheduler={"admission": "quota", "quota": {"oversubscribe": False}},
+    )
     return runs
 
 
@@ -369,6 +379,17 @@ def prepare_traces(data: Path, tmp: Path) -> dict[str, dict[str, object]]:
     config = tmp / "vcs.yaml"
     config.write_text(yaml.safe_dump(vcs), encoding="utf-8")
     traces["vcs"] |= {"config": config, "arrival_scale": 0.3}
+    tree = vcs | {
+        "virtual_clusters": {
+            "6214e9": {"cells": {"V100-NODE": 2}, "parent": "research"},
+            "11cb48": {"cells": {"V100-NODE": 1}, "parent": "research", "weight": 3, "limit": 20},
+            "ee9e8c": {"cells": {"V100-RACK": 1}, "limit": 32},
+        },
+        "departments": {"research": {"quota": 28, "weight": 2, "limit": 40}},
+    }
+    config = tmp / "tree.yaml"
+    config.write_text(yaml.safe_dump(tree), encoding="utf-8")
+    traces["tree"] = traces["vcs"] | {"config": config}
     traces["hetero"] |= {
         "config": ROOT / "docs" / "examples" / "hetero-gavel.yaml",
         "arrival_scale": 0.5,

@@ -276,6 +276,44 @@ MUTANTS = [
         ("tests/server/test_fairshare_live.py",),
     ),
     Mutant(
+        "queues-lend-across-first",
+        "quota: hierarchical queues",
+        "a department is guaranteed only its teams' own quotas: a team's idle quota is lent "
+        "across departments by weight, not within its department first",
+        "corral/core/queues.py",
+        (
+            (
+                "            given = {n: min(demand[n], float(self.queues[n].quota)) for n in names}\n",
+                "            given = {n: self._mutant_own(n, demand) for n in names}\n",
+            ),
+            (
+                "    def vcs(self) -> list[str]:\n",
+                "    def _mutant_own(self, n: str, demand: dict[str, float]) -> float:\n"
+                "        below = self.children(n)\n"
+                "        if not below:\n"
+                "            return min(demand[n], float(self.queues[n].quota))\n"
+                "        return sum(self._mutant_own(c, demand) for c in below)\n\n"
+                "    def vcs(self) -> list[str]:\n",
+            ),
+        ),
+        ("tests/core/test_queues.py",),
+        ("tests/server/test_queues_live.py",),
+    ),
+    Mutant(
+        "queues-reclaim-within-first",
+        "quota: hierarchical queues",
+        "a team takes GPUs back from borrowers inside its department before those outside",
+        "corral/core/admission/queues.py",
+        (
+            (
+                "                borrowers.append((self._common(w, vc), -self._over(w), index, victim))\n",
+                "                borrowers.append((-self._common(w, vc), -self._over(w), index, victim))\n",
+            ),
+        ),
+        ("tests/core/test_queues.py",),
+        ("tests/server/test_queues_live.py",),
+    ),
+    Mutant(
         "fgd-score-inverted",
         "FGD: fractional GPUs, `fgd` placement, MPS limits",
         "FGD picks where the target workload's fragmentation grows the most",

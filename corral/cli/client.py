@@ -540,13 +540,29 @@ VC_COLUMNS = (
 )
 
 
+#: Under departments: the tree, each level indented under its parent.
+VC_TREE_COLUMNS = (
+    Column("VC", lambda v: "  " * v["depth"] + v["name"] + ("/" if v["kind"] != "vc" else "")),
+    Column("QUOTA", lambda v: v["guaranteed_gpus"], right=True),
+    Column("USED", lambda v: v["allocated_gpus"], right=True),
+    Column("BORROWED", lambda v: v["borrowed_gpus"], right=True),
+    Column("WEIGHT", lambda v: f"{v['weight']:g}", right=True),
+    Column("LIMIT", lambda v: "-" if v["limit"] is None else v["limit"], right=True),
+    Column("PENDING", lambda v: v["pending"], right=True),
+    Column("RUNNING", lambda v: v["running"], right=True),
+)
+
+
 @vc_group.command("ls")
 @output_option()
 def vc_ls(output: str) -> None:
-    """The VCs: guaranteed GPUs, GPUs in use, pending and running jobs."""
+    """The VCs: guaranteed GPUs, GPUs in use, pending and running jobs; under departments, the
+    tree (a department ends in /) with each level's quota, GPUs used and borrowed, over-quota
+    weight and limit."""
     with connected() as client:
         vcs = client.vcs()
-    emit(vcs, VC_COLUMNS, output)
+    tree = any("kind" in vc for vc in vcs)
+    emit(vcs, VC_TREE_COLUMNS if tree else VC_COLUMNS, output)
 
 
 # -- token ------------------------------------------------------------------------------------

@@ -42,6 +42,14 @@ Rules (each violation is a ConfigError whose message starts with the offending k
   site's health-check command run for each node every ``every_s`` seconds (default 30) with a
   ``timeout_s`` (default 10), and whether NVML's signals are read (docs/server.md, "Nodes");
   `corral up --health-check` and its flags override it.
+- A VC may also be written ``{cells: {...}, parent: DEPT, weight: W, limit: L}`` (hierarchical
+  queues, corral.core.queues): ``parent`` names an entry of ``departments``, ``weight`` (a
+  positive number, 1 by default) is its part of what its parent leaves over, ``limit`` (GPUs, at
+  least its quota) the most it may use. ``departments`` maps a department to ``{quota, weight,
+  limit, parent}`` (``quota`` in GPUs, by default its children's together). A parent that is not
+  a department, a cycle of departments, a department nobody names, children whose quotas sum over
+  their department's, a limit below the quota and top-level quotas over the cluster's GPUs are
+  refused, naming the queue and the field.
 - No ``virtual_clusters`` (or an empty mapping) gives one VC, ``default``, the whole cluster: it is
   returned as ``{"default": {}}``; an empty cell map means "the whole cluster" and only arises so.
 """
@@ -50,7 +58,7 @@ from __future__ import annotations
 
 import difflib
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, PlainValidator, StrictBool, ValidationError
@@ -58,6 +66,7 @@ from pydantic_core import PydanticCustomError
 
 from corral.core.cluster import Cell, Cluster, ClusterError
 from corral.core.nodes import NodeChange, maintenance_changes
+from corral.core.queues import Queue, QueueTree
 
 DEFAULT_VC = "default"
 # Counts that would build a bigger tree are a typo, not a cluster: refuse them before building.
@@ -83,6 +92,9 @@ class ClusterConfig:
     maintenance: tuple[NodeChange, ...] = ()
     #: The live manager's health checks (`health_check`); None: none.
     health_check: HealthCheckConfig | None = None
+    #: The VCs' departments, weights and limits (`departments`, a VC's `parent`, `weight`,
+    #: `limit`); None: the VCs are flat, as without those keys.
+    queues: QueueTree | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,10 +196,38 @@ class HealthCheckSpec(_Strict):
     nvml: StrictBool = False
 
 
+def _weight(value: object) -> float:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not 0 < value < float("inf")
+    ):
+        raise PydanticCustomError(
+            "weight", "must be a positive number, got {got}", {"got": _show(value)}
+        )
+    return float(value)
+
+
+Weight = Annotated[float, PlainValidator(_weight)]
+
+
+class QueueSpec(_Strict):
+    """A VC's place in the tree of queues (its long form's keys besides `cells`)."""
+
+    parent: VcName | None = None
+    weight: Weight = 1.0
+    limit: Count | None = None
+
+
+class DepartmentSpec(QueueSpec):
+    quota: Count | None = None
+
+
 class ClusterConfigSpec(_Strict):
     cell_types: dict[CellName, CellTypeSpec]
     physical_cells: list[PhysicalCellSpec]
     virtual_clusters: dict[VcName, dict[CellName, Count]] | None = None
+    departments: dict[VcName, DepartmentSpec] | None = None
     maintenance: list[MaintenanceSpec] | None = None
     health_check: HealthCheckSpec | None = None
 
@@ -200,9 +240,17 @@ _SHAPE_ERRORS = {
 }
 
 
-def _from_validation_error(error: ValidationError) -> ConfigError:
+def _from_validation_error(
+    error: ValidationError,
+    places: dict[str, dict[object, object]] | None = None,
+    under: list[int | str] | None = None,
+) -> ConfigError:
+    """The first error as a ConfigError; `places`: the VCs written in the long form (their
+    cells' errors are under `cells`); `under`: where the validated mapping sits."""
     first = error.errors(include_url=False)[0]
-    loc = list(first["loc"])
+    loc = [*(under or []), *first["loc"]]
+    if len(loc) >= 3 and loc[0] == "virtual_clusters" and places and loc[1] in places:
+        loc.insert(2, "cells")
     kind = first["type"]
     reason = first["msg"]
     if kind == "extra_forbidden":
@@ -229,6 +277,10 @@ def _allowed_keys(parent: list[int | str]) -> list[str]:
         model = MaintenanceSpec
     elif len(parent) == 1 and parent[0] == "health_check":
         model = HealthCheckSpec
+    elif len(parent) == 2 and parent[0] == "departments":
+        model = DepartmentSpec
+    elif len(parent) == 2 and parent[0] == "virtual_clusters":
+        return ["cells", *QueueSpec.model_fields]
     return list(model.model_fields)
 
 
@@ -524,10 +576,17 @@ def parse_cluster_config(data: object) -> ClusterConfig:
             "the config must be a mapping with the keys cell_types, "
             f"physical_cells and virtual_clusters, got {type(data).__name__}",
         )
+    data, places = _split_long_vcs(data)
     try:
         spec = ClusterConfigSpec.model_validate(data)
     except ValidationError as error:
-        raise _from_validation_error(error) from None
+        raise _from_validation_error(error, places) from None
+    queue_specs: dict[str, QueueSpec] = {}
+    for vc, place in places.items():
+        try:
+            queue_specs[vc] = QueueSpec.model_validate(place)
+        except ValidationError as error:
+            raise _from_validation_error(error, under=["virtual_clusters", vc]) from None
     types = spec.cell_types
     if not types:
         raise ConfigError("cell_types", "must define at least one cell type")
@@ -536,7 +595,13 @@ def parse_cluster_config(data: object) -> ClusterConfig:
     infos = _type_infos(types)
     nodes = _node_types(types, infos)
     cells, physical = _physical_cells(spec, infos, _inside_nodes(types, nodes))
-    virtual_clusters = _virtual_clusters(spec, infos, physical)
+    try:
+        virtual_clusters = _virtual_clusters(spec, infos, physical)
+    except ConfigError as error:  # a VC in the long form has its cells under `cells`
+        head, vc, rest = (error.key_path.split(".", 2) + ["", ""])[:3]
+        if head != "virtual_clusters" or vc not in places or not rest:
+            raise
+        raise ConfigError(f"virtual_clusters.{vc}.cells.{rest}", error.reason) from None
     try:
         cluster = Cluster(_build_tree(types, infos, nodes, cells))
     except ClusterError as error:  # the checks above should make this unreachable
@@ -549,11 +614,127 @@ def parse_cluster_config(data: object) -> ClusterConfig:
             if not getattr(check, key) > 0:
                 raise ConfigError(f"health_check.{key}", "must be a positive number of seconds")
         health = HealthCheckConfig(check.command, check.every_s, check.timeout_s, check.nvml)
-    return ClusterConfig(
+    config = ClusterConfig(
         cluster=cluster,
         virtual_clusters=virtual_clusters,
         maintenance=maintenance,
         health_check=health,
+    )
+    if not places and not spec.departments:
+        return config
+    tree = _queue_tree(queue_specs, spec.departments or {}, vc_gpu_quota(config), cluster)
+    return replace(config, queues=tree)
+
+
+#: The keys of a VC's long form besides its cells.
+_QUEUE_KEYS = ("parent", "weight", "limit")
+
+
+def _split_long_vcs(
+    data: dict[object, object],
+) -> tuple[dict[object, object], dict[str, dict[object, object]]]:
+    """The config with each VC written in the long form (`{cells: ..., parent: ...}`) replaced
+    by its cells, and the other keys of each such VC."""
+    vcs = data.get("virtual_clusters")
+    if not isinstance(vcs, dict):
+        return data, {}
+    places: dict[str, dict[object, object]] = {}
+    flat: dict[object, object] = {}
+    for vc, entry in vcs.items():
+        if isinstance(entry, dict) and "cells" in entry and isinstance(vc, str):
+            places[vc] = {k: v for k, v in entry.items() if k != "cells"}
+            flat[vc] = entry["cells"]
+        else:
+            flat[vc] = entry
+    if not places:
+        return data, {}
+    return {**data, "virtual_clusters": flat}, places
+
+
+def _queue_tree(
+    places: dict[str, QueueSpec],
+    departments: dict[str, DepartmentSpec],
+    vc_quota: dict[str, int],
+    cluster: Cluster,
+) -> QueueTree:
+    """The VCs and departments as a tree of queues, every rule of the module docstring checked."""
+    for name in departments:
+        if name in vc_quota:
+            raise ConfigError(f"departments.{name}", f"{name!r} is also a VC; name it otherwise")
+    specs: dict[str, tuple[str, QueueSpec]] = {}  # name -> (its key path, its spec)
+    for vc in vc_quota:
+        specs[vc] = (f"virtual_clusters.{vc}", places.get(vc, QueueSpec()))
+    for name, dept in departments.items():
+        specs[name] = (f"departments.{name}", dept)
+    for path, spec in specs.values():
+        if spec.parent is not None and spec.parent not in departments:
+            hint = _hint(spec.parent, list(departments))
+            known = ", ".join(departments) or "none are declared"
+            raise ConfigError(
+                f"{path}.parent",
+                f"no department {spec.parent!r}{hint or f' (departments: {known})'}",
+            )
+    for name in departments:
+        seen = [name]
+        parent = departments[name].parent
+        while parent is not None:
+            if parent in seen:  # named by the first of the cycle met
+                cycle = " -> ".join([*seen[seen.index(parent) :], parent])
+                raise ConfigError(
+                    f"departments.{parent}.parent", f"a cycle of departments: {cycle}"
+                )
+            seen.append(parent)
+            parent = departments[parent].parent
+    children: dict[str, list[str]] = {name: [] for name in departments}
+    for name, (_, spec) in specs.items():
+        if spec.parent is not None:
+            children[spec.parent].append(name)
+    quota: dict[str, int] = dict(vc_quota)
+
+    def quota_of(name: str) -> int:
+        if name not in quota:
+            below = sum(quota_of(child) for child in children[name])
+            given = departments[name].quota
+            quota[name] = below if given is None else given
+        return quota[name]
+
+    for name in departments:
+        if not children[name]:
+            raise ConfigError(f"departments.{name}", "no VC or department names it as its parent")
+        below = {child: quota_of(child) for child in children[name]}
+        if quota_of(name) < sum(below.values()):
+            detail = ", ".join(f"{child} {gpus}" for child, gpus in below.items())
+            raise ConfigError(
+                f"departments.{name}.quota",
+                f"its children's quotas sum to {sum(below.values())} GPUs ({detail}), over its "
+                f"quota of {quota_of(name)}",
+            )
+    for name, (path, spec) in specs.items():
+        if spec.limit is not None and spec.limit < quota_of(name):
+            raise ConfigError(
+                f"{path}.limit", f"{spec.limit} GPUs is below its quota of {quota_of(name)}"
+            )
+    top = {name: quota_of(name) for name, (_, spec) in specs.items() if spec.parent is None}
+    if sum(top.values()) > cluster.total_gpus:
+        culprit = next(name for name in top if name in departments) if departments else ""
+        detail = ", ".join(f"{name} {gpus}" for name, gpus in top.items())
+        raise ConfigError(
+            f"{specs[culprit][0]}.quota" if culprit else "virtual_clusters",
+            f"the top-level quotas sum to {sum(top.values())} GPUs ({detail}) but the cluster "
+            f"has {cluster.total_gpus}",
+        )
+    return QueueTree(
+        {
+            name: Queue(
+                name=name,
+                parent=spec.parent,
+                quota=quota_of(name),
+                weight=spec.weight,
+                limit=spec.limit,
+                is_vc=name in vc_quota,
+            )
+            for name, (_, spec) in specs.items()
+        }
     )
 
 

@@ -230,6 +230,11 @@ def check_config(
                 "verdicts to the scheduler can follow another)"
             )
     schemes = [] if admission_name == "auto" else [ADMISSIONS[admission_name]]
+    if services is not None and services.vc_tree is not None and schemes and not schemes[0].queues:
+        raise PluginError(
+            f"admission {admission_name} does not run with departments (the cluster config's "
+            "departments and a VC's parent, weight, limit): use admission quota"
+        )
     schemes += followers
     picker = next((scheme for scheme in schemes if scheme.picks_victims), None)
     if picker is not None and not VICTIM_RULES[core.victims].with_picked_victims:

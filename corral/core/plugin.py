@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from corral.core.cluster import Cluster
 from corral.core.options import NoOptions
+from corral.core.queues import QueueTree
 
 if TYPE_CHECKING:
     from corral.core.cache import DataCache
@@ -48,6 +49,8 @@ class Services:
     vc_cells: dict[str, dict[str, int]] = field(default_factory=lambda: {"default": {}})
     #: Each VC's GPU quota (the GPUs in its cells).
     vc_quota: dict[str, int] = field(default_factory=dict)
+    #: The VCs' departments, weights and limits (hierarchical queues); None: flat VCs.
+    vc_tree: QueueTree | None = None
     #: A speed model for a cluster (HiveD builds one per VC's virtual cluster); None: speed 1.0.
     speed_model_for: Callable[[Cluster], SpeedModel] | None = None
     #: GPU-seconds of past jobs, the distribution Gittins takes job sizes from.

@@ -501,18 +501,14 @@ def create_app(manager: Manager) -> FastAPI:
 
     @app.get("/api/v1/vcs", tags=["cluster"], response_model=list[schemas.VcView])
     def list_vcs(who: Caller) -> list[dict[str, Any]]:
-        counts = manager.counts_by_vc()
-        return [
-            {
-                "name": vc,
-                "guaranteed_gpus": manager.vc_quota[vc],
-                "allocated_gpus": counts[vc]["gpus"],
-                "pending": counts[vc]["pending"],
-                "running": counts[vc]["running"],
-            }
-            for vc in sorted(manager.vc_quota)
-            if who.admin or who.vc is None or who.vc == vc
-        ]
+        """Each VC (under departments: the tree, each department first; a user bound to a VC
+        sees it and the departments above it)."""
+        rows = manager.vc_rows()
+        if who.admin or who.vc is None:
+            return rows
+        tree = manager.vc_tree
+        mine = set(tree.chain(who.vc)) if tree is not None and who.vc in tree.queues else {who.vc}
+        return [row for row in rows if row["name"] in mine]
 
     @app.get("/api/v1/cluster", tags=["cluster"], response_model=schemas.ClusterView)
     def cluster_view(who: Caller) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from typing import Any
 import uvicorn
 
 from corral.core.cluster import Cluster, NodeDef
+from corral.core.queues import QueueTree
 from corral.exec import safefs
 from corral.server import auth, identity
 from corral.server.api import create_app
@@ -226,6 +227,7 @@ def _build_manager(
             started.cluster,
             started.vc_quota,
             started.vc_cells,
+            vc_tree=started.vc_tree,
             fixed_cluster=started.fixed_cluster,
             nodes=started.nodes,
         )
@@ -241,6 +243,7 @@ def _build_with(
     quota: dict[str, int] | None,
     cells: dict[str, dict[str, int]] | None = None,
     *,
+    vc_tree: QueueTree | None = None,
     fixed_cluster: bool = False,
     nodes: Callable[[], list[NodeDef]] | None = None,
 ) -> Manager:
@@ -269,6 +272,7 @@ def _build_with(
             options.data_dir,
             vc_quota=quota,
             vc_cells=cells,
+            vc_tree=vc_tree,
             settings=options.settings,
             nodes=nodes,
             fixed_cluster=fixed_cluster,

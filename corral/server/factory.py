@@ -27,6 +27,7 @@ from corral.core.placement import PLACEMENTS
 from corral.core.plugin import Services
 from corral.core.profiles import Profiles
 from corral.core.protocol import SchedulerCore
+from corral.core.queues import QueueTree
 from corral.core.tracefile import node_record, read_node
 from corral.server.spec import JobSpecModel, model_key, parse_job_spec, to_core_spec, whole_gpus
 from corral.server.state import Executor, ManagerSettings
@@ -55,6 +56,7 @@ class SchedulerFactory:
     cluster: Cluster
     vc_quota: dict[str, int]
     vc_cells: dict[str, dict[str, int]]
+    vc_tree: QueueTree | None
     store: Store
     telemetry: Telemetry
     scheduler: SchedulerCore
@@ -76,6 +78,7 @@ class SchedulerFactory:
             self.cluster,
             vc_cells=self._vc_cells(),
             vc_quota=dict(self.vc_quota),
+            vc_tree=self.vc_tree,
             service_history=self._service_history,
             speed_model_for=self.telemetry.profiles.speed_model,
             # Every job the manager queues under a policy that orders by length declared one

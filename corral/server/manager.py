@@ -38,6 +38,7 @@ from corral.core.cluster import Cluster, NodeDef
 from corral.core.job import Job, JobStatus
 from corral.core.nodes import drain_label
 from corral.core.profiles import Shape
+from corral.core.queues import QueueTree
 from corral.core.retry import FailureReport
 from corral.exec.local import (
     AttemptEnded,
@@ -120,6 +121,7 @@ class Manager(
         *,
         vc_quota: dict[str, int] | None = None,
         vc_cells: dict[str, dict[str, int]] | None = None,
+        vc_tree: QueueTree | None = None,
         settings: ManagerSettings | None = None,
         clock: Callable[[], float] = time.time,
         nodes: Callable[[], list[NodeDef]] | None = None,
@@ -146,6 +148,8 @@ class Manager(
         self._gpu_ids = gpu_ids_by_name(cluster)
         #: Each VC's guaranteed cells ({cell type: count}, as the config gives them), for hived.
         self.vc_cells = {vc: dict(cells) for vc, cells in (vc_cells or {}).items()}
+        #: The VCs' departments, weights and limits (hierarchical queues); None: flat VCs.
+        self.vc_tree = vc_tree
         self.telemetry = Telemetry(  # speeds, progress
             store,
             self.settings.profile_fold_s,

@@ -197,6 +197,9 @@ class VcView(BaseModel):
     allocated_gpus: int
     pending: int
     running: int
+    # Under departments (hierarchical queues) each row also has `kind` ("vc" or "department"),
+    # `parent` (null: none), `depth` in the tree, `borrowed_gpus` (used beyond its quota),
+    # `weight` (over-quota) and `limit` (null: none); a flat cluster's rows have none of them.
 
 
 class GpuJobView(BaseModel):

@@ -13,6 +13,7 @@ from corral.core.actions import Start
 from corral.core.cluster import Cluster
 from corral.core.job import JobStatus
 from corral.core.protocol import SchedulerCore
+from corral.core.queues import QueueTree
 from corral.server.state import Attempt
 from corral.server.store import JobProgress
 from corral.server.telemetry import Telemetry
@@ -36,6 +37,7 @@ class ManagerViews:
     clock: Callable[[], float]
     scheduler: SchedulerCore
     vc_quota: dict[str, int]
+    vc_tree: QueueTree | None
     _attempts: dict[str, Attempt]
     _draining: dict[tuple[str, int], tuple[int, ...]]
     _deferred: dict[str, Start]
@@ -189,3 +191,53 @@ class ManagerViews:
                 counts[job.spec.vc]["running"] += 1
                 counts[job.spec.vc]["gpus"] += job.spec.gpus
             return counts
+
+    def vc_rows(self) -> list[dict[str, Any]]:
+        """The VCs as `GET /vcs` lists them: flat, each VC's guaranteed and allocated GPUs and
+        its jobs; under departments, the tree depth-first (each department before its
+        children), with each level's quota, GPUs used and borrowed (used beyond its quota),
+        over-quota weight and limit (a department's counts are its children's together)."""
+        counts = self.counts_by_vc()
+        tree = self.vc_tree
+        if tree is None:
+            return [
+                {
+                    "name": vc,
+                    "guaranteed_gpus": self.vc_quota[vc],
+                    "allocated_gpus": counts[vc]["gpus"],
+                    "pending": counts[vc]["pending"],
+                    "running": counts[vc]["running"],
+                }
+                for vc in sorted(self.vc_quota)
+            ]
+        totals = {name: {"pending": 0, "running": 0, "gpus": 0} for name in tree.queues}
+        for vc, count in counts.items():
+            for name in tree.chain(vc) if vc in tree.queues else ():
+                for key, value in count.items():
+                    totals[name][key] += value
+        rows: list[dict[str, Any]] = []
+
+        def add(name: str, depth: int) -> None:
+            queue = tree.queues[name]
+            used = totals[name]["gpus"]
+            rows.append(
+                {
+                    "name": name,
+                    "kind": "vc" if queue.is_vc else "department",
+                    "parent": queue.parent,
+                    "depth": depth,
+                    "guaranteed_gpus": queue.quota,
+                    "allocated_gpus": used,
+                    "borrowed_gpus": max(0, used - queue.quota),
+                    "weight": queue.weight,
+                    "limit": queue.limit,
+                    "pending": totals[name]["pending"],
+                    "running": totals[name]["running"],
+                }
+            )
+            for child in tree.children(name):
+                add(child, depth + 1)
+
+        for top in tree.children(None):
+            add(top, 0)
+        return rows

@@ -33,6 +33,7 @@ from corral.core.plugin import PluginError, Services, SpeedModel
 from corral.core.policy import POLICIES
 from corral.core.profiles import Profiles
 from corral.core.protocol import SchedulerCore
+from corral.core.queues import QueueTree
 from corral.core.text import count_noun
 from corral.core.vcluster import build_virtual_cluster
 from corral.sim.colocation import gandiva_line, gandiva_summary, load_pair_table
@@ -144,6 +145,14 @@ def build_cluster(
 ) -> tuple[Cluster, dict[str, dict[str, int]], dict[str, int]]:
     """The cluster, its VCs' cells and their GPU quotas (one VC `default` for the shorthand and
     for a trace that brings its nodes, such as openb's; `--config` replaces a corral trace's)."""
+    cluster, vcs, quota, _ = build_cluster_queues(settings, trace)
+    return cluster, vcs, quota
+
+
+def build_cluster_queues(
+    settings: RunSettings, trace: Trace | None = None
+) -> tuple[Cluster, dict[str, dict[str, int]], dict[str, int], QueueTree | None]:
+    """`build_cluster`, and the VCs' departments, weights and limits (None: flat VCs)."""
     replaced = trace is not None and trace.config_replaces_nodes and settings.config is not None
     if trace is not None and trace.nodes is not None and not replaced:
         if settings.config is not None:
@@ -151,13 +160,13 @@ def build_cluster(
                 f"--config: {trace.source} brings its own nodes; leave out --config"
             )
         cluster = Cluster.from_nodes(trace.nodes)
-        return cluster, DEFAULT_VCS, {"default": cluster.total_gpus}
+        return cluster, DEFAULT_VCS, {"default": cluster.total_gpus}, None
     if settings.config is not None:
         from corral.config_file import load_cluster_config
         from corral.core.config import vc_gpu_quota
 
         config = load_cluster_config(settings.config)
-        return config.cluster, config.virtual_clusters, vc_gpu_quota(config)
+        return config.cluster, config.virtual_clusters, vc_gpu_quota(config), config.queues
     cluster = Cluster.shorthand(
         settings.nodes,
         settings.gpus_per_node,
@@ -165,7 +174,7 @@ def build_cluster(
         settings.gpu_type.lower(),
         settings.gpus_per_switch,
     )
-    return cluster, DEFAULT_VCS, {"default": cluster.total_gpus}
+    return cluster, DEFAULT_VCS, {"default": cluster.total_gpus}, None
 
 
 def node_changes_of(
@@ -441,6 +450,7 @@ def make_scheduler(
     pair_table: PairTable | None = None,
     throughput: Callable[[Job, int], float] | None = None,
     workload: Workload | None = None,
+    tree: QueueTree | None = None,
 ) -> SchedulerCore:
     """The scheduler `config` describes, with what the simulator knows: the trace (job lengths,
     Gittins's history, its task types), its performance model and tables."""
@@ -448,6 +458,7 @@ def make_scheduler(
         cluster,
         vc_cells=vcs,
         vc_quota=quota,
+        vc_tree=tree,
         speed_model_for=speed_for,
         service_history=lambda: service_history(settings, jobs),
         durations_known=all(spec.duration_s is not None for spec in jobs),
@@ -600,7 +611,14 @@ def _prepare(settings: RunSettings, console: Console) -> _Prepared:
         if trace.perf is None or not trace.perf.has_throughputs:
             raise SimulationError("stage packing: needs a trace with a throughput table (gavel)")
         pair_table = load_pair_table(trace.perf.source)
-    cluster, vcs, quota = build_cluster(settings, trace)
+    cluster, vcs, quota, tree = build_cluster_queues(settings, trace)
+    if tree is not None:  # an admission that cannot run with departments, before any run
+        for name in settings.policies:
+            check_config(
+                config_for(settings, name),
+                Services(cluster, vc_cells=vcs, vc_quota=quota, vc_tree=tree),
+                uses_cache=settings.cache_gb_per_node is not None,
+            )
     jobs, dropped = check_fits(trace, cluster, settings.skip_oversized)
     probed = trace.place_or_fail or any(not spec.plain for spec in jobs)
     workload = trace.workload
@@ -666,7 +684,7 @@ def _run_policy(
     trace, perf, speed_for = prepared.trace, prepared.perf, prepared.speed_for
     profiles, jobs, vcs, quota = prepared.profiles, prepared.jobs, prepared.vcs, prepared.quota
     table, workload = prepared.table, prepared.workload
-    run_cluster, _, _ = build_cluster(settings, trace)
+    run_cluster, _, _, tree = build_cluster_queues(settings, trace)
     type_log = TypeLog()  # which GPU type each job ran on, for the best-type share
     cache = (
         None
@@ -698,6 +716,7 @@ def _run_policy(
         if table is not None
         else (profiles.throughput if profiles is not None else None),
         workload=workload,
+        tree=tree,
     )
     probe = (
         FragmentationProbe(run_cluster, workload, prepared.grid)

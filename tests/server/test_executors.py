@@ -90,7 +90,7 @@ class Recording(ExecutorEntry):
 
     @classmethod
     def start(cls, options: Any, boot: Boot, given: Executor | None) -> Started:
-        cluster, quota, cells = declared_cluster(boot)
+        cluster, quota, cells, _ = declared_cluster(boot)
         return Started(RecordingExecutor(options.exit_code), cluster, quota, cells)
 
 

@@ -8,11 +8,11 @@ from corral.core.admission.elasticflow import ElasticFlow
 from corral.core.admission.fairshare import FairShare
 from corral.core.admission.hived import Hived
 from corral.core.admission.none import NoAdmission
-from corral.core.admission.quota import Quota
+from corral.core.admission.queues import HierarchicalQuota
 
 ADMISSIONS: dict[str, type[AdmissionScheme]] = {
     "none": NoAdmission,
-    "quota": Quota,
+    "quota": HierarchicalQuota,
     "fairshare": FairShare,
     "hived": Hived,
     "elasticflow": ElasticFlow,

@@ -96,6 +96,9 @@ class AdmissionScheme(OptionsMixin):
     picks_victims: ClassVar[bool] = False
     #: It counts GPUs per job (so jobs that share GPUs cannot run with it).
     counts_gpus: ClassVar[bool] = False
+    #: It runs with VCs under departments (the cluster config's `departments`, a VC's `parent`,
+    #: `weight`, `limit`); the others refuse such a config.
+    queues: ClassVar[bool] = False
 
     @classmethod
     def admission(cls, options: Any, services: Services) -> AdmissionHooks | None:

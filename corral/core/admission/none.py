@@ -11,3 +11,4 @@ class NoAdmission(AdmissionScheme):
     name = "none"
     summary = "no VCs: one queue over the whole cluster"
     shares = True
+    queues = True  # it uses no VC, so no department either

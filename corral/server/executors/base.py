@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 
 from corral.core.cluster import Cluster, NodeDef
 from corral.core.options import NoOptions
+from corral.core.queues import QueueTree
 from corral.server.state import Executor, ManagerSettings
 
 
@@ -48,6 +49,8 @@ class Started:
     vc_quota: dict[str, int] | None = None
     #: Each VC's guaranteed cells (HiveD's), from the config; None: none.
     vc_cells: dict[str, dict[str, int]] | None = None
+    #: The VCs' departments, weights and limits, from the config; None: flat VCs.
+    vc_tree: QueueTree | None = None
     #: The live nodes, for a cluster whose machines come and go (read every `node_check_s`).
     nodes: Callable[[], list[NodeDef]] | None = None
     #: With `nodes`: keep `cluster` as it is, holding out the nodes that are not live.

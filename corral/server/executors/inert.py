@@ -29,11 +29,11 @@ class InertEntry(ExecutorEntry):
     @classmethod
     def start(cls, options: Any, boot: Boot, given: Executor | None) -> Started:
         if boot.config is not None:
-            cluster, quota, cells = config_cluster(boot)  # nothing runs: any number of nodes
+            cluster, quota, cells, tree = config_cluster(boot)  # any number of nodes
         else:
-            cluster, quota, cells = declared_cluster(boot)
+            cluster, quota, cells, tree = declared_cluster(boot)
         learn_gpu_memory(boot, cluster)
-        return Started(given or InertExecutor(), cluster, quota, cells)
+        return Started(given or InertExecutor(), cluster, quota, cells, vc_tree=tree)
 
     @classmethod
     def where(cls, options: Any) -> str:

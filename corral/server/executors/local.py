@@ -8,6 +8,7 @@ from typing import Any
 
 from corral.core.cluster import Cluster, ClusterError, NodeDef
 from corral.core.config import ConfigError, vc_gpu_quota
+from corral.core.queues import QueueTree
 from corral.exec.gpus import (
     NoGpusError,
     discover_gpus,
@@ -18,8 +19,9 @@ from corral.exec.gpus import (
 from corral.server.executors.base import Boot, ExecutorEntry, ExecutorError, Started
 from corral.server.state import Executor
 
-#: The cluster, each VC's guaranteed GPUs and, from a config, their cells (HiveD's guarantees).
-MachineCluster = tuple[Cluster, dict[str, int], dict[str, dict[str, int]] | None]
+#: The cluster, each VC's guaranteed GPUs and, from a config, their cells (HiveD's guarantees)
+#: and their departments, weights and limits (None: flat VCs).
+MachineCluster = tuple[Cluster, dict[str, int], dict[str, dict[str, int]] | None, QueueTree | None]
 
 
 def node_name() -> str:
@@ -35,14 +37,14 @@ def config_cluster(boot: Boot) -> MachineCluster:
         config = load_cluster_config(boot.config)
     except ConfigError as error:
         raise ExecutorError(str(error)) from None
-    return config.cluster, vc_gpu_quota(config), config.virtual_clusters
+    return config.cluster, vc_gpu_quota(config), config.virtual_clusters, config.queues
 
 
 def machine_cluster(boot: Boot) -> MachineCluster:
     """This machine as a one-node cluster (or the config's cluster, which must be one node that
     this machine's GPUs cover), the VCs' guaranteed GPUs and, from a config, their cells."""
     if boot.config is not None:
-        cluster, quota, cells = config_cluster(boot)
+        cluster, quota, cells, tree = config_cluster(boot)
         if len(cluster.nodes) != 1:
             raise ExecutorError(
                 f"{boot.config}: describes {len(cluster.nodes)} nodes; the local executor "
@@ -60,7 +62,7 @@ def machine_cluster(boot: Boot) -> MachineCluster:
                 f"{boot.config}: the node has {cluster.total_gpus} GPUs but this machine "
                 f"has {found}"
             )
-        return cluster, quota, cells
+        return cluster, quota, cells, tree
     return declared_cluster(boot)
 
 
@@ -87,7 +89,7 @@ def declared_cluster(boot: Boot) -> MachineCluster:
         cluster = Cluster.from_nodes([node])
     except ClusterError as error:
         raise ExecutorError(str(error)) from None
-    return cluster, {"default": cluster.total_gpus}, None
+    return cluster, {"default": cluster.total_gpus}, None, None
 
 
 def learn_gpu_memory(boot: Boot, cluster: Cluster) -> None:
@@ -113,6 +115,6 @@ class LocalEntry(ExecutorEntry):
     def start(cls, options: Any, boot: Boot, given: Executor | None) -> Started:
         from corral.exec.local import LocalExecutor
 
-        cluster, quota, cells = machine_cluster(boot)
+        cluster, quota, cells, tree = machine_cluster(boot)
         learn_gpu_memory(boot, cluster)
-        return Started(given or LocalExecutor(), cluster, quota, cells)
+        return Started(given or LocalExecutor(), cluster, quota, cells, vc_tree=tree)

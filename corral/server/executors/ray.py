@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, cast
 from corral.core.cluster import Cluster, NodeDef
 from corral.core.framework import STAGES
 from corral.core.options import option
+from corral.core.queues import QueueTree
 from corral.exec.shim import write_json_atomic
 from corral.server.executors.base import Boot, ExecutorEntry, ExecutorError, Started
 from corral.server.executors.local import config_cluster
@@ -77,9 +78,11 @@ def connect_ray(address: str, data_dir: Path) -> RayExecutor:
 
 def build_ray_cluster(
     address: str, boot: Boot, executor: RayExecutor
-) -> tuple[Cluster, dict[str, int] | None, dict[str, dict[str, int]] | None, bool]:
-    """The core's cluster on Ray, the VCs' guaranteed GPUs and cells, and whether the cluster
-    is fixed. Without hived: the Ray nodes that declare GPUs (rebuilt as they come and go); the
+) -> tuple[
+    Cluster, dict[str, int] | None, dict[str, dict[str, int]] | None, bool, QueueTree | None
+]:
+    """The core's cluster on Ray, the VCs' guaranteed GPUs and cells, whether the cluster is
+    fixed, and the VCs' departments (None: flat). Without hived: the Ray nodes that declare GPUs (rebuilt as they come and go); the
     config, if any, gives the VCs. With hived: the config's cluster itself, whose physical cells
     name the Ray nodes (`corral-node-NAME`): HiveD binds VCs to cells of a fixed topology, so a
     node that is missing is held out of allocation until it joins, never rebuilt away."""
@@ -96,10 +99,10 @@ def build_ray_cluster(
             "(start them with `ray start --num-gpus=N`)"
         )
     if boot.config is None:
-        return Cluster.from_nodes(nodes), None, None, False
-    cluster, quota, cells = config_cluster(boot)
+        return Cluster.from_nodes(nodes), None, None, False, None
+    cluster, quota, cells, tree = config_cluster(boot)
     if not hived:
-        return Cluster.from_nodes(nodes), quota, None, False
+        return Cluster.from_nodes(nodes), quota, None, False, tree
     named = {node.name for node in cluster.nodes}
     if not named & {node.name for node in nodes}:
         log.warning(
@@ -107,7 +110,7 @@ def build_ray_cluster(
             boot.config,
             ", ".join(sorted(named)),
         )
-    return cluster, quota, cells, True
+    return cluster, quota, cells, True, tree
 
 
 class RayEntry(ExecutorEntry):
@@ -145,12 +148,14 @@ class RayEntry(ExecutorEntry):
         else:
             executor = connect_ray(options.address, boot.data_dir)
         try:
-            cluster, quota, cells, fixed = build_ray_cluster(options.address, boot, executor)
+            cluster, quota, cells, fixed, tree = build_ray_cluster(options.address, boot, executor)
         except BaseException:
             executor.close()
             raise
         nodes = partial(ray_node_defs, executor)
-        return Started(executor, cluster, quota, cells, nodes=nodes, fixed_cluster=fixed)
+        return Started(
+            executor, cluster, quota, cells, vc_tree=tree, nodes=nodes, fixed_cluster=fixed
+        )
 
     @classmethod
     def where(cls, options: Any) -> str:
