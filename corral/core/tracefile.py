@@ -89,6 +89,7 @@ JOB_FIELDS = (
     "memory_mib",
     "level",
     "precheck_s",
+    "time_limit_s",
     *JOB_EXTRAS,
     *REPLAY_FIELDS,
 )
@@ -209,6 +210,7 @@ def job_record(spec: JobSpec, replay: JobReplay | None = None, **extras: Any) ->
         "memory_mib": spec.memory_mib,
         "level": spec.level,
         "precheck_s": spec.precheck_s,
+        "time_limit_s": spec.time_limit_s,
         **{key: value for key, value in extras.items() if value is not None},
         **({} if replay is None else replay_fields(replay)),
     }
@@ -358,6 +360,7 @@ def read_job(record: Mapping[str, Any]) -> JobSpec:
         memory_mib=_opt_int(record, "memory_mib", 0) or 0,
         precheck_s=_opt_number(record, "precheck_s", None),
         level=_level(record.get("level")),
+        time_limit_s=_opt_number(record, "time_limit_s", None, kind=POSITIVE),
     )
     problem = spec.request_problem()
     if problem is not None:

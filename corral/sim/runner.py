@@ -107,6 +107,9 @@ class RunSettings:
     arrival_scale: float = 1.0
     #: Every job checkpoints every this many seconds of work (None: only when preempted).
     checkpoint_every_s: float | None = None
+    #: Each job's time limit (`JobSpec.time_limit_s`) is this many times its run time, where its
+    #: trace gives it none (None: only the trace's limits; jobs without one are unbounded).
+    time_limit_factor: float | None = None
     #: An attempt's first progress report, after its start and restore (passes a pre-run).
     precheck_report_s: float = DEFAULT_PRECHECK_REPORT_S
     window: tuple[int, int] | None = None
@@ -294,6 +297,11 @@ def check_settings(settings: RunSettings) -> None:
             "must be positive",
         ),
         ("--racks", settings.racks <= 0, "must be positive"),
+        (
+            "--time-limit-factor",
+            settings.time_limit_factor is not None and not settings.time_limit_factor > 0,
+            "must be positive",
+        ),
         ("--precheck-report-s", not settings.precheck_report_s > 0, "must be positive"),
         (
             "--opportunistic-share",
@@ -398,6 +406,14 @@ def with_deadlines(
         else spec
         for spec, factor in zip(jobs, factors, strict=True)
     ]
+
+
+def with_time_limit(spec: JobSpec, factor: float) -> JobSpec:
+    """The job with a time limit of `factor` times its run time (`duration_s`), unless its
+    trace gave it one or its run time is not known."""
+    if spec.time_limit_s is not None or spec.duration_s is None:
+        return spec
+    return replace(spec, time_limit_s=factor * spec.duration_s)
 
 
 def elastic_range(perf: PerfModel, spec: JobSpec) -> Elastic | None:
@@ -612,6 +628,8 @@ def _prepare(settings: RunSettings, console: Console) -> _Prepared:
     jobs = assign_tenants(jobs, settings, vcs)
     if settings.checkpoint_every_s is not None:
         jobs = [replace(spec, checkpoint_every_s=settings.checkpoint_every_s) for spec in jobs]
+    if settings.time_limit_factor is not None:
+        jobs = [with_time_limit(spec, settings.time_limit_factor) for spec in jobs]
     table = trace.perf if trace.perf is not None and trace.perf.has_throughputs else None
     if table is None and "elasticflow" in settings.policies:
         raise SimulationError("--policy elasticflow: needs a trace with a throughput table (gavel)")
@@ -952,6 +970,9 @@ def _run_streamed(
     )
     if settings.checkpoint_every_s is not None:
         jobs = (replace(s, checkpoint_every_s=settings.checkpoint_every_s) for s in jobs)
+    factor = settings.time_limit_factor
+    if factor is not None:
+        jobs = (with_time_limit(s, factor) for s in jobs)
     config = config_for(settings, policy)
     scheduler = make_scheduler(
         settings, run_cluster, prepared.vcs, prepared.quota, config, prepared.speed_for, []
