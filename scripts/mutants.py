@@ -438,6 +438,24 @@ MUTANTS = [
             "tests/server/test_nodes_replay.py",
         ),
     ),
+    Mutant(
+        "easy-ignores-shadow",
+        "EASY backfill",
+        "the head's shadow time is ignored: every later job that fits starts on the reserved "
+        "GPUs, whenever its time limit ends (greedy)",
+        "corral/core/backfill.py",
+        (
+            (
+                "        if limit_end(job, now) <= self.shadow or reserved.isdisjoint(placed.gpus):\n",
+                "        if True:\n",
+            ),
+        ),
+        ("tests/core/test_backfill.py", "tests/sim/test_backfill_sim.py"),
+        (
+            "tests/server/test_backfill_live.py::"
+            "test_easy_backfill_starts_the_short_job_and_never_delays_the_head",
+        ),
+    ),
 ]
 
 

@@ -19,6 +19,7 @@ import math
 from collections.abc import Callable, Iterable, Sequence
 
 from corral.core.actions import Action, Decision
+from corral.core.backfill import make_backfill
 from corral.core.chain import AdmissionChain, as_chain
 from corral.core.cluster import Cluster
 from corral.core.job import JobStatus
@@ -48,7 +49,7 @@ class Scheduler(SchedulerState):
         policy: Policy,
         placement: Placement,
         *,
-        backfill: bool = False,
+        backfill: str | bool = False,
         speed_model: SpeedModel | None = None,
         restore_s: float = 0.0,
         victims: str = "lowest",
@@ -59,7 +60,8 @@ class Scheduler(SchedulerState):
         precheck_s: float | None = None,
         preempt_exempt_s: float = 0.0,
     ) -> None:
-        """`preempt_exempt_s`: a running job is no preemption victim until it has run this long
+        """`backfill`: which later jobs pass a blocking policy's head (corral.core.backfill:
+        none, greedy or easy; True is greedy, False none). `preempt_exempt_s`: a running job is no preemption victim until it has run this long
         since its last start (corral.core.preempt). `retry` judges failed attempts: the backoff before a retry and the user-error rule
         (default: `RetryRule(RetryOptions())`). `precheck_s`: the pre-run of jobs whose spec
         names none (corral.core.precheck; None or 0: none). `victims`: which running jobs a
@@ -92,7 +94,9 @@ class Scheduler(SchedulerState):
         )
         self._narrows = chain.having("walks")
         self._placement_plans = type(placement).begin_round is not Placement.begin_round
-        self.backfill = backfill
+        #: Which later jobs pass a blocking policy's head (corral.core.backfill).
+        self.backfill = make_backfill(backfill, cluster, placement)
+        self._reserves = self.backfill.reserves and policy.blocking
         self.rounds = 0
         self.blocked_by: str | None = None
         #: Follows jobs through their lives (the pre-runs, corral.core.precheck); its per-job
@@ -147,7 +151,7 @@ class Scheduler(SchedulerState):
             self.preemption,
             self.stages,
             self._by_seq,
-            backfill,
+            self.backfill,
         )
         #: What runs as a round begins, before the walk (`_begin_round_hooks`).
         self._round_starts = self._begin_round_hooks(chain)
@@ -167,6 +171,8 @@ class Scheduler(SchedulerState):
             return Decision(actions, self._next_wake(now), self._respeeds())
         for begin in self._round_starts:
             begin(now, actions)
+        if self._reserves:
+            self.backfill.new_round()
         if self._narrows:
             # Quota: first only what fits within the VCs' quotas, then borrowers, then
             # opportunistic jobs on what is still idle (each walk narrowed by the admission).

@@ -9,7 +9,9 @@ in turn and goes on to the next job at the first that starts it:
 4. preempt: the preemption plugin (corral.core.preempt), within the bounds below;
 5. share: the stages at that point, which may start it beside a running job;
 6. block: a blocking policy without backfill stops the walk (or, under an admission with queues,
-   that queue: YARN's capacity scheduler).
+   that queue: YARN's capacity scheduler); with a backfill rule that reserves (EASY,
+   corral.core.backfill), that head gets its reservation, and a later job placed on free GPUs
+   starts only where the rule admits it.
 
 Within a round a failure is remembered where it holds for the jobs behind: a job of the same kind
 needing at least as many GPUs as one that did not fit cannot fit either, nor find more victims.
@@ -27,7 +29,10 @@ from corral.core.placement.base import Placed, not_enough
 from corral.core.stages import RoundHost, Stage
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     from corral.core.actions import Action
+    from corral.core.backfill import Backfill
     from corral.core.chain import AdmissionChain
     from corral.core.cluster import Cluster
     from corral.core.index import Index
@@ -50,6 +55,8 @@ class WalkHost(RoundHost, Protocol):
 
     def start_on(self, job: Job, placed: Placed, now: float, actions: list[Action]) -> None: ...
 
+    def running_jobs(self) -> Iterable[Job]: ...
+
 
 class QueueWalk:
     def __init__(
@@ -62,7 +69,7 @@ class QueueWalk:
         preemption: Preemption,
         stages: Sequence[Stage],
         by_seq: Mapping[int, Job],
-        backfill: bool,
+        backfill: Backfill,
     ) -> None:
         self.host = host
         self.cluster = cluster
@@ -73,7 +80,9 @@ class QueueWalk:
         self.defragmenters = [s for s in stages if s.point == "defragment"]
         self.sharers = [s for s in stages if s.point == "share"]
         #: Does the walk stop at a job that does not start (policy blocking, backfill off)?
-        self.blocks = policy.blocking and not backfill
+        self.blocks = policy.blocking and backfill.blocks
+        #: The backfill rule that reserves for a blocking policy's head (EASY), or None.
+        self.reserves = backfill if policy.blocking and backfill.reserves else None
         self._checks = admission.having("check")
         self._queues = admission.having("queue")
         self._picks = admission.picks_victims
@@ -107,6 +116,7 @@ class QueueWalk:
         may_preempt_for = self.preemption.may_preempt_for
         make_room = self.preemption.make_room
         preempting = preempt
+        reserves = self.reserves
         position = 0
         while position < len(host.pending):
             job = by_seq[host.pending[position][-1]]
@@ -156,6 +166,17 @@ class QueueWalk:
                 kind += (spec.gpu_milli, spec.cpu_milli, spec.memory_mib)
             if job.spec.gpus < no_fit.get(kind, math.inf):
                 result = placement.place(cluster, job, now)
+                if (
+                    isinstance(result, Placed)
+                    and reserves is not None
+                    and reserves.head is not None
+                ):
+                    admitted = reserves.admit(job, result, now)
+                    if isinstance(admitted, str):
+                        job.pending_reason = admitted  # it fits, but would delay the head
+                        position += 1
+                        continue
+                    result = admitted
                 if isinstance(result, Placed):
                     host.start_on(job, result, now, actions)
                     continue
@@ -184,6 +205,8 @@ class QueueWalk:
                     no_room[(kind, victims_kind)] = job.spec.gpus
             if any(stage.try_start(host, job, now, actions) for stage in sharers):
                 continue
+            if reserves is not None and reserves.head is None:
+                reserves.reserve(job, host.running_jobs(), now)
             if self.blocks:
                 queue = admission.queue(job) if queues else None
                 if queue is None:

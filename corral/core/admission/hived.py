@@ -59,7 +59,7 @@ class HivedScheduler:
         *,
         speed_model_for: Callable[[Cluster], SpeedModel] | None = None,
         restore_s: float = 0.0,
-        backfill: bool = False,
+        backfill: str | bool = False,
         spill: bool = False,
         retry: RetryRule | None = None,
         precheck_s: float | None = None,
