@@ -17,7 +17,8 @@ The `backfill` option (`CoreOptions.backfill`, `--backfill`) chooses a rule from
   jobs start as under `greedy` (nothing is known of when the GPUs it needs come free).
 
 The walk (corral.core.walk) asks a rule only through `Backfill`: `blocks` (does it stop at the
-head), `reserve` (a head did not start) and `admit` (may a later job start on a placement).
+head), `reserve` (a head did not start) and `closed` (the GPUs a later job may not start on,
+which the walk holds out as it does a reservation's: corral.core.reservations.place_off).
 `none` and `greedy` compute nothing; `easy` computes one reservation per round, for the round's
 first head (under an admission with queues too: one head for the whole round).
 """
@@ -29,6 +30,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, ClassVar
 
 from corral.core.placement.base import Placed
+from corral.core.reservations import Closed
 from corral.core.statement import Statement
 
 if TYPE_CHECKING:
@@ -59,9 +61,10 @@ class Backfill:
     def reserve(self, head: Job, running: Iterable[Job], now: float) -> None:
         """The head of a blocking policy did not start: reserve for it (only if `reserves`)."""
 
-    def admit(self, job: Job, placed: Placed, now: float) -> Placed | str:
-        """Where a later job may start (`placed`, or another placement), or why it may not."""
-        return placed
+    def closed(self, job: Job, now: float) -> list[Closed]:
+        """The GPUs a later job may not start on (corral.core.reservations.place_off), each
+        set with why: none but under `easy`."""
+        return []
 
 
 class NoBackfill(Backfill):
@@ -136,23 +139,10 @@ class EasyBackfill(Backfill):
         finally:
             statement.discard()
 
-    def admit(self, job: Job, placed: Placed, now: float) -> Placed | str:
-        if self.head is None or self.shadow == math.inf:
-            return placed
-        reserved = self.reserved
-        if limit_end(job, now) <= self.shadow or reserved.isdisjoint(placed.gpus):
-            return placed
-        # It would take reserved GPUs: placed again with the free ones held out.
-        cluster = self.cluster
-        held = [gpu for gpu in sorted(reserved) if cluster.gpu_free[gpu]]
-        cluster.allocate(held)
-        try:
-            again = self.placement.place(cluster, job, now)
-        finally:
-            cluster.release(held)
-        if isinstance(again, Placed):
-            return again
-        return f"would delay job {self.head} reserved at t={self.shadow:.0f}"
+    def closed(self, job: Job, now: float) -> list[Closed]:
+        if self.head is None or self.shadow == math.inf or limit_end(job, now) <= self.shadow:
+            return []
+        return [(self.reserved, f"would delay job {self.head} reserved at t={self.shadow:.0f}")]
 
 
 #: The backfill rules by name (`CoreOptions.backfill`).

@@ -30,6 +30,7 @@ from corral.core.policy.base import Policy
 from corral.core.precheck import PreRuns
 from corral.core.preempt import VICTIM_RULES, Preemption
 from corral.core.protocol import Admission
+from corral.core.reservations import Reservation, Reservations
 from corral.core.retry import RetryOptions, RetryRule
 from corral.core.stages import Stage
 from corral.core.state import SchedulerState, StartHook
@@ -97,6 +98,8 @@ class Scheduler(SchedulerState):
         #: Which later jobs pass a blocking policy's head (corral.core.backfill).
         self.backfill = make_backfill(backfill, cluster, placement)
         self._reserves = self.backfill.reserves and policy.blocking
+        #: GPUs claimed over time windows for some users or VCs (corral.core.reservations).
+        self.reservations = Reservations(cluster, placement)
         self.rounds = 0
         self.blocked_by: str | None = None
         #: Follows jobs through their lives (the pre-runs, corral.core.precheck); its per-job
@@ -221,16 +224,33 @@ class Scheduler(SchedulerState):
             and not self._held
             and self._last_start_at < self._quiet_at
             and not (self._exempts and self.preemption.exemption_ended(now))
+            and not (self.reservations and self.reservations.boundary_between(self._quiet_at, now))
         )
 
     def _next_wake(self, now: float) -> float | None:
         wake = self.timers.next_wake(now, bool(self.pending), len(self._running.keys))
+        if self.reservations and self.pending:  # a window opens or closes: look again then
+            self.reservations.forget_ended(now)
+            boundary = self.reservations.next_boundary(now)
+            if boundary != math.inf:
+                wake = boundary if wake is None else min(wake, boundary)
         if not self._exempts:
             return wake
         ends = self.preemption.next_exemption_end(now)  # a job may become a victim then
         if not self.pending or ends == math.inf:
             return wake
         return ends if wake is None else min(wake, ends)
+
+    def reserve(self, reservation: Reservation) -> None:
+        """Claim GPUs over a time window for some users or VCs (corral.core.reservations);
+        ReservationError if it cannot be made so."""
+        self.reservations.add(reservation)
+        self._quiet = None
+
+    def unreserve(self, name: str) -> Reservation:
+        found = self.reservations.remove(name)
+        self._quiet = None
+        return found
 
     def start_defragmented(self, job_id: str, now: float) -> list[Action]:
         """Start a waiting job by the defragmenting stages (migration): the moves and the start,

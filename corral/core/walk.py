@@ -11,7 +11,8 @@ in turn and goes on to the next job at the first that starts it:
 6. block: a blocking policy without backfill stops the walk (or, under an admission with queues,
    that queue: YARN's capacity scheduler); with a backfill rule that reserves (EASY,
    corral.core.backfill), that head gets its reservation, and a later job placed on free GPUs
-   starts only where the rule admits it.
+   starts only off the GPUs reserved for it (or it ends before they are needed), as it starts
+   only off the GPUs of reservations it may not use (corral.core.reservations).
 
 Within a round a failure is remembered where it holds for the jobs behind: a job of the same kind
 needing at least as many GPUs as one that did not fit cannot fit either, nor find more victims.
@@ -26,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from corral.core.placement.base import Placed, not_enough
+from corral.core.reservations import place_off
 from corral.core.stages import RoundHost, Stage
 
 if TYPE_CHECKING:
@@ -40,6 +42,7 @@ if TYPE_CHECKING:
     from corral.core.placement.base import Placement
     from corral.core.policy.base import Policy
     from corral.core.preempt import Preemption
+    from corral.core.reservations import Reservations
 
 
 class WalkHost(RoundHost, Protocol):
@@ -52,6 +55,8 @@ class WalkHost(RoundHost, Protocol):
     waiting_shares: int
     #: The job that blocked the last walk (a blocking policy without backfill), or None.
     blocked_by: str | None
+    #: GPUs claimed over time windows (corral.core.reservations).
+    reservations: Reservations
 
     def start_on(self, job: Job, placed: Placed, now: float, actions: list[Action]) -> None: ...
 
@@ -117,6 +122,7 @@ class QueueWalk:
         make_room = self.preemption.make_room
         preempting = preempt
         reserves = self.reserves
+        reservations = host.reservations
         position = 0
         while position < len(host.pending):
             job = by_seq[host.pending[position][-1]]
@@ -164,26 +170,33 @@ class QueueWalk:
             )
             if not spec.plain:
                 kind += (spec.gpu_milli, spec.cpu_milli, spec.memory_mib)
+            claimed = False
             if job.spec.gpus < no_fit.get(kind, math.inf):
                 result = placement.place(cluster, job, now)
-                if (
-                    isinstance(result, Placed)
-                    and reserves is not None
-                    and reserves.head is not None
+                if isinstance(result, Placed) and (
+                    reservations or (reserves is not None and reserves.head is not None)
                 ):
-                    admitted = reserves.admit(job, result, now)
+                    closed = reservations.closed(job, now) if reservations else []
+                    if reserves is not None:
+                        closed += reserves.closed(job, now)
+                    admitted = place_off(cluster, placement, job, result, now, closed)
                     if isinstance(admitted, str):
-                        job.pending_reason = admitted  # it fits, but would delay the head
-                        position += 1
-                        continue
-                    result = admitted
-                if isinstance(result, Placed):
+                        # It fits, on GPUs claimed for others: it neither preempts nor shares
+                        # its way onto them; a blocking policy without backfill stops here.
+                        job.pending_reason = admitted
+                        claimed = True
+                    else:
+                        result = admitted
+                if claimed:
+                    pass
+                elif isinstance(result, Placed):
                     host.start_on(job, result, now, actions)
                     continue
-                if any(stage.try_start(host, job, now, actions) for stage in defragmenters):
+                elif any(stage.try_start(host, job, now, actions) for stage in defragmenters):
                     continue
-                no_fit[kind] = job.spec.gpus
-                job.pending_reason = result.reason
+                else:
+                    no_fit[kind] = job.spec.gpus
+                    job.pending_reason = result.reason
             else:
                 job.pending_reason = (
                     "no room: a job of the same kind needing fewer GPUs did not fit"
@@ -191,6 +204,7 @@ class QueueWalk:
             victims_kind = (job.spec.gpu_types, (admission.queue(job) or "") if queues else "")
             if (
                 can_preempt
+                and not claimed
                 and job.spec.gpus < no_room.get((kind, victims_kind), math.inf)
                 and job.spec.gpus < too_few_victims.get(victims_kind, math.inf)
             ):
@@ -203,7 +217,7 @@ class QueueWalk:
                     too_few_victims[victims_kind] = job.spec.gpus
                 else:
                     no_room[(kind, victims_kind)] = job.spec.gpus
-            if any(stage.try_start(host, job, now, actions) for stage in sharers):
+            if not claimed and any(stage.try_start(host, job, now, actions) for stage in sharers):
                 continue
             if reserves is not None and reserves.head is None:
                 reserves.reserve(job, host.running_jobs(), now)
