@@ -38,6 +38,11 @@ Rules (each violation is a ConfigError whose message starts with the offending k
   drained from ``start`` to ``end`` (seconds on the simulation's clock; no ``end``: to the end of
   the run), its attempts preempted at ``start`` with ``preempt: true`` (docs/simulator.md). The
   node must be one of the cluster's (a node-level cell's name) and ``end`` after ``start``.
+- ``reservations``: a list of ``{name, start, duration, gpus | nodes, users, vcs}``, GPUs
+  claimed from ``start`` for ``duration`` seconds (the simulation's clock) for those users and
+  VCs (none: a maintenance window): ``gpus`` a count (whole nodes first, from the last node
+  back, none another reservation of an overlapping window claims) or ``nodes`` a list of the
+  cluster's nodes (corral.core.reservations).
 - No ``virtual_clusters`` (or an empty mapping) gives one VC, ``default``, the whole cluster: it is
   returned as ``{"default": {}}``; an empty cell map means "the whole cluster" and only arises so.
 """
@@ -54,6 +59,7 @@ from pydantic_core import PydanticCustomError
 
 from corral.core.cluster import Cell, Cluster, ClusterError
 from corral.core.nodes import NodeChange, maintenance_changes
+from corral.core.reservations import Reservation, ReservationError, choose_gpus
 
 DEFAULT_VC = "default"
 # Counts that would build a bigger tree are a typo, not a cluster: refuse them before building.
@@ -77,6 +83,8 @@ class ClusterConfig:
     virtual_clusters: dict[str, dict[str, int]]  # VC -> {cell type: count}; {} = whole cluster
     #: The simulator's maintenance windows as drains and resumes, in time order (`maintenance`).
     maintenance: tuple[NodeChange, ...] = ()
+    #: GPUs claimed over time windows for some users or VCs (`reservations`).
+    reservations: tuple[Reservation, ...] = ()
 
 
 # -- shape (pydantic) ---------------------------------------------------------------------------
@@ -159,11 +167,25 @@ class MaintenanceSpec(_Strict):
     preempt: StrictBool = False
 
 
+class ReservationSpec(_Strict):
+    """GPUs (a count, or whole nodes) claimed from `start` for `duration` seconds for some users
+    or VCs (none: no one, a maintenance window)."""
+
+    name: VcName
+    start: Seconds
+    duration: Seconds
+    gpus: Count | None = None
+    nodes: list[VcName] | None = None
+    users: list[VcName] | None = None
+    vcs: list[VcName] | None = None
+
+
 class ClusterConfigSpec(_Strict):
     cell_types: dict[CellName, CellTypeSpec]
     physical_cells: list[PhysicalCellSpec]
     virtual_clusters: dict[VcName, dict[CellName, Count]] | None = None
     maintenance: list[MaintenanceSpec] | None = None
+    reservations: list[ReservationSpec] | None = None
 
 
 _SHAPE_ERRORS = {
@@ -201,6 +223,8 @@ def _allowed_keys(parent: list[int | str]) -> list[str]:
         model = PhysicalCellSpec
     elif len(parent) == 2 and parent[0] == "maintenance":
         model = MaintenanceSpec
+    elif len(parent) == 2 and parent[0] == "reservations":
+        model = ReservationSpec
     return list(model.model_fields)
 
 
@@ -515,8 +539,40 @@ def parse_cluster_config(data: object) -> ClusterConfig:
         raise ConfigError("physical_cells", str(error)) from None
     maintenance = _maintenance(spec.maintenance or [], cluster)
     return ClusterConfig(
-        cluster=cluster, virtual_clusters=virtual_clusters, maintenance=maintenance
+        cluster=cluster,
+        virtual_clusters=virtual_clusters,
+        maintenance=maintenance,
+        reservations=_reservations(spec.reservations or [], cluster),
     )
+
+
+def _reservations(specs: list[ReservationSpec], cluster: Cluster) -> tuple[Reservation, ...]:
+    """Each reservation with its GPUs chosen, in the order given; one that cannot be made is
+    refused naming it (`reservations.N.field`)."""
+    made: list[Reservation] = []
+    for number, spec in enumerate(specs):
+        end = spec.start + spec.duration
+        taken = [g for r in made if r.start < end and spec.start < r.end for g in r.gpus]
+        try:
+            if spec.duration <= 0:
+                raise ReservationError(f"duration: must be positive, got {spec.duration:g}")
+            if spec.name in {r.name for r in made}:
+                raise ReservationError(f"name: {spec.name!r} is named twice")
+            gpus = choose_gpus(cluster, gpus=spec.gpus, nodes=spec.nodes or (), taken=taken)
+        except ReservationError as error:
+            field, _, reason = str(error).partition(": ")
+            raise ConfigError(f"reservations.{number}.{field}", reason) from None
+        made.append(
+            Reservation(
+                spec.name,
+                spec.start,
+                spec.duration,
+                gpus,
+                users=frozenset(spec.users or ()),
+                vcs=frozenset(spec.vcs or ()),
+            )
+        )
+    return tuple(made)
 
 
 def _maintenance(windows: list[MaintenanceSpec], cluster: Cluster) -> tuple[NodeChange, ...]:

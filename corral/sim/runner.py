@@ -33,6 +33,7 @@ from corral.core.plugin import PluginError, Services, SpeedModel
 from corral.core.policy import POLICIES
 from corral.core.profiles import Profiles
 from corral.core.protocol import SchedulerCore
+from corral.core.reservations import ReservationError
 from corral.core.text import count_noun
 from corral.core.vcluster import build_virtual_cluster
 from corral.sim.colocation import gandiva_line, gandiva_summary, load_pair_table
@@ -478,6 +479,19 @@ def make_scheduler(
     return build_scheduler(config, services, uses_cache=cache is not None)
 
 
+def reserve_all(settings: RunSettings, scheduler: SchedulerCore) -> None:
+    """The reservations of `--config` (corral.core.reservations), made in the scheduler."""
+    if settings.config is None:
+        return
+    from corral.config_file import load_cluster_config
+
+    for reservation in load_cluster_config(settings.config).reservations:
+        try:
+            scheduler.reserve(reservation)
+        except ReservationError as error:
+            raise SimulationError(f"{settings.config}: reservations: {error}") from None
+
+
 def private_baselines(
     settings: RunSettings,
     jobs: list[JobSpec],
@@ -717,6 +731,7 @@ def _run_policy(
         else (profiles.throughput if profiles is not None else None),
         workload=workload,
     )
+    reserve_all(settings, scheduler)
     probe = (
         FragmentationProbe(run_cluster, workload, prepared.grid)
         if prepared.probed and workload is not None
@@ -977,6 +992,7 @@ def _run_streamed(
     scheduler = make_scheduler(
         settings, run_cluster, prepared.vcs, prepared.quota, config, prepared.speed_for, []
     )
+    reserve_all(settings, scheduler)
     jobs_csv = prepared.jobs_csv[number]
     with StreamedOutput(
         out / jobs_csv,
