@@ -1,0 +1,101 @@
+"""Reservations in `corral up`: real job processes (local executor), a real SQLite file, HTTP on
+loopback, the `corral reservation` commands against the running manager. A maintenance window
+on one of two GPUs is honoured, and jobs backfill around it by their time limits."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from click.testing import CliRunner
+
+from corral.cli.main import app
+from tests.server.helpers import (
+    admin_token,
+    api,
+    job,
+    kill_jobs_of,
+    start_server,
+    submit,
+    wait_for,
+    wait_until,
+)
+
+LEAD_S = 15.0  # the window opens this long after it is made
+WINDOW_S = 10.0
+
+
+def sleeper(name: str, seconds: float, limit: float | None) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "name": name,
+        "gpus": 1,
+        "command": f"exec sleep {seconds}",
+        "grace_seconds": 1,
+    }
+    if limit is not None:
+        spec["time_limit"] = limit
+    return spec
+
+
+def test_a_maintenance_window_is_honoured_with_backfill_around_it(
+    data_dir: Path, monkeypatch
+) -> None:
+    # Two GPUs, fifo with greedy backfill, placement any (the lowest free GPUs first). `corral
+    # reservation create maint --gpus 1` keeps one GPU (the node's first, device 0) for no one
+    # from LEAD_S from now for WINDOW_S. Then L (sleeps 40 s, time_limit 60 s) would run into
+    # the window on device 0: it starts on device 1. S (sleeps 1 s, time_limit 5 s) ends before
+    # the window opens: it starts on device 0. U (sleeps 1 s, no time_limit) is unbounded: it
+    # waits, its reason naming the reservation, and starts when the window closes (L holds
+    # device 1 until well after).
+    server = start_server(data_dir, gpus=2, policy="fifo", placement="any", backfill="greedy")
+    try:
+        token = admin_token(data_dir)
+        monkeypatch.setenv("CORRAL_URL", server.url)
+        monkeypatch.setenv("CORRAL_TOKEN", token)
+        client = api(server.url, token)
+        made = CliRunner().invoke(
+            app,
+            [
+                "reservation",
+                "create",
+                "maint",
+                "--gpus",
+                "1",
+                "--start",
+                f"+{LEAD_S:g}s",
+                "--duration",
+                f"{WINDOW_S:g}s",
+            ],
+        )
+        assert made.exit_code == 0, made.output
+        (reservation,) = client.get("/api/v1/reservations").json()
+        assert reservation["state"] == "waiting" and reservation["gpus"][0].endswith("/0")
+        listed = CliRunner().invoke(app, ["reservation", "ls"])
+        assert listed.exit_code == 0 and "maint" in listed.output, listed.output
+        reserved = reservation["gpus"][0]
+
+        long = submit(client, **sleeper("L", 40, 60))
+        short = submit(client, **sleeper("S", 1, 5))
+        unbounded = submit(client, **sleeper("U", 1, None))
+        placed_long = wait_for(client, long, ["RUNNING"])["placement"]
+        assert reserved not in str(placed_long), placed_long
+
+        def waiting_for_window() -> dict[str, Any] | None:
+            found = job(client, unbounded)
+            return found if "reservation maint" in found["reason"] or found["attempts"] else None
+
+        assert wait_until(waiting_for_window, "U held back by the window")["attempts"] == 0
+        assert wait_for(client, short)["status"] == "SUCCEEDED"
+        assert wait_for(client, unbounded)["status"] == "SUCCEEDED"
+        s, u = job(client, short), job(client, unbounded)
+        assert s["started_at"] < reservation["start"]
+        assert u["started_at"] >= reservation["end"]
+        assert job(client, long)["status"] == "RUNNING"  # not U's way in: it holds device 1
+
+        deleted = CliRunner().invoke(app, ["reservation", "delete", "maint"])
+        assert deleted.exit_code == 0, deleted.output
+        assert client.get("/api/v1/reservations").json() == []
+        assert client.delete("/api/v1/reservations/maint").status_code == 404
+    finally:
+        server.stop()
+        kill_jobs_of(data_dir)
