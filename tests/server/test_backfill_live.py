@@ -4,9 +4,14 @@ SQLite file, HTTP on loopback. The head of fifo's queue gets a reservation by th
 
 from __future__ import annotations
 
+import json
+import shlex
 from pathlib import Path
 from typing import Any
 
+from click.testing import CliRunner
+
+from corral.cli.main import app
 from tests.server.helpers import (
     admin_token,
     api,
@@ -29,7 +34,9 @@ def sleeper(name: str, gpus: int, seconds: float, limit: float) -> dict[str, Any
     }
 
 
-def test_easy_backfill_starts_the_short_job_and_never_delays_the_head(data_dir: Path) -> None:
+def test_easy_backfill_starts_the_short_job_and_never_delays_the_head(
+    data_dir: Path, tmp_path: Path
+) -> None:
     # One node of 3 GPUs, fifo, placement any. A (2 GPUs, sleeps 8 s, time_limit 30 s) runs.
     # H (3 GPUs) cannot start: the head. Released by its limit, A frees its GPUs by
     # A's start + 30 s: the shadow time, and H's reservation is all 3 GPUs. L (1 GPU, time_limit
@@ -63,6 +70,34 @@ def test_easy_backfill_starts_the_short_job_and_never_delays_the_head(data_dir: 
     finally:
         server.stop()
         kill_jobs_of(data_dir)
+    # `corral export-trace` (each job's time_limit_s with its spec), then the `corral simulate`
+    # it prints: the replay starts the jobs in the manager's order, S before H, L after it.
+    by_id = {first: "A", head: "H", long: "L", short: "S"}
+    out = tmp_path / "history.corral.jsonl"
+    exported = CliRunner().invoke(
+        app, ["export-trace", "--data-dir", str(data_dir), "--out", str(out)]
+    )
+    assert exported.exit_code == 0, exported.output
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    limits = {r["id"]: r["time_limit_s"] for r in records if r["kind"] == "job"}
+    assert limits[long] == 120 and limits[short] == 5
+    printed = " ".join(exported.output.split())
+    args = [*shlex.split(printed.split("replay with: ", 1)[1])[1:], "--out", str(tmp_path / "sim")]
+    simulated = CliRunner().invoke(app, args)
+    assert simulated.exit_code == 0, simulated.output
+
+    def first_starts(path: Path) -> list[str]:
+        order: list[str] = []
+        for record in map(json.loads, path.read_text().splitlines()):
+            name = by_id[str(record["job"])]
+            if record["action"] == "start" and name not in order:
+                order.append(name)
+        return order
+
+    (replayed,) = sorted((tmp_path / "sim").glob("decisions-*.jsonl"))
+    live = first_starts(out.with_name("history.decisions.jsonl"))
+    assert live == ["A", "S", "H", "L"]
+    assert first_starts(replayed) == live
 
 
 def test_greedy_backfill_lets_the_long_job_delay_the_head(data_dir: Path) -> None:
