@@ -122,7 +122,7 @@ class QueueWalk:
         make_room = self.preemption.make_room
         preempting = preempt
         reserves = self.reserves
-        reservations = host.reservations
+        reservations = host.reservations if host.reservations else None
         position = 0
         while position < len(host.pending):
             job = by_seq[host.pending[position][-1]]
@@ -174,9 +174,9 @@ class QueueWalk:
             if job.spec.gpus < no_fit.get(kind, math.inf):
                 result = placement.place(cluster, job, now)
                 if isinstance(result, Placed) and (
-                    reservations or (reserves is not None and reserves.head is not None)
+                    reservations is not None or (reserves is not None and reserves.head is not None)
                 ):
-                    closed = reservations.closed(job, now) if reservations else []
+                    closed = reservations.closed(job, now) if reservations is not None else []
                     if reserves is not None:
                         closed += reserves.closed(job, now)
                     admitted = place_off(cluster, placement, job, result, now, closed)
