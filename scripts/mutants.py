@@ -456,6 +456,23 @@ MUTANTS = [
             "test_easy_backfill_starts_the_short_job_and_never_delays_the_head",
         ),
     ),
+    Mutant(
+        "reservation-ignored",
+        "Reservations",
+        "no job is ever kept off a reservation's GPUs: members or not, in the window or not",
+        "corral/core/reservations.py",
+        (
+            (
+                "        if not self.items:\n            return []\n        ends_by",
+                "        if True:\n            return []\n        ends_by",
+            ),
+        ),
+        ("tests/core/test_reservations.py", "tests/sim/test_backfill_sim.py"),
+        (
+            "tests/server/test_reservations_live.py::"
+            "test_a_maintenance_window_is_honoured_with_backfill_around_it",
+        ),
+    ),
 ]
 
 
