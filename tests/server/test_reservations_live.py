@@ -92,6 +92,28 @@ def test_a_maintenance_window_is_honoured_with_backfill_around_it(
         assert u["started_at"] >= reservation["end"]
         assert job(client, long)["status"] == "RUNNING"  # not U's way in: it holds device 1
 
+        # Refused in one line: a name taken, GPUs another reservation claims in that window,
+        # both a count and nodes.
+        node = reserved.split("/")[0]
+        again = {"start": reservation["start"], "duration": 5}
+        taken = client.post("/api/v1/reservations", json={"name": "maint", "gpus": 1, **again})
+        assert taken.status_code == 409, taken.text
+        overlap = client.post(
+            "/api/v1/reservations", json={"name": "other", "nodes": [node], **again}
+        )
+        assert overlap.status_code == 409 and "reserved" in overlap.text, overlap.text
+        both = client.post(
+            "/api/v1/reservations", json={"name": "x", "gpus": 1, "nodes": [node], **again}
+        )
+        assert both.status_code == 422, both.text
+        # A restarted manager keeps it (the store's reservations table).
+        server.stop()
+        server = start_server(data_dir, gpus=2, policy="fifo", placement="any", backfill="greedy")
+        client = api(server.url, token)
+        monkeypatch.setenv("CORRAL_URL", server.url)
+        (kept,) = client.get("/api/v1/reservations").json()
+        assert (kept["name"], kept["gpus"], kept["state"]) == ("maint", [reserved], "ended")
+
         deleted = CliRunner().invoke(app, ["reservation", "delete", "maint"])
         assert deleted.exit_code == 0, deleted.output
         assert client.get("/api/v1/reservations").json() == []
