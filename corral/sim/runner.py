@@ -33,7 +33,7 @@ from corral.core.plugin import PluginError, Services, SpeedModel
 from corral.core.policy import POLICIES
 from corral.core.profiles import Profiles
 from corral.core.protocol import SchedulerCore
-from corral.core.reservations import ReservationError
+from corral.core.reservations import Reservation, ReservationError
 from corral.core.text import count_noun
 from corral.core.vcluster import build_virtual_cluster
 from corral.sim.colocation import gandiva_line, gandiva_summary, load_pair_table
@@ -479,17 +479,43 @@ def make_scheduler(
     return build_scheduler(config, services, uses_cache=cache is not None)
 
 
-def reserve_all(settings: RunSettings, scheduler: SchedulerCore) -> None:
-    """The reservations of `--config` (corral.core.reservations), made in the scheduler."""
-    if settings.config is None:
-        return
-    from corral.config_file import load_cluster_config
+def reserve_all(
+    settings: RunSettings, scheduler: SchedulerCore, trace: Trace | None = None
+) -> None:
+    """The reservations of `--config` and those a corral trace recorded (the live manager's,
+    their GPUs by name: one on nodes the run's cluster lacks is refused) made in the scheduler
+    (corral.core.reservations)."""
+    made: list[tuple[str, Reservation]] = []
+    if trace is not None and trace.reservations:
+        ids = {name: gpu for gpu, name in enumerate(scheduler.cluster.gpu_names())}
+        for recorded in trace.reservations:
+            missing = [name for name in recorded.gpus if name not in ids]
+            if missing:
+                raise SimulationError(
+                    f"{trace.source}: reservation {recorded.name}: no GPU {missing[0]} in the "
+                    "cluster"
+                )
+            reservation = Reservation(
+                recorded.name,
+                recorded.start,
+                recorded.duration,
+                tuple(sorted(ids[name] for name in recorded.gpus)),
+                users=frozenset(recorded.users),
+                vcs=frozenset(recorded.vcs),
+            )
+            made.append((trace.source, reservation))
+    if settings.config is not None:
+        from corral.config_file import load_cluster_config
 
-    for reservation in load_cluster_config(settings.config).reservations:
+        made += [
+            (f"{settings.config}: reservations", reservation)
+            for reservation in load_cluster_config(settings.config).reservations
+        ]
+    for where, reservation in made:
         try:
             scheduler.reserve(reservation)
         except ReservationError as error:
-            raise SimulationError(f"{settings.config}: reservations: {error}") from None
+            raise SimulationError(f"{where}: {error}") from None
 
 
 def private_baselines(
@@ -731,7 +757,7 @@ def _run_policy(
         else (profiles.throughput if profiles is not None else None),
         workload=workload,
     )
-    reserve_all(settings, scheduler)
+    reserve_all(settings, scheduler, trace)
     probe = (
         FragmentationProbe(run_cluster, workload, prepared.grid)
         if prepared.probed and workload is not None

@@ -96,3 +96,19 @@ def test_choosing_gpus_and_refusing_overlaps():
     s.reserve(Reservation("c", 100.0, 100.0, (1, 2)))  # after a's window: fine
     with pytest.raises(ReservationError, match="exists already"):
         s.reserve(Reservation("c", 500.0, 1.0, (5,)))
+
+
+def test_a_reservation_record_round_trips_and_a_bad_one_names_its_field():
+    from corral.core.tracefile import (
+        RecordedReservation,
+        RecordError,
+        read_reservation,
+        reservation_record,
+    )
+
+    kept = RecordedReservation("demo", 60.0, 3600.0, ("n0/0", "n0/1"), ("alice",), ("vision",))
+    assert read_reservation(reservation_record(kept)) == kept
+    with pytest.raises(RecordError, match="^gpus: must name at least one GPU$"):
+        read_reservation(reservation_record(kept) | {"gpus": []})
+    with pytest.raises(RecordError, match="^duration: must be positive"):
+        read_reservation(reservation_record(kept) | {"duration": 0})

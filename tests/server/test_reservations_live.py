@@ -4,9 +4,12 @@ on one of two GPUs is honoured, and jobs backfill around it by their time limits
 
 from __future__ import annotations
 
+import json
+import shlex
 from pathlib import Path
 from typing import Any
 
+import pytest
 from click.testing import CliRunner
 
 from corral.cli.main import app
@@ -38,7 +41,7 @@ def sleeper(name: str, seconds: float, limit: float | None) -> dict[str, Any]:
 
 
 def test_a_maintenance_window_is_honoured_with_backfill_around_it(
-    data_dir: Path, monkeypatch
+    data_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Two GPUs, fifo with greedy backfill, placement any (the lowest free GPUs first). `corral
     # reservation create maint --gpus 1` keeps one GPU (the node's first, device 0) for no one
@@ -114,10 +117,60 @@ def test_a_maintenance_window_is_honoured_with_backfill_around_it(
         (kept,) = client.get("/api/v1/reservations").json()
         assert (kept["name"], kept["gpus"], kept["state"]) == ("maint", [reserved], "ended")
 
-        deleted = CliRunner().invoke(app, ["reservation", "delete", "maint"])
+        made = CliRunner().invoke(
+            app,
+            [
+                "reservation",
+                "create",
+                "tmp",
+                "--nodes",
+                node,
+                "--start",
+                "+1h",
+                "--duration",
+                "10m",
+                "--users",
+                "alice",
+                "--vc",
+                "a",
+            ],
+        )
+        assert made.exit_code == 0 and "2 GPUs for alice, VC a" in made.output, made.output
+        deleted = CliRunner().invoke(app, ["reservation", "delete", "tmp"])
         assert deleted.exit_code == 0, deleted.output
-        assert client.get("/api/v1/reservations").json() == []
-        assert client.delete("/api/v1/reservations/maint").status_code == 404
+        assert [r["name"] for r in client.get("/api/v1/reservations").json()] == ["maint"]
+        assert client.delete("/api/v1/reservations/tmp").status_code == 404
+        assert wait_for(client, long)["status"] == "SUCCEEDED"
     finally:
         server.stop()
         kill_jobs_of(data_dir)
+    # `corral export-trace` records the reservation; the `corral simulate` it prints makes it in
+    # the replay's scheduler and starts the jobs as the manager did: L, S, then U once the
+    # window closed.
+    by_id = {long: "L", short: "S", unbounded: "U"}
+    out = tmp_path / "history.corral.jsonl"
+    exported = CliRunner().invoke(
+        app, ["export-trace", "--data-dir", str(data_dir), "--out", str(out)]
+    )
+    assert exported.exit_code == 0, exported.output
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    (recorded,) = [r for r in records if r["kind"] == "reservation"]
+    assert (recorded["name"], recorded["gpus"], recorded["users"]) == ("maint", [reserved], [])
+    printed = " ".join(exported.output.split())
+    args = [*shlex.split(printed.split("replay with: ", 1)[1])[1:], "--out", str(tmp_path / "sim")]
+    simulated = CliRunner().invoke(app, args)
+    assert simulated.exit_code == 0, simulated.output
+
+    def starts(path: Path) -> dict[str, float]:
+        first: dict[str, float] = {}
+        for record in map(json.loads, path.read_text().splitlines()):
+            if record["action"] == "start":
+                first.setdefault(by_id[str(record["job"])], record["at"])
+        return first
+
+    (replayed,) = sorted((tmp_path / "sim").glob("decisions-*.jsonl"))
+    live, again = starts(out.with_name("history.decisions.jsonl")), starts(replayed)
+    assert sorted(live, key=live.__getitem__) == ["L", "S", "U"]
+    assert sorted(again, key=again.__getitem__) == ["L", "S", "U"]
+    window_end = recorded["start"] + recorded["duration"]
+    assert again["S"] < recorded["start"] and again["U"] >= window_end
