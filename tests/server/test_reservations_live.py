@@ -24,7 +24,7 @@ from tests.server.helpers import (
     wait_until,
 )
 
-LEAD_S = 15.0  # the window opens this long after it is made
+LEAD_S = 25.0  # the window opens this long after it is made (S starts well before)
 WINDOW_S = 10.0
 
 
@@ -45,7 +45,7 @@ def test_a_maintenance_window_is_honoured_with_backfill_around_it(
 ) -> None:
     # Two GPUs, fifo with greedy backfill, placement any (the lowest free GPUs first). `corral
     # reservation create maint --gpus 1` keeps one GPU (the node's first, device 0) for no one
-    # from LEAD_S from now for WINDOW_S. Then L (sleeps 40 s, time_limit 60 s) would run into
+    # from LEAD_S from now for WINDOW_S. Then L (sleeps 45 s, time_limit 90 s) would run into
     # the window on device 0: it starts on device 1. S (sleeps 1 s, time_limit 5 s) ends before
     # the window opens: it starts on device 0. U (sleeps 1 s, no time_limit) is unbounded: it
     # waits, its reason naming the reservation, and starts when the window closes (L holds
@@ -77,7 +77,7 @@ def test_a_maintenance_window_is_honoured_with_backfill_around_it(
         assert listed.exit_code == 0 and "maint" in listed.output, listed.output
         reserved = reservation["gpus"][0]
 
-        long = submit(client, **sleeper("L", 40, 60))
+        long = submit(client, **sleeper("L", 45, 90))
         short = submit(client, **sleeper("S", 1, 5))
         unbounded = submit(client, **sleeper("U", 1, None))
         placed_long = wait_for(client, long, ["RUNNING"])["placement"]
