@@ -83,16 +83,16 @@ class ReservationControl:
         actor: str,
     ) -> dict[str, Any]:
         """Make a reservation (ControlError 409 for a name taken or GPUs another reservation
-        claims then, 400 for anything else it cannot be made as)."""
+        claims then, 422 for anything else it cannot be made as)."""
         with self._changing():
             now = self.clock()
             if not name.strip():
-                raise ControlError(400, "name: must not be empty")
+                raise ControlError(422, "name: must not be empty")
             rows = self.store.reservations()
             if any(row.name == name for row in rows):
                 raise ControlError(409, f"name: a reservation {name!r} exists already")
             if not duration > 0:
-                raise ControlError(400, f"duration: must be positive, got {duration:g}")
+                raise ControlError(422, f"duration: must be positive, got {duration:g}")
             ids = gpu_ids_by_name(self.cluster)
             names = {gpu: gpu_name for gpu_name, gpu in ids.items()}
             end = start + duration
@@ -106,8 +106,9 @@ class ReservationControl:
             try:
                 chosen = choose_gpus(self.cluster, gpus=gpus, nodes=nodes, taken=taken)
             except ReservationError as error:
-                status = 409 if "reserved" in str(error) else 400
-                raise ControlError(status, str(error)) from None
+                if "reserved" in str(error):  # GPUs another reservation claims then
+                    raise ControlError(409, str(error)) from None
+                raise ControlError(422, str(error)) from None
             row = ReservationRow(
                 name=name,
                 start=start,
