@@ -348,6 +348,32 @@ class Client:
         """Bring a drained node back (admins only)."""
         return self._request("POST", f"/nodes/{_segment(node)}/resume")
 
+    def reservations(self) -> list[dict]:
+        """Every reservation: name, start, end, duration, gpus, users, vcs, state, by."""
+        return self._request("GET", "/reservations")
+
+    def create_reservation(
+        self,
+        name: str,
+        *,
+        start: float,
+        duration: float,
+        gpus: int | None = None,
+        nodes: list[str] | None = None,
+        users: list[str] | None = None,
+        vcs: list[str] | None = None,
+    ) -> dict:
+        """Reserve `gpus` GPUs or the `nodes` from `start` (the manager's clock, seconds) for
+        `duration` seconds for these users and VCs (admins only)."""
+        body: dict = {"name": name, "start": start, "duration": duration}
+        body |= {"users": users or [], "vcs": vcs or []}
+        body |= {"gpus": gpus} if gpus is not None else {"nodes": nodes or []}
+        return self._request("POST", "/reservations", json=body)
+
+    def delete_reservation(self, name: str) -> dict:
+        """Delete a reservation (admins only)."""
+        return self._request("DELETE", f"/reservations/{_segment(name)}")
+
     def profiles(self) -> list[dict]:
         """Measured throughput per VC, model and placement shape (steps/s): {model, gpu_type,
         gpus, nodes, colocated, vc, shared, steps_per_s, samples_per_s, seconds, runs,

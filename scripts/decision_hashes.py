@@ -123,6 +123,12 @@ def framework_runs() -> list[Run]:
         add(f"policy {policy}", policy=policy)
     add("policy timeslice", "short", "timeslice")
     add("policy fifo backfill", policy="fifo", scheduler={"backfill": True})
+    add(
+        "policy fifo backfill easy",
+        policy="fifo",
+        scheduler={"backfill": "easy"},
+        settings={"time_limit_factor": 1.5},
+    )
     add("las thresholds", scheduler={"las": {"thresholds_gpu_s": [600, 6000, 60000]}})
     add("las starvation", scheduler={"las": {"starvation_factor": 2.0}})
     add("las within queue", scheduler={"las": {"preempt_within_queue": True}})

@@ -509,6 +509,41 @@ MUTANTS = [
             "tests/server/test_health_live.py::test_an_unhealthy_node_requeues_its_job_elsewhere_and_comes_back_when_its_check_passes",
         ),
     ),
+    Mutant(
+        "easy-ignores-shadow",
+        "EASY backfill",
+        "the head's shadow time is ignored: every later job that fits starts on the reserved "
+        "GPUs, whenever its time limit ends (greedy)",
+        "corral/core/backfill.py",
+        (
+            (
+                "        if limit_end(job, now) <= self.shadow or reserved.isdisjoint(placed.gpus):\n",
+                "        if True:\n",
+            ),
+        ),
+        ("tests/core/test_backfill.py", "tests/sim/test_backfill_sim.py"),
+        (
+            "tests/server/test_backfill_live.py::"
+            "test_easy_backfill_starts_the_short_job_and_never_delays_the_head",
+        ),
+    ),
+    Mutant(
+        "reservation-ignored",
+        "Reservations",
+        "no job is ever kept off a reservation's GPUs: members or not, in the window or not",
+        "corral/core/reservations.py",
+        (
+            (
+                "        if not self.items:\n            return []\n        ends_by",
+                "        if True:\n            return []\n        ends_by",
+            ),
+        ),
+        ("tests/core/test_reservations.py", "tests/sim/test_backfill_sim.py"),
+        (
+            "tests/server/test_reservations_live.py::"
+            "test_a_maintenance_window_is_honoured_with_backfill_around_it",
+        ),
+    ),
 ]
 
 

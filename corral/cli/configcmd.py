@@ -84,7 +84,7 @@ def plugins() -> None:
 
 def command() -> Any:
     """The `config` group (corral.cli.lazy builds it)."""
-    from corral.cli.schedflags import scheduler_flags
+    from corral.cli.schedflags import scheduler_flags, with_bare_flags
 
     app = typer.Typer(
         add_completion=False,
@@ -98,4 +98,4 @@ def command() -> Any:
 
     app.command("show")(scheduler_flags(show))
     app.command("plugins")(plugins)
-    return typer.main.get_command(app)
+    return with_bare_flags(typer.main.get_command(app))

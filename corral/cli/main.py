@@ -37,6 +37,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "token": ("corral.cli.client:token_group", "API tokens (admins only)."),
     "profile": ("corral.cli.client:profile_group", "Throughput measured per VC and model."),
     "node": ("corral.cli.node:node_group", "Nodes: their state, drain and resume (admins)."),
+    "reservation": (
+        "corral.cli.reservation:reservation_group",
+        "Reservations: GPUs kept for some users in a window.",
+    ),
     "up": (TOOLS, "Run the manager: API, dashboard, scheduler, executor."),
     "export-trace": (TOOLS, "Write the manager's job history as a trace."),
     "config": (TOOLS, "Show or check a scheduler config."),

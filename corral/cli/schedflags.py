@@ -73,6 +73,15 @@ def _parameter(name: str, section: str | None, info: OptionInfo, panel: str) -> 
             f"{flag}/{negative}", help=text, rich_help_panel=panel, show_default=False
         )
         annotation: Any = Annotated[Optional[bool], option]  # noqa: UP045 - typer needs Optional
+    elif info.bare is not None:  # `--backfill` alone (`with_bare_flags`), or `--backfill easy`
+        option = typer.Option(
+            flag,
+            help=text + escape(f" [alone: {info.bare}]"),
+            rich_help_panel=panel,
+            metavar="[VALUE]",
+            show_default=False,
+        )
+        annotation = Annotated[Optional[str], option]  # noqa: UP045
     else:
         metavar = "LIST" if info.base is not str and "tuple" in str(info.base) else "VALUE"
         option = typer.Option(
@@ -194,4 +203,35 @@ def click_command(name: str, command: Callable[..., Any]) -> Any:
     """A click command for `command` with the generated flags (for corral.cli.lazy)."""
     app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
     app.command(name)(scheduler_flags(command))
-    return typer.main.get_command(app)
+    return with_bare_flags(typer.main.get_command(app))
+
+
+def expand_bare(args: list[str], bare: dict[str, str]) -> list[str]:
+    """The command line with the value of each flag that has one alone (`option(bare=...)`)
+    given where the flag is last or followed by another flag: `--backfill --trace X` is
+    `--backfill greedy --trace X`."""
+    out: list[str] = []
+    for position, arg in enumerate(args):
+        out.append(arg)
+        if arg in bare and (position + 1 == len(args) or args[position + 1].startswith("-")):
+            out.append(bare[arg])
+    return out
+
+
+def with_bare_flags(command: Any) -> Any:
+    """The click command (or each command of a group) reading a flag with a bare value alone
+    (`--backfill` is `--backfill greedy`): typer's options take a value or none, not both."""
+    bare = {
+        flag_name(section, info.name): info.bare
+        for _, section, info, _ in flags()
+        if info.bare is not None
+    }
+    for sub in getattr(command, "commands", {}).values():
+        with_bare_flags(sub)
+    parse = command.parse_args
+
+    def parse_args(ctx: Any, args: list[str]) -> list[str]:
+        return parse(ctx, expand_bare(list(args), bare))
+
+    command.parse_args = parse_args
+    return command

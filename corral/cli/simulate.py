@@ -140,6 +140,14 @@ def simulate(
             "attempt keeps the work up to it [default: only when preempted]"
         ),
     ] = None,
+    time_limit_factor: Annotated[
+        float | None,
+        typer.Option(
+            help="each job's time limit is this many times its run time, where the trace gives "
+            "it none (EASY backfill reads time limits; a job that runs past its limit fails) "
+            "[default: only the trace's limits]"
+        ),
+    ] = None,
     precheck_report_s: Annotated[
         float,
         typer.Option(
@@ -264,6 +272,7 @@ def simulate(
             node_failures=NodeFailures.parse(node_failures) if node_failures else None,
             max_retries=max_retries,
             checkpoint_every_s=checkpoint_every_s,
+            time_limit_factor=time_limit_factor,
             precheck_report_s=precheck_report_s,
             arrival_scale=arrival_scale,
             window=parse_window(window),

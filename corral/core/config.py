@@ -50,6 +50,11 @@ Rules (each violation is a ConfigError whose message starts with the offending k
   a department, a cycle of departments, a department nobody names, children whose quotas sum over
   their department's, a limit below the quota and top-level quotas over the cluster's GPUs are
   refused, naming the queue and the field.
+- ``reservations``: a list of ``{name, start, duration, gpus | nodes, users, vcs}``, GPUs
+  claimed from ``start`` for ``duration`` seconds (the simulation's clock) for those users and
+  VCs (none: a maintenance window): ``gpus`` a count (whole nodes first, from the last node
+  back, none another reservation of an overlapping window claims) or ``nodes`` a list of the
+  cluster's nodes (corral.core.reservations).
 - No ``virtual_clusters`` (or an empty mapping) gives one VC, ``default``, the whole cluster: it is
   returned as ``{"default": {}}``; an empty cell map means "the whole cluster" and only arises so.
 """
@@ -67,6 +72,7 @@ from pydantic_core import PydanticCustomError
 from corral.core.cluster import Cell, Cluster, ClusterError
 from corral.core.nodes import NodeChange, maintenance_changes
 from corral.core.queues import Queue, QueueTree
+from corral.core.reservations import Reservation, ReservationError, choose_gpus
 
 DEFAULT_VC = "default"
 # Counts that would build a bigger tree are a typo, not a cluster: refuse them before building.
@@ -95,6 +101,8 @@ class ClusterConfig:
     #: The VCs' departments, weights and limits (`departments`, a VC's `parent`, `weight`,
     #: `limit`); None: the VCs are flat, as without those keys.
     queues: QueueTree | None = None
+    #: GPUs claimed over time windows for some users or VCs (`reservations`).
+    reservations: tuple[Reservation, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,6 +231,19 @@ class DepartmentSpec(QueueSpec):
     quota: Count | None = None
 
 
+class ReservationSpec(_Strict):
+    """GPUs (a count, or whole nodes) claimed from `start` for `duration` seconds for some users
+    or VCs (none: no one, a maintenance window)."""
+
+    name: VcName
+    start: Seconds
+    duration: Seconds
+    gpus: Count | None = None
+    nodes: list[VcName] | None = None
+    users: list[VcName] | None = None
+    vcs: list[VcName] | None = None
+
+
 class ClusterConfigSpec(_Strict):
     cell_types: dict[CellName, CellTypeSpec]
     physical_cells: list[PhysicalCellSpec]
@@ -230,6 +251,7 @@ class ClusterConfigSpec(_Strict):
     departments: dict[VcName, DepartmentSpec] | None = None
     maintenance: list[MaintenanceSpec] | None = None
     health_check: HealthCheckSpec | None = None
+    reservations: list[ReservationSpec] | None = None
 
 
 _SHAPE_ERRORS = {
@@ -281,6 +303,8 @@ def _allowed_keys(parent: list[int | str]) -> list[str]:
         model = DepartmentSpec
     elif len(parent) == 2 and parent[0] == "virtual_clusters":
         return ["cells", *QueueSpec.model_fields]
+    elif len(parent) == 2 and parent[0] == "reservations":
+        model = ReservationSpec
     return list(model.model_fields)
 
 
@@ -619,6 +643,7 @@ def parse_cluster_config(data: object) -> ClusterConfig:
         virtual_clusters=virtual_clusters,
         maintenance=maintenance,
         health_check=health,
+        reservations=_reservations(spec.reservations or [], cluster),
     )
     if not places and not spec.departments:
         return config
@@ -736,6 +761,35 @@ def _queue_tree(
             for name, (_, spec) in specs.items()
         }
     )
+
+
+def _reservations(specs: list[ReservationSpec], cluster: Cluster) -> tuple[Reservation, ...]:
+    """Each reservation with its GPUs chosen, in the order given; one that cannot be made is
+    refused naming it (`reservations.N.field`)."""
+    made: list[Reservation] = []
+    for number, spec in enumerate(specs):
+        end = spec.start + spec.duration
+        taken = [g for r in made if r.start < end and spec.start < r.end for g in r.gpus]
+        try:
+            if spec.duration <= 0:
+                raise ReservationError(f"duration: must be positive, got {spec.duration:g}")
+            if spec.name in {r.name for r in made}:
+                raise ReservationError(f"name: {spec.name!r} is named twice")
+            gpus = choose_gpus(cluster, gpus=spec.gpus, nodes=spec.nodes or (), taken=taken)
+        except ReservationError as error:
+            field, _, reason = str(error).partition(": ")
+            raise ConfigError(f"reservations.{number}.{field}", reason) from None
+        made.append(
+            Reservation(
+                spec.name,
+                spec.start,
+                spec.duration,
+                gpus,
+                users=frozenset(spec.users or ()),
+                vcs=frozenset(spec.vcs or ()),
+            )
+        )
+    return tuple(made)
 
 
 def _maintenance(windows: list[MaintenanceSpec], cluster: Cluster) -> tuple[NodeChange, ...]:

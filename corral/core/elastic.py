@@ -48,6 +48,7 @@ from corral.core.plugin import SpeedModel
 from corral.core.policy.base import Policy
 from corral.core.policy.edf import ElasticFlowOrder, deadline_of
 from corral.core.refusal import JobRefused, refuse_new
+from corral.core.reservations import Reservation, ReservationError
 from corral.core.retry import FailureReport, RetryRule
 from corral.core.scheduler import Scheduler
 from corral.core.statement import Statement
@@ -507,6 +508,14 @@ class ElasticScheduler:
         self, job_id: str, gpus: tuple[int, ...], started_at: float, now: float
     ) -> Job:
         return self.inner.restore_running(job_id, gpus, started_at, now)
+
+    def reserve(self, reservation: Reservation) -> None:
+        raise ReservationError(
+            "reservations: not with admission elasticflow (it sizes and places every gang itself)"
+        )
+
+    def unreserve(self, name: str) -> Reservation:
+        raise ReservationError(f"name: no reservation {name!r}")
 
     def take_offline(self, gpus: Iterable[int]) -> None:
         self.inner.take_offline(gpus)

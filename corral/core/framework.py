@@ -19,6 +19,7 @@ from typing import Any
 
 from corral.core.admission import ADMISSIONS
 from corral.core.admission.base import Assembly
+from corral.core.backfill import BACKFILL_ALIASES, BACKFILLS
 from corral.core.migration import Migration
 from corral.core.options import NoOptions, OptionError, build, describe, option, to_dict
 from corral.core.packing import Packing
@@ -51,7 +52,15 @@ class CoreOptions:
         choices=lambda: ["auto", *ADMISSIONS],
     )
     stages: tuple[str, ...] = option((), help="round stages to run", choices=lambda: STAGES)
-    backfill: bool = option(False, help="a blocking policy's later jobs may start around its head")
+    backfill: str = option(
+        "none",
+        help="which later jobs start around a blocking policy's head that cannot: "
+        + "; ".join(f"{name} ({rule.summary})" for name, rule in BACKFILLS.items())
+        + " (true, or the flag alone: greedy; false: none)",
+        choices=lambda: BACKFILLS,
+        aliases=BACKFILL_ALIASES,
+        bare="greedy",
+    )
     restore_s: float = option(
         30.0, help="seconds a resumed job spends restoring its checkpoint before it works", low=0
     )
@@ -93,6 +102,16 @@ class CoreOptions:
                 )
         if len(set(self.admission)) != len(self.admission):
             return f"admission: {', '.join(self.admission)}: an admission is named twice"
+        if self.backfill not in BACKFILLS:
+            return (
+                f"backfill: unknown backfill {self.backfill!r}; choose one of "
+                f"{', '.join(BACKFILLS)}"
+            )
+        if self.backfill == "easy" and self.stages:
+            return (
+                f"backfill easy: not with stages ({', '.join(self.stages)}): a stage starts "
+                "jobs outside the reservation's check"
+            )
         if self.victims not in VICTIM_RULES:
             return (
                 f"victims: unknown victim rule {self.victims!r}; choose one of "

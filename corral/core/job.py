@@ -99,6 +99,10 @@ class JobSpec:
     #: part of the job's key in the scheduler's queues, before the policy's own order (which
     #: breaks ties). Higher runs first; 0 for every job that names none.
     level: int = 0
+    #: Seconds the job may run in all (Slurm's time limit, what the live manager's `time_limit`
+    #: enforces: its attempts' run times add up against it); None: unbounded. EASY backfill
+    #: (corral.core.backfill) reads it: a job ends by then at the latest.
+    time_limit_s: float | None = None
     #: Whole GPUs and nothing else (no share, CPU or memory): what every placement gives. Set
     #: from the fields above (read on every round's hot paths, so kept, not computed).
     plain: bool = field(init=False, repr=False, compare=False)
@@ -262,3 +266,11 @@ class Job:
         if self.status is not JobStatus.RUNNING:
             return remaining
         return max(0.0, self.stall_until - now) + remaining / max(self.speed, 1e-12)
+
+    def limit_left_s(self, now: float) -> float:
+        """Seconds the job may still run by its time limit (its attempts' run times add up
+        against it, as live); infinite without a limit."""
+        limit = self.spec.time_limit_s
+        if limit is None:
+            return float("inf")
+        return max(0.0, limit - self.executed_at(now))

@@ -34,11 +34,23 @@ def option(
     high: float | None = None,
     low_open: bool = False,
     choices: Callable[[], Iterable[str]] | None = None,
+    aliases: Mapping[str, str] | None = None,
+    bare: str | None = None,
 ) -> Any:
     """A dataclass field with its help and range (`low` <= value <= `high`; `low_open`: >).
     `choices`: the names a value is chosen from, asked each time they are shown (a registry's
-    keys, so that a plugin registered later is listed too)."""
-    metadata = {"help": help, "low": low, "high": high, "low_open": low_open, "choices": choices}
+    keys, so that a plugin registered later is listed too). `aliases`: older spellings of a
+    string option's values (a boolean it once was: `{"true": "greedy"}`), read as the value
+    they name. `bare`: the value of its CLI flag given without one (`--backfill`)."""
+    metadata = {
+        "help": help,
+        "low": low,
+        "high": high,
+        "low_open": low_open,
+        "choices": choices,
+        "aliases": aliases,
+        "bare": bare,
+    }
     return dataclasses.field(default=default, metadata=metadata)
 
 
@@ -52,6 +64,8 @@ class OptionInfo:
     high: float | None
     low_open: bool
     choices: Callable[[], Iterable[str]] | None = None
+    aliases: Mapping[str, str] | None = None
+    bare: str | None = None
 
     def choices_text(self) -> str:
         """The names it is chosen from, "a, b, c" ("" when it is not chosen from names)."""
@@ -97,6 +111,8 @@ def describe(cls: type) -> list[OptionInfo]:
                 high=meta.get("high"),
                 low_open=bool(meta.get("low_open", False)),
                 choices=meta.get("choices"),
+                aliases=meta.get("aliases"),
+                bare=meta.get("bare"),
             )
         )
     return infos
@@ -151,6 +167,8 @@ def coerce(info: OptionInfo, value: object, where: str) -> Any:
     """The value as the option's type (a YAML int for a float is fine; a string is parsed, as a
     CLI flag gives it), or OptionError."""
     kind = info.base
+    if info.aliases and isinstance(value, bool | str):
+        value = info.aliases.get(str(value).strip().lower(), value)
     spelled_none = isinstance(value, str) and value.strip().lower() in ("none", "null")
     if value is None or (spelled_none and info.optional and kind is not str):
         if info.optional:

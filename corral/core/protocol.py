@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from corral.core.job import Job, JobSpec
     from corral.core.placement.base import Placement
     from corral.core.policy.base import Policy
+    from corral.core.reservations import Reservation
     from corral.core.retry import FailureReport
 
 
@@ -117,6 +118,13 @@ class SchedulerCore(Protocol):
         ...
 
     def bring_online(self, gpus: Iterable[int]) -> None: ...
+
+    def reserve(self, reservation: Reservation) -> None:
+        """Claim GPUs over a time window for some users or VCs (corral.core.reservations);
+        ReservationError where it cannot be made (or this scheduler makes none)."""
+        ...
+
+    def unreserve(self, name: str) -> Reservation: ...
 
     def pending_jobs(self) -> Iterable[Job]:
         """Waiting jobs, in the order the scheduler would serve them."""

@@ -19,6 +19,7 @@ import math
 from collections.abc import Callable, Iterable, Sequence
 
 from corral.core.actions import Action, Decision
+from corral.core.backfill import make_backfill
 from corral.core.chain import AdmissionChain, as_chain
 from corral.core.cluster import Cluster
 from corral.core.job import JobStatus
@@ -29,6 +30,7 @@ from corral.core.policy.base import Policy
 from corral.core.precheck import PreRuns
 from corral.core.preempt import VICTIM_RULES, Preemption
 from corral.core.protocol import Admission
+from corral.core.reservations import Reservation, Reservations
 from corral.core.retry import RetryOptions, RetryRule
 from corral.core.stages import Stage
 from corral.core.state import SchedulerState, StartHook
@@ -48,7 +50,7 @@ class Scheduler(SchedulerState):
         policy: Policy,
         placement: Placement,
         *,
-        backfill: bool = False,
+        backfill: str | bool = False,
         speed_model: SpeedModel | None = None,
         restore_s: float = 0.0,
         victims: str = "lowest",
@@ -59,7 +61,8 @@ class Scheduler(SchedulerState):
         precheck_s: float | None = None,
         preempt_exempt_s: float = 0.0,
     ) -> None:
-        """`preempt_exempt_s`: a running job is no preemption victim until it has run this long
+        """`backfill`: which later jobs pass a blocking policy's head (corral.core.backfill:
+        none, greedy or easy; True is greedy, False none). `preempt_exempt_s`: a running job is no preemption victim until it has run this long
         since its last start (corral.core.preempt). `retry` judges failed attempts: the backoff before a retry and the user-error rule
         (default: `RetryRule(RetryOptions())`). `precheck_s`: the pre-run of jobs whose spec
         names none (corral.core.precheck; None or 0: none). `victims`: which running jobs a
@@ -92,7 +95,11 @@ class Scheduler(SchedulerState):
         )
         self._narrows = chain.having("walks")
         self._placement_plans = type(placement).begin_round is not Placement.begin_round
-        self.backfill = backfill
+        #: Which later jobs pass a blocking policy's head (corral.core.backfill).
+        self.backfill = make_backfill(backfill, cluster, placement)
+        self._reserves = self.backfill.reserves and policy.blocking
+        #: GPUs claimed over time windows for some users or VCs (corral.core.reservations).
+        self.reservations = Reservations(cluster, placement)
         self.rounds = 0
         self.blocked_by: str | None = None
         #: Follows jobs through their lives (the pre-runs, corral.core.precheck); its per-job
@@ -147,7 +154,7 @@ class Scheduler(SchedulerState):
             self.preemption,
             self.stages,
             self._by_seq,
-            backfill,
+            self.backfill,
         )
         #: What runs as a round begins, before the walk (`_begin_round_hooks`).
         self._round_starts = self._begin_round_hooks(chain)
@@ -167,6 +174,8 @@ class Scheduler(SchedulerState):
             return Decision(actions, self._next_wake(now), self._respeeds())
         for begin in self._round_starts:
             begin(now, actions)
+        if self._reserves:
+            self.backfill.new_round()
         if self._narrows:
             # Quota: first only what fits within the VCs' quotas, then borrowers, then
             # opportunistic jobs on what is still idle (each walk narrowed by the admission).
@@ -215,16 +224,33 @@ class Scheduler(SchedulerState):
             and not self._held
             and self._last_start_at < self._quiet_at
             and not (self._exempts and self.preemption.exemption_ended(now))
+            and not (self.reservations and self.reservations.boundary_between(self._quiet_at, now))
         )
 
     def _next_wake(self, now: float) -> float | None:
         wake = self.timers.next_wake(now, bool(self.pending), len(self._running.keys))
+        if self.reservations and self.pending:  # a window opens or closes: look again then
+            self.reservations.forget_ended(now)
+            boundary = self.reservations.next_boundary(now)
+            if boundary != math.inf:
+                wake = boundary if wake is None else min(wake, boundary)
         if not self._exempts:
             return wake
         ends = self.preemption.next_exemption_end(now)  # a job may become a victim then
         if not self.pending or ends == math.inf:
             return wake
         return ends if wake is None else min(wake, ends)
+
+    def reserve(self, reservation: Reservation) -> None:
+        """Claim GPUs over a time window for some users or VCs (corral.core.reservations);
+        ReservationError if it cannot be made so."""
+        self.reservations.add(reservation)
+        self._quiet = None
+
+    def unreserve(self, name: str) -> Reservation:
+        found = self.reservations.remove(name)
+        self._quiet = None
+        return found
 
     def start_defragmented(self, job_id: str, now: float) -> list[Action]:
         """Start a waiting job by the defragmenting stages (migration): the moves and the start,

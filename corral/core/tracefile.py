@@ -55,6 +55,7 @@ VERSION = 1
 JOB_EXTRAS = ("status", "name")
 #: Fields of a job record a replay decides from besides the spec (`JobReplay`).
 REPLAY_FIELDS = ("after", "array", "holds", "failures", "restore_s", "finished_at")
+RESERVATION_FIELDS = ("kind", "name", "start", "duration", "gpus", "users", "vcs")
 NODE_CHANGE_FIELDS = ("kind", "at", "node", "state", "reason", "preempt")
 NODE_CHANGE_STATES = CHANGE_STATES
 HEADER_FIELDS = ("kind", "version", "time_origin", "throughputs", "decisions", "source")
@@ -91,6 +92,7 @@ JOB_FIELDS = (
     "memory_mib",
     "level",
     "precheck_s",
+    "time_limit_s",
     *JOB_EXTRAS,
     *REPLAY_FIELDS,
 )
@@ -211,6 +213,7 @@ def job_record(spec: JobSpec, replay: JobReplay | None = None, **extras: Any) ->
         "memory_mib": spec.memory_mib,
         "level": spec.level,
         "precheck_s": spec.precheck_s,
+        "time_limit_s": spec.time_limit_s,
         **{key: value for key, value in extras.items() if value is not None},
         **({} if replay is None else replay_fields(replay)),
     }
@@ -255,12 +258,14 @@ def decision_order(record: Mapping[str, Any]) -> tuple[float, int, str]:
 
 
 def kind_of(record: object) -> str:
-    """The record's `kind`: trace, node, job or node_change."""
+    """The record's `kind`: trace, node, job, node_change or reservation."""
     if not isinstance(record, Mapping):
         raise RecordError(f"record: expected a JSON object, got {_show(record)}")
     kind = record.get("kind")
-    if kind not in ("trace", "node", "job", "node_change"):
-        raise RecordError(f"kind: must be trace, node, job or node_change, got {_show(kind)}")
+    if kind not in ("trace", "node", "job", "node_change", "reservation"):
+        raise RecordError(
+            f"kind: must be trace, node, job, node_change or reservation, got {_show(kind)}"
+        )
     return str(kind)
 
 
@@ -296,6 +301,54 @@ def read_node(record: Mapping[str, Any]) -> NodeDef:
         gpus_per_switch=per_switch,
         cpu_milli=_opt_int(record, "cpu_milli", None),
         memory_mib=_opt_int(record, "memory_mib", None),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class RecordedReservation:
+    """A reservation the live manager held (corral.core.reservations): its GPUs by name
+    ("node/device"), its window on the trace's clock, whom it served."""
+
+    name: str
+    start: float
+    duration: float
+    gpus: tuple[str, ...]
+    users: tuple[str, ...] = ()
+    vcs: tuple[str, ...] = ()
+
+
+def reservation_record(reservation: RecordedReservation) -> dict[str, Any]:
+    return {
+        "kind": "reservation",
+        "name": reservation.name,
+        "start": reservation.start,
+        "duration": reservation.duration,
+        "gpus": list(reservation.gpus),
+        "users": list(reservation.users),
+        "vcs": list(reservation.vcs),
+    }
+
+
+def read_reservation(record: Mapping[str, Any]) -> RecordedReservation:
+    _known(record, RESERVATION_FIELDS)
+    lists: dict[str, tuple[str, ...]] = {}
+    for name in ("gpus", "users", "vcs"):
+        value = record.get(name) or []
+        if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+            raise RecordError(f"{name}: must be a list of names, got {_show(value)}")
+        lists[name] = tuple(value)
+    if not lists["gpus"]:
+        raise RecordError("gpus: must name at least one GPU")
+    duration = _req_number(record, "duration")
+    if not duration > 0:
+        raise RecordError(f"duration: must be positive, got {duration!r}")
+    return RecordedReservation(
+        _req_text(record, "name"),
+        _req_number(record, "start"),
+        duration,
+        lists["gpus"],
+        lists["users"],
+        lists["vcs"],
     )
 
 
@@ -362,6 +415,7 @@ def read_job(record: Mapping[str, Any]) -> JobSpec:
         memory_mib=_opt_int(record, "memory_mib", 0) or 0,
         precheck_s=_opt_number(record, "precheck_s", None),
         level=_level(record.get("level")),
+        time_limit_s=_opt_number(record, "time_limit_s", None, kind=POSITIVE),
     )
     problem = spec.request_problem()
     if problem is not None:

@@ -9,7 +9,10 @@ in turn and goes on to the next job at the first that starts it:
 4. preempt: the preemption plugin (corral.core.preempt), within the bounds below;
 5. share: the stages at that point, which may start it beside a running job;
 6. block: a blocking policy without backfill stops the walk (or, under an admission with queues,
-   that queue: YARN's capacity scheduler).
+   that queue: YARN's capacity scheduler); with a backfill rule that reserves (EASY,
+   corral.core.backfill), that head gets its reservation, and a later job placed on free GPUs
+   starts only off the GPUs reserved for it (or it ends before they are needed), as it starts
+   only off the GPUs of reservations it may not use (corral.core.reservations).
 
 Within a round a failure is remembered where it holds for the jobs behind: a job of the same kind
 needing at least as many GPUs as one that did not fit cannot fit either, nor find more victims.
@@ -24,10 +27,14 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from corral.core.placement.base import Placed, not_enough
+from corral.core.reservations import place_off
 from corral.core.stages import RoundHost, Stage
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     from corral.core.actions import Action
+    from corral.core.backfill import Backfill
     from corral.core.chain import AdmissionChain
     from corral.core.cluster import Cluster
     from corral.core.index import Index
@@ -35,6 +42,7 @@ if TYPE_CHECKING:
     from corral.core.placement.base import Placement
     from corral.core.policy.base import Policy
     from corral.core.preempt import Preemption
+    from corral.core.reservations import Reservations
 
 
 class WalkHost(RoundHost, Protocol):
@@ -47,8 +55,12 @@ class WalkHost(RoundHost, Protocol):
     waiting_shares: int
     #: The job that blocked the last walk (a blocking policy without backfill), or None.
     blocked_by: str | None
+    #: GPUs claimed over time windows (corral.core.reservations).
+    reservations: Reservations
 
     def start_on(self, job: Job, placed: Placed, now: float, actions: list[Action]) -> None: ...
+
+    def running_jobs(self) -> Iterable[Job]: ...
 
 
 class QueueWalk:
@@ -62,7 +74,7 @@ class QueueWalk:
         preemption: Preemption,
         stages: Sequence[Stage],
         by_seq: Mapping[int, Job],
-        backfill: bool,
+        backfill: Backfill,
     ) -> None:
         self.host = host
         self.cluster = cluster
@@ -73,7 +85,9 @@ class QueueWalk:
         self.defragmenters = [s for s in stages if s.point == "defragment"]
         self.sharers = [s for s in stages if s.point == "share"]
         #: Does the walk stop at a job that does not start (policy blocking, backfill off)?
-        self.blocks = policy.blocking and not backfill
+        self.blocks = policy.blocking and backfill.blocks
+        #: The backfill rule that reserves for a blocking policy's head (EASY), or None.
+        self.reserves = backfill if policy.blocking and backfill.reserves else None
         self._checks = admission.having("check")
         self._queues = admission.having("queue")
         self._picks = admission.picks_victims
@@ -107,6 +121,8 @@ class QueueWalk:
         may_preempt_for = self.preemption.may_preempt_for
         make_room = self.preemption.make_room
         preempting = preempt
+        reserves = self.reserves
+        reservations = host.reservations if host.reservations else None
         position = 0
         while position < len(host.pending):
             job = by_seq[host.pending[position][-1]]
@@ -154,15 +170,33 @@ class QueueWalk:
             )
             if not spec.plain:
                 kind += (spec.gpu_milli, spec.cpu_milli, spec.memory_mib)
+            claimed = False
             if job.spec.gpus < no_fit.get(kind, math.inf):
                 result = placement.place(cluster, job, now)
-                if isinstance(result, Placed):
+                if isinstance(result, Placed) and (
+                    reservations is not None or (reserves is not None and reserves.head is not None)
+                ):
+                    closed = reservations.closed(job, now) if reservations is not None else []
+                    if reserves is not None:
+                        closed += reserves.closed(job, now)
+                    admitted = place_off(cluster, placement, job, result, now, closed)
+                    if isinstance(admitted, str):
+                        # It fits, on GPUs claimed for others: it neither preempts nor shares
+                        # its way onto them; a blocking policy without backfill stops here.
+                        job.pending_reason = admitted
+                        claimed = True
+                    else:
+                        result = admitted
+                if claimed:
+                    pass
+                elif isinstance(result, Placed):
                     host.start_on(job, result, now, actions)
                     continue
-                if any(stage.try_start(host, job, now, actions) for stage in defragmenters):
+                elif any(stage.try_start(host, job, now, actions) for stage in defragmenters):
                     continue
-                no_fit[kind] = job.spec.gpus
-                job.pending_reason = result.reason
+                else:
+                    no_fit[kind] = job.spec.gpus
+                    job.pending_reason = result.reason
             else:
                 job.pending_reason = (
                     "no room: a job of the same kind needing fewer GPUs did not fit"
@@ -170,6 +204,7 @@ class QueueWalk:
             victims_kind = (job.spec.gpu_types, (admission.queue(job) or "") if queues else "")
             if (
                 can_preempt
+                and not claimed
                 and job.spec.gpus < no_room.get((kind, victims_kind), math.inf)
                 and job.spec.gpus < too_few_victims.get(victims_kind, math.inf)
             ):
@@ -182,8 +217,10 @@ class QueueWalk:
                     too_few_victims[victims_kind] = job.spec.gpus
                 else:
                     no_room[(kind, victims_kind)] = job.spec.gpus
-            if any(stage.try_start(host, job, now, actions) for stage in sharers):
+            if not claimed and any(stage.try_start(host, job, now, actions) for stage in sharers):
                 continue
+            if reserves is not None and reserves.head is None:
+                reserves.reserve(job, host.running_jobs(), now)
             if self.blocks:
                 queue = admission.queue(job) if queues else None
                 if queue is None:

@@ -621,6 +621,66 @@ def create_app(manager: Manager) -> FastAPI:
         except ControlError as error:
             raise HTTPException(error.status, str(error)) from None
 
+    # -- reservations (corral.server.reservations) ---------------------------------------------
+
+    @app.get("/api/v1/reservations", tags=["reservations"])
+    def list_reservations(who: Caller) -> list[dict[str, Any]]:
+        """Every reservation: `name`, `start`, `end`, `duration` (the manager's clock,
+        seconds), its GPUs (`gpus`, "node/device"), `users`, `vcs`, `state` (waiting, active,
+        ended), `by`."""
+        return manager.reservation_views()
+
+    @app.post("/api/v1/reservations", status_code=201, tags=["reservations"])
+    def create_reservation(who: Caller, body: Annotated[dict[str, Any], Body()]) -> dict[str, Any]:
+        """Make a reservation (admins only): `{"name", "gpus": N | "nodes": [..], "start",
+        "duration", "users": [..], "vcs": [..]}`. Within its window its GPUs serve only those
+        users and VCs; before it, another job starts on them only if its time_limit ends by the
+        window's start. 409 for a name taken or GPUs another reservation claims then."""
+        admins_only(who, "make a reservation")
+        only_fields(body, ("name", "gpus", "nodes", "start", "duration", "users", "vcs"))
+        name = body.get("name")
+        if not isinstance(name, str) or not name.strip() or not name.isprintable():
+            raise HTTPException(422, "name: must be a non-empty string")
+        gpus, nodes = body.get("gpus"), body.get("nodes")
+        if gpus is not None and (isinstance(gpus, bool) or not isinstance(gpus, int)):
+            raise HTTPException(422, "gpus: must be an integer")
+        lists: dict[str, list[str]] = {}
+        for field in ("nodes", "users", "vcs"):
+            value = body.get(field) or []
+            if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+                raise HTTPException(422, f"{field}: must be a list of names")
+            lists[field] = value
+        if (gpus is None) == (not nodes):
+            raise HTTPException(422, "gpus or nodes: give one of them")
+        numbers: dict[str, float] = {}
+        for field in ("start", "duration"):
+            value = body.get(field)
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise HTTPException(422, f"{field}: must be a number of seconds")
+            numbers[field] = float(value)
+        try:
+            return manager.create_reservation(
+                name,
+                gpus=gpus,
+                nodes=lists["nodes"],
+                start=numbers["start"],
+                duration=numbers["duration"],
+                users=lists["users"],
+                vcs=lists["vcs"],
+                actor=who.user,
+            )
+        except ControlError as error:
+            raise HTTPException(error.status, str(error)) from None
+
+    @app.delete("/api/v1/reservations/{name}", tags=["reservations"])
+    def delete_reservation(name: str, who: Caller) -> dict[str, Any]:
+        """Delete a reservation (admins only; 404 if there is none of that name)."""
+        admins_only(who, "delete a reservation")
+        try:
+            return manager.delete_reservation(name)
+        except ControlError as error:
+            raise HTTPException(error.status, str(error)) from None
+
     @app.get("/api/v1/config", tags=["cluster"])
     def scheduler_config(who: Caller) -> dict[str, Any]:
         """The scheduler config the manager runs with (`auto` resolved), as `corral simulate

@@ -41,11 +41,13 @@ from corral.core.nodes import CHANGE_STATES, NodeChange
 from corral.core.tracefile import (
     JobReplay,
     RecordedFailure,
+    RecordedReservation,
     decision_order,
     header_record,
     job_record,
     node_change_record,
     node_record,
+    reservation_record,
 )
 from corral.server.factory import CONFIG_KEY, measured_spec, stored_nodes
 from corral.server.nodes import DRAINING, RESUMED
@@ -244,6 +246,14 @@ def export_corral(store: Store, out: Path) -> CorralExport:
     lines += [node_record(node) for node in nodes]
     names = {node.name for node in nodes}
     lines += [node_change_record(change) for change in node_changes(store, origin, names)]
+    lines += [
+        reservation_record(
+            RecordedReservation(
+                row.name, row.start - origin, row.duration, row.gpus, row.users, row.vcs
+            )
+        )
+        for row in store.reservations()
+    ]
     for spec, row, model, attempts, restore in specs:
         shifted = dataclasses.replace(
             spec,

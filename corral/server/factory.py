@@ -70,6 +70,9 @@ class SchedulerFactory:
 
         def _new_data_cache(self) -> DataCache | None: ...
 
+        # the reservations' part (corral.server.reservations)
+        def _restore_reservations(self, scheduler: SchedulerCore) -> None: ...
+
     def _vc_cells(self) -> dict[str, dict[str, int]]:
         return self.vc_cells or {vc: {} for vc in self.vc_quota}
 
@@ -181,7 +184,9 @@ class SchedulerFactory:
     def _make_scheduler(self) -> SchedulerCore:
         self.data_cache = self._new_data_cache()  # its start hook allocates the caches
         uses_cache = self.data_cache is not None
-        return build_scheduler(self.settings.scheduler, self.services(), uses_cache=uses_cache)
+        scheduler = build_scheduler(self.settings.scheduler, self.services(), uses_cache=uses_cache)
+        self._restore_reservations(scheduler)  # (corral.server.reservations)
+        return scheduler
 
     def effective_config(self) -> dict[str, object]:
         """The config this manager runs with, `auto` resolved (what `config show --url` and

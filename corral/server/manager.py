@@ -61,6 +61,7 @@ from corral.server.holders import GpuHolders
 from corral.server.metrics import ManagerMetrics
 from corral.server.nodes import NodeLifecycle
 from corral.server.recovery import Recovery
+from corral.server.reservations import ReservationControl
 from corral.server.spec import JobSpecModel, job_env, signal_number
 from corral.server.state import (
     Attempt,
@@ -108,6 +109,7 @@ class Manager(
     JobControls,
     BulkControls,
     NodeLifecycle,
+    ReservationControl,
 ):
     """The live manager: its state, the control loop and the attempts; the parts it is composed
     of (its bases) each hold one concern (see the module's docstring)."""

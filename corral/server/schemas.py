@@ -303,6 +303,8 @@ FORBIDDEN = (
     ("post", "/api/v1/profiles/share"),  # admins only (and /unshare)
     ("post", "/api/v1/profiles/unshare"),
     ("post", "/api/v1/nodes/"),  # admins only: drain, resume
+    ("post", "/api/v1/reservations"),  # admins only: make, delete
+    ("delete", "/api/v1/reservations/"),
 )
 #: Operations refused (409) when the job's state does not allow them: (method, path), exactly.
 CONFLICT = (
@@ -311,6 +313,7 @@ CONFLICT = (
     ("post", "/api/v1/jobs/{job_id}/requeue"),
     ("get", "/api/v1/jobs/{job_id}/logs"),
     ("post", "/api/v1/nodes/{name}/resume"),
+    ("post", "/api/v1/reservations"),  # a name taken, GPUs reserved in that window already
 )
 _ERROR_REF = {"$ref": "#/components/schemas/ErrorBody"}
 _BODY_METHODS = ("post", "put", "patch")

@@ -1344,6 +1344,7 @@ def to_core_spec(
         ),
         gpu_milli=milli,
         level=model.level,
+        time_limit_s=model.time_limit,
     )
 
 

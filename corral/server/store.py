@@ -182,6 +182,22 @@ node_changes_table = sa.Table(
     sa.Column("preempt", sa.Boolean, nullable=False),
 )
 
+#: Reservations (issue 33): GPUs (by name, "node/device") claimed from `start` for `duration`
+#: seconds for some users and VCs (JSON lists; none: a maintenance window), made by `actor`.
+#: The manager makes each in the core at start and whenever it builds the core anew.
+reservations_table = sa.Table(
+    "reservations",
+    metadata,
+    sa.Column("name", sa.String, primary_key=True),
+    sa.Column("start", sa.Double, nullable=False),
+    sa.Column("duration", sa.Double, nullable=False),
+    sa.Column("gpus", sa.Text, nullable=False),
+    sa.Column("users", sa.Text, nullable=False),
+    sa.Column("vcs", sa.Text, nullable=False),
+    sa.Column("actor", sa.String, nullable=False),
+    sa.Column("created_at", sa.Double, nullable=False),
+)
+
 meta_table = sa.Table(
     "meta",
     metadata,
@@ -507,6 +523,20 @@ TOKEN_ID_CHARS = 12
 
 
 @dataclass(frozen=True, slots=True)
+class ReservationRow:
+    """One reservation (reservations_table)."""
+
+    name: str
+    start: float
+    duration: float
+    gpus: tuple[str, ...]
+    users: tuple[str, ...]
+    vcs: tuple[str, ...]
+    actor: str
+    created_at: float
+
+
+@dataclass(slots=True, frozen=True)
 class NodeChangeRow:
     """One change of a node's state (node_changes_table)."""
 
@@ -1279,6 +1309,52 @@ class Store:
                 reason=row["reason"],
                 actor=row["actor"],
                 preempt=bool(row["preempt"]),
+            )
+            for row in rows
+        ]
+
+    # -- reservations ---------------------------------------------------------------------------
+
+    def add_reservation(self, row: ReservationRow) -> None:
+        self._run(
+            reservations_table.insert(),
+            dict(
+                name=row.name,
+                start=row.start,
+                duration=row.duration,
+                gpus=json.dumps(list(row.gpus)),
+                users=json.dumps(list(row.users)),
+                vcs=json.dumps(list(row.vcs)),
+                actor=row.actor,
+                created_at=row.created_at,
+            ),
+        )
+
+    def delete_reservation(self, name: str) -> bool:
+        """Forget a reservation; False if there was none of that name."""
+        with self._writing() as connection:
+            result = connection.execute(
+                reservations_table.delete().where(reservations_table.c.name == name)
+            )
+        return bool(result.rowcount)
+
+    def reservations(self) -> list[ReservationRow]:
+        """Every reservation, by start, then name."""
+        query = sa.select(reservations_table).order_by(
+            reservations_table.c.start, reservations_table.c.name
+        )
+        with self._reading() as connection:
+            rows = list(connection.execute(query).mappings())
+        return [
+            ReservationRow(
+                name=row["name"],
+                start=row["start"],
+                duration=row["duration"],
+                gpus=tuple(json.loads(row["gpus"])),
+                users=tuple(json.loads(row["users"])),
+                vcs=tuple(json.loads(row["vcs"])),
+                actor=row["actor"],
+                created_at=row["created_at"],
             )
             for row in rows
         ]

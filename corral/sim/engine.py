@@ -456,7 +456,10 @@ class Simulation:
                         job_id,
                         now,
                         FailureReport(
-                            failure.reason, failure.infrastructure, signature=failure.signature
+                            failure.reason,
+                            failure.infrastructure,
+                            signature=failure.signature,
+                            give_up=failure.give_up,
                         ),
                     )
                     lose_attempt(job, failure.infrastructure, lost_before)
@@ -491,6 +494,8 @@ class Simulation:
                     )
                     if gates is not None and drawn is None:
                         drawn = gates.failure(job)
+                    if job.spec.time_limit_s is not None:
+                        drawn = over_limit(job, now, runs_for, drawn)
                     if drawn is not None:
                         kind = _FAIL
                         runs_for = drawn.after_s
@@ -515,6 +520,18 @@ class Simulation:
                 ends_at = now + job.remaining_wall_s(now)
                 if fails_at.get(job.id, math.inf) <= ends_at:
                     continue  # it still fails first, at the instant drawn when it started
+                if job.limit_left_s(now) < ends_at - now:  # now past its time limit
+                    limit = over_limit(job, now, ends_at - now, None)
+                    assert limit is not None
+                    order += 1
+                    job_events += 1
+                    heapq.heappush(
+                        events, (now + limit.after_s, order, _FAIL, job.id, job.attempts)
+                    )
+                    end_order[job.id] = order
+                    fails_at[job.id] = now + limit.after_s
+                    failing[job.id] = limit
+                    continue
                 fails_at.pop(job.id, None)
                 failing.pop(job.id, None)
                 order += 1
@@ -586,6 +603,20 @@ class Simulation:
             decisions=decisions,
             gpu_names=cluster.gpu_names(),
         )
+
+
+def over_limit(
+    job: Job, now: float, runs_for: float, drawn: AttemptFailure | None
+) -> AttemptFailure | None:
+    """The attempt's failure: `drawn`, or its time limit where that comes first (the job ends
+    FAILED, as the live manager stops a job past its `time_limit`)."""
+    left = job.limit_left_s(now)
+    if left >= runs_for or (drawn is not None and drawn.after_s <= left):
+        return drawn
+    limit = job.spec.time_limit_s
+    return AttemptFailure(
+        left, f"time limit: ran past its time_limit {limit:g} s", "time limit", give_up=True
+    )
 
 
 def failed_its_pre_run(job: Job) -> bool:

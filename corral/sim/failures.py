@@ -65,6 +65,8 @@ class AttemptFailure:
     reason: str
     signature: str
     infrastructure: bool = False
+    #: The job ends (FAILED) whatever its retries (it ran past its time limit).
+    give_up: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,6 +34,7 @@ from corral.core.policy import POLICIES
 from corral.core.profiles import Profiles
 from corral.core.protocol import SchedulerCore
 from corral.core.queues import QueueTree
+from corral.core.reservations import Reservation, ReservationError
 from corral.core.text import count_noun
 from corral.core.vcluster import build_virtual_cluster
 from corral.sim.colocation import gandiva_line, gandiva_summary, load_pair_table
@@ -108,6 +109,9 @@ class RunSettings:
     arrival_scale: float = 1.0
     #: Every job checkpoints every this many seconds of work (None: only when preempted).
     checkpoint_every_s: float | None = None
+    #: Each job's time limit (`JobSpec.time_limit_s`) is this many times its run time, where its
+    #: trace gives it none (None: only the trace's limits; jobs without one are unbounded).
+    time_limit_factor: float | None = None
     #: An attempt's first progress report, after its start and restore (passes a pre-run).
     precheck_report_s: float = DEFAULT_PRECHECK_REPORT_S
     window: tuple[int, int] | None = None
@@ -303,6 +307,11 @@ def check_settings(settings: RunSettings) -> None:
             "must be positive",
         ),
         ("--racks", settings.racks <= 0, "must be positive"),
+        (
+            "--time-limit-factor",
+            settings.time_limit_factor is not None and not settings.time_limit_factor > 0,
+            "must be positive",
+        ),
         ("--precheck-report-s", not settings.precheck_report_s > 0, "must be positive"),
         (
             "--opportunistic-share",
@@ -409,6 +418,14 @@ def with_deadlines(
     ]
 
 
+def with_time_limit(spec: JobSpec, factor: float) -> JobSpec:
+    """The job with a time limit of `factor` times its run time (`duration_s`), unless its
+    trace gave it one or its run time is not known."""
+    if spec.time_limit_s is not None or spec.duration_s is None:
+        return spec
+    return replace(spec, time_limit_s=factor * spec.duration_s)
+
+
 def elastic_range(perf: PerfModel, spec: JobSpec) -> Elastic | None:
     """From 1 GPU up to the larger of the count asked for and the largest count at which the
     table measured the model. Above what was measured the table scales linearly (perfect
@@ -471,6 +488,45 @@ def make_scheduler(
         seed=settings.seed,
     )
     return build_scheduler(config, services, uses_cache=cache is not None)
+
+
+def reserve_all(
+    settings: RunSettings, scheduler: SchedulerCore, trace: Trace | None = None
+) -> None:
+    """The reservations of `--config` and those a corral trace recorded (the live manager's,
+    their GPUs by name: one on nodes the run's cluster lacks is refused) made in the scheduler
+    (corral.core.reservations)."""
+    made: list[tuple[str, Reservation]] = []
+    if trace is not None and trace.reservations:
+        ids = {name: gpu for gpu, name in enumerate(scheduler.cluster.gpu_names())}
+        for recorded in trace.reservations:
+            missing = [name for name in recorded.gpus if name not in ids]
+            if missing:
+                raise SimulationError(
+                    f"{trace.source}: reservation {recorded.name}: no GPU {missing[0]} in the "
+                    "cluster"
+                )
+            reservation = Reservation(
+                recorded.name,
+                recorded.start,
+                recorded.duration,
+                tuple(sorted(ids[name] for name in recorded.gpus)),
+                users=frozenset(recorded.users),
+                vcs=frozenset(recorded.vcs),
+            )
+            made.append((trace.source, reservation))
+    if settings.config is not None:
+        from corral.config_file import load_cluster_config
+
+        made += [
+            (f"{settings.config}: reservations", reservation)
+            for reservation in load_cluster_config(settings.config).reservations
+        ]
+    for where, reservation in made:
+        try:
+            scheduler.reserve(reservation)
+        except ReservationError as error:
+            raise SimulationError(f"{where}: {error}") from None
 
 
 def private_baselines(
@@ -630,6 +686,8 @@ def _prepare(settings: RunSettings, console: Console) -> _Prepared:
     jobs = assign_tenants(jobs, settings, vcs)
     if settings.checkpoint_every_s is not None:
         jobs = [replace(spec, checkpoint_every_s=settings.checkpoint_every_s) for spec in jobs]
+    if settings.time_limit_factor is not None:
+        jobs = [with_time_limit(spec, settings.time_limit_factor) for spec in jobs]
     table = trace.perf if trace.perf is not None and trace.perf.has_throughputs else None
     if table is None and "elasticflow" in settings.policies:
         raise SimulationError("--policy elasticflow: needs a trace with a throughput table (gavel)")
@@ -718,6 +776,7 @@ def _run_policy(
         workload=workload,
         tree=tree,
     )
+    reserve_all(settings, scheduler, trace)
     probe = (
         FragmentationProbe(run_cluster, workload, prepared.grid)
         if prepared.probed and workload is not None
@@ -971,10 +1030,14 @@ def _run_streamed(
     )
     if settings.checkpoint_every_s is not None:
         jobs = (replace(s, checkpoint_every_s=settings.checkpoint_every_s) for s in jobs)
+    factor = settings.time_limit_factor
+    if factor is not None:
+        jobs = (with_time_limit(s, factor) for s in jobs)
     config = config_for(settings, policy)
     scheduler = make_scheduler(
         settings, run_cluster, prepared.vcs, prepared.quota, config, prepared.speed_for, []
     )
+    reserve_all(settings, scheduler)
     jobs_csv = prepared.jobs_csv[number]
     with StreamedOutput(
         out / jobs_csv,

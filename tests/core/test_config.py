@@ -247,7 +247,7 @@ REFUSALS: list[tuple[Callable[[dict[str, Any]], None], str]] = [
     (
         set_in("virtual_cluster", value={}),
         "virtual_cluster: unknown key (expected one of: cell_types, physical_cells, "
-        "virtual_clusters, departments, maintenance, health_check)",
+        "virtual_clusters, departments, maintenance, health_check, reservations)",
     ),
     (drop("physical_cells"), "physical_cells: required key is missing"),
     (set_in("cell_types", "V100-NODE", value=8), "cell_types.V100-NODE: must be a mapping, got 8"),

@@ -100,7 +100,7 @@ def test_a_bad_node_or_header_names_its_field() -> None:
     with pytest.raises(RecordError, match="^version: this corral reads version 1, got 2$"):
         read_header({"kind": "trace", "version": 2})
     with pytest.raises(
-        RecordError, match="^kind: must be trace, node, job or node_change, got 'pod'$"
+        RecordError, match="^kind: must be trace, node, job, node_change or reservation, got 'pod'$"
     ):
         kind_of({"kind": "pod"})
 

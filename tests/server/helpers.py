@@ -54,6 +54,7 @@ SCHEDULER_OPTIONS = {
     "optimus_prior_s": ("optimus", "prior_s"),
     "stages": (None, "stages"),
     "preempt_exempt_s": (None, "preempt_exempt_s"),
+    "backfill": (None, "backfill"),
     "packing_threshold": ("packing", "threshold"),
     "packing_unmeasured": ("packing", "unmeasured"),
 }

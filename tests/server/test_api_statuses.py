@@ -68,9 +68,9 @@ def raised_with(node: ast.AST, exception: str) -> ast.expr | None:
 
 def control_statuses() -> dict[str, set[str]]:
     """The statuses of the ControlErrors each of the manager's controls raises (its job
-    controls and its node controls)."""
+    controls, its node controls and its reservations)."""
     found: dict[str, set[str]] = {}
-    for module in ("controls.py", "nodes.py"):
+    for module in ("controls.py", "nodes.py", "reservations.py"):
         found |= module_control_statuses(module)
     return found
 

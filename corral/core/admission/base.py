@@ -40,7 +40,8 @@ class Assembly:
     policy: Policy
     placement: Placement
     services: Services
-    backfill: bool
+    #: The backfill rule's name (corral.core.backfill).
+    backfill: str | bool
     restore_s: float
     retry: RetryRule
     victims: str = "lowest"

@@ -37,6 +37,7 @@ from corral.core.policy.base import Policy
 from corral.core.precheck import precheck_problem
 from corral.core.protocol import Admission, SchedulerCore
 from corral.core.refusal import refuse_new, worker_refusal
+from corral.core.reservations import Reservation, ReservationError
 from corral.core.retry import FailureReport, RetryRule
 from corral.core.scheduler import Scheduler
 from corral.core.vcluster import VirtualCluster, build_virtual_cluster
@@ -59,7 +60,7 @@ class HivedScheduler:
         *,
         speed_model_for: Callable[[Cluster], SpeedModel] | None = None,
         restore_s: float = 0.0,
-        backfill: bool = False,
+        backfill: str | bool = False,
         spill: bool = False,
         retry: RetryRule | None = None,
         precheck_s: float | None = None,
@@ -551,6 +552,14 @@ class HivedScheduler:
             if unbound or any(vc.bound[top][1][vc.gpu_home[v][1]] in back for v in offline):
                 self.schedulers[name].bring_online(offline)
                 del self._virtual_offline[(name, top)]
+
+    def reserve(self, reservation: Reservation) -> None:
+        raise ReservationError(
+            "reservations: not with admission hived (each VC schedules on its own virtual cluster)"
+        )
+
+    def unreserve(self, name: str) -> Reservation:
+        raise ReservationError(f"name: no reservation {name!r}")
 
     def take_offline(self, gpus: Iterable[int]) -> None:
         """Hold free physical GPUs out of allocation (a node leaving, processes that would not

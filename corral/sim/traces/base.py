@@ -16,7 +16,7 @@ from corral.core.fragmentation import Workload
 from corral.core.job import JobSpec
 from corral.core.nodes import NodeChange
 from corral.core.profiles import Profiles
-from corral.core.tracefile import JobReplay
+from corral.core.tracefile import JobReplay, RecordedReservation
 from corral.sim.perfmodel import PerfModel
 
 TIMESTAMP_FORMAT = "%Y-%m-%d %H:%M:%S"
@@ -62,6 +62,9 @@ class Trace:
     #: Operators' drains and resumes of nodes, in time order (a corral trace's node_change
     #: lines): the replay applies each at its instant (corral.core.nodes).
     node_changes: list[NodeChange] = field(default_factory=list)
+    #: The reservations the live manager held (a corral trace's reservation lines), made in the
+    #: replay's scheduler (corral.core.reservations).
+    reservations: list[RecordedReservation] = field(default_factory=list)
 
 
 @dataclass(slots=True)

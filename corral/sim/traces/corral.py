@@ -24,6 +24,7 @@ from corral.core.job import JobSpec
 from corral.core.nodes import NodeChange
 from corral.core.tracefile import (
     JobReplay,
+    RecordedReservation,
     RecordError,
     header_decisions,
     kind_of,
@@ -32,6 +33,7 @@ from corral.core.tracefile import (
     read_job_replay,
     read_node,
     read_node_change,
+    read_reservation,
 )
 from corral.sim.perfmodel import PerfModel, PerfModelError, load_throughputs
 from corral.sim.traces.base import (
@@ -63,6 +65,7 @@ def read(location: str, *, perf: PerfModel | None = None, seed: int = 0, **optio
     decisions: str | None = None
     replay: dict[str, JobReplay] = {}
     node_changes: list[NodeChange] = []
+    reservations: list[RecordedReservation] = []
     origin: float | None = None
     for number, line in enumerate(lines, start=1):
         if not line.strip():
@@ -88,6 +91,8 @@ def read(location: str, *, perf: PerfModel | None = None, seed: int = 0, **optio
                 nodes.append(node)
             elif kind == "node_change":
                 node_changes.append(read_node_change(record))
+            elif kind == "reservation":
+                reservations.append(read_reservation(record))
             else:
                 jobs.append(read_job(record))
                 facts = read_job_replay(record)
@@ -127,6 +132,8 @@ def read(location: str, *, perf: PerfModel | None = None, seed: int = 0, **optio
     note = replay_note(replay)
     if note is not None:
         notes.append(note)
+    if reservations:
+        notes.append(f"reservations made as the manager held them: {len(reservations)}")
     if node_changes:
         kinds = Counter(change.kind for change in node_changes)
         counted = ", ".join(f"{count} {kind}" for kind, count in sorted(kinds.items()))
@@ -141,6 +148,7 @@ def read(location: str, *, perf: PerfModel | None = None, seed: int = 0, **optio
         replay=replay,
         decision_log=decision_log,
         node_changes=sorted(node_changes, key=lambda change: change.at),
+        reservations=reservations,
     )
 
 

@@ -1,0 +1,114 @@
+"""Reservations (corral.core.reservations): GPUs claimed over a time window serve only their
+users or VCs in it; before it, another job starts on them only if its time limit ends by the
+time the window opens. Every expected value is worked out by hand in the comments."""
+
+from __future__ import annotations
+
+import pytest
+
+from corral.core import Cluster, JobSpec
+from corral.core.reservations import Reservation, ReservationError, choose_gpus
+from tests.core.helpers import scheduler, started
+
+
+def job(job_id: str, gpus: int, submit: float, user: str, limit: float | None) -> JobSpec:
+    return JobSpec(
+        id=job_id, submit_time=submit, gpus=gpus, user=user, duration_s=1000, time_limit_s=limit
+    )
+
+
+def test_reserved_gpus_serve_their_users_in_the_window_and_short_jobs_before_it():
+    # One node of 4 GPUs, fifo with greedy backfill, placement any (the lowest free GPUs).
+    # Reservation demo: GPUs 0 and 1, from 100 to 200, for alice.
+    s = scheduler(1, 4, "fifo", "any", backfill="greedy")
+    s.reserve(Reservation("demo", 100.0, 100.0, (0, 1), users=frozenset({"alice"})))
+    # At 0: Y (bob, 2 GPUs, limit 500) is placed on 0-1 first, but would run into the window:
+    # placed again off 0-1, on 2-3. X (bob, 1 GPU, limit 50) ends by 50, before the window:
+    # it starts on GPU 0. Z (bob, 1 GPU, no limit) is unbounded: only GPU 1 is free, reserved,
+    # so it waits. M (alice, 1 GPU, no limit) is a member: it would start on GPU 1 whenever;
+    # submitted at 10, after X, Y and Z took or were refused theirs.
+    for spec in (
+        job("Y", 2, 0, "bob", 500),
+        job("X", 1, 0, "bob", 50),
+        job("Z", 1, 0, "bob", None),
+    ):
+        s.submit(spec, 0)
+    assert started(s.decide(0).actions) == {"Y": (2, 3), "X": (0,)}
+    assert s.jobs["Z"].pending_reason == (
+        "reservation demo keeps 2 GPUs for user alice from t=100 to t=200"
+    )
+    # At 50 X ends; Z still may not take a reserved GPU. At 100 the window opens: alice's A
+    # (1 GPU) starts on GPU 0; bob's W (1 GPU, limit 10) may not start inside the window.
+    s.finished("X", 50)
+    assert started(s.decide(50).actions) == {}
+    s.submit(job("A", 1, 100, "alice", None), 100)
+    s.submit(job("W", 1, 100, "bob", 10), 100)
+    decision = s.decide(100)
+    assert started(decision.actions) == {"A": (0,)}
+    assert decision.wake_at == 200  # the window closes: look again then
+    assert "reservation demo" in s.jobs["W"].pending_reason
+    # A quiet round at 150 changes nothing; at 200 the window is over: Z (first in the queue)
+    # takes GPU 1.
+    assert started(s.decide(150).actions) == {}
+    assert started(s.decide(200).actions) == {"Z": (1,)}
+
+
+def test_a_member_starts_on_reserved_gpus_before_the_window_and_a_vc_is_served():
+    s = scheduler(1, 4, "fifo", "any", backfill="greedy")
+    s.reserve(Reservation("team", 100.0, 50.0, (0, 1, 2, 3), vcs=frozenset({"vision"})))
+    member = JobSpec(id="v", submit_time=0, gpus=2, vc="vision", duration_s=1000)
+    other = job("o", 1, 0, "bob", 200)  # ends by 200, after the window opens at 100
+    s.submit(member, 0)
+    s.submit(other, 0)
+    assert started(s.decide(0).actions) == {"v": (0, 1)}
+    assert "for VC vision from t=100 to t=150" in s.jobs["o"].pending_reason
+
+
+def test_a_maintenance_window_and_its_deletion():
+    # A reservation for no one: a maintenance window. Before it, only a job that ends by its
+    # start may use the GPUs; deleting it lets the waiting job start at the next round.
+    s = scheduler(1, 2, "fifo", "any", backfill="greedy")
+    s.reserve(Reservation("maint", 60.0, 3600.0, (0, 1)))
+    s.submit(job("short", 1, 0, "bob", 60), 0)
+    s.submit(job("long", 1, 0, "bob", 61), 0)
+    assert started(s.decide(0).actions) == {"short": (0,)}
+    assert "for no one" in s.jobs["long"].pending_reason
+    s.unreserve("maint")
+    assert started(s.decide(1).actions) == {"long": (1,)}
+
+
+def test_choosing_gpus_and_refusing_overlaps():
+    # Three nodes of 4 GPUs (GPUs 0-3, 4-7, 8-11). Six GPUs: whole nodes from the last back,
+    # node 2 (8-11), then 2 of node 1 (4, 5).
+    cluster = Cluster.shorthand(3, 4)
+    assert choose_gpus(cluster, gpus=6) == (4, 5, 8, 9, 10, 11)
+    assert choose_gpus(cluster, nodes=["node-0000"]) == (0, 1, 2, 3)
+    # With 8-11 taken in the window, 6 GPUs come from node 1 (4-7) then node 0 (0, 1).
+    assert choose_gpus(cluster, gpus=6, taken=range(8, 12)) == (0, 1, 4, 5, 6, 7)
+    with pytest.raises(ReservationError, match="nodes: no node 'x'"):
+        choose_gpus(cluster, nodes=["x"])
+    with pytest.raises(ReservationError, match="gpus: 13 asked, 12 not reserved"):
+        choose_gpus(cluster, gpus=13)
+    s = scheduler(3, 4, "fifo", "any")
+    s.reserve(Reservation("a", 0.0, 100.0, (0, 1)))
+    with pytest.raises(ReservationError, match="reservation a claims some of them"):
+        s.reserve(Reservation("b", 50.0, 100.0, (1, 2)))
+    s.reserve(Reservation("c", 100.0, 100.0, (1, 2)))  # after a's window: fine
+    with pytest.raises(ReservationError, match="exists already"):
+        s.reserve(Reservation("c", 500.0, 1.0, (5,)))
+
+
+def test_a_reservation_record_round_trips_and_a_bad_one_names_its_field():
+    from corral.core.tracefile import (
+        RecordedReservation,
+        RecordError,
+        read_reservation,
+        reservation_record,
+    )
+
+    kept = RecordedReservation("demo", 60.0, 3600.0, ("n0/0", "n0/1"), ("alice",), ("vision",))
+    assert read_reservation(reservation_record(kept)) == kept
+    with pytest.raises(RecordError, match="^gpus: must name at least one GPU$"):
+        read_reservation(reservation_record(kept) | {"gpus": []})
+    with pytest.raises(RecordError, match="^duration: must be positive"):
+        read_reservation(reservation_record(kept) | {"duration": 0})
