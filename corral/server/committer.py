@@ -12,7 +12,6 @@ have moved, is rebuilt from the store before it decides anything (`Manager._stor
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import threading
 from collections import deque
@@ -25,7 +24,13 @@ from corral.core.protocol import SchedulerCore
 from corral.server import identity
 from corral.server.identity import AccountError
 from corral.server.metrics import ManagerMetrics
-from corral.server.spec import JobSpecModel, SpecError, array_tasks, stored_json
+from corral.server.spec import (
+    JobSpecModel,
+    SpecError,
+    array_tasks,
+    stored_dict,
+    stored_json,
+)
 from corral.server.state import ManagerSettings, SubmitError
 from corral.server.store import JobRow, Store, StoreUnavailable
 
@@ -132,8 +137,10 @@ class SubmissionCommitter:
         """`unix_user`: the account the user's token names (default: the user's name)."""
         now = self.clock()
         account = self._account_for(model, user, unix_user)
+        # The id it will have if no other submission takes it first (then it is replaced).
+        tentative = str(self.next_id)
         try:
-            spec = self.core_spec(model, "new", now, user)
+            spec = self.core_spec(model, tentative, now, user)
         except SpecError as error:  # gpu_memory that this manager cannot size
             raise SubmitError(str(error)) from None
         if spec.vc not in self.vc_quota:
@@ -150,9 +157,8 @@ class SubmissionCommitter:
             if self.store.get_job(parent) is None:
                 raise SubmitError(f"after.{position}: no job {parent}")
         indexes = array_tasks(model.array)[0] if model.array is not None else [None]
-        stored = stored_json(model)
-        # What model_dump(mode="json") gives (the row's dict); the store keeps `stored` as it is.
-        dumped = json.loads(stored)
+        stored = stored_json(model)  # (the store keeps it as it is)
+        dumped = stored_dict(model)  # the row's dict, as `stored` reads back
         with self._inbox_lock:  # ids in the order the core will queue the jobs
             first = str(self.next_id)
             rows = []
@@ -177,7 +183,8 @@ class SubmissionCommitter:
             last = len(rows) - 1
             for i, row in enumerate(rows):  # one batch: the last one's answer is the array's
                 done = finish if i == last else _ignore
-                self._inbox.append(Submission(row, model, replace(spec, id=row.id), done))
+                core = spec if spec.id == row.id else replace(spec, id=row.id)
+                self._inbox.append(Submission(row, model, core, done))
         self._inbox_ready.set()
         return rows[0]
 

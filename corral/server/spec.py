@@ -50,6 +50,7 @@ from pydantic import (
     ConfigDict,
     Field,
     PlainValidator,
+    PrivateAttr,
     ValidationError,
     WithJsonSchema,
     model_validator,
@@ -925,7 +926,11 @@ class JobSpecModel(BaseModel):
     Strings hold no NUL character; byte caps count UTF-8 bytes; the whole spec, as JSON, is at
     most 262,144 bytes."""
 
-    model_config = ConfigDict(extra="forbid")
+    # Frozen: the JSON text measured when it was validated (`stored_json`) stays its text.
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    #: The spec as the store keeps it, written by `_fits_in_the_store` (None: not yet).
+    _json: str | None = PrivateAttr(None)
 
     name: Name = Field(description="1-63 characters of [A-Za-z0-9._-]")
     vc: Text = Field(
@@ -1167,9 +1172,10 @@ class JobSpecModel(BaseModel):
         # their JSON is measured without it; any other value, or a spec found too long that
         # way, is measured as the store will write it.
         try:
-            size = len(_PLAIN_JSON.encode(self.__dict__))
+            text = _PLAIN_JSON.encode(self.__dict__)
         except _NotPlain:
-            size = MAX_SPEC_BYTES + 1
+            text = json.dumps(self.model_dump(mode="json"))
+        size = len(text)
         if size > MAX_SPEC_BYTES:
             size = len(json.dumps(self.model_dump(mode="json")))
         if size > MAX_SPEC_BYTES:
@@ -1178,7 +1184,14 @@ class JobSpecModel(BaseModel):
                 "{reason}",
                 {"reason": f"the job spec is {size} bytes as JSON; at most {MAX_SPEC_BYTES}"},
             )
+        self._json = text  # (what the store writes: encoded once)
         return self
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Any:
+        """A copy, whose JSON text is written again when it is stored (it may differ)."""
+        copied = super().model_copy(update=update, deep=deep)
+        copied._json = None
+        return copied
 
 
 class _NotPlain(Exception):
@@ -1201,10 +1214,26 @@ def stored_json(model: JobSpecModel) -> str:
     """The spec as the store keeps it: `json.dumps(model.model_dump(mode="json"))`, written
     from the fields' own values where they are all plain (as `_fits_in_the_store` measures
     it), without `model_dump`, which calls a Python function per validated field."""
+    if model._json is not None:
+        return model._json
     try:
         return _PLAIN_JSON.encode(model.__dict__)
     except _NotPlain:
         return json.dumps(model.model_dump(mode="json"))
+
+
+#: The types whose values `model_dump(mode="json")` gives as they are.
+_JSON_TYPES = frozenset({str, int, float, bool, type(None), list, dict})
+
+
+def stored_dict(model: JobSpecModel) -> dict[str, Any]:
+    """`model_dump(mode="json")`, as the stored JSON reads back: the fields' own values when
+    they are all plain (no nested model), else the stored JSON read back."""
+    fields = model.__dict__
+    if all(type(value) in _JSON_TYPES for value in fields.values()):
+        return dict(fields)
+    parsed: dict[str, Any] = json.loads(stored_json(model))
+    return parsed
 
 
 # -- entry points ---------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from corral.server.spec import (
     load_job_spec_file,
     parse_job_spec,
     signal_number,
+    stored_dict,
     stored_json,
     to_core_spec,
 )
@@ -377,6 +378,12 @@ def test_the_stored_json_is_the_dump_as_json(data: dict) -> None:
     committer writes it from the fields' own values, without `model_dump`."""
     model = parse_job_spec(data)
     assert stored_json(model) == json.dumps(model.model_dump(mode="json"))
+    # The submitted row's dict is what that JSON reads back: same keys, values and types.
+    dumped = stored_dict(model)
+    assert dumped == json.loads(stored_json(model))
+    assert [type(value) for value in dumped.values()] == [
+        type(value) for value in json.loads(stored_json(model)).values()
+    ]
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=[path.stem for path in EXAMPLES])
