@@ -39,9 +39,12 @@ log = logging.getLogger("corral.manager")
 #: The manager's lease (one row of `leases`).
 LEASE_NAME = "manager"
 #: A standby takes over once the leader has not renewed its lease for this long.
-LEASE_S = 6.0
-#: The leader renews its lease this often; a standby tries to take it as often.
-RENEW_S = 1.5
+LEASE_S = 5.0
+#: The leader renews its lease this often.
+RENEW_S = 1.25
+#: A standby tries to take the lease this often (one UPDATE that changes nothing while the
+#: leader renews it).
+STANDBY_POLL_S = 0.5
 #: The leader acts (starts, stops) only while its lease has at least this long left.
 MARGIN_S = 1.5
 #: The exit status of a manager that another one replaced.
@@ -79,6 +82,7 @@ class Lease:
         lease_s: float = LEASE_S,
         renew_s: float = RENEW_S,
         margin_s: float = MARGIN_S,
+        poll_s: float = STANDBY_POLL_S,
         holder: str | None = None,
         on_deposed: Callable[[str], None] = exit_deposed,
     ) -> None:
@@ -92,6 +96,7 @@ class Lease:
         self.lease_s = lease_s
         self.renew_s = renew_s
         self.margin_s = margin_s
+        self.poll_s = poll_s
         self.holder = holder or holder_id()
         self.on_deposed = on_deposed
         self.epoch: int | None = None
@@ -125,7 +130,7 @@ class Lease:
         return True
 
     def wait_to_lead(self, stopping: threading.Event | None = None) -> bool:
-        """Try to take the lease every `renew_s` until it is taken (True) or `stopping` is set
+        """Try to take the lease every `poll_s` until it is taken (True) or `stopping` is set
         (False). The database being away is waited out."""
         stopping = stopping or self._stopping
         while not stopping.is_set():
@@ -134,7 +139,7 @@ class Lease:
                     return True
             except StoreUnavailable as error:
                 log.warning("standby: the database is unavailable: %s", error)
-            stopping.wait(self.renew_s)
+            stopping.wait(self.poll_s)
         return False
 
     # -- leading ------------------------------------------------------------------------------

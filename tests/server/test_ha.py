@@ -244,6 +244,11 @@ def test_a_stopped_leader_is_replaced_and_when_resumed_writes_and_starts_nothing
 
     client = api(two.url, token)
     assert client.get(f"/api/v1/jobs/{first}").json()["status"] == "RUNNING"  # found again
+    metrics = client.get("/metrics").text
+    assert "corral_manager_leader 1.0" in metrics
+    assert "corral_failovers_total 1.0" in metrics
+    assert f"corral_lease_epoch {epoch + 1}.0" in metrics
+    assert "corral_lease_age_seconds" in metrics
     gate.touch()
     wait_for_status = lambda job_id, status: wait_until(  # noqa: E731
         lambda: client.get(f"/api/v1/jobs/{job_id}").json()["status"] == status,
