@@ -514,6 +514,16 @@ def serve(manager: object, options: object) -> None:
         console.print(f"  role       {role_line(manager.lease)}", highlight=False, soft_wrap=True)
     console.print(f"  {identity_line(manager)}", highlight=False, soft_wrap=True)
     console.print(f"  {limits_line(manager)}", highlight=False, soft_wrap=True)
+    if manager.lease is not None:
+        # uvicorn stops on SIGTERM, then raises it again with the handler found before it ran:
+        # this one ends the process through `finally`, so that the lease is given up (a standby
+        # takes over at once: a rolling upgrade's step, docs/ha.md).
+        import signal
+
+        def stopped(signum: int, frame: object) -> None:
+            raise SystemExit(0)
+
+        signal.signal(signal.SIGTERM, stopped)
     guard = ConnectionGuard.start(manager.settings.connections, manager.metrics.registry)
     manager.start()
     try:

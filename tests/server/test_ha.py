@@ -404,3 +404,27 @@ def test_kill_9_of_the_leader_again_and_again_under_a_burst_of_submissions(
     for took in takeovers:
         assert took <= TAKEOVER_S, takeovers
     assert all(alive(up.process.pid) for up in (a, b) if up.process is not None)
+
+
+def test_a_leader_stopped_cleanly_gives_its_lease_up(
+    ups: list[Up], postgres_url: str, tmp_path: Path
+) -> None:
+    # The first step of a rolling upgrade: the leader is stopped with SIGTERM (exit 0); it gives
+    # its lease up as it stops (`expires_at` 0 in the database, where a lapsed lease would show
+    # its last renewal + 5 s), so the next manager takes it at once: it never stands by.
+    a = Up("a", tmp_path, postgres_url, gpus=1)
+    ups.append(a)
+    a.start()
+    wait_until(a.leads, "a leading")
+    _, epoch = lease(postgres_url)
+    assert a.process is not None
+    a.process.send_signal(signal.SIGTERM)
+    assert a.process.wait(timeout=60) == 0
+    assert query(postgres_url, "SELECT holder <> '', expires_at FROM leases") == [(True, 0.0)]
+    b = Up("b", tmp_path, postgres_url, gpus=1)
+    ups.append(b)
+    b.start()
+    wait_until(b.leads, "b leading", timeout=60)
+    assert lease(postgres_url) == (b.url, epoch + 1)
+    assert "standby" not in b.log().read_text()
+    assert "took over from" in b.log().read_text()
