@@ -858,6 +858,13 @@ class Store:
         with _outage_is_unavailable(), self._engine.begin() as connection:
             if self.shared:  # never wait behind a stopped leader's open transaction
                 connection.exec_driver_sql("SET LOCAL lock_timeout = '1s'")
+                # A manager that claims the database by its advisory lock (`claim`: one built
+                # in-process, or a version before leases) leads it: not while it runs.
+                free = connection.execute(
+                    sa.text("SELECT pg_try_advisory_xact_lock(:key)"), {"key": OWNER_LOCK_KEY}
+                ).scalar()
+                if not free:
+                    return None
             if connection.execute(statement).rowcount != 1:
                 return None
             epoch = connection.execute(
@@ -921,6 +928,14 @@ class Store:
             ).scalar()
             connection.commit()
             if not held:
+                connection.close()
+                raise StoreError(taken)
+            table = leases_table
+            leading = connection.execute(
+                sa.select(table.c.holder).where(table.c.holder != "", table.c.expires_at > _DbNow())
+            ).first()
+            connection.commit()
+            if leading is not None:  # a `corral up` leads it by its lease (docs/ha.md)
                 connection.close()
                 raise StoreError(taken)
             self._owner = connection

@@ -19,7 +19,7 @@ from corral.client import Client, ClientError
 from corral.exec.local import AttemptEnded, AttemptLaunch
 from corral.server.leader import Deposed, FencedExecutor, Lease
 from corral.server.standby import StandbyServer
-from corral.server.store import Store
+from corral.server.store import Store, StoreError
 from tests.server.helpers import admin_token, api, start_server, wait_until
 
 #: Short, so that the tests wait little: a lease of 1 s renewed every 0.2 s, acted on until
@@ -242,3 +242,23 @@ def test_a_client_listing_several_managers_reaches_the_leader(tmp_path: Path) ->
         standby.stop()
         store.close()
         server.stop()
+
+
+def test_a_lease_and_an_advisory_claim_exclude_each_other(postgres_url: str) -> None:
+    # A manager that claims PostgreSQL by its advisory lock (built in-process, or a version
+    # before leases) leads it: a lease is not taken while it runs, and is once it is gone; then
+    # the advisory claim is refused while the lease is held, and granted once it is given up.
+    claimed, leased, third = Store(postgres_url), Store(postgres_url), Store(postgres_url)
+    try:
+        claimed.claim()
+        lease = Lease(leased, "http://leased", holder="leased", **LEASE)
+        assert not lease.try_take()
+        claimed.close()
+        assert lease.try_take() and lease.epoch == 1
+        with pytest.raises(StoreError, match="another corral manager is using this database"):
+            third.claim()
+        lease.stop()  # gives it up
+        third.claim()
+    finally:
+        for store in (claimed, leased, third):
+            store.close()
