@@ -14,7 +14,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+from click.testing import CliRunner
 
+from corral.cli.main import app
 from corral.client import Client, ClientError
 from corral.exec.local import AttemptEnded, AttemptLaunch
 from corral.server.leader import Deposed, FencedExecutor, Lease
@@ -238,6 +240,12 @@ def test_a_client_listing_several_managers_reaches_the_leader(tmp_path: Path) ->
                 client.jobs()
             assert time.monotonic() - began >= 0.5  # tried again for `failover_s`
         assert [row.name for row in server.manager.store.list_jobs()] == ["reached"]
+        # The CLI is the same client: `corral ls` with the same list finds the job.
+        listed = CliRunner().invoke(
+            app, ["ls"], env={"CORRAL_URL": f"{down},{standby_url}", "CORRAL_TOKEN": token}
+        )
+        assert listed.exit_code == 0, listed.output
+        assert "reached" in listed.output
     finally:
         standby.stop()
         store.close()
