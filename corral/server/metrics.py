@@ -252,7 +252,8 @@ class ManagerCollector(Collector):
 
 def leader_metrics(manager: Manager) -> Iterator[Metric]:
     """The role, the lease's age and the failovers of a manager that shares its database with
-    standbys (docs/ha.md); a manager alone (SQLite) is always the leader, with no lease."""
+    standbys (docs/ha.md); a manager alone (SQLite) is always the leader, with no lease (its
+    lease's age, epoch and failovers 0)."""
     lease = manager.lease
     role = GaugeMetricFamily(
         "corral_manager_leader",
@@ -260,26 +261,24 @@ def leader_metrics(manager: Manager) -> Iterator[Metric]:
     )
     role.add_metric([], 1 if lease is None or lease.valid() else 0)
     yield role
-    if lease is None:
-        return
     age = GaugeMetricFamily(
         "corral_lease_age_seconds",
         "Seconds since this manager last renewed its lease (a standby takes over past the "
         "lease's length).",
     )
-    age.add_metric([], lease.age_s() or 0.0)
+    age.add_metric([], 0.0 if lease is None else lease.age_s() or 0.0)
     yield age
     epoch = GaugeMetricFamily(
         "corral_lease_epoch",
         "The lease's epoch, its fencing token: one more at each change of leader.",
     )
-    epoch.add_metric([], lease.epoch or 0)
+    epoch.add_metric([], 0 if lease is None else lease.epoch or 0)
     yield epoch
     failovers = CounterMetricFamily(
         "corral_failovers",
         "Times this manager took over from another one whose lease lapsed.",
     )
-    failovers.add_metric([], 1 if lease.took_over_from is not None else 0)
+    failovers.add_metric([], 1 if lease is not None and lease.took_over_from is not None else 0)
     yield failovers
 
 
