@@ -343,10 +343,15 @@ def up(
             leading = lead(options, lambda line: console.print(line, highlight=False))
         except BootError as error:
             fail(str(error))
+        except KeyboardInterrupt:  # Ctrl-C while standing by: nothing to stop
+            return
         assert leading is not None
         lease, data_lock = leading
     try:
-        manager = build_manager(options, lease=lease, data_lock=data_lock)
+        if lease is None:
+            manager = build_manager(options)
+        else:
+            manager = build_manager(options, lease=lease, data_lock=data_lock)
     except BootError as error:
         if lease is not None:
             lease.stop()
