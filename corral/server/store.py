@@ -1096,6 +1096,7 @@ class Store:
         table (the manager commits submissions in groups)."""
         if not rows:
             return
+        keyed = any(row.submit_key is not None for row in rows)  # (one column fewer if none)
         with self._writing() as connection:
             connection.execute(
                 jobs_table.insert(),
@@ -1117,7 +1118,7 @@ class Store:
                         held_by=row.held_by,
                         array_id=None if row.array_id is None else int(row.array_id),
                         array_index=row.array_index,
-                        submit_key=row.submit_key,
+                        **({"submit_key": row.submit_key} if keyed else {}),
                     )
                     for row in rows
                 ],
