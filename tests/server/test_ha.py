@@ -193,8 +193,10 @@ def test_a_stopped_leader_is_replaced_and_when_resumed_writes_and_starts_nothing
     # running again, and, once `first` ends, starts `second`: its only start. `one` is resumed
     # (SIGCONT) with a control loop that saw `first` end (its shim was its child) and a core
     # that would start `second` on the freed GPU: fenced, its round's transaction changes no row,
-    # it starts nothing, and it exits with EXIT_DEPOSED (3). Without the fence it would record
-    # `first`'s end a second time and start `second` again (two starts).
+    # it starts nothing, and it exits with EXIT_DEPOSED (3) (whichever of its renewal, its write
+    # or its launch finds the lease taken first). With no fencing at all (no write fence, a
+    # renewal that never finds the lease taken) it never steps down and this test fails; the
+    # write fence alone is test_leader.py's.
     one = Up("one", tmp_path, postgres_url, gpus=1)
     ups.append(one)
     one.start()
