@@ -17,7 +17,9 @@ Without uvicorn's protocol and the threads: what the numbers leave out is the HT
 connection guard and the switching between threads, which `control_plane.py` includes.
 
 Run: [PYTHONPATH=DIR] python benchmarks/control_plane_instructions.py [--what submit|start]
-(DIR: a copy of another commit, measured with this script). Needs valgrind.
+(DIR: a copy of another commit, measured with this script). Needs valgrind. With
+BENCH_IDEMPOTENCY_KEYS=1 each submission carries an `Idempotency-Key`, as the SDK's and the CLI's
+do (docs/ha.md).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import tempfile
 from pathlib import Path
@@ -74,7 +77,9 @@ def _manager(data_dir: Path) -> tuple[Manager, str]:
 def _submit(manager: Manager, token: str, count: int) -> None:
     """`count` submissions through the app, GROUP at a time, each group one commit."""
 
-    async def stored(model: object, user: str, unix_user: str | None = None) -> object:
+    async def stored(
+        model: object, user: str, unix_user: str | None = None, key: str | None = None
+    ) -> object:
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
         def finish(error: BaseException | None) -> None:
@@ -84,11 +89,24 @@ def _submit(manager: Manager, token: str, count: int) -> None:
                 done.set_exception(error)
 
         enqueue = manager._enqueue_submission
-        row = enqueue(model, user, finish, unix_user) if unix_user else enqueue(model, user, finish)  # type: ignore[arg-type]
+        if key is not None:  # (an older commit's manager takes no key)
+            row = enqueue(model, user, finish, unix_user, key)  # type: ignore[arg-type,call-arg]
+        else:
+            row = (
+                enqueue(model, user, finish, unix_user)
+                if unix_user
+                else enqueue(model, user, finish)
+            )  # type: ignore[arg-type]
         if len(manager._inbox) >= GROUP:
             manager._commit_submissions()
         await done
         return row
+
+    def keyed(index: int) -> list[tuple[bytes, bytes]]:
+        """With BENCH_IDEMPOTENCY_KEYS set, each submission carries its key, as the SDK's do."""
+        if not os.environ.get("BENCH_IDEMPOTENCY_KEYS"):
+            return []
+        return [(b"idempotency-key", f"key-{index}".encode())]
 
     manager.submit_async = stored  # type: ignore[method-assign]
     app = create_app(manager)
@@ -111,7 +129,7 @@ def _submit(manager: Manager, token: str, count: int) -> None:
             "path": "/api/v1/jobs",
             "raw_path": b"/api/v1/jobs",
             "query_string": b"",
-            "headers": [*headers, (b"content-length", str(len(body)).encode())],
+            "headers": [*headers, (b"content-length", str(len(body)).encode()), *keyed(index)],
             "client": ("127.0.0.1", 50000),
             "server": ("127.0.0.1", 8000),
             "root_path": "",

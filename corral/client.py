@@ -19,6 +19,7 @@ import json
 import os
 import socket
 import time
+import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +33,14 @@ POLL_SECONDS = 0.5
 #: Jobs per request when listing (the server's most), and its header naming the next page.
 PAGE_SIZE = 10_000
 NEXT_PAGE_HEADER = "X-Corral-Next-Before-Id"
+#: A standby's answers name the leader's address here (corral.server.standby).
+LEADER_HEADER = "X-Corral-Leader"
+#: A submission's idempotency key (corral.server.api).
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+#: With several managers listed, how long a request is tried again across a failover.
+FAILOVER_S = 60.0
+#: The pause after every listed manager was tried once in vain.
+FAILOVER_PAUSE_S = 0.25
 
 
 class ClientError(Exception):
@@ -93,26 +102,40 @@ class Response:
 
 class Client:
     def __init__(
-        self, url: str | None = None, token: str | None = None, timeout: float = 30
+        self,
+        url: str | None = None,
+        token: str | None = None,
+        timeout: float = 30,
+        *,
+        failover_s: float | None = None,
     ) -> None:
-        self.url = (url or os.environ.get("CORRAL_URL") or DEFAULT_URL).rstrip("/")
+        """`url` (default: CORRAL_URL): one manager's address, or several separated by commas
+        (an active manager and its standbys, docs/ha.md): requests go to the one that leads,
+        and across a failover they are tried again, on each listed manager in turn and where a
+        standby says the leader is, for up to `failover_s` seconds (default: CORRAL_FAILOVER_S,
+        else FAILOVER_S). Only requests that may be repeated are tried again once they were
+        sent: reads, submissions (each carries an idempotency key: a repeated one stores one
+        job) and cancels; any request a manager refused with 503 (it changed nothing)."""
+        given = url or os.environ.get("CORRAL_URL") or DEFAULT_URL
+        urls = [part.strip().rstrip("/") for part in given.split(",") if part.strip()]
         token = token if token is not None else os.environ.get("CORRAL_TOKEN", "")
         self._headers = {"Authorization": f"Bearer {token.strip()}"} if token.strip() else {}
         self.timeout = timeout
         # http.client, not httpx: a CLI call imports it in a few ms (httpx took 120 ms and
         # 60 ms more to set up its client); one keep-alive connection serves every request.
-        try:
-            parts = urlsplit(self.url)
-            port = parts.port
-        except ValueError as error:
-            raise ClientError(f"CORRAL_URL: not a usable URL {self.url!r} ({error})") from None
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ClientError(
-                f"CORRAL_URL: not a usable URL {self.url!r} (expected http://HOST:PORT)"
-            )
-        self._scheme, self._host, self._port = parts.scheme, parts.hostname, port
-        self._prefix = parts.path.rstrip("/")
+        self._targets = [_target(one) for one in urls or [DEFAULT_URL]]
+        self.urls = [target[0] for target in self._targets]
+        if failover_s is None:
+            failover_s = _env_seconds("CORRAL_FAILOVER_S", FAILOVER_S)
+        self.failover_s = failover_s
         self._connection: http.client.HTTPConnection | None = None
+        self._use(0)
+
+    def _use(self, index: int) -> None:
+        """Send to the `index`th listed manager from now on."""
+        self.close()
+        self._at = index
+        self.url, self._scheme, self._host, self._port, self._prefix = self._targets[index]
 
     def close(self) -> None:
         if self._connection is not None:
@@ -144,8 +167,9 @@ class Client:
             from corral.submitenv import submitter_environment
 
             spec = {**spec, "submitter_env": submitter_environment()}  # (less corral's secrets)
+        key = {IDEMPOTENCY_HEADER: uuid.uuid4().hex}  # a retry stores no second job
         try:
-            return self._request("POST", "/jobs", json=spec)
+            return self._request("POST", "/jobs", json=spec, headers=key)
         except ClientError as error:
             if source and error.status in (403, 422):  # a field of the spec was refused
                 raise ClientError(f"{source}: {error.message}", error.status) from None
@@ -458,30 +482,85 @@ class Client:
         *,
         params: Mapping[str, Any] | None = None,
         json: Any = None,
+        headers: Mapping[str, str] | None = None,
     ) -> Response:
-        target = self._prefix + "/api/v1" + path
+        target_path = "/api/v1" + path
         if params:
-            target += "?" + urlencode({k: v for k, v in params.items() if v is not None})
-        headers = dict(self._headers)
+            target_path += "?" + urlencode({k: v for k, v in params.items() if v is not None})
+        sent_headers = dict(self._headers)
+        if headers:
+            sent_headers.update(headers)
         body = None
         if json is not None:
             body = _json_bytes(json)
-            headers["Content-Type"] = "application/json"
+            sent_headers["Content-Type"] = "application/json"
+        repeatable = method == "GET" or _repeatable(method, path, sent_headers)
+        deadline: float | None = None
+        tried: set[int] = set()
+        while True:
+            problem: ClientError
+            try:
+                response = self._exchange(method, self._prefix + target_path, body, sent_headers)
+            except (ConnectionRefusedError, socket.gaierror):  # nothing was sent
+                problem = ClientError(
+                    f"cannot reach corral at {self.url}: is `corral up` running? (CORRAL_URL)"
+                )
+                sent = False
+            except ConnectionError:
+                problem = ClientError(
+                    f"cannot reach corral at {self.url}: is `corral up` running? (CORRAL_URL)"
+                )
+                sent = True
+            except TimeoutError:
+                problem = ClientError(
+                    f"corral at {self.url} did not answer within {self.timeout:g} s"
+                )
+                sent = True
+            except (OSError, http.client.HTTPException) as error:
+                problem = ClientError(f"corral at {self.url}: {error or type(error).__name__}")
+                sent = True
+            else:
+                if response.status_code < 400:
+                    return response
+                problem = ClientError(_detail(response), response.status_code)
+                if (
+                    response.status_code != 503
+                    or len(self._targets) == 1
+                    and not (response.headers.get(LEADER_HEADER))
+                ):
+                    raise problem
+                sent = False  # a 503 changed nothing: the call may be repeated
+                leader = response.headers.get(LEADER_HEADER)
+                if leader and leader.rstrip("/") != self.url:
+                    if deadline is None:
+                        deadline = time.monotonic() + self.failover_s
+                    if time.monotonic() < deadline and self._follow(leader.rstrip("/")):
+                        continue
+            if len(self._targets) == 1 or (sent and not repeatable):
+                raise problem from None
+            if deadline is None:
+                deadline = time.monotonic() + self.failover_s
+            if time.monotonic() >= deadline:
+                raise problem from None
+            tried.add(self._at)
+            if len(tried) >= len(self._targets):  # each was tried: wait a little, then again
+                tried.clear()
+                time.sleep(FAILOVER_PAUSE_S)
+            self._use((self._at + 1) % len(self._targets))
+
+    def _follow(self, leader: str) -> bool:
+        """Go to the leader a standby named; False for an address that is no usable URL."""
+        for index, target in enumerate(self._targets):
+            if target[0] == leader:
+                self._use(index)
+                return True
         try:
-            response = self._exchange(method, target, body, headers)
-        except (ConnectionRefusedError, socket.gaierror, ConnectionError):
-            raise ClientError(
-                f"cannot reach corral at {self.url}: is `corral up` running? (CORRAL_URL)"
-            ) from None
-        except TimeoutError:
-            raise ClientError(
-                f"corral at {self.url} did not answer within {self.timeout:g} s"
-            ) from None
-        except (OSError, http.client.HTTPException) as error:
-            raise ClientError(f"corral at {self.url}: {error or type(error).__name__}") from None
-        if response.status_code >= 400:
-            raise ClientError(_detail(response), response.status_code)
-        return response
+            self._targets.append(_target(leader))
+        except ClientError:
+            return False
+        self.urls.append(leader)
+        self._use(len(self._targets) - 1)
+        return True
 
     def _exchange(
         self, method: str, target: str, body: bytes | None, headers: dict[str, str]
@@ -513,6 +592,41 @@ class Client:
         if self._scheme == "https":
             return http.client.HTTPSConnection(self._host, self._port, timeout=self.timeout)
         return http.client.HTTPConnection(self._host, self._port, timeout=self.timeout)
+
+
+def _target(url: str) -> tuple[str, str, str, int | None, str]:
+    """(url, scheme, host, port, path prefix) of one manager's address."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as error:
+        raise ClientError(f"CORRAL_URL: not a usable URL {url!r} ({error})") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ClientError(f"CORRAL_URL: not a usable URL {url!r} (expected http://HOST:PORT)")
+    return url, parts.scheme, parts.hostname, port, parts.path.rstrip("/")
+
+
+def _env_seconds(name: str, default: float) -> float:
+    text = os.environ.get(name)
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        raise ClientError(f"{name}: not a number of seconds: {text!r}") from None
+    if not value >= 0:
+        raise ClientError(f"{name}: must be 0 or more, got {text!r}")
+    return value
+
+
+def _repeatable(method: str, path: str, headers: Mapping[str, str]) -> bool:
+    """Whether a request sent once may be sent again with the same effect: a submission with
+    its idempotency key, a cancel."""
+    if method != "POST":
+        return False
+    if path == "/jobs":
+        return IDEMPOTENCY_HEADER in headers
+    return path.startswith("/jobs/") and path.endswith("/cancel")
 
 
 def _json_bytes(value: Any) -> bytes:

@@ -269,7 +269,14 @@ def up(
     """Start the embedded cluster manager on this machine."""
     from corral.cli.schedflags import effective_config
     from corral.exec.contain import default_pids_max
-    from corral.server.boot import BootError, ServerOptions, build_manager, check_executor
+    from corral.server.boot import (
+        BootError,
+        ServerOptions,
+        build_manager,
+        check_executor,
+        lead,
+        shares_database,
+    )
     from corral.server.connections import ConnectionLimits
     from corral.server.manager import ManagerSettings
 
@@ -373,9 +380,24 @@ def up(
         except BootError as error:
             fail(str(error))
         return
+    lease = data_lock = None
+    if shares_database(options):  # one manager leads, the others stand by (docs/ha.md)
+        try:
+            leading = lead(options, lambda line: console.print(line, highlight=False))
+        except BootError as error:
+            fail(str(error))
+        except KeyboardInterrupt:  # Ctrl-C while standing by: nothing to stop
+            return
+        assert leading is not None
+        lease, data_lock = leading
     try:
-        manager = build_manager(options)
+        if lease is None:
+            manager = build_manager(options)
+        else:
+            manager = build_manager(options, lease=lease, data_lock=data_lock)
     except BootError as error:
+        if lease is not None:
+            lease.stop()
         fail(str(error))
     serve(manager, options)
 
@@ -538,7 +560,7 @@ def serve(manager: object, options: object) -> None:
     import uvicorn
 
     from corral.server.api import create_app
-    from corral.server.boot import ServerOptions
+    from corral.server.boot import ServerOptions, role_line
     from corral.server.connections import ConnectionGuard
     from corral.server.executors import executor_entry
     from corral.server.manager import Manager
@@ -571,8 +593,20 @@ def serve(manager: object, options: object) -> None:
         scrape = f"Authorization: Bearer $(cat {token_at}), or an admin's token"
     console.print(f"  metrics    {url}/metrics   ({scrape})", highlight=False, soft_wrap=True)
     console.print(f"  state      {options.data_dir}   (Ctrl-C stops; jobs keep running)")
+    if manager.lease is not None:
+        console.print(f"  role       {role_line(manager.lease)}", highlight=False, soft_wrap=True)
     console.print(f"  {identity_line(manager)}", highlight=False, soft_wrap=True)
     console.print(f"  {limits_line(manager)}", highlight=False, soft_wrap=True)
+    if manager.lease is not None:
+        # uvicorn stops on SIGTERM, then raises it again with the handler found before it ran:
+        # this one ends the process through `finally`, so that the lease is given up (a standby
+        # takes over at once: a rolling upgrade's step, docs/ha.md).
+        import signal
+
+        def stopped(signum: int, frame: object) -> None:
+            raise SystemExit(0)
+
+        signal.signal(signal.SIGTERM, stopped)
     guard = ConnectionGuard.start(manager.settings.connections, manager.metrics.registry)
     manager.start()
     try:

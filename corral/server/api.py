@@ -85,6 +85,12 @@ async def principal(request: Request) -> Principal:
 Caller = Annotated[Principal, Depends(principal)]
 
 
+#: The header of a submission's idempotency key: the same key from the same user again (a retry,
+#: perhaps to another manager after a failover) answers the job stored the first time.
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+MAX_KEY_CHARS = 128
+
+
 def create_app(manager: Manager) -> FastAPI:
     app = FastAPI(
         title="corral",
@@ -170,7 +176,9 @@ def create_app(manager: Manager) -> FastAPI:
     @app.post("/api/v1/jobs", status_code=201, tags=["jobs"], response_model=schemas.JobSummary)
     async def submit_job(who: Caller, request: Request) -> dict[str, Any]:
         """Submit a job (the body is a job spec; see the JobSpec schema). Answered once the job
-        is stored: an accepted job survives a crash of the server."""
+        is stored: an accepted job survives a crash of the server. With an `Idempotency-Key`
+        header, a submission repeated with the same key answers the job stored the first time
+        (a client retrying across a failover stores one job)."""
         return await submit(who, request)
 
     async def submit_job_lean(request: Request) -> Response:
@@ -214,8 +222,13 @@ def create_app(manager: Manager) -> FastAPI:
             problem = await run_in_threadpool(check, model.workdir)
             if problem is not None:
                 raise HTTPException(422, f"workdir: {problem}")
+        key = request.headers.get(IDEMPOTENCY_HEADER)
+        if key is not None and not (0 < len(key) <= MAX_KEY_CHARS and key.isascii()):
+            raise HTTPException(
+                422, f"{IDEMPOTENCY_HEADER}: 1 to {MAX_KEY_CHARS} ASCII characters, got {len(key)}"
+            )
         try:
-            row = await manager.submit_async(model, who.user, who.unix_user)
+            row = await manager.submit_async(model, who.user, who.unix_user, key=key)
         except SubmitError as error:
             raise HTTPException(422, str(error)) from None
         answer = summary(row, {row.id: "submitted: waiting for the next scheduling round"})

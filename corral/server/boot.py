@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import sqlalchemy as sa
 import uvicorn
 
 from corral.core.cluster import Cluster, NodeDef
@@ -33,7 +34,9 @@ from corral.server.executors import (
     executor_entry,
     executor_options,
 )
+from corral.server.leader import FencedExecutor, Lease
 from corral.server.manager import Executor, Manager, ManagerSettings
+from corral.server.standby import StandbyServer
 from corral.server.store import Store, StoreError
 
 
@@ -158,14 +161,23 @@ def prepare_data_dir(options: ServerOptions) -> None:
         trusted_directory("--checkpoint-root", settings.checkpoint_root)
 
 
-def build_manager(options: ServerOptions, executor: Executor | None = None) -> Manager:
+def build_manager(
+    options: ServerOptions,
+    executor: Executor | None = None,
+    *,
+    lease: Lease | None = None,
+    data_lock: int | None = None,
+) -> Manager:
     """The manager `options` describe, over the executor they name (`executor`: one a caller made
-    already, a test's). BootError, one line, for a setting it cannot start with."""
+    already, a test's). BootError, one line, for a setting it cannot start with. `lease`: this
+    manager leads a database it shares with standbys (corral.server.leader; its store is the
+    lease's, its writes fenced, its starts and stops too); `data_lock`: the data directory's
+    lock, taken already (`lock_data_dir`)."""
     entry = check_executor(options)  # before anything is written
     prepare_data_dir(options)
-    lock = lock_data_dir(options.data_dir)
+    lock = lock_data_dir(options.data_dir) if data_lock is None else data_lock
     try:
-        manager = _build_manager(options, entry, executor)
+        manager = _build_manager(options, entry, executor, lease)
         if entry.accounts and identity.multi_user_possible() and not options.single_user:
             try:
                 prepare_multi_user(options)
@@ -177,6 +189,85 @@ def build_manager(options: ServerOptions, executor: Executor | None = None) -> M
         raise
     manager.on_stop.append(lambda: os.close(lock))
     return manager
+
+
+def shares_database(options: ServerOptions) -> bool:
+    """Whether `options` name a database several managers may share (PostgreSQL): then one
+    leads, by lease, and the others stand by (docs/ha.md)."""
+    if options.db_url is None:
+        return False
+    try:
+        return sa.make_url(options.db_url).get_backend_name() == "postgresql"
+    except sa.exc.ArgumentError:
+        return False
+
+
+def advertised_url(options: ServerOptions) -> str:
+    """The address a standby gives clients for this manager."""
+    host = options.host
+    if host in ("0.0.0.0", "::", ""):
+        host = socket.getfqdn()
+    return f"http://{host}:{options.port}"
+
+
+#: A leader's session idle inside a transaction this long is ended by PostgreSQL (a leader
+#: paused mid-write holds no lock a standby waits on for longer).
+IDLE_TRANSACTION_S = 4.0
+
+
+def lead(
+    options: ServerOptions, say: Callable[[str], None], stopping: threading.Event | None = None
+) -> tuple[Lease, int] | None:
+    """Lead the database `options` name, shared with other managers: take its lease, or stand by
+    (a StandbyServer answers on this manager's address, 503 and the leader's) until it can be
+    taken. Returns the lease, held and renewed (its writes fenced), and the data directory's
+    lock; None when `stopping` was set first. BootError, one line, if the database cannot be
+    used."""
+    prepare_data_dir(options)
+    lock = lock_data_dir(options.data_dir)
+    try:
+        assert options.db_url is not None
+        try:
+            store = Store(
+                options.db_url, password=options.db_password, idle_transaction_s=IDLE_TRANSACTION_S
+            )
+        except StoreError as error:
+            raise BootError(str(error)) from None
+        try:
+            lease = Lease(store, advertised_url(options))
+            if not lease.try_take():
+                current = lease.current()
+                leader = current.address if current is not None else "?"
+                say(
+                    f"corral up: standby: {leader} leads {store.url}; this manager takes over "
+                    f"if its lease is not renewed for {lease.lease_s:g} s"
+                )
+                standby = StandbyServer(lease, options.host, options.port).start()
+                try:
+                    if not lease.wait_to_lead(stopping):
+                        store.close()
+                        os.close(lock)
+                        return None
+                finally:
+                    standby.stop()
+            lease.start()
+        except BaseException:
+            store.close()
+            raise
+    except StoreError as error:
+        os.close(lock)
+        raise BootError(str(error)) from None
+    except BaseException:
+        os.close(lock)
+        raise
+    return lease, lock
+
+
+def role_line(lease: Lease) -> str:
+    """What `corral up` says of its role once it leads."""
+    before = lease.took_over_from
+    took = f"; took over from {before.holder} ({before.address})" if before is not None else ""
+    return f"leader (lease epoch {lease.epoch}, {lease.lease_s:g} s{took})"
 
 
 def prepare_multi_user(options: ServerOptions) -> None:
@@ -214,7 +305,10 @@ def prepare_multi_user(options: ServerOptions) -> None:
 
 
 def _build_manager(
-    options: ServerOptions, entry: type[ExecutorEntry], executor: Executor | None
+    options: ServerOptions,
+    entry: type[ExecutorEntry],
+    executor: Executor | None,
+    lease: Lease | None = None,
 ) -> Manager:
     try:
         started = entry.start(options.executor_options, boot_info(options), executor)
@@ -230,6 +324,7 @@ def _build_manager(
             vc_tree=started.vc_tree,
             fixed_cluster=started.fixed_cluster,
             nodes=started.nodes,
+            lease=lease,
         )
     except BaseException:
         started.executor.close()
@@ -246,15 +341,24 @@ def _build_with(
     vc_tree: QueueTree | None = None,
     fixed_cluster: bool = False,
     nodes: Callable[[], list[NodeDef]] | None = None,
+    lease: Lease | None = None,
 ) -> Manager:
     try:
-        store = Store(
-            options.db_url or Store.sqlite_url(options.data_dir), password=options.db_password
+        store = (
+            Store(
+                options.db_url or Store.sqlite_url(options.data_dir),
+                password=options.db_password,
+            )
+            if lease is None
+            else lease.store
         )
     except StoreError as error:
         raise BootError(str(error)) from None
     try:
-        store.claim()
+        if lease is None:
+            store.claim()
+        else:  # leadership is the lease's (docs/ha.md); the jobs' directories are shared
+            executor = FencedExecutor(executor, lease)
         if options.db_url is None:  # for the manager alone (also when an older version made it)
             for name in ("corral.db", "corral.db-wal", "corral.db-shm"):
                 if (options.data_dir / name).exists():
@@ -277,14 +381,39 @@ def _build_with(
             nodes=nodes,
             fixed_cluster=fixed_cluster,
         )
+        if lease is not None:
+            manager.lease = lease
+            manager.use_jobs_root(shared_jobs_root(store, options.data_dir))
     except (StoreError, ValueError) as error:
         store.close()
         raise BootError(str(error)) from None
     except BaseException:
         store.close()
         raise
+    if lease is not None:  # given up before the store closes: a standby takes over at once
+        manager.on_stop.append(lease.stop)
     manager.on_stop.append(store.close)  # and with it the claim on the database
     return manager
+
+
+#: The `meta` key of the jobs' directories' root that managers sharing a database share.
+JOBS_ROOT_KEY = "jobs_root"
+
+
+def shared_jobs_root(store: Store, data_dir: Path) -> Path:
+    """Where the jobs' directories are for every manager of a shared database: the first
+    leader's DATA_DIR/jobs, recorded in the store, so that a standby that takes over finds the
+    attempts' shims and checkpoints where they are (it must see that directory: the same
+    machine, or storage both machines mount). BootError if it cannot be used."""
+    recorded = store.get_meta(JOBS_ROOT_KEY)
+    if recorded is None:
+        root = data_dir / "jobs"
+        store.set_meta(JOBS_ROOT_KEY, str(root))
+        return root
+    root = Path(recorded)
+    if root.exists():
+        trusted_directory("--data-dir", root)
+    return root
 
 
 class RunningServer:

@@ -46,6 +46,13 @@ class Submission:
     spec: JobSpec
     #: Called once from the committing thread: None when stored and queued, else the error.
     finish: Callable[[BaseException | None], None]
+    #: The submitter's idempotency key (None: none): a submission whose key its user used
+    #: before is not stored again; its answer is the job stored the first time (`first` is
+    #: then made that job's row).
+    key: str | None = None
+    #: The row of the first job of the submission (an array's first task's; the one stored
+    #: with the key, and the one answered).
+    first: JobRow | None = None
 
 
 class SubmissionCommitter:
@@ -87,7 +94,14 @@ class SubmissionCommitter:
 
         _gated: dict[str, Job]
 
-    def submit(self, model: JobSpecModel, user: str, unix_user: str | None = None) -> JobRow:
+    def submit(
+        self,
+        model: JobSpecModel,
+        user: str,
+        unix_user: str | None = None,
+        *,
+        key: str | None = None,
+    ) -> JobRow:
         """Accept a validated job: stored, then queued (the stored row is returned), or
         SubmitError with nothing stored. Submissions from many API threads are committed in
         groups by one thread (one transaction for all that arrived meanwhile)."""
@@ -98,7 +112,7 @@ class SubmissionCommitter:
             outcome.append(error)
             done.set()
 
-        row = self._enqueue_submission(model, user, finish, unix_user)
+        row = self._enqueue_submission(model, user, finish, unix_user, key)
         if self._committer is None:  # not started (a test driving `step` by hand): commit now
             self._commit_submissions()
         done.wait()
@@ -107,7 +121,12 @@ class SubmissionCommitter:
         return row
 
     async def submit_async(
-        self, model: JobSpecModel, user: str, unix_user: str | None = None
+        self,
+        model: JobSpecModel,
+        user: str,
+        unix_user: str | None = None,
+        *,
+        key: str | None = None,
     ) -> JobRow:
         """`submit` for the API's event loop: waits for the commit without holding a thread."""
         loop = asyncio.get_running_loop()
@@ -123,7 +142,7 @@ class SubmissionCommitter:
         def finish(error: BaseException | None) -> None:
             loop.call_soon_threadsafe(settle, error)
 
-        row = self._enqueue_submission(model, user, finish, unix_user)
+        row = self._enqueue_submission(model, user, finish, unix_user, key)
         await stored
         return row
 
@@ -133,8 +152,10 @@ class SubmissionCommitter:
         user: str,
         finish: Callable[[BaseException | None], None],
         unix_user: str | None = None,
+        key: str | None = None,
     ) -> JobRow:
-        """`unix_user`: the account the user's token names (default: the user's name)."""
+        """`unix_user`: the account the user's token names (default: the user's name); `key`:
+        the submitter's idempotency key (a repeated submission answers the job it stored)."""
         now = self.clock()
         account = self._account_for(model, user, unix_user)
         # The id it will have if no other submission takes it first (then it is replaced).
@@ -180,11 +201,12 @@ class SubmissionCommitter:
                 if index is not None:
                     row.array_id, row.array_index = first, index
                 rows.append(row)
+            rows[0].submit_key = key
             last = len(rows) - 1
             for i, row in enumerate(rows):  # one batch: the last one's answer is the array's
                 done = finish if i == last else _ignore
                 core = spec if spec.id == row.id else replace(spec, id=row.id)
-                self._inbox.append(Submission(row, model, core, done))
+                self._inbox.append(Submission(row, model, core, done, key, rows[0]))
         self._inbox_ready.set()
         return rows[0]
 
@@ -230,15 +252,20 @@ class SubmissionCommitter:
             else:
                 try:
                     with self.store.batch():
-                        self.store.insert_jobs([s.row for s in batch])
-                        outcomes = [self._queue_submission(submission) for submission in batch]
+                        fresh = self._not_repeated(batch)
+                        stored = fresh_flags(batch, fresh)
+                        self.store.insert_jobs([s.row for s in fresh])
+                        outcomes = [
+                            self._queue_submission(submission) if new else None
+                            for submission, new in zip(batch, stored, strict=True)
+                        ]
                 except BaseException as error:  # nothing stored: the core may have moved, and
                     # is rebuilt from the store (the rollback) before anything acts on it
                     self._store_failed(error, "storing submissions")
                     outcomes = [error] * len(batch)
                 else:
-                    for submission, outcome in zip(batch, outcomes, strict=True):
-                        if outcome is None:
+                    for submission, outcome, new in zip(batch, outcomes, stored, strict=True):
+                        if outcome is None and new:
                             self._queued(submission)
                             queued.append(submission.spec)
                     self.learn_workload(queued)  # FGD's target workload, live
@@ -249,6 +276,34 @@ class SubmissionCommitter:
             except RuntimeError:  # the requester's event loop is gone (server shutting down)
                 pass
         self._wake.set()
+
+    def _not_repeated(self, batch: list[Submission]) -> list[Submission]:
+        """The submissions of `batch` to store: those whose idempotency key their user did not
+        use before (in the store, or earlier in the batch). A repeated one's answer becomes the
+        job stored the first time (its `first` row is overwritten with that job's)."""
+        keyed = {(s.row.user, s.key) for s in batch if s.key is not None}
+        if not keyed:
+            return batch
+        found = self.store.jobs_by_submit_keys(keyed)
+        seen: dict[tuple[str, str], JobRow] = {}
+        fresh = []
+        for submission in batch:
+            key = submission.key
+            if key is None:
+                fresh.append(submission)
+                continue
+            pair = (submission.row.user, key)
+            first = submission.first
+            assert first is not None
+            original = found.get(pair) or seen.get(pair)
+            if original is None or original is first:
+                seen[pair] = first
+                fresh.append(submission)
+            elif submission.row is first:  # the answer: the job stored the first time
+                for name in JobRow.__slots__:
+                    if name not in ("spec_json", "submit_key"):
+                        setattr(first, name, getattr(original, name))
+        return fresh
 
     def _queue_submission(self, submission: Submission) -> BaseException | None:
         """Give a job being stored to the core (or to a gate); a job the core refuses at once
@@ -285,6 +340,14 @@ class SubmissionCommitter:
         if job is not None and job.status is JobStatus.REFUSED:
             self.metrics.finished.labels(row.vc, row.user, "REFUSED").inc()
             self._forget(row.id)
+
+
+def fresh_flags(batch: list[Submission], fresh: list[Submission]) -> list[bool]:
+    """For each submission of `batch`, whether it is one of `fresh` (stored now)."""
+    if len(fresh) == len(batch):
+        return [True] * len(batch)
+    kept = {id(submission) for submission in fresh}
+    return [id(submission) in kept for submission in batch]
 
 
 def _ignore(error: BaseException | None) -> None:

@@ -5,7 +5,9 @@ load balancer, Kubernetes) that sends no token.
 `/readyz`: the manager can do its work: 200 when the store answers a trivial query within
 `PING_S`, the state is the store's (not being rebuilt after a failed write), and a scheduling
 round ran within `ManagerSettings.ready_round_s` (the loop runs one at least every
-`round_every_s`, also when idle); else 503 with the first reason that fails, in one line. Neither
+`round_every_s`, also when idle), and, for a manager sharing its database with standbys, its lease
+is valid (its body then says `"role": "leader"`; a standby answers 503 with `"role": "standby"`
+and the leader's address: corral.server.standby); else 503 with the first reason that fails, in one line. Neither
 takes the manager's lock: a control loop stuck holding it is what /readyz must report.
 """
 
@@ -47,6 +49,10 @@ class Readiness:
     def problem(self) -> str | None:
         """Why the manager is not ready (None: it is)."""
         manager = self.manager
+        lease = manager.lease
+        if lease is not None and not lease.valid():
+            age = lease.age_s()
+            return f"lease: not renewed for {age or 0:.0f} s: this manager may not lead"
         try:
             self._ping().result(timeout=PING_S)
         except FutureTimeout:
@@ -78,6 +84,16 @@ def add_liveness_routes(app: FastAPI, manager: Manager) -> None:
     def readyz() -> JSONResponse:
         """200 {"status": "ready"}, or 503 {"status": "not ready", "reason": ONE LINE}."""
         problem = readiness.problem()
+        role = role_fields(manager)
         if problem is None:
-            return JSONResponse({"status": "ready"})
-        return JSONResponse({"status": "not ready", "reason": problem}, status_code=503)
+            return JSONResponse({"status": "ready", **role})
+        return JSONResponse({"status": "not ready", "reason": problem, **role}, status_code=503)
+
+
+def role_fields(manager: Manager) -> dict[str, object]:
+    """What /readyz says of the manager's role: nothing for a manager alone (SQLite); the
+    leader's lease for one that shares its database with standbys (docs/ha.md)."""
+    lease = manager.lease
+    if lease is None:
+        return {}
+    return {"role": "leader", "leader": lease.address, "epoch": lease.epoch}

@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from corral.core.actions import Preempt, Respeed, Start
 from corral.core.cluster import Cluster, NodeDef
@@ -73,6 +74,9 @@ from corral.server.state import (
 from corral.server.store import Store, StoreError, StoreUnavailable
 from corral.server.telemetry import Telemetry, progress_file
 from corral.server.views import ManagerViews
+
+if TYPE_CHECKING:
+    from corral.server.leader import Lease
 
 __all__ = [
     "MIN_GITTINS_HISTORY",
@@ -202,6 +206,8 @@ class Manager(
         self.on_stop: list[Callable[[], None]] = []  # e.g. release the data directory's lock
         self.health: HealthMonitor | None = None  # the nodes' health checks (`start`)
         self.round_seconds: list[float] = []  # the latest 1,000 rounds' (benchmarks read them)
+        #: This manager's lease when it leads a database shared with standbys (docs/ha.md).
+        self.lease: Lease | None = None
         self.metrics = ManagerMetrics()  # counters and histograms for /metrics
         self.metrics.watch(self)
         with self.store.batch():
@@ -221,6 +227,11 @@ class Manager(
     def _device_index(self, gpu: int) -> int:
         node = self.cluster.gpu_node[gpu]
         return list(self.cluster.node_gpus[node]).index(gpu)
+
+    def use_jobs_root(self, root: Path) -> None:
+        """Keep the jobs' directories under `root` (the one every manager of a shared database
+        uses: corral.server.boot.shared_jobs_root), before `start`."""
+        self._jobs_root = Path(root)
 
     def job_dir(self, job_id: str) -> Path:
         return self._jobs_root / job_id

@@ -27,7 +27,7 @@ from prometheus_client import (
     disable_created_metrics,
     generate_latest,
 )
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 import corral
@@ -220,6 +220,7 @@ class ManagerCollector(Collector):
         )
         last_round.add_metric([], manager.last_round_at or 0.0)
         yield last_round
+        yield from leader_metrics(manager)
 
     def _from_store(self) -> Iterator[Metric]:
         """The gauges read from the store (none while it is unavailable: StoreUnavailable)."""
@@ -247,6 +248,38 @@ class ManagerCollector(Collector):
         yield states  # (all read before any is yielded: none half-filled)
         yield rates
         yield steps
+
+
+def leader_metrics(manager: Manager) -> Iterator[Metric]:
+    """The role, the lease's age and the failovers of a manager that shares its database with
+    standbys (docs/ha.md); a manager alone (SQLite) is always the leader, with no lease (its
+    lease's age, epoch and failovers 0)."""
+    lease = manager.lease
+    role = GaugeMetricFamily(
+        "corral_manager_leader",
+        "1 while this manager leads (it schedules and writes), 0 for a standby.",
+    )
+    role.add_metric([], 1 if lease is None or lease.valid() else 0)
+    yield role
+    age = GaugeMetricFamily(
+        "corral_lease_age_seconds",
+        "Seconds since this manager last renewed its lease (a standby takes over past the "
+        "lease's length).",
+    )
+    age.add_metric([], 0.0 if lease is None else lease.age_s() or 0.0)
+    yield age
+    epoch = GaugeMetricFamily(
+        "corral_lease_epoch",
+        "The lease's epoch, its fencing token: one more at each change of leader.",
+    )
+    epoch.add_metric([], 0 if lease is None else lease.epoch or 0)
+    yield epoch
+    failovers = CounterMetricFamily(
+        "corral_failovers",
+        "Times this manager took over from another one whose lease lapsed.",
+    )
+    failovers.add_metric([], 1 if lease is not None and lease.took_over_from is not None else 0)
+    yield failovers
 
 
 def metrics_text(manager: Manager) -> tuple[bytes, str]:

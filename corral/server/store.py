@@ -18,7 +18,7 @@ import functools
 import json
 import os
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -82,6 +82,9 @@ jobs_table = sa.Table(
     # A task of a job array: the array's id (its first task's) and the task's index.
     sa.Column("array_id", sa.Integer),
     sa.Column("array_index", sa.Integer),
+    # The submitter's idempotency key (`Idempotency-Key`): a submission retried across a
+    # failover is answered with the job it stored the first time (None: no key given).
+    sa.Column("submit_key", sa.String, index=True),
 )
 
 attempts_table = sa.Table(
@@ -198,6 +201,20 @@ reservations_table = sa.Table(
     sa.Column("created_at", sa.Double, nullable=False),
 )
 
+#: Leadership of a database shared by several managers (docs/ha.md): one row per lease (the
+#: manager's is "manager"), its holder, its epoch (the fencing token every write of the leader
+#: checks) and until when it holds (`expires_at`, the database's clock, epoch seconds).
+leases_table = sa.Table(
+    "leases",
+    metadata,
+    sa.Column("name", sa.String, primary_key=True),
+    sa.Column("holder", sa.String, nullable=False),
+    sa.Column("address", sa.String, nullable=False),
+    sa.Column("epoch", sa.BigInteger, nullable=False),
+    sa.Column("renewed_at", sa.Double, nullable=False),
+    sa.Column("expires_at", sa.Double, nullable=False),
+)
+
 meta_table = sa.Table(
     "meta",
     metadata,
@@ -310,6 +327,8 @@ class JobRow:
     array_index: int | None = None
     #: `spec` as the JSON text the store keeps, when the submitter has it already (not compared).
     spec_json: str | None = field(default=None, compare=False, repr=False)
+    #: The submitter's idempotency key (stored with the job; not read back into rows).
+    submit_key: str | None = field(default=None, compare=False, repr=False)
 
     @classmethod
     def new(
@@ -417,6 +436,36 @@ def _spec_number_sqlite(element: _SpecNumber, compiler: Any, **kw: Any) -> str:
 def _spec_number_postgresql(element: _SpecNumber, compiler: Any, **kw: Any) -> str:
     spec = compiler.process(element.clauses, **kw)
     return f"CAST(CAST({spec} AS json) ->> '{element.field}' AS {element.sql_type})"
+
+
+class _DbNow(FunctionElement[Any]):
+    """The database's clock, epoch seconds (a lease's time is the database's: the managers'
+    clocks may disagree)."""
+
+    type = sa.Double()
+    name = "db_now"
+    inherit_cache = True
+
+
+@compiles(_DbNow)
+def _db_now_sqlite(element: _DbNow, compiler: Any, **kw: Any) -> str:
+    return "((julianday('now') - 2440587.5) * 86400.0)"
+
+
+@compiles(_DbNow, "postgresql")
+def _db_now_postgresql(element: _DbNow, compiler: Any, **kw: Any) -> str:
+    return "CAST(EXTRACT(EPOCH FROM clock_timestamp()) AS DOUBLE PRECISION)"
+
+
+class LeaseRow(NamedTuple):
+    """A lease as stored, and the database's clock when it was read."""
+
+    holder: str
+    address: str
+    epoch: int
+    renewed_at: float
+    expires_at: float
+    now: float
 
 
 def _workers_of(spec: dict[str, Any]) -> int:
@@ -724,9 +773,14 @@ def _set_sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
 
 
 class Store:
-    def __init__(self, url: str, *, password: str | None = None) -> None:
+    def __init__(
+        self, url: str, *, password: str | None = None, idle_transaction_s: float | None = None
+    ) -> None:
         """`password`: the database's, given in the process (corral.server.dbsecret), never in
-        `url` on a command line; None: the URL's, or libpq's own (PGPASSFILE, ~/.pgpass)."""
+        `url` on a command line; None: the URL's, or libpq's own (PGPASSFILE, ~/.pgpass).
+        `idle_transaction_s` (PostgreSQL): the server ends a session of this store that stays
+        idle inside a transaction this long, releasing its locks (a leader paused mid-write
+        must not hold up the standby that replaces it: corral.server.leader)."""
         try:
             parsed = sa.make_url(url)
         except sa.exc.ArgumentError as error:
@@ -736,6 +790,10 @@ class Store:
             parsed = parsed.set(password=password)
         self._lock = threading.RLock()
         self._local = threading.local()
+        #: Called inside every write transaction just before it commits (docs/ha.md): the
+        #: leader's fencing check (corral.server.leader), which raises, and so rolls the
+        #: transaction back, once another manager leads. None: no check (one manager alone).
+        self.fence: Callable[[Connection], None] | None = None
         kwargs: dict[str, Any] = {}
         sqlite = parsed.get_backend_name() == "sqlite"
         # An in-memory SQLite database exists once per connection: share that one connection
@@ -753,6 +811,11 @@ class Store:
                 "max_overflow": POOL_OVERFLOW,
                 "pool_pre_ping": not sqlite,
             }
+            if idle_transaction_s is not None and parsed.get_backend_name() == "postgresql":
+                milliseconds = max(1, round(idle_transaction_s * 1000))
+                kwargs["connect_args"] = {
+                    "options": f"-c idle_in_transaction_session_timeout={milliseconds}"
+                }
         try:
             self._engine: Engine = sa.create_engine(parsed, **kwargs)
         except (sa.exc.ArgumentError, ImportError) as error:
@@ -780,6 +843,99 @@ class Store:
     def sqlite_url(data_dir: str | Path) -> str:
         return f"sqlite:///{Path(data_dir).resolve() / 'corral.db'}"
 
+    @property
+    def shared(self) -> bool:
+        """Whether several managers may share this database (PostgreSQL): one leads, by lease
+        (corral.server.leader); SQLite has one manager, which `claim` makes sure of."""
+        return sa.make_url(self._engine.url).get_backend_name() == "postgresql"
+
+    # -- leadership (corral.server.leader, docs/ha.md) ---------------------------------------------
+
+    def lease(self, name: str) -> LeaseRow | None:
+        """The lease `name` as the database holds it now, with the database's clock."""
+        table = leases_table
+        query = sa.select(table, _DbNow().label("now")).where(table.c.name == name)
+        with _outage_is_unavailable(), self._engine.connect() as connection:
+            row = connection.execute(query).mappings().first()
+        if row is None:
+            return None
+        return LeaseRow(
+            row["holder"],
+            row["address"],
+            int(row["epoch"]),
+            row["renewed_at"],
+            row["expires_at"],
+            row["now"],
+        )
+
+    def take_lease(self, name: str, holder: str, address: str, lease_s: float) -> int | None:
+        """Take the lease `name` if it expired (by the database's clock) or is free: its epoch
+        grows by one, the fencing token of the new holder, returned; None while another holds
+        it. One conditional UPDATE: of two managers trying at once, one wins."""
+        table = leases_table
+        now = _DbNow()
+        statement = (
+            table.update()
+            .where(table.c.name == name, table.c.expires_at < now)
+            .values(
+                holder=holder,
+                address=address,
+                epoch=table.c.epoch + 1,
+                renewed_at=now,
+                expires_at=now + lease_s,
+            )
+        )
+        with _outage_is_unavailable(), self._engine.begin() as connection:
+            if self.shared:  # never wait behind a stopped leader's open transaction
+                connection.exec_driver_sql("SET LOCAL lock_timeout = '1s'")
+                # A manager that claims the database by its advisory lock (`claim`: one built
+                # in-process, or a version before leases) leads it: not while it runs.
+                free = connection.execute(
+                    sa.text("SELECT pg_try_advisory_xact_lock(:key)"), {"key": OWNER_LOCK_KEY}
+                ).scalar()
+                if not free:
+                    return None
+            if connection.execute(statement).rowcount != 1:
+                return None
+            epoch = connection.execute(
+                sa.select(table.c.epoch).where(table.c.name == name, table.c.holder == holder)
+            ).scalar()
+        return None if epoch is None else int(epoch)
+
+    def renew_lease(
+        self,
+        name: str,
+        holder: str,
+        epoch: int,
+        lease_s: float,
+        connection: Connection | None = None,
+    ) -> bool:
+        """Extend the lease `name` from now if `holder` still holds it at `epoch` (expired or
+        not: as long as nobody took it, nobody acted on it); False once another manager took
+        it. `connection`: inside that transaction (a write's fencing check)."""
+        table = leases_table
+        now = _DbNow()
+        statement = (
+            table.update()
+            .where(table.c.name == name, table.c.holder == holder, table.c.epoch == epoch)
+            .values(renewed_at=now, expires_at=now + lease_s)
+        )
+        if connection is not None:
+            return bool(connection.execute(statement).rowcount == 1)
+        with _outage_is_unavailable(), self._engine.begin() as own:
+            return bool(own.execute(statement).rowcount == 1)
+
+    def release_lease(self, name: str, holder: str, epoch: int) -> None:
+        """Give the lease up at once (a clean stop): a standby takes it without waiting for it
+        to expire."""
+        table = leases_table
+        with _outage_is_unavailable(), self._engine.begin() as connection:
+            connection.execute(
+                table.update()
+                .where(table.c.name == name, table.c.holder == holder, table.c.epoch == epoch)
+                .values(expires_at=0.0)
+            )
+
     def claim(self) -> None:
         """Become the one manager of this database until `close` (or the process dies): two
         managers on one database would both run its jobs. SQLite: a lock on a file beside the
@@ -804,6 +960,14 @@ class Store:
             if not held:
                 connection.close()
                 raise StoreError(taken)
+            table = leases_table
+            leading = connection.execute(
+                sa.select(table.c.holder).where(table.c.holder != "", table.c.expires_at > _DbNow())
+            ).first()
+            connection.commit()
+            if leading is not None:  # a `corral up` leads it by its lease (docs/ha.md)
+                connection.close()
+                raise StoreError(taken)
             self._owner = connection
 
     def keep_claim(self) -> None:
@@ -813,6 +977,8 @@ class Store:
         StoreError when another manager took the database meanwhile."""
         if sa.make_url(self._engine.url).get_backend_name() != "postgresql":
             return  # SQLite's claim is a lock on a file: it lasts as long as the process
+        if self.fence is not None:
+            return  # a lease's leader (corral.server.leader): its writes are fenced instead
         owner = getattr(self, "_owner", None)
         if owner is not None:
             try:
@@ -852,6 +1018,8 @@ class Store:
             try:
                 yield
                 self._flush(connection)
+                if self.fence is not None:
+                    self.fence(connection)
             finally:
                 self._local.connection = None
                 self._local.pending = None
@@ -900,6 +1068,8 @@ class Store:
             return
         with _outage_is_unavailable(), self._lock, self._engine.begin() as connection:
             yield connection
+            if self.fence is not None:
+                self.fence(connection)
 
     @contextmanager
     def _reading(self) -> Iterator[Connection]:
@@ -956,6 +1126,7 @@ class Store:
         table (the manager commits submissions in groups)."""
         if not rows:
             return
+        keyed = any(row.submit_key is not None for row in rows)  # (one column fewer if none)
         with self._writing() as connection:
             connection.execute(
                 jobs_table.insert(),
@@ -977,6 +1148,7 @@ class Store:
                         held_by=row.held_by,
                         array_id=None if row.array_id is None else int(row.array_id),
                         array_index=row.array_index,
+                        **({"submit_key": row.submit_key} if keyed else {}),
                     )
                     for row in rows
                 ],
@@ -1004,6 +1176,25 @@ class Store:
         """The highest job id ever inserted, 0 if none: the next job is this plus one."""
         with self._reading() as connection:
             return int(connection.execute(sa.select(sa.func.max(jobs_table.c.id))).scalar() or 0)
+
+    def jobs_by_submit_keys(
+        self, keyed: Iterable[tuple[str, str]]
+    ) -> dict[tuple[str, str], JobRow]:
+        """The jobs stored with these (user, idempotency key) pairs: each pair's first job."""
+        pairs = set(keyed)
+        keys = sorted({key for _user, key in pairs})
+        query = (
+            sa.select(jobs_table)
+            .where(jobs_table.c.submit_key.in_(keys))
+            .order_by(jobs_table.c.id.desc())
+        )
+        found: dict[tuple[str, str], JobRow] = {}
+        with self._reading() as connection:
+            for row in connection.execute(query).mappings():
+                pair = (row["user"], row["submit_key"])
+                if pair in pairs:
+                    found[pair] = _job_row(row)  # (the lowest id last)
+        return found
 
     def get_job(self, job_id: JobId) -> JobRow | None:
         key = _int_or_none(job_id)
