@@ -131,6 +131,8 @@ ID_NAMES = {"job_id", "by", "parent", "by_job_id", "blocked_by"}
 NOT_JOB_IDS = {
     "12345 (mode x)",  # identity.py: a directory
     "by: must be one of x (got 12345)",  # usage.py: the grouping
+    "no department 12345x",  # config.py: a VC's or department's parent, a department
+    "departments.12345.parent",  # config.py: the same, as the field's path
 }
 
 

@@ -364,6 +364,8 @@ def test_the_migration_adds_only_what_is_missing(tmp_path: Path) -> None:
         "jobs.held_by",
         "jobs.array_id",
         "jobs.array_index",
+        # migration 0006: a submission's idempotency key
+        "jobs.submit_key",
     }
     # the tables it lacked are made whole, alembic's own besides
     assert set(after) - set(before) == set(metadata.tables) - {"jobs", "tokens"} | {
