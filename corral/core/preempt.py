@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, ClassVar, Literal, Protocol
 from corral.core.compiled import mypyc_attr
 from corral.core.placement.base import Placed
 from corral.core.policy.base import Key, Policy
+from corral.core.reservations import place_held_out
 from corral.core.statement import Statement
 
 if TYPE_CHECKING:
@@ -45,7 +46,7 @@ if TYPE_CHECKING:
     from corral.core.chain import AdmissionChain
     from corral.core.cluster import Cluster
     from corral.core.job import Job
-    from corral.core.placement.base import Placement
+    from corral.core.placement.base import NotPlaced, Placement
     from corral.core.stages import Stage
 
 # Placement attempts a waiting job may make while adding preemption victims one by one.
@@ -198,6 +199,9 @@ class Preemption:
         self.make_room: RoomMaker = rule.bind(self)
         #: A placement was tried (and failed) while preempting, since the scheduler last reset it.
         self.tried = False
+        #: GPUs the job being made room for may not take, even once its victims free them
+        #: (reserved for others: corral.core.reservations); set by the walk for one search.
+        self.held_out: frozenset[int] = frozenset()
         #: (running job's seq, "node" or "rack") -> GPUs it holds per node or rack (`_held_in`).
         self._held_by_place: dict[tuple[int, str], tuple[tuple[int, int], ...]] = {}
         #: Waiting jobs whose search found no place without trying one, by seq: (the
@@ -418,7 +422,7 @@ class Preemption:
                     continue
             for held in victims[len(statement.freed) :]:
                 statement.free(held)
-            result = self.placement.place(cluster, job, now)
+            result = self._place(job, now)
             attempts += 1
             if isinstance(result, Placed):
                 self._start_in_room(job, result, statement, now, actions)
@@ -462,12 +466,17 @@ class Preemption:
             else:
                 statement.free(victim)
         self.tried = True
-        result = self.placement.place(cluster, job, now)
+        result = self._place(job, now)
         if isinstance(result, Placed):
             self._start_in_room(job, result, statement, now, actions)
             return "started"
         statement.discard()
         return "no placement"
+
+    def _place(self, job: Job, now: float) -> Placed | NotPlaced:
+        if self.held_out:
+            return place_held_out(self.cluster, self.placement, job, now, self.held_out)
+        return self.placement.place(self.cluster, job, now)
 
     def _start_in_room(
         self, job: Job, result: Placed, statement: Statement, now: float, actions: list[Action]

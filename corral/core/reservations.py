@@ -11,9 +11,11 @@ GPUs when a reservation is made keep running (nothing is preempted for one).
 This is the rule EASY backfill's reservation for a blocking head follows (corral.core.backfill):
 a later job is placed as usual, and where its placement takes GPUs it may not use, placed again
 with those GPUs held out (the ones that are free; the others are not its to take anyway). The
-scheduler asks `Reservations.admit` of every job a placement places on free GPUs (starts by
-preemption or by a round stage are not asked), and wakes at each window's start and end while
-jobs wait. Pure: times are the shell's clock, given in.
+walk (corral.core.walk) asks `Reservations.closed` of every job a placement places on free
+GPUs, and holds the same GPUs out of a preemption's placements for the job (its victims may free
+reserved GPUs: it takes none of them). Starts by a round stage (a job packed beside a running
+one, a migration) are not asked. The scheduler wakes at each window's start and end while jobs
+wait. Pure: times are the shell's clock, given in.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from corral.core.placement.base import Placed
 if TYPE_CHECKING:
     from corral.core.cluster import Cluster
     from corral.core.job import Job
-    from corral.core.placement.base import Placement
+    from corral.core.placement.base import NotPlaced, Placement
 
 
 #: GPUs a job may not start on, and why (the job's pending reason where it cannot start).
@@ -45,20 +47,31 @@ def place_off(
 ) -> Placed | str:
     """Where the job may start: `placed` where it takes none of the `closed` GPUs, else placed
     again with the free ones held out; or the reason of the first set it would take."""
-    held_out: set[int] = set()
-    for gpus, _ in closed:
-        held_out |= gpus
+    held_out = closed_gpus(closed)
     if held_out.isdisjoint(placed.gpus):
         return placed
-    held = [gpu for gpu in sorted(held_out) if cluster.gpu_free[gpu]]
-    cluster.allocate(held)
-    try:
-        again = placement.place(cluster, job, now)
-    finally:
-        cluster.release(held)
+    again = place_held_out(cluster, placement, job, now, held_out)
     if isinstance(again, Placed):
         return again
     return next(reason for gpus, reason in closed if not gpus.isdisjoint(placed.gpus))
+
+
+def closed_gpus(closed: list[Closed]) -> frozenset[int]:
+    """Every GPU of `closed`."""
+    return frozenset().union(*(gpus for gpus, _ in closed))
+
+
+def place_held_out(
+    cluster: Cluster, placement: Placement, job: Job, now: float, held_out: frozenset[int]
+) -> Placed | NotPlaced:
+    """`placement.place` with the free GPUs of `held_out` taken for the time of the call (the
+    others are not free anyway)."""
+    held = [gpu for gpu in sorted(held_out) if cluster.gpu_free[gpu]]
+    cluster.allocate(held)
+    try:
+        return placement.place(cluster, job, now)
+    finally:
+        cluster.release(held)
 
 
 class ReservationError(ValueError):
@@ -219,5 +232,7 @@ __all__ = [
     "ReservationError",
     "Reservations",
     "choose_gpus",
+    "closed_gpus",
+    "place_held_out",
     "place_off",
 ]

@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from corral.core.placement.base import Placed, not_enough
-from corral.core.reservations import place_off
+from corral.core.reservations import closed_gpus, place_off
 from corral.core.stages import RoundHost, Stage
 
 if TYPE_CHECKING:
@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from corral.core.placement.base import Placement
     from corral.core.policy.base import Policy
     from corral.core.preempt import Preemption
-    from corral.core.reservations import Reservations
+    from corral.core.reservations import Closed, Reservations
 
 
 class WalkHost(RoundHost, Protocol):
@@ -171,18 +171,19 @@ class QueueWalk:
             if not spec.plain:
                 kind += (spec.gpu_milli, spec.cpu_milli, spec.memory_mib)
             claimed = False
+            closed: list[Closed] = []
+            if reservations is not None or (reserves is not None and reserves.head is not None):
+                closed = reservations.closed(job, now) if reservations is not None else []
+                if reserves is not None:
+                    closed += reserves.closed(job, now)
             if job.spec.gpus < no_fit.get(kind, math.inf):
                 result = placement.place(cluster, job, now)
-                if isinstance(result, Placed) and (
-                    reservations is not None or (reserves is not None and reserves.head is not None)
-                ):
-                    closed = reservations.closed(job, now) if reservations is not None else []
-                    if reserves is not None:
-                        closed += reserves.closed(job, now)
+                if isinstance(result, Placed) and closed:
                     admitted = place_off(cluster, placement, job, result, now, closed)
                     if isinstance(admitted, str):
-                        # It fits, on GPUs claimed for others: it neither preempts nor shares
-                        # its way onto them; a blocking policy without backfill stops here.
+                        # It fits, on GPUs claimed for others: it neither shares its way onto
+                        # them nor takes them from victims (it may preempt for others); a
+                        # blocking policy without backfill stops here.
                         job.pending_reason = admitted
                         claimed = True
                     else:
@@ -204,16 +205,24 @@ class QueueWalk:
             victims_kind = (job.spec.gpu_types, (admission.queue(job) or "") if queues else "")
             if (
                 can_preempt
-                and not claimed
                 and job.spec.gpus < no_room.get((kind, victims_kind), math.inf)
                 and job.spec.gpus < too_few_victims.get(victims_kind, math.inf)
             ):
-                outcome = make_room(job, now, actions)
+                if closed:  # nor may it take reserved GPUs its victims would free
+                    self.preemption.held_out = closed_gpus(closed)
+                    try:
+                        outcome = make_room(job, now, actions)
+                    finally:
+                        self.preemption.held_out = frozenset()
+                else:
+                    outcome = make_room(job, now, actions)
                 if outcome == "started":
                     # Its victims may have freed more GPUs than it took: what did not fit may now.
                     no_fit.clear()
                     continue
-                if outcome == "too few victims":
+                if closed:
+                    pass  # (what bounds this job's search need not bound the next one's)
+                elif outcome == "too few victims":
                     too_few_victims[victims_kind] = job.spec.gpus
                 else:
                     no_room[(kind, victims_kind)] = job.spec.gpus

@@ -112,3 +112,40 @@ def test_a_reservation_record_round_trips_and_a_bad_one_names_its_field():
         read_reservation(reservation_record(kept) | {"gpus": []})
     with pytest.raises(RecordError, match="^duration: must be positive"):
         read_reservation(reservation_record(kept) | {"duration": 0})
+
+
+def test_a_preempting_job_takes_no_reserved_gpu_its_victims_free():
+    # Two nodes of 4 GPUs (node 0: GPUs 0-3, node 1: 4-7), las with one queue boundary at 100
+    # GPU-seconds, placement consolidate. Reservation demo: node 1, from 1000 to 2000, for
+    # alice. At 0, W (bob, 4 GPUs, no limit: unbounded, so never on node 1) starts on node 0.
+    s = scheduler(2, 4, "las", "consolidate", policy_options={"thresholds_gpu_s": (100.0,)})
+    s.reserve(Reservation("demo", 1000.0, 1000.0, (4, 5, 6, 7), users=frozenset({"alice"})))
+    s.submit(job("W", 4, 0, "bob", None), 0)
+    assert started(s.decide(0).actions) == {"W": (0, 1, 2, 3)}
+    # At 5 V (limit 500, ends by 505 < 1000) may use node 1 before the window.
+    s.submit(job("V", 4, 5, "bob", 500), 5)
+    assert started(s.decide(5).actions) == {"V": (4, 5, 6, 7)}
+    # At 60: W has 4 x 60 = 240 GPU-s, V 4 x 55 = 220: both past 100, in the lower queue. N
+    # (carol, 4 GPUs, no limit) is in the top queue: it preempts. The lowest-priority first is
+    # the one that entered the lower queue last: V (at 5 + 25 = 30, W at 25). Freeing V gives
+    # node 1, but N, unbounded, would hold it into alice's window: it may not take it. So V
+    # keeps running and W, the next victim, gives way: N starts on node 0.
+    s.submit(job("N", 4, 60, "carol", None), 60)
+    decision = s.decide(60)
+    assert started(decision.actions) == {"N": (0, 1, 2, 3)}
+    assert s.jobs["V"].status.name == "RUNNING"
+    assert s.jobs["W"].status.name == "PENDING"
+
+
+def test_a_job_kept_off_reserved_gpus_preempts_for_others():
+    # As above, without V: node 1 (GPUs 4-7) is free but reserved for alice from 1000. At 60 W
+    # (node 0, 240 GPU-s) is in the lower queue; N (carol, 4 GPUs, no limit, top queue) fits
+    # only on node 1, which it may not hold into the window: it preempts W and starts on node 0
+    # (las lets a job of a higher queue preempt; the reservation only keeps it off node 1).
+    s = scheduler(2, 4, "las", "consolidate", policy_options={"thresholds_gpu_s": (100.0,)})
+    s.reserve(Reservation("demo", 1000.0, 1000.0, (4, 5, 6, 7), users=frozenset({"alice"})))
+    s.submit(job("W", 4, 0, "bob", None), 0)
+    assert started(s.decide(0).actions) == {"W": (0, 1, 2, 3)}
+    s.submit(job("N", 4, 60, "carol", None), 60)
+    assert started(s.decide(60).actions) == {"N": (0, 1, 2, 3)}
+    assert s.jobs["W"].status.name == "PENDING"
