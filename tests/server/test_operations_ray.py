@@ -214,7 +214,9 @@ def test_a_drain_with_preempt_requeues_the_job_which_resumes_on_the_other_ray_no
     wait_for(client, b)
 
 
-def sleeper(name: str, gpus: int, seconds: float, limit: float | None, **fields: Any) -> dict:
+def sleeper(
+    name: str, gpus: int, seconds: float, limit: float | None, **fields: Any
+) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "name": name,
         "gpus": gpus,
