@@ -10,16 +10,18 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+import ray
 
 from corral.exec.ray import RayExecutor
 from corral.server.boot import RunningServer, ServerOptions, build_manager
 from corral.server.executors.ray import ray_namespace
-from tests.exec.ray_cluster import RayCluster, stopped_at_the_end
+from tests.exec.ray_cluster import RayCluster, kill_named_actors, stopped_at_the_end
 from tests.server.helpers import (
     admin_token,
     api,
@@ -44,7 +46,13 @@ def cluster() -> Iterator[RayCluster]:
         yield ray_cluster
 
 
-def serve(cluster: RayCluster, data_dir: Path, **settings: Any) -> RunningServer:
+@contextmanager
+def serve(
+    cluster: RayCluster, data_dir: Path, **settings: Any
+) -> Iterator[tuple[RunningServer, httpx.Client]]:
+    """A manager on the cluster and an admin's client of it; at the end the manager is stopped
+    and the actors of its jobs that still run are killed (they are detached: a failed test's
+    would hold their Ray GPUs from the next test's jobs)."""
     data_dir.mkdir(parents=True)
     options = ServerOptions(
         data_dir=data_dir,
@@ -53,23 +61,35 @@ def serve(cluster: RayCluster, data_dir: Path, **settings: Any) -> RunningServer
         settings=fast_settings(**settings),
         single_user=True,
     )
-    executor = RayExecutor(cluster.address, ray_namespace(data_dir))
+    namespace = ray_namespace(data_dir)
+    executor = RayExecutor(cluster.address, namespace)
     try:
         manager = build_manager(options, executor)
     except BaseException:
         executor.close()
         raise
-    return run_server(manager)
+    running = run_server(manager)
+    try:
+        yield running, api(running.url, admin_token(data_dir))
+    finally:
+        try:
+            running.stop()
+        finally:
+            connects = not ray.is_initialized()
+            if connects:
+                ray.init(address=cluster.address, log_to_driver=False)
+            try:
+                kill_named_actors(namespace)
+            finally:
+                if connects:
+                    ray.shutdown()
 
 
 @pytest.fixture
 def server(cluster: RayCluster, tmp_path: Path) -> Iterator[tuple[RunningServer, httpx.Client]]:
     """fifo, consolidate: a manager of the drain tests."""
-    running = serve(cluster, tmp_path / "state", policy="fifo", placement="consolidate")
-    try:
-        yield running, api(running.url, admin_token(tmp_path / "state"))
-    finally:
-        running.stop()
+    with serve(cluster, tmp_path / "state", policy="fifo", placement="consolidate") as both:
+        yield both
 
 
 def until_file(name: str, path: Path, gpus: int = 2, **fields: Any) -> dict[str, Any]:
@@ -238,12 +258,10 @@ def test_easy_backfill_on_ray_starts_the_short_job_and_never_delays_the_head(
     # node's 2 free ones included. L (1 GPU, time_limit 120 s) would hold a reserved GPU past
     # the shadow time: it waits, "would delay job H". S (1 GPU, time_limit 10 s: a Ray worker's
     # start on a loaded machine counts in it) ends by the shadow time (it starts within 20 s of
-    # A): it runs at once. A ends after 6 s and H starts
-    # then (no later than the shadow time); L only after H (H holds all 4 GPUs until it ends).
+    # A): it runs at once. A ends after 6 s and H starts then (no later than the shadow time);
+    # L only after H (H holds all 4 GPUs until it ends).
     data_dir = tmp_path / "state"
-    running = serve(cluster, data_dir, policy="fifo", placement="any", backfill="easy")
-    try:
-        client = api(running.url, admin_token(data_dir))
+    with serve(cluster, data_dir, policy="fifo", placement="any", backfill="easy") as (_, client):
         first = submit(client, **sleeper("A", 2, 6, 30))
         wait_for(client, first, ["RUNNING"])
         head = submit(client, **sleeper("H", 4, 1, 60, workers=2))
@@ -257,7 +275,8 @@ def test_easy_backfill_on_ray_starts_the_short_job_and_never_delays_the_head(
 
         waiting = wait_until(decided, "L waiting for the head's reservation (or started)")
         assert waiting["attempts"] == 0, waiting
-        assert wait_for(client, short)["status"] == "SUCCEEDED"
+        done = wait_for(client, short)
+        assert done["status"] == "SUCCEEDED", done  # within its time limit
         assert wait_for(client, head)["status"] == "SUCCEEDED"
         assert wait_for(client, long)["status"] == "SUCCEEDED"
         a, h, lj, s = (job(client, j) for j in (first, head, long, short))
@@ -269,25 +288,22 @@ def test_easy_backfill_on_ray_starts_the_short_job_and_never_delays_the_head(
         assert a_node != s_node
         (h_attempt,) = h["attempt_history"]
         assert sorted({gpu.split("/")[0] for gpu in h_attempt["gpus"]}) == list(NODES)
-    finally:
-        running.stop()
 
 
 def test_a_reservation_of_a_ray_node_is_honoured_with_backfill_around_it(
     cluster: RayCluster, tmp_path: Path
 ) -> None:
     # fifo, greedy backfill, placement any (the lowest free GPUs first: n1's). `corral
-    # reservation create maint --nodes n1` keeps n1's 2 GPUs for no one from LEAD_S from now
-    # for WINDOW_S. L (2 GPUs, runs until told, time_limit 90 s) would run into the window on
+    # reservation create maint --nodes n1` keeps n1's 2 GPUs for no one from lead_s from now
+    # for window_s. L (2 GPUs, runs until told, time_limit 90 s) would run into the window on
     # n1: it starts on n2. S (1 GPU, sleeps 1 s, time_limit 10 s) ends before the window opens:
     # it starts on n1. U (1 GPU, no time_limit) is unbounded: it waits, its reason naming the
     # reservation, and starts on n1 once the window has closed (L holds n2 until after).
     lead_s, window_s = 25.0, 6.0
     data_dir = tmp_path / "state"
-    running = serve(cluster, data_dir, policy="fifo", placement="any", backfill="greedy")
     go_long = tmp_path / "go-long"
-    try:
-        client = api(running.url, admin_token(data_dir))
+    settings = {"policy": "fifo", "placement": "any", "backfill": "greedy"}
+    with serve(cluster, data_dir, **settings) as (running, client):
         made = corral_cli(
             running,
             "reservation",
@@ -326,6 +342,4 @@ def test_a_reservation_of_a_ray_node_is_honoured_with_backfill_around_it(
         assert job(client, long)["status"] == "RUNNING"  # n2 was never U's way in
         go_long.touch()
         assert wait_for(client, long)["status"] == "SUCCEEDED"
-    finally:
-        go_long.touch()
         running.stop()
