@@ -297,7 +297,11 @@ MUTANTS = [
             ),
         ),
         ("tests/core/test_queues.py",),
-        ("tests/server/test_queues_live.py",),
+        (
+            "tests/server/test_queues_live.py",
+            "tests/server/test_operations_ray.py::"
+            "test_a_two_level_queue_on_ray_lends_within_first_and_reclaims_from_outside_first",
+        ),
     ),
     Mutant(
         "queues-reclaim-within-first",
@@ -311,7 +315,11 @@ MUTANTS = [
             ),
         ),
         ("tests/core/test_queues.py",),
-        ("tests/server/test_queues_live.py",),
+        (
+            "tests/server/test_queues_live.py",
+            "tests/server/test_operations_ray.py::"
+            "test_a_two_level_queue_on_ray_lends_within_first_and_reclaims_from_outside_first",
+        ),
     ),
     Mutant(
         "fgd-score-inverted",
