@@ -297,7 +297,11 @@ MUTANTS = [
             ),
         ),
         ("tests/core/test_queues.py",),
-        ("tests/server/test_queues_live.py",),
+        (
+            "tests/server/test_queues_live.py",
+            "tests/server/test_operations_ray.py::"
+            "test_a_two_level_queue_on_ray_lends_within_first_and_reclaims_from_outside_first",
+        ),
     ),
     Mutant(
         "queues-reclaim-within-first",
@@ -311,7 +315,11 @@ MUTANTS = [
             ),
         ),
         ("tests/core/test_queues.py",),
-        ("tests/server/test_queues_live.py",),
+        (
+            "tests/server/test_queues_live.py",
+            "tests/server/test_operations_ray.py::"
+            "test_a_two_level_queue_on_ray_lends_within_first_and_reclaims_from_outside_first",
+        ),
     ),
     Mutant(
         "fgd-score-inverted",
@@ -457,6 +465,8 @@ MUTANTS = [
         (
             "tests/server/test_nodes_live.py::test_a_drained_node_lets_its_job_finish_and_the_next_job_starts_on_the_other",
             "tests/server/test_nodes_replay.py",
+            "tests/server/test_operations_ray.py::"
+            "test_a_drained_ray_node_lets_its_job_finish_and_the_next_job_starts_on_the_other",
         ),
     ),
     Mutant(
@@ -474,6 +484,8 @@ MUTANTS = [
         (
             "tests/server/test_nodes_live.py::test_a_drain_with_preempt_requeues_the_job_which_restarts_elsewhere",
             "tests/server/test_nodes_replay.py",
+            "tests/server/test_operations_ray.py::"
+            "test_a_drain_with_preempt_requeues_the_job_which_resumes_on_the_other_ray_node",
         ),
     ),
     Mutant(
@@ -517,7 +529,7 @@ MUTANTS = [
         "corral/core/backfill.py",
         (
             (
-                "        if limit_end(job, now) <= self.shadow or reserved.isdisjoint(placed.gpus):\n",
+                "        if self.head is None or self.shadow == math.inf or limit_end(job, now) <= self.shadow:\n",
                 "        if True:\n",
             ),
         ),
@@ -525,6 +537,8 @@ MUTANTS = [
         (
             "tests/server/test_backfill_live.py::"
             "test_easy_backfill_starts_the_short_job_and_never_delays_the_head",
+            "tests/server/test_operations_ray.py::"
+            "test_easy_backfill_on_ray_starts_the_short_job_and_never_delays_the_head",
         ),
     ),
     Mutant(
@@ -542,6 +556,8 @@ MUTANTS = [
         (
             "tests/server/test_reservations_live.py::"
             "test_a_maintenance_window_is_honoured_with_backfill_around_it",
+            "tests/server/test_operations_ray.py::"
+            "test_a_reservation_of_a_ray_node_is_honoured_with_backfill_around_it",
         ),
     ),
 ]
