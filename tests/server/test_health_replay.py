@@ -18,7 +18,7 @@ lost. The verdicts go through `health_verdict`, the path the health checks take
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,7 +31,7 @@ from corral.server.manager import Manager, ManagerSettings
 from corral.server.spec import parse_job_spec
 from corral.server.store import ProfileRow, Store
 from tests.server.inert import Clock, PacedExecutor
-from tests.server.test_replay import export_trace, replay
+from tests.server.test_replay import drive, export_trace, replay
 
 NODES = [NodeDef("n0", 1, "a100", "r0"), NodeDef("n1", 1, "a100", "r0")]
 RATE = 8.0  # steps/s per GPU
@@ -83,33 +83,23 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveRun]:
             store, executor, Cluster.from_nodes(NODES), data_dir, settings=settings, clock=clock
         )
         ids: dict[str, str] = {}
-        arrivals, verdicts = list(JOBS), list(VERDICTS)
-        for _ in range(1000):
-            while arrivals and ORIGIN + arrivals[0][0] <= clock.now:
-                _, name, total = arrivals.pop(0)
+        events: list[tuple[float, Callable[[], None]]] = []
+        for at, name, total in JOBS:
+
+            def arrive(name: str = name, total: float = total) -> None:
                 spec = {"name": name, "command": "true", "gpus": 1, "model": "resnet"}
                 spec["max_retries"] = 0  # a failure of its own would end it
                 job_id = manager.submit(parse_job_spec(spec), "alice").id
                 ids[name], steps[job_id] = job_id, total
-            while verdicts and ORIGIN + verdicts[0][0] <= clock.now:
-                _, node, healthy, reason = verdicts.pop(0)
+
+            events.append((ORIGIN + at, arrive))
+        for at, node, healthy, reason in VERDICTS:
+
+            def verdict(node: str = node, healthy: bool = healthy, reason: str = reason) -> None:
                 assert manager.health_verdict(node, healthy, reason)
-            for _ in range(10):  # again while it decides: a start waits for its GPUs to drain
-                if not manager.step():
-                    break
-            counts = store.job_counts()
-            if not arrivals and not verdicts and not counts.get("PENDING"):
-                if not counts.get("RUNNING"):
-                    break
-            upcoming = [
-                ORIGIN + arrivals[0][0] if arrivals else None,
-                ORIGIN + verdicts[0][0] if verdicts else None,
-                executor.next_end(),
-                manager.next_round_at(),
-            ]
-            clock.now = min(at for at in upcoming if at is not None and at > clock.now)
-        else:
-            pytest.fail("the live run did not end")
+
+            events.append((ORIGIN + at, verdict))
+        drive(manager, clock, executor, events)
         yield LiveRun(data_dir, store, ids)
     finally:
         if manager is not None:
@@ -243,32 +233,18 @@ def away(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveRun]:
             fixed_cluster=True,
         )
         ids: dict[str, str] = {}
-        arrivals = list(AWAY_JOBS)
-        changes = [ORIGIN + AWAY_FROM, ORIGIN + AWAY_TO]
-        for _ in range(1000):
-            while arrivals and ORIGIN + arrivals[0][0] <= clock.now:
-                _, name, total = arrivals.pop(0)
+        events: list[tuple[float, Callable[[], None]]] = []
+        for at, name, total in AWAY_JOBS:
+
+            def arrive(name: str = name, total: float = total) -> None:
                 spec = {"name": name, "command": "true", "gpus": 1, "model": "resnet"}
                 job_id = manager.submit(parse_job_spec(spec), "alice").id
                 ids[name], steps[job_id] = job_id, total
-            while changes and changes[0] <= clock.now:
-                changes.pop(0)
-            for _ in range(10):
-                if not manager.step():
-                    break
-            counts = store.job_counts()
-            if not arrivals and not changes and not counts.get("PENDING"):
-                if not counts.get("RUNNING"):
-                    break
-            upcoming = [
-                ORIGIN + arrivals[0][0] if arrivals else None,
-                changes[0] if changes else None,
-                executor.next_end(),
-                manager.next_round_at(),
-            ]
-            clock.now = min(at for at in upcoming if at is not None and at > clock.now)
-        else:
-            pytest.fail("the live run did not end")
+
+            events.append((ORIGIN + at, arrive))
+        # n1 goes and comes back by the clock alone (`live_nodes`): a round at each instant
+        events += [(ORIGIN + AWAY_FROM, lambda: None), (ORIGIN + AWAY_TO, lambda: None)]
+        drive(manager, clock, executor, events)
         yield LiveRun(data_dir, store, ids)
     finally:
         if manager is not None:

@@ -19,7 +19,7 @@ first arrival):
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,7 +32,7 @@ from corral.server.manager import Manager, ManagerSettings
 from corral.server.spec import parse_job_spec
 from corral.server.store import ProfileRow, Store
 from tests.server.inert import Clock, PacedExecutor
-from tests.server.test_replay import export_trace, replay
+from tests.server.test_replay import drive, export_trace, replay
 
 NODES = [NodeDef("n0", 2, "a100", "r0"), NodeDef("n1", 2, "a100", "r0")]
 RATE = 8.0  # steps/s per GPU
@@ -74,35 +74,25 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveRun]:
             store, executor, Cluster.from_nodes(NODES), data_dir, settings=settings, clock=clock
         )
         ids: dict[str, str] = {}
-        arrivals, changes = list(JOBS), list(CHANGES)
-        for _ in range(1000):
-            while arrivals and ORIGIN + arrivals[0][0] <= clock.now:
-                _, name, count, total = arrivals.pop(0)
+        events: list[tuple[float, Callable[[], None]]] = []
+        for at, name, count, total in JOBS:
+
+            def arrive(name: str = name, count: int = count, total: float = total) -> None:
                 spec = {"name": name, "command": "true", "gpus": count, "model": "resnet"}
                 job_id = manager.submit(parse_job_spec(spec), "alice").id
                 ids[name], steps[job_id], gpus[job_id] = job_id, total, count
-            while changes and ORIGIN + changes[0][0] <= clock.now:
-                _, node, drain, preempt = changes.pop(0)
+
+            events.append((ORIGIN + at, arrive))
+        for at, node, drain, preempt in CHANGES:
+
+            def change(node: str = node, drain: bool = drain, preempt: bool = preempt) -> None:
                 if drain:
                     manager.drain_node(node, "maintenance", "admin", preempt=preempt)
                 else:
                     manager.resume_node(node, "admin")
-            for _ in range(10):  # again while it decides: a start waits for its GPUs to drain
-                if not manager.step():
-                    break
-            counts = store.job_counts()
-            if not arrivals and not changes and not counts.get("PENDING"):
-                if not counts.get("RUNNING"):
-                    break
-            upcoming = [
-                ORIGIN + arrivals[0][0] if arrivals else None,
-                ORIGIN + changes[0][0] if changes else None,
-                executor.next_end(),
-                manager.next_round_at(),
-            ]
-            clock.now = min(at for at in upcoming if at is not None and at > clock.now)
-        else:
-            pytest.fail("the live run did not end")
+
+            events.append((ORIGIN + at, change))
+        drive(manager, clock, executor, events)
         yield LiveRun(data_dir, store, ids)
     finally:
         if manager is not None:

@@ -47,9 +47,10 @@ import csv
 import json
 import shlex
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -134,30 +135,23 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveRun]:
             store, executor, Cluster.from_nodes(NODES), data_dir, settings=settings, clock=clock
         )
         ids: dict[str, str] = {}
-        arrivals = list(JOBS)
-        for _ in range(1000):
-            while arrivals and ORIGIN + arrivals[0][0] <= clock.now:
-                _, name, model, count, total, extra = arrivals.pop(0)
+        events: list[tuple[float, Callable[[], None]]] = []
+        for at, name, model, count, total, extra in JOBS:
+
+            def arrive(
+                name: str = name,
+                model: str = model,
+                count: int = count,
+                total: float = total,
+                extra: dict[str, Any] = extra,
+            ) -> None:
                 spec = {"name": name, "command": "true", "gpus": count, "model": model, **extra}
                 job_id = manager.submit(parse_job_spec(spec), "alice").id
                 ids[name], steps[job_id], models[job_id], gpus[job_id] = job_id, total, model, count
-            if clock.now == ORIGIN + CANCEL[0]:
-                manager.cancel(ids[CANCEL[1]])
-            for _ in range(10):  # again while it decides: a start waits for its GPUs to drain
-                if not manager.step():
-                    break
-            counts = store.job_counts()
-            if not arrivals and not counts.get("PENDING") and not counts.get("RUNNING"):
-                break
-            upcoming = [
-                ORIGIN + arrivals[0][0] if arrivals else None,
-                executor.next_end(),
-                manager.next_round_at(),
-                ORIGIN + CANCEL[0],
-            ]
-            clock.now = min(at for at in upcoming if at is not None and at > clock.now)
-        else:
-            pytest.fail("the live run did not end")
+
+            events.append((ORIGIN + at, arrive))
+        events.append((ORIGIN + CANCEL[0], lambda: manager.cancel(ids[CANCEL[1]])))
+        drive(manager, clock, executor, events)
         yield LiveRun(data_dir, store, executor, ids, gpus)
     finally:
         if manager is not None:
@@ -173,6 +167,29 @@ def exported(live: LiveRun, tmp_path_factory: pytest.TempPathFactory) -> tuple[P
     command = printed.split("replay with: ", 1)[1]
     assert command.startswith("corral simulate --trace corral:")
     return out, command
+
+
+def drive(manager: Any, clock: Any, executor: Any, events: list[tuple[float, Any]]) -> None:
+    """Run `manager` on a hand-moved clock until every job has ended: each event (an instant,
+    a call: a submission, a node change) is made at its instant, in the list's order within one
+    instant; the clock moves to the next event, attempt end or round, whichever comes first."""
+    pending = sorted(events, key=lambda event: event[0])  # stable: ties keep the list's order
+    for _ in range(1000):
+        while pending and pending[0][0] <= clock.now:
+            pending.pop(0)[1]()
+        for _ in range(10):  # again while it decides: a start waits for its GPUs to drain
+            if not manager.step():
+                break
+        counts = manager.store.job_counts()
+        if not pending and not counts.get("PENDING") and not counts.get("RUNNING"):
+            return
+        upcoming = [
+            pending[0][0] if pending else None,
+            executor.next_end(),
+            manager.next_round_at(),
+        ]
+        clock.now = min(at for at in upcoming if at is not None and at > clock.now)
+    pytest.fail("the live run did not end")
 
 
 def export_trace(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
