@@ -171,14 +171,18 @@ class QueueWalk:
             if not spec.plain:
                 kind += (spec.gpu_milli, spec.cpu_milli, spec.memory_mib)
             claimed = False
+            # The GPUs claimed for others that this job may not take (asked once a placement
+            # or a search for victims needs them).
+            guarded = reservations is not None or (
+                reserves is not None and reserves.head is not None
+            )
             closed: list[Closed] = []
-            if reservations is not None or (reserves is not None and reserves.head is not None):
-                closed = reservations.closed(job, now) if reservations is not None else []
-                if reserves is not None:
-                    closed += reserves.closed(job, now)
             if job.spec.gpus < no_fit.get(kind, math.inf):
                 result = placement.place(cluster, job, now)
-                if isinstance(result, Placed) and closed:
+                if guarded and isinstance(result, Placed):
+                    closed = _closed(job, now, reservations, reserves)
+                    guarded = False  # (asked: not again for the search below)
+                if closed and isinstance(result, Placed):
                     admitted = place_off(cluster, placement, job, result, now, closed)
                     if isinstance(admitted, str):
                         # It fits, on GPUs claimed for others: it neither shares its way onto
@@ -208,6 +212,8 @@ class QueueWalk:
                 and job.spec.gpus < no_room.get((kind, victims_kind), math.inf)
                 and job.spec.gpus < too_few_victims.get(victims_kind, math.inf)
             ):
+                if guarded:
+                    closed = _closed(job, now, reservations, reserves)
                 if closed:  # nor may it take reserved GPUs its victims would free
                     self.preemption.held_out = closed_gpus(closed)
                     try:
@@ -237,3 +243,13 @@ class QueueWalk:
                     break
                 blocked_queues.add(queue)  # YARN-CS: a VC's queue blocks itself
             position += 1
+
+
+def _closed(
+    job: Job, now: float, reservations: Reservations | None, reserves: Backfill | None
+) -> list[Closed]:
+    """The GPUs `job` may not start on now: the reservations' and EASY's head's."""
+    closed = reservations.closed(job, now) if reservations is not None else []
+    if reserves is not None:
+        closed += reserves.closed(job, now)
+    return closed
