@@ -56,6 +56,15 @@ class HealthSettings:
     nvml: bool = False
     output_cap: int = 4096
 
+    def describe(self) -> str:
+        """What is checked and how often, in one line (`corral up`'s banner)."""
+        checks = []
+        if self.nvml:
+            checks.append("NVML (XID errors, uncorrectable ECC, pages to retire, lost GPUs)")
+        if self.command:
+            checks.append(f"`{shlex.join(self.command)}` (killed after {self.timeout_s:g} s)")
+        return f"{' and '.join(checks)}, every {self.every_s:g} s"
+
     @classmethod
     def parse(
         cls, command: str | None, every_s: float, timeout_s: float, nvml: bool = False

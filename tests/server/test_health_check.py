@@ -102,6 +102,17 @@ def test_health_settings_refuse_what_cannot_run() -> None:
             HealthSettings.parse(command, every, timeout)
 
 
+def test_the_banner_line_says_what_is_checked_and_how_often() -> None:
+    assert HealthSettings.parse("check --all 'a b'", 5, 2).describe() == (
+        "`check --all 'a b'` (killed after 2 s), every 5 s"
+    )
+    assert HealthSettings.parse(None, 30, 10, nvml=True).describe() == (
+        "NVML (XID errors, uncorrectable ECC, pages to retire, lost GPUs), every 30 s"
+    )
+    both = HealthSettings.parse("check", 30, 10, nvml=True).describe()
+    assert both.startswith("NVML (") and " and `check` (killed after 10 s), every 30 s" in both
+
+
 class Verdicts:
     def __init__(self) -> None:
         self.seen: list[tuple[str, bool, str]] = []
