@@ -157,6 +157,17 @@
     return (await request(path)).json();
   }
 
+  // /readyz (no token): whether this manager is ready and, beside standbys on one database, its
+  // role and lease epoch (docs/ha.md). A standby or a manager that is not ready answers 503 with
+  // the same body; null when it cannot be read.
+  async function readiness() {
+    try {
+      return await (await fetch("/readyz", { cache: "no-store" })).json();
+    } catch {
+      return null;
+    }
+  }
+
   // -- formatting -------------------------------------------------------------------------
 
   function clock(epochSeconds) {
@@ -661,17 +672,19 @@
       }
       // The queue comes in the scheduler's order, its first QUEUE_JOBS with the total: with
       // thousands waiting, the page stays as cheap to serve as with a few.
-      const [cluster, recent, queue, running, nodes] = await Promise.all([
+      const [cluster, recent, queue, running, nodes, ready] = await Promise.all([
         getJson("/cluster"),
         getJson(`/jobs?limit=${RECENT_JOBS}`),
         getJson(`/queue?limit=${QUEUE_JOBS}`),
         getJson("/jobs?status=RUNNING"),
         getJson("/nodes"),
+        readiness(),
       ]);
       if (generation !== state.generation) return;
       showDashboard();
       render(cluster, recent, queue, running);
       renderNodeStates(nodes);
+      renderManager(ready);
       if (state.selected) await refreshDetail();
       state.polls += 1;
       document.body.dataset.polls = state.polls;
@@ -689,6 +702,21 @@
       banner.hidden = false;
     }
     if (generation === state.generation) state.timer = setTimeout(poll, POLL_MS);
+  }
+
+  // Which manager this page talks to: its address and, where managers share a database, its
+  // role and lease epoch.
+  function renderManager(ready) {
+    const manager = $("manager");
+    let text = location.host;
+    if (ready && ready.role) {
+      text += ` · ${ready.role}`;
+      if (ready.epoch !== undefined) text += ` (epoch ${ready.epoch})`;
+    }
+    if (ready && ready.status !== "ready") text += ` · not ready: ${ready.reason || ready.status}`;
+    manager.textContent = text;
+    manager.dataset.role = (ready && ready.role) || "";
+    manager.title = ready && ready.leader ? `the leader: ${ready.leader}` : "";
   }
 
   function render(cluster, recent, queue, running) {

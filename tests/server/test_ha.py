@@ -30,6 +30,7 @@ from corral.client import Client, ClientError
 from corral.exec.local import kill_attempt
 from corral.server.leader import EXIT_DEPOSED, LEASE_S
 from tests.server.helpers import admin_token, alive, api, wait_until
+from tests.web.test_dashboard import dump_dom
 
 #: The issue's promise: a standby leads within this many seconds of the leader's death.
 TAKEOVER_S = 10.0
@@ -440,3 +441,9 @@ def test_a_leader_stopped_cleanly_gives_its_lease_up(
     assert lease(postgres_url) == (b.url, epoch + 1)
     assert "standby" not in b.log().read_text()
     assert "took over from" in b.log().read_text()
+    # b's dashboard says which manager it talks to: b, the leader, at the lease's new epoch.
+    token = (b.data_dir / "admin.token").read_text().strip()
+    dom = dump_dom(tmp_path / "browser", f"{b.url}/#token={token}")
+    manager = dom.by_id("manager")
+    assert manager.attrs["data-role"] == "leader"
+    assert manager.text() == f"127.0.0.1:{b.port} · leader (epoch {epoch + 1})"

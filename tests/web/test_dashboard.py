@@ -372,6 +372,10 @@ def test_dump_shows_gpus_vcs_queue_jobs_and_the_detail(scenario: Scenario, tmp_p
         "CANCELLED": "0",
     }
     assert dom.by_id("policy").text() == "las"
+    # A manager alone (SQLite): its address, no role.
+    manager = dom.by_id("manager")
+    assert manager.text() == scenario.url.removeprefix("http://")
+    assert manager.attrs["data-role"] == ""
     assert NODE in dom.by_id("cluster-name").text()
 
     vc_rows = {row.attrs["data-vc"]: row for row in dom.by_id("vcs-body").all("data-vc", tag="tr")}
