@@ -11,6 +11,7 @@ processes, each with its own data directory, the local executor, a real PostgreS
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import subprocess
@@ -280,7 +281,9 @@ def test_a_stopped_leader_is_replaced_and_when_resumed_writes_and_starts_nothing
 
 
 CLIENTS = 4
-PER_CLIENT = 100  # the issue asks 300; a loaded 2-core machine runs 4 x 100 in a few minutes
+# 100 each by default (a loaded 2-core machine runs 4 x 100 in a few minutes); the issue's 300
+# with CORRAL_HA_PER_CLIENT=300 (docs/ha.md#the-test has both runs' figures).
+PER_CLIENT = int(os.environ.get("CORRAL_HA_PER_CLIENT", "100"))
 KILLS = 3
 GPUS = 8
 
