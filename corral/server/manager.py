@@ -57,7 +57,7 @@ from corral.server.committer import Submission, SubmissionCommitter
 from corral.server.controls import ControlError, JobControls
 from corral.server.datacache import LiveCache
 from corral.server.factory import MIN_GITTINS_HISTORY, SchedulerFactory
-from corral.server.health import HealthMonitor
+from corral.server.health import HealthMonitor, NodeChecker
 from corral.server.holders import GpuHolders
 from corral.server.metrics import ManagerMetrics
 from corral.server.nodes import NodeLifecycle
@@ -279,7 +279,9 @@ class Manager(
         )
         self._committer.start()
         if self.settings.health is not None:  # a site's health-check command, NVML's signals
-            self.health = HealthMonitor(self.settings.health, self._health_nodes, self)
+            # an executor that runs each node's check on the node (Ray) does; else it runs here
+            remote = self.executor if isinstance(self.executor, NodeChecker) else None
+            self.health = HealthMonitor(self.settings.health, self._health_nodes, self, remote)
             self.on_resume = self.health.forget
             self.health.start()
 

@@ -1,4 +1,4 @@
-"""One run of a site's health-check command (corral.server.health.run_check), with real
+"""One run of a site's health-check command (corral.exec.healthcheck.run_check), with real
 processes: its verdict and reason, and the bounds that keep a check from hanging or flooding the
 manager or reading its secrets; and a pass of the monitor with NVML's verdict."""
 
@@ -11,15 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from corral.exec.healthcheck import REASON_CHARS, CheckResult, first_line, run_check
 from corral.exec.nvmlhealth import GpuSignals
-from corral.server.health import (
-    REASON_CHARS,
-    CheckResult,
-    HealthMonitor,
-    HealthSettings,
-    first_line,
-    run_check,
-)
+from corral.server.health import HealthMonitor, HealthSettings
 
 
 def py(code: str) -> tuple[str, ...]:
