@@ -334,6 +334,53 @@ def test_deploy_queries_name_only_metrics_the_manager_exports(scenario: dict[str
         assert needed in named
 
 
+#: A metric named in PromQL with what follows it: its matchers, if any.
+SELECTOR = re.compile(r"\b((?:corral|process)_[a-zA-Z0-9_]+)(\{[^}]*\})?")
+
+
+def unfiltered(expr: str, with_vc: set[str]) -> list[str]:
+    """The metrics of `expr` not filtered by the dashboard's variables: each by `job="$job"` and
+    `instance=~"$instance"`, and by `vc=~"$vc"` those in `with_vc` (the ones with a vc label)."""
+    missing = []
+    for name, matchers in SELECTOR.findall(expr):
+        wanted = ['job="$job"', 'instance=~"$instance"']
+        if name in with_vc:
+            wanted.append('vc=~"$vc"')
+        if not all(matcher in (matchers or "") for matcher in wanted):
+            missing.append(name)
+    return missing
+
+
+def test_every_dashboard_query_honours_the_variables(scenario: dict[str, Any]) -> None:
+    """Every panel's query is filtered by the scrape job, the manager and (where the metric has
+    one) the VC chosen; the variables by those before them."""
+    with_vc = {
+        sample.name
+        for found in samples(scenario["text"]).values()
+        for sample in found
+        if "vc" in sample.labels
+    }
+    assert {"corral_queue_length", "corral_jobs_submitted_total"} <= with_vc
+    dashboard = json.loads((DEPLOY / "grafana" / "corral.json").read_text())
+    for panel in dashboard["panels"]:
+        for target in panel["targets"]:
+            assert not unfiltered(target["expr"], with_vc), (panel["title"], target["expr"])
+    variables = {v["name"]: v["definition"] for v in dashboard["templating"]["list"][1:]}
+    assert variables == {
+        "job": "label_values(corral_build_info, job)",
+        "instance": 'label_values(corral_build_info{job="$job"}, instance)',
+        "vc": 'label_values(corral_gpus_guaranteed{job="$job", instance=~"$instance"}, vc)',
+    }
+    # the check itself: a query missing a variable is caught
+    assert unfiltered('sum(corral_queue_length{instance=~"$instance"})', with_vc) == [
+        "corral_queue_length"
+    ]
+    assert unfiltered("rate(process_cpu_seconds_total[5m])", with_vc) == [
+        "process_cpu_seconds_total"
+    ]
+    assert not unfiltered('corral_gpus{job="$job", instance=~"$instance"}', with_vc)
+
+
 def test_the_name_check_catches_a_metric_that_does_not_exist(scenario: dict[str, Any]) -> None:
     families = set(samples(scenario["text"]))
     assert family_of("corral_jobs_submitted_total", families) == "corral_jobs_submitted"
