@@ -495,6 +495,61 @@ def test_gpus_offline_and_a_lost_attempt_as_infrastructure(tmp_path: Path) -> No
         manager.store.close()
 
 
+def test_a_restarted_manager_knows_the_users_of_live_tokens_and_waiting_jobs(
+    tmp_path: Path,
+) -> None:
+    """At its start (recovery) a manager gives a series at 0 to: each live token's user, with
+    its VC or (bound to none) every VC; the users of the jobs that wait, token or not. Not to a
+    revoked or expired token's user with nothing waiting."""
+    import time
+
+    from corral.core.cluster import Cluster, NodeDef
+    from corral.server import auth
+    from corral.server.manager import Manager
+    from corral.server.spec import parse_job_spec
+    from corral.server.store import Store
+    from tests.server.helpers import manager_settings
+    from tests.server.inert import HeldExecutor
+
+    def manager() -> Manager:
+        return Manager(
+            Store(Store.sqlite_url(tmp_path)),
+            HeldExecutor(),
+            Cluster.from_nodes([NodeDef("n1", 1, "gpu")]),
+            tmp_path,
+            vc_quota={"a": 1, "b": 1},
+            settings=manager_settings(),
+        )
+
+    first = manager()
+    try:
+        store = first.store
+        auth.create_token(store, "alice")  # bound to no VC: both
+        auth.create_token(store, "bob", vc="a")
+        auth.create_token(store, "dave", vc="a")
+        store.revoke_tokens(time.time(), user="dave")
+        auth.create_token(store, "erin", vc="b", expires_at=time.time() - 1)
+        first.submit(parse_job_spec(python_job("carols", "pass", vc="b")), "carol")  # no token
+    finally:
+        first.store.close()
+    second = manager()
+    try:
+        second.recover()
+        body, _ = second.metrics.text()
+        found = samples(body.decode())
+        owners = {labels(vc="a", user="alice"): 0, labels(vc="b", user="alice"): 0}
+        owners |= {labels(vc="a", user="bob"): 0, labels(vc="b", user="carol"): 0}
+        assert values(found, "corral_jobs_submitted", "corral_jobs_submitted_total") == owners
+        finished = values(found, "corral_jobs_finished", "corral_jobs_finished_total")
+        assert finished == {
+            tuple(sorted((*key, ("status", status)))): 0
+            for key in owners
+            for status in FINAL_STATUSES
+        }
+    finally:
+        second.store.close()
+
+
 def test_time_limit_and_hang_are_their_own_causes(tmp_path: Path) -> None:
     data_dir = tmp_path / "corral"
     server = start_server(data_dir, gpus=2)
