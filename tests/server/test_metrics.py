@@ -257,6 +257,15 @@ def test_state_gauges_process_and_build_info(scenario: dict[str, Any]) -> None:
     assert "_created" not in scenario["text"]  # no creation-time series (text format)
 
 
+def test_no_metric_has_a_label_prometheus_sets(scenario: dict[str, Any]) -> None:
+    """`job` and `instance` are Prometheus's own (the scrape job, the target): a metric's label
+    of either name would be stored as `exported_job` / `exported_instance`."""
+    for text in (scenario["before"], scenario["text"]):
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                assert not {"job", "instance"} & set(sample.labels), sample
+
+
 def test_a_fresh_manager_has_every_known_series_at_zero(scenario: dict[str, Any]) -> None:
     """Before anything happens every label set known has its series at 0 (so that increase()
     and rate() see the first event): each VC's with each cause, kind and final status, the

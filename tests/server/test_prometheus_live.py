@@ -133,10 +133,20 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
         first = prometheus.scraped_after(SCRAPE_JOB, 0.0)
         bob = token("bob", "b")  # made while Prometheus scrapes: its series start at 0 now
         moments = {}
-        # T0: after bob's token, and 6.5 s of scrapes (a rate needs two samples in its window;
-        # the round time's, a round between them: one runs at least every 5 s).
+        # T0: after bob's token, and after a scheduling round since the first scrape (a rate
+        # needs two samples in its window; the round time's, a round between them: one runs at
+        # least every 5 s, later on a busy machine).
+        rounds = "corral_scheduling_round_seconds_count"
+
+        def count_of_rounds(server: Prometheus, at: float | None = None) -> float:
+            (series,) = server.query(rounds, at=at)
+            return float(series["value"][1])
+
+        before = count_of_rounds(prometheus, first)
+        server = prometheus
+        server.wait(lambda: count_of_rounds(server) > before, "a round after the first scrape")
         zero = Moment(jobs=dict.fromkeys(STATES, 0))
-        zero.at = prometheus.scraped_after(SCRAPE_JOB, max(time.time() + 1.0, first + 6.5))
+        zero.at = prometheus.scraped_after(SCRAPE_JOB, time.time() + 1.0)
         moments["T0"] = zero
         began = time.time()
 
