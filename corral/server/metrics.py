@@ -146,6 +146,8 @@ class ManagerMetrics:
             buckets=ROUND_BUCKETS,
             registry=registry,
         )
+        #: The (VC, user) pairs whose series exist (`know`).
+        self._owners: set[tuple[str, str]] = set()
         ProcessCollector(registry=registry)
         PlatformCollector(registry=registry)
         self.build = (corral.__version__, platform.python_version())
@@ -166,6 +168,9 @@ class ManagerMetrics:
             for cause in FAILURE_CAUSES:
                 self.failures.labels(vc, cause)
         for vc, user in owners:
+            if (vc, user) in self._owners:  # (each submission names its owner: kept cheap)
+                continue
+            self._owners.add((vc, user))
             self.submitted.labels(vc, user)
             for status in FINAL_STATUSES:
                 self.finished.labels(vc, user, status)
