@@ -795,6 +795,9 @@ def create_app(manager: Manager) -> FastAPI:
             )
         except ValueError as error:
             raise HTTPException(422, str(error)) from None
+        # The new user's counters start at 0 now, before their first submission (/metrics).
+        vcs = sorted(manager.vc_quota)
+        manager.metrics.know(vcs, [(each, user) for each in vcs if vc in (None, each)])
         return {
             "token": token,
             "id": auth.token_id(token),

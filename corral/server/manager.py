@@ -210,6 +210,7 @@ class Manager(
         self.lease: Lease | None = None
         self.metrics = ManagerMetrics()  # counters and histograms for /metrics
         self.metrics.watch(self)
+        self.metrics.know_from(self.store, self.vc_quota, ())  # (recover adds the jobs' users)
         with self.store.batch():
             self._note_node_states(self.clock())  # the nodes it starts with, if new
 

@@ -232,6 +232,10 @@ class Recovery:
             if not self.shares_gpus() and not self._holders.shared:
                 self._holders = None
             self._dirty = True
+            # Every label set known now counts from 0 (a series first scraped at 0, not at its
+            # first event: increase() and rate() see that event).
+            waiting = (*self.scheduler.pending_jobs(), *self.scheduler.running_jobs())
+            self.metrics.know_from(self.store, self.vc_quota, waiting)
 
     def _unrecoverable(self, row: JobRow, now: float, error: Exception) -> None:
         log.warning("job %s cannot be recovered: %s", row.id, error)
