@@ -50,7 +50,7 @@ def format_duration(seconds: float | None) -> str:
 
 def format_hours(seconds: float | None) -> str:
     """Seconds as hours, the unit of every duration column of the printed tables (and of the
-    README's): '561.8', '2.5', '0.25', '0.004'; '-' when undefined. One decimal from an hour on,
+    README's): '561.8', '2.5', '0.25', '0.004', '<0.001'; '-' when undefined. One decimal from an hour on,
     three significant digits below (at least 0.001 h, 3.6 s), so short runs do not read 0.0."""
     if seconds is None or math.isnan(seconds):
         return "-"
@@ -61,6 +61,8 @@ def format_hours(seconds: float | None) -> str:
         return f"{hours:.1f}"
     if abs(hours) >= 0.0995:
         return f"{hours:.2f}"
+    if abs(hours) < 0.0005:  # not zero, but under the 3.6 s the last decimal shows
+        return "<0.001" if hours > 0 else ">-0.001"
     return f"{hours:.3f}"
 
 

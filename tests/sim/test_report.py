@@ -210,6 +210,7 @@ def test_format_duration(seconds: float | None, text: str) -> None:
         (float("nan"), "-"),
         (0, "0.0"),
         (12, "0.003"),  # 12 s = 0.00333 h
+        (1.5, "<0.001"),  # not zero: 0.0004 h
         (270, "0.075"),  # 4.5 min
         (45 * 60, "0.75"),
         (3.2 * 3600, "3.2"),
