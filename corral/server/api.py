@@ -262,7 +262,10 @@ def create_app(manager: Manager) -> FastAPI:
         ] = None,
         vc: str | None = None,
         user: str | None = None,
-        name: Annotated[str | None, Query(description="only jobs of this name")] = None,
+        name: Annotated[
+            str | None,
+            Query(description="only jobs of this name (an array: its tasks) or shell glob"),
+        ] = None,
         limit: Annotated[
             int, Query(ge=1, le=limits.MAX_LIST_LIMIT, description="jobs in this page")
         ] = limits.DEFAULT_LIST_LIMIT,
@@ -422,27 +425,39 @@ def create_app(manager: Manager) -> FastAPI:
         return shown(who, [summary(store.get_job(ids[0] if ids else job_id))])[0]
 
     def control(job_id: str, who: Caller, verb: str, array: bool) -> dict[str, Any]:
+        """One job: acted on, or the ControlError's status (409). An array: each unfinished
+        task it may be done to (hold: the pending ones; release: the held ones), the others
+        skipped with why: `array_tasks` lists those acted on, `array_skipped` the others."""
         ids = acted_on(job_id, who, verb, array)
         act = {"hold": manager.hold, "release": manager.release, "requeue": manager.requeue}
-        try:
-            for member in ids:
+        done: list[str] = []
+        skipped: dict[str, str] = {}
+        for member in ids:
+            try:
                 act[verb](member, who.user)
-        except ControlError as error:
-            raise HTTPException(error.status, str(error)) from None
+            except ControlError as error:
+                if not array:
+                    raise HTTPException(error.status, str(error)) from None
+                skipped[member] = str(error)
+            else:
+                done.append(member)
         answer = shown(who, [summary(store.get_job(ids[0] if ids else job_id))])[0]
         if array:
-            answer["array_tasks"] = ids
+            answer["array_tasks"] = done
+            answer["array_skipped"] = skipped
         return answer
 
     @app.post("/api/v1/jobs/{job_id}/hold", tags=["jobs"], response_model=schemas.JobSummary)
     def hold_job(job_id: str, who: Caller, array: bool = False) -> dict[str, Any]:
         """Keep a pending job from starting until it is released (409 for a job not pending);
-        with `array=true`, every unfinished task of the array (all must be pending)."""
+        with `array=true`, every pending task of the array, the running ones skipped
+        (`array_tasks`: the tasks held; `array_skipped`: task -> why not)."""
         return control(job_id, who, "hold", array)
 
     @app.post("/api/v1/jobs/{job_id}/release", tags=["jobs"], response_model=schemas.JobSummary)
     def release_job(job_id: str, who: Caller, array: bool = False) -> dict[str, Any]:
-        """Let a held job start again (409 if it is not held)."""
+        """Let a held job start again (409 if it is not held); with `array=true`, every held task
+        of the array, the others skipped (as hold)."""
         return control(job_id, who, "release", array)
 
     @app.post("/api/v1/jobs/{job_id}/requeue", tags=["jobs"], response_model=schemas.JobSummary)

@@ -30,6 +30,8 @@ from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.pool import StaticPool
 from sqlalchemy.sql.expression import FunctionElement
 
+from corral.server.names import name_regex
+
 UNFINISHED = ("PENDING", "RUNNING")
 FINISHED = ("SUCCEEDED", "FAILED", "CANCELLED", "REFUSED")
 
@@ -1223,7 +1225,8 @@ class Store:
         """Jobs newest first, as listings show them (no spec: one short query, whatever the
         specs' size). `visible_to=(user, vc)` keeps that user's jobs and those of the VC;
         `before_id` those with a smaller id (the next page after a listing's last job); `ids`
-        only those jobs (ids that name no job are ignored); `name` those of that name."""
+        only those jobs (ids that name no job are ignored); `name` those it selects: that name,
+        the tasks of the array of that name, or a glob of names (`corral.server.names`)."""
         query = sa.select(*_LISTED_COLUMNS, _LISTED_WORKERS.label("workers"))
         query = query.order_by(jobs_table.c.id.desc())
         if ids is not None:
@@ -1239,7 +1242,7 @@ class Store:
         if user is not None:
             query = query.where(jobs_table.c.user == user)
         if name is not None:
-            query = query.where(jobs_table.c.name == name)
+            query = query.where(jobs_table.c.name.regexp_match(name_regex(name)))
         query = _visible(query, visible_to)
         if limit is not None:
             query = query.limit(limit)

@@ -178,6 +178,23 @@
     return today ? time : `${date.toLocaleDateString()} ${time}`;
   }
 
+  // A date and a time, always (a table of jobs spans days): "2026-11-28 14:03:07", local time,
+  // in a <time> whose datetime attribute is the instant in UTC.
+  function stamp(epochSeconds) {
+    if (epochSeconds === null || epochSeconds === undefined) return "–";
+    const date = new Date(epochSeconds * 1000);
+    const two = (n) => String(n).padStart(2, "0");
+    const day = `${date.getFullYear()}-${two(date.getMonth() + 1)}-${two(date.getDate())}`;
+    const time = `${two(date.getHours())}:${two(date.getMinutes())}:${two(date.getSeconds())}`;
+    return el("time", { datetime: date.toISOString() }, `${day} ${time}`);
+  }
+
+  // A job's reason without the queue position a pending one starts with (its status is shown
+  // beside it, and the queue panel orders them), as `corral ls` prints it.
+  function shortReason(reason) {
+    return (reason || "").replace(/^PENDING, position \d+ of \d+ in the queue(; )?/, "");
+  }
+
   function duration(seconds) {
     if (seconds === null || seconds === undefined || !Number.isFinite(seconds)) return "–";
     const s = Math.max(0, Math.round(seconds));
@@ -468,7 +485,12 @@
         el("td", { class: "progress-cell" }, progressBar(job.progress)),
         el("td", { class: "num" }, job.attempts),
         el("td", { class: "num" }, job.preemptions),
-        el("td", { class: "muted" }, clock(job.submitted_at)),
+        el("td", { class: "muted", data: { field: "submitted" } }, stamp(job.submitted_at)),
+        el(
+          "td",
+          { class: "muted reason-cell", title: job.reason || null, data: { field: "reason" } },
+          shortReason(job.reason),
+        ),
       ),
     );
     $("jobs-body").replaceChildren(...rows);
