@@ -419,8 +419,14 @@ def test_the_client_loads_only_what_the_base_install_brings(
             "corral up needs the server extra (numpy, sortedcontainers, typer, rich, uvicorn "
             "missing)",
         ),
+        (
+            ["up", "--gpus", "4", "--demo"],
+            ("numpy", "sortedcontainers", "typer", "rich", "fastapi", "uvicorn", "sqlalchemy")
+            + ("alembic", "prometheus_client", "scipy", "matplotlib"),
+            "corral up needs the server extra",  # the client install: every package missing
+        ),
     ],
-    ids=["up", "export-trace", "config", "up-client-only"],
+    ids=["up", "export-trace", "config", "up-partial", "up-client-only"],
 )
 def test_a_command_without_its_extra_says_what_to_install(
     tmp_path: Path, args: list[str], blocked: tuple[str, ...], expected: str

@@ -53,5 +53,7 @@ def missing_extra(command: str) -> str | None:
     if not extras or any(not missing_packages(extra) for extra in extras):
         return None
     first = extras[0]
-    missing = ", ".join(missing_packages(first))
-    return f"corral {command} needs the {first} extra ({missing} missing): {install_hint(first)}"
+    missing = missing_packages(first)
+    # A client-only install lacks them all; a partial one is told which are missing.
+    which = "" if len(missing) == len(EXTRAS[first]) else f" ({', '.join(missing)} missing)"
+    return f"corral {command} needs the {first} extra{which}: {install_hint(first)}"
