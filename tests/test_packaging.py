@@ -306,11 +306,10 @@ def built_requirements(tmp_path: Path) -> list[Requirement]:
     out = tmp_path / "metadata"
     out.mkdir()
     work = tmp_path / "src"  # a copy: building writes corral.egg-info beside the sources
-    shutil.copytree(
-        ROOT,
-        work,
-        ignore=shutil.ignore_patterns(".venv", ".git", "*.egg-info", "__pycache__", "node_modules"),
-    )
+    work.mkdir()
+    for name in ("pyproject.toml", "setup.py", "README.md"):
+        shutil.copy(ROOT / name, work / name)
+    shutil.copytree(ROOT / "corral", work / "corral", ignore=shutil.ignore_patterns("__pycache__"))
     done = subprocess.run(
         [sys.executable, "-c", code, str(out)],
         capture_output=True,
