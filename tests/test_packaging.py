@@ -225,10 +225,10 @@ def test_the_client_commands_start_without_the_manager(tmp_path: Path, args: lis
 
 
 def test_corral_progress_and_its_callbacks_import_without_the_manager(tmp_path: Path) -> None:
-    """corral.progress reports a step, the SDK and the API's models import; the callbacks'
+    """corral.progress reports a step, the SDK imports (with its models); the callbacks'
     modules import their framework only (which may import numpy itself: the framework's doing,
     not corral's), checked where the framework is installed."""
-    modules = ["corral.progress", "corral.client", "corral.models"]
+    modules = ["corral.progress", "corral.client"]
     for framework, module in (
         ("lightning", "corral.progress.lightning"),
         ("pytorch_lightning", "corral.progress.lightning"),
