@@ -23,11 +23,11 @@ job). Every refusal is a ClientError whose message is one line: the server's own
 
 from __future__ import annotations
 
-import asyncio
 import codecs
 import json
 import os
 import random
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator, Mapping
@@ -37,7 +37,17 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 from urllib.parse import quote, urlsplit
 
-import httpx
+if "httpx" not in sys.modules:
+    # httpx loads its own command line (rich, pygments, click: some 100 ms, more than the rest
+    # of a CLI call) where those are installed; without it, `httpx.main` says to install
+    # httpx[cli]. `import httpx._main` still works afterwards.
+    sys.modules["httpx._main"] = None  # type: ignore[assignment]
+    try:
+        import httpx
+    finally:
+        del sys.modules["httpx._main"]
+else:
+    import httpx
 
 if TYPE_CHECKING:
     from corral.api_models import (
@@ -1082,7 +1092,7 @@ class AsyncClient(_Base):
                 if refused is None:
                     return response
                 pause = tries.after(refused, False, response)
-            await asyncio.sleep(pause)
+            await _sleep(pause)
 
     async def submit(
         self, spec: Mapping[str, Any] | str | Path, *, source: str | None = None
@@ -1143,7 +1153,7 @@ class AsyncClient(_Base):
                 return job
             if time.monotonic() >= deadline:
                 raise ClientError(f"job {job_id} is still {job.status} after {timeout:g} s")
-            await asyncio.sleep(min(poll_s, max(0.0, deadline - time.monotonic())))
+            await _sleep(min(poll_s, max(0.0, deadline - time.monotonic())))
 
     async def log_chunk(
         self,
@@ -1210,13 +1220,13 @@ class AsyncClient(_Base):
                     self._reached = True
                     follow.streamed(int(response.headers.get("X-Corral-Attempt", "0")))
                     if response.status_code == 429:
-                        await asyncio.sleep(poll_s)
+                        await _sleep(poll_s)
                         return
                     if response.status_code >= 400:
                         await response.aread()
                         refused = _answer(response)
                         assert refused is not None
-                        await asyncio.sleep(tries.after(refused, False, response))
+                        await _sleep(tries.after(refused, False, response))
                         continue
                     async for data in response.aiter_raw():
                         text = decoder.decode(data)
@@ -1228,7 +1238,13 @@ class AsyncClient(_Base):
             except httpx.HTTPError as error:
                 follow.offset = decoder.offset
                 problem, sent = _problem(error, address, self.timeout)
-                await asyncio.sleep(tries.after(problem, sent))
+                await _sleep(tries.after(problem, sent))
+
+
+async def _sleep(seconds: float) -> None:
+    import asyncio  # (here: the blocking clients, the CLI's, do without it)
+
+    await asyncio.sleep(seconds)
 
 
 # -- helpers ------------------------------------------------------------------------------------

@@ -121,6 +121,7 @@ CONFLICT = (
     ("post", "/api/v1/jobs/{job_id}/release"),
     ("post", "/api/v1/jobs/{job_id}/requeue"),
     ("get", "/api/v1/jobs/{job_id}/logs"),
+    ("get", "/api/v1/jobs/{job_id}/logs/stream"),
     ("post", "/api/v1/nodes/{name}/resume"),
     ("post", "/api/v1/reservations"),  # a name taken, GPUs reserved in that window already
 )
