@@ -1,4 +1,4 @@
-"""The Python SDK over corral's REST API (/api/v1), on httpx.
+"""The Python SDK over corral's REST API (/api/v1).
 
     from corral.client import Client, JobStatus
 
@@ -8,9 +8,10 @@
             print(text, end="")
         assert corral.wait(job.id, timeout=600).status is JobStatus.SUCCEEDED
 
-`Client` answers typed records (the server's own pydantic models, corral.api_models);
-`AsyncClient` is the same on asyncio; `JsonClient` answers the server's JSON as it came (dicts
-and lists, what the CLI prints) and imports no pydantic.
+`Client` (on httpx) answers typed records (the server's own pydantic models,
+corral.api_models); `AsyncClient` is the same on asyncio (httpx.AsyncClient); `JsonClient`
+answers the server's JSON as it came (dicts and lists, what the CLI prints), on the standard
+library's http.client: a CLI call loads neither httpx nor pydantic.
 
 Every call rides out a manager's restart or a failover to a standby: a call that could not be
 made (connection refused or broken, a 503, a standby naming the leader) is made again, with
@@ -31,25 +32,18 @@ import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
-from urllib.parse import quote, urlsplit
-
-if "httpx" not in sys.modules:
-    # httpx loads its own command line (rich, pygments, click: some 100 ms, more than the rest
-    # of a CLI call) where those are installed; without it, `httpx.main` says to install
-    # httpx[cli]. `import httpx._main` still works afterwards.
-    sys.modules["httpx._main"] = None  # type: ignore[assignment]
-    try:
-        import httpx
-    finally:
-        del sys.modules["httpx._main"]
-else:
-    import httpx
+from urllib.parse import quote, urlencode, urlsplit
 
 if TYPE_CHECKING:
+    import http.client
+
+    import httpx
+
     from corral.api_models import (
         ClusterView,
         JobDetail,
@@ -248,9 +242,7 @@ class _Tries:
     pause_s: float = BACKOFF_FIRST_S
     tried: set[int] = field(default_factory=set)
 
-    def after(
-        self, problem: ClientError, sent: bool, response: httpx.Response | None = None
-    ) -> float:
+    def after(self, problem: ClientError, sent: bool, response: _Reply | None = None) -> float:
         """The seconds to pause before the next try, or `problem` raised."""
         base = self.base
         leader = response.headers.get(LEADER_HEADER) if response is not None else None
@@ -284,29 +276,92 @@ class _Tries:
         return max(0.0, min(pause, self.deadline - now))
 
 
-def _retry_after(response: httpx.Response) -> float:
+def _retry_after(response: _Reply) -> float:
     try:
         return max(0.0, float(response.headers.get("Retry-After", "0")))
     except ValueError:
         return 0.0
 
 
-def _problem(error: httpx.HTTPError, url: str, timeout: float) -> tuple[ClientError, bool]:
-    """(the one-line error, whether the request may have reached the manager) of a failed
-    exchange."""
-    unreachable = f"cannot reach corral at {url}: is `corral up` running? (CORRAL_URL)"
+def _unreachable(url: str) -> str:
+    return f"cannot reach corral at {url}: is `corral up` running? (CORRAL_URL)"
+
+
+def _httpx_problem(error: httpx.HTTPError, url: str, timeout: float) -> _Failed:
+    """The one-line error of a failed httpx exchange, and whether the request may have
+    reached the manager."""
+    import httpx
+
     if isinstance(error, httpx.ConnectError):
-        return ClientError(unreachable), False  # refused, or no such host: nothing was sent
+        return _Failed(ClientError(_unreachable(url)), False)  # refused, or no such host
     if isinstance(error, httpx.ConnectTimeout | httpx.PoolTimeout):
-        return ClientError(f"corral at {url} did not answer within {timeout:g} s"), False
+        return _Failed(ClientError(f"corral at {url} did not answer within {timeout:g} s"), False)
     if isinstance(error, httpx.TimeoutException):
-        return ClientError(f"corral at {url} did not answer within {timeout:g} s"), True
+        return _Failed(ClientError(f"corral at {url} did not answer within {timeout:g} s"), True)
     if isinstance(error, httpx.RemoteProtocolError | httpx.ReadError | httpx.WriteError):
-        return ClientError(unreachable), True  # the connection broke: the manager went away
-    return ClientError(f"corral at {url}: {str(error) or type(error).__name__}"), True
+        return _Failed(ClientError(_unreachable(url)), True)  # the manager went away
+    return _Failed(ClientError(f"corral at {url}: {str(error) or type(error).__name__}"), True)
 
 
-def _answer(response: httpx.Response) -> ClientError | None:
+def _stdlib_problem(error: BaseException, url: str, timeout: float) -> _Failed | None:
+    """The same of a failed http.client exchange; None for an error of another kind."""
+    import http.client
+    import socket
+
+    if isinstance(error, ConnectionRefusedError | socket.gaierror):
+        return _Failed(ClientError(_unreachable(url)), False)  # nothing was sent
+    if isinstance(error, TimeoutError):
+        return _Failed(ClientError(f"corral at {url} did not answer within {timeout:g} s"), True)
+    if isinstance(error, ConnectionError | http.client.IncompleteRead):
+        return _Failed(ClientError(_unreachable(url)), True)  # the manager went away
+    if isinstance(error, OSError | http.client.HTTPException):
+        return _Failed(ClientError(f"corral at {url}: {error or type(error).__name__}"), True)
+    return None
+
+
+@dataclass(slots=True)
+class _Reply:
+    """An answer of the server: status, headers (case-insensitive), body."""
+
+    status_code: int
+    reason_phrase: str
+    headers: Any  # case-insensitive: http.client's HTTPMessage, httpx's Headers
+    content: bytes
+
+    @property
+    def text(self) -> str:
+        return self.content.decode("utf-8", errors="replace")
+
+    def json(self) -> Any:
+        return json.loads(self.content)
+
+
+class _Failed(Exception):
+    """An exchange that failed: its one-line error, and whether the request may have reached
+    the manager (`sent`)."""
+
+    def __init__(self, problem: ClientError, sent: bool) -> None:
+        super().__init__(problem.message)
+        self.problem = problem
+        self.sent = sent
+
+
+@dataclass(slots=True)
+class _Streamed:
+    """A streamed answer: its status, its headers and its body's bytes as they come (an
+    iteration that raises _Failed where the connection breaks)."""
+
+    status_code: int
+    reason_phrase: str
+    headers: Any  # case-insensitive: http.client's HTTPMessage, httpx's Headers
+    chunks: Iterator[bytes]
+
+    def whole(self) -> _Reply:
+        body = b"".join(self.chunks)
+        return _Reply(self.status_code, self.reason_phrase, self.headers, body)
+
+
+def _answer(response: _Reply) -> ClientError | None:
     """None for a success, else the refusal."""
     if response.status_code < 400:
         return None
@@ -381,36 +436,23 @@ class _Base:
     def _prepare(self, method: str, path: str, **kwargs: Any) -> _Request:
         return _request(method, path, self._headers, **kwargs)
 
-    def _stream_timeout(self) -> httpx.Timeout:
-        return httpx.Timeout(self.timeout, read=LOG_STREAM_WINDOW_S + self.timeout)
+    def _stream_timeout(self) -> float:
+        """A stream's read timeout: the server sends nothing while the log does not grow, for
+        a window at most."""
+        return LOG_STREAM_WINDOW_S + self.timeout
 
 
 class _Sync(_Base):
-    """The blocking calls, answering JSON: what JsonClient and Client share."""
+    """The blocking calls, answering JSON, over a wire (http.client's or httpx's): what
+    JsonClient and Client share."""
 
-    def __init__(
-        self,
-        url: str | None = None,
-        token: str | None = None,
-        timeout: float = 30,
-        *,
-        failover_s: float | None = None,
-        transport: httpx.BaseTransport | None = None,
-    ) -> None:
-        super().__init__(url, token, timeout, failover_s=failover_s)
-        self._transport = transport  # (tests: a transport that loses answers)
-        self._http = self._open()
-
-    def _open(self) -> httpx.Client:
-        # One pool of kept-alive connections serves every request.
-        return httpx.Client(timeout=self.timeout, verify=self._verify, transport=self._transport)
-
-    def _reopen(self) -> None:
-        self._http.close()
-        self._http = self._open()
+    _wire: _Wire
 
     def close(self) -> None:
-        self._http.close()
+        self._wire.close()
+
+    def _reopen(self) -> None:
+        self._wire.reopen(self._verify)
 
     def __enter__(self) -> Self:
         return self
@@ -428,22 +470,14 @@ class _Sync(_Base):
     def _request(self, method: str, path: str, **kwargs: Any) -> Any:
         return self._send(method, path, **kwargs).json()
 
-    def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+    def _send(self, method: str, path: str, **kwargs: Any) -> _Reply:
         request = self._prepare(method, path, **kwargs)
         tries = _Tries(self, request.repeatable)
         while True:
-            address = self.url
             try:
-                response = self._http.request(
-                    request.method,
-                    self._address(request),
-                    params=request.params,
-                    content=request.content,
-                    headers=request.headers,
-                )
-            except httpx.HTTPError as error:
-                problem, sent = _problem(error, address, self.timeout)
-                pause = tries.after(problem, sent)
+                response = self._wire.exchange(self.url, request, self._address(request))
+            except _Failed as failed:
+                pause = tries.after(failed.problem, failed.sent)
             else:
                 self._reached = True
                 refused = _answer(response)
@@ -705,15 +739,10 @@ class _Sync(_Base):
                 f"/jobs/{_segment(job_id)}/logs/stream",
                 params=_stream_params(follow, rank, stream),
             )
-            address = self.url
             decoder = _Decoder(follow.offset)
             try:
-                with self._http.stream(
-                    "GET",
-                    self._address(request),
-                    params=request.params,
-                    headers=request.headers,
-                    timeout=self._stream_timeout(),
+                with self._wire.stream(
+                    self.url, request, self._address(request), self._stream_timeout()
                 ) as response:
                     self._reached = True
                     follow.streamed(int(response.headers.get("X-Corral-Attempt", "0")))
@@ -721,22 +750,216 @@ class _Sync(_Base):
                         time.sleep(poll_s)
                         return
                     if response.status_code >= 400:
-                        response.read()
-                        refused = _answer(response)
+                        whole = response.whole()
+                        refused = _answer(whole)
                         assert refused is not None
-                        time.sleep(tries.after(refused, False, response))
+                        time.sleep(tries.after(refused, False, whole))
                         continue
-                    for data in response.iter_raw():
+                    for data in response.chunks:
                         text = decoder.decode(data)
                         follow.offset = decoder.offset
                         if text:
                             tries = _Tries(self, True)  # it flows again: a fresh allowance
                             yield follow.saw(text)
                 return
-            except httpx.HTTPError as error:
+            except _Failed as failed:
                 follow.offset = decoder.offset
-                problem, sent = _problem(error, address, self.timeout)
-                time.sleep(tries.after(problem, sent))
+                time.sleep(tries.after(failed.problem, failed.sent))
+
+
+# -- the wires: http.client (JsonClient: the CLI's, quick to load) and httpx (Client) -----------
+
+
+class _Wire:
+    def exchange(self, base: str, request: _Request, address: str) -> _Reply:
+        """One request to the manager at `base`; _Failed where it could not be made."""
+        raise NotImplementedError
+
+    def stream(
+        self, base: str, request: _Request, address: str, read_timeout: float
+    ) -> AbstractContextManager[_Streamed]:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def reopen(self, verify: bool) -> None:
+        self.close()
+
+
+class _StdlibWire(_Wire):
+    """The standard library's http.client: a CLI call loads it in a few ms (httpx and its
+    client take some 100 ms more); one kept-alive connection serves every request."""
+
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
+        self._connection: http.client.HTTPConnection | None = None
+        self._base: str | None = None
+
+    def close(self) -> None:
+        if self._connection is not None:
+            self._connection.close()
+            self._connection = None
+
+    def _connect(self, base: str, timeout: float) -> http.client.HTTPConnection:
+        import http.client
+
+        parts = urlsplit(base)
+        host, port = parts.hostname or "", parts.port
+        if parts.scheme == "https":
+            return http.client.HTTPSConnection(host, port, timeout=timeout)
+        return http.client.HTTPConnection(host, port, timeout=timeout)
+
+    @staticmethod
+    def _target(base: str, request: _Request) -> str:
+        target = urlsplit(base).path + "/api/v1" + request.path
+        if request.params:
+            target += "?" + urlencode(request.params)
+        return target
+
+    def exchange(self, base: str, request: _Request, address: str) -> _Reply:
+        """On the kept-alive connection; once more on a fresh connection when the server had
+        closed the old one meanwhile (nothing was sent then)."""
+        if base != self._base:
+            self.close()
+            self._base = base
+        target = self._target(base, request)
+        for retry in (True, False):
+            reused = self._connection is not None
+            connection = self._connection or self._connect(base, self.timeout)
+            self._connection = connection
+            try:
+                connection.request(
+                    request.method, target, body=request.content, headers=request.headers
+                )
+                answer = connection.getresponse()
+                content = answer.read()
+            except (ConnectionResetError, BrokenPipeError) as error:
+                self.close()
+                if reused and retry and _stale(error):
+                    continue
+                raise self._failed(error, base) from None
+            except BaseException as error:
+                self.close()
+                raise self._failed(error, base) from None
+            if answer.will_close:
+                self.close()
+            return _Reply(answer.status, answer.reason, answer.headers, content)
+        raise AssertionError("unreachable")
+
+    def _failed(self, error: BaseException, base: str) -> BaseException:
+        return _stdlib_problem(error, base, self.timeout) or error
+
+    @contextmanager
+    def stream(
+        self, base: str, request: _Request, address: str, read_timeout: float
+    ) -> Iterator[_Streamed]:
+        connection = self._connect(base, read_timeout)  # its own: it stays busy
+        try:
+            try:
+                connection.request(
+                    request.method, self._target(base, request), headers=request.headers
+                )
+                answer = connection.getresponse()
+            except BaseException as error:
+                raise self._failed(error, base) from None
+
+            def chunks() -> Iterator[bytes]:
+                while True:
+                    try:
+                        data = answer.read1(1 << 16)
+                    except BaseException as error:
+                        raise self._failed(error, base) from None
+                    if not data:
+                        return
+                    yield data
+
+            yield _Streamed(answer.status, answer.reason, answer.headers, chunks())
+        finally:
+            connection.close()
+
+
+def _stale(error: BaseException) -> bool:
+    """A kept-alive connection the server had closed (http.client.RemoteDisconnected is a
+    ConnectionResetError; a broken pipe: closed under the request)."""
+    return isinstance(error, ConnectionResetError | BrokenPipeError)
+
+
+class _HttpxWire(_Wire):
+    """httpx: a pool of kept-alive connections (Client's)."""
+
+    def __init__(self, timeout: float, verify: bool, transport: httpx.BaseTransport | None) -> None:
+        self.timeout = timeout
+        self._transport = transport  # (tests: a transport that loses answers)
+        self.http = self._open(verify)
+
+    def _open(self, verify: bool) -> httpx.Client:
+        _load_httpx()
+        import httpx
+
+        return httpx.Client(timeout=self.timeout, verify=verify, transport=self._transport)
+
+    def close(self) -> None:
+        self.http.close()
+
+    def reopen(self, verify: bool) -> None:
+        self.http.close()
+        self.http = self._open(verify)
+
+    def exchange(self, base: str, request: _Request, address: str) -> _Reply:
+        _load_httpx()
+        import httpx
+
+        try:
+            response = self.http.request(
+                request.method,
+                address,
+                params=request.params,
+                content=request.content,
+                headers=request.headers,
+            )
+        except httpx.HTTPError as error:
+            raise _httpx_problem(error, base, self.timeout) from None
+        return _Reply(
+            response.status_code, response.reason_phrase, response.headers, response.content
+        )
+
+    @contextmanager
+    def stream(
+        self, base: str, request: _Request, address: str, read_timeout: float
+    ) -> Iterator[_Streamed]:
+        _load_httpx()
+        import httpx
+
+        timeout = httpx.Timeout(self.timeout, read=read_timeout)
+        try:
+            with self.http.stream(
+                "GET", address, params=request.params, headers=request.headers, timeout=timeout
+            ) as response:
+
+                def chunks() -> Iterator[bytes]:
+                    try:
+                        yield from response.iter_raw()
+                    except httpx.HTTPError as error:
+                        raise _httpx_problem(error, base, self.timeout) from None
+
+                yield _Streamed(
+                    response.status_code, response.reason_phrase, response.headers, chunks()
+                )
+        except httpx.HTTPError as error:
+            raise _httpx_problem(error, base, self.timeout) from None
+
+
+def _load_httpx() -> None:
+    """Import httpx, when first needed (JsonClient, the CLI's, never loads it), without its
+    own command line: httpx loads that (rich, pygments, click: some 100 ms) where those are
+    installed, and then `httpx.main` only says to install httpx[cli]."""
+    if "httpx" not in sys.modules:
+        sys.modules["httpx._main"] = None  # type: ignore[assignment]
+        try:
+            import httpx  # noqa: F401
+        finally:
+            del sys.modules["httpx._main"]
 
 
 # -- following a log -----------------------------------------------------------------------------
@@ -755,7 +978,7 @@ def _log_params(
     return params
 
 
-def _log_chunk(response: httpx.Response, attempt: int | None, offset: int) -> LogChunk:
+def _log_chunk(response: _Reply, attempt: int | None, offset: int) -> LogChunk:
     headers = response.headers
     return LogChunk(
         text=response.text,
@@ -858,7 +1081,18 @@ class _Decoder:
 
 class JsonClient(_Sync):
     """The API's calls answering the server's JSON as it came: dicts and lists (what the CLI
-    prints). Imports no pydantic."""
+    prints), on the standard library's http.client: it loads neither httpx nor pydantic."""
+
+    def __init__(
+        self,
+        url: str | None = None,
+        token: str | None = None,
+        timeout: float = 30,
+        *,
+        failover_s: float | None = None,
+    ) -> None:
+        super().__init__(url, token, timeout, failover_s=failover_s)
+        self._wire = _StdlibWire(timeout)
 
     def submit(
         self, spec: Mapping[str, Any] | str | Path, *, source: str | None = None
@@ -939,7 +1173,20 @@ class JsonClient(_Sync):
 class Client(_Sync):
     """The API's calls answering typed records (corral.api_models: pydantic models; a job's
     `status` is a JobStatus). A record also reads as a mapping (`job["status"]`), as the
-    answers of this client did before they were typed."""
+    answers of this client did before they were typed. On httpx (`transport`: httpx's, e.g.
+    a test's that loses answers)."""
+
+    def __init__(
+        self,
+        url: str | None = None,
+        token: str | None = None,
+        timeout: float = 30,
+        *,
+        failover_s: float | None = None,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        super().__init__(url, token, timeout, failover_s=failover_s)
+        self._wire = _HttpxWire(timeout, self._verify, transport)
 
     def submit(
         self, spec: Mapping[str, Any] | str | Path, *, source: str | None = None
@@ -1043,6 +1290,9 @@ class AsyncClient(_Base):
         self._retired: list[httpx.AsyncClient] = []
 
     def _open(self) -> httpx.AsyncClient:
+        _load_httpx()
+        import httpx
+
         return httpx.AsyncClient(
             timeout=self.timeout, verify=self._verify, transport=self._transport
         )
@@ -1070,13 +1320,15 @@ class AsyncClient(_Base):
     async def _request(self, method: str, path: str, **kwargs: Any) -> Any:
         return (await self._send(method, path, **kwargs)).json()
 
-    async def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+    async def _send(self, method: str, path: str, **kwargs: Any) -> _Reply:
+        import httpx
+
         request = self._prepare(method, path, **kwargs)
         tries = _Tries(self, request.repeatable)
         while True:
             address = self.url
             try:
-                response = await self._http.request(
+                answer = await self._http.request(
                     request.method,
                     self._address(request),
                     params=request.params,
@@ -1084,10 +1336,13 @@ class AsyncClient(_Base):
                     headers=request.headers,
                 )
             except httpx.HTTPError as error:
-                problem, sent = _problem(error, address, self.timeout)
-                pause = tries.after(problem, sent)
+                failed = _httpx_problem(error, address, self.timeout)
+                pause = tries.after(failed.problem, failed.sent)
             else:
                 self._reached = True
+                response = _Reply(
+                    answer.status_code, answer.reason_phrase, answer.headers, answer.content
+                )
                 refused = _answer(response)
                 if refused is None:
                     return response
@@ -1200,6 +1455,8 @@ class AsyncClient(_Base):
     async def _stream_log(
         self, job_id: str | int, follow: _Follow, rank: int, stream: str, poll_s: float
     ) -> AsyncIterator[str]:
+        import httpx
+
         tries = _Tries(self, True)
         while True:
             request = self._prepare(
@@ -1215,7 +1472,7 @@ class AsyncClient(_Base):
                     self._address(request),
                     params=request.params,
                     headers=request.headers,
-                    timeout=self._stream_timeout(),
+                    timeout=httpx.Timeout(self.timeout, read=self._stream_timeout()),
                 ) as response:
                     self._reached = True
                     follow.streamed(int(response.headers.get("X-Corral-Attempt", "0")))
@@ -1223,10 +1480,15 @@ class AsyncClient(_Base):
                         await _sleep(poll_s)
                         return
                     if response.status_code >= 400:
-                        await response.aread()
-                        refused = _answer(response)
+                        whole = _Reply(
+                            response.status_code,
+                            response.reason_phrase,
+                            response.headers,
+                            await response.aread(),
+                        )
+                        refused = _answer(whole)
                         assert refused is not None
-                        await _sleep(tries.after(refused, False, response))
+                        await _sleep(tries.after(refused, False, whole))
                         continue
                     async for data in response.aiter_raw():
                         text = decoder.decode(data)
@@ -1237,8 +1499,8 @@ class AsyncClient(_Base):
                 return
             except httpx.HTTPError as error:
                 follow.offset = decoder.offset
-                problem, sent = _problem(error, address, self.timeout)
-                await _sleep(tries.after(problem, sent))
+                failed = _httpx_problem(error, address, self.timeout)
+                await _sleep(tries.after(failed.problem, failed.sent))
 
 
 async def _sleep(seconds: float) -> None:
@@ -1348,7 +1610,7 @@ def _segment(job_id: str | int) -> str:
     return quote(str(job_id), safe="")
 
 
-def _detail(response: httpx.Response) -> str:
+def _detail(response: _Reply) -> str:
     """The server's one-line reason for a refusal."""
     try:
         detail = response.json().get("detail")

@@ -830,7 +830,7 @@ def test_the_client_reconnects_when_its_kept_connection_was_closed(server: Runni
     import socket
 
     def connections(client: Client) -> list[object]:
-        return list(client._http._transport._pool.connections)
+        return list(client._wire.http._transport._pool.connections)
 
     with Client(server.url, admin_token(server.manager.data_dir)) as client:
         assert client.whoami()["admin"]
