@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from corral.client import AsyncClient, Client, ClientError, JobStatus
+from corral.client import AsyncClient, Client, ClientError, JobStatus, JsonClient
 from corral.server import logstream
 from corral.server.boot import RunningServer
 from tests.server.helpers import (
@@ -217,3 +217,17 @@ def test_the_async_client(server: RunningServer, tokens: dict[str, str]) -> None
             assert refused.value.status == 404 and str(refused.value) == f"no job {job.id}"
 
     asyncio.run(scenario())
+
+
+def test_follow_reads_on_where_no_stream_is_granted(
+    server: RunningServer, tokens: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # With no stream granted (at most 0 per user: every stream is 429), follow_logs reads on
+    # by plain reads, `poll_s` apart: both clients (JsonClient on http.client, Client on
+    # httpx) yield EXPECTED exactly. A client that took the 429 for a refusal would raise it.
+    monkeypatch.setattr(logstream, "MAX_PER_USER", 0)
+    spec = {"name": "polled", "gpus": 1, "command": [sys.executable, "-c", PIECES]}
+    for kind in (Client, JsonClient):
+        with kind(server.url, tokens["alice"]) as alice:
+            job_id = alice.submit(spec)["id"]
+            assert "".join(alice.follow_logs(job_id, poll_s=0.1)) == EXPECTED
