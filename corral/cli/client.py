@@ -33,7 +33,7 @@ from corral.cli.output import (
 )
 
 if TYPE_CHECKING:
-    from corral.client import Client
+    from corral.client import JsonClient
 
 DEFAULT_LS_LIMIT = 50
 STATUSES = ("PENDING", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED", "REFUSED")
@@ -55,12 +55,13 @@ def usage_error(message: str) -> NoReturn:
 
 
 @contextmanager
-def connected() -> Iterator[Client]:
-    """A Client from CORRAL_URL/CORRAL_TOKEN; its errors become one line and exit code 1."""
-    from corral.client import Client, ClientError
+def connected() -> Iterator[JsonClient]:
+    """A client from CORRAL_URL/CORRAL_TOKEN answering the server's JSON (what the commands
+    print); its errors become one line and exit code 1."""
+    from corral.client import ClientError, JsonClient
 
     try:
-        with Client() as client:
+        with JsonClient() as client:
             yield client
     except ClientError as error:
         refuse(error.message)

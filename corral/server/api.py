@@ -14,12 +14,12 @@ from typing import Annotated, Any
 
 from fastapi import Body, Depends, FastAPI, HTTPException, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.concurrency import run_in_threadpool
 from starlette.routing import Route
 
-from corral.server import auth, limits, redact, schemas
+from corral.server import auth, limits, logstream, redact, schemas
 from corral.server.auth import Principal
 from corral.server.bulk import parse_filter
 from corral.server.controls import ControlError
@@ -536,6 +536,69 @@ def create_app(manager: Manager) -> FastAPI:
                 "X-Corral-Offset": str(read.next_offset),
                 "X-Corral-Finished": "true" if over else "false",
                 "X-Corral-Attempt": str(number),
+            },
+        )
+
+    app.state.log_streams = log_streams = logstream.Streams()
+
+    def log_over(job_id: str, number: int) -> bool:
+        """Whether the attempt's log is final, as `job_logs` says it; for no attempt (0),
+        whether the job has one now or has ended (a stream waiting for it ends)."""
+        row = store.get_job(job_id)
+        if row is None:
+            return True
+        finished = row.status not in ("PENDING", "RUNNING")
+        if not number:
+            return finished or row.attempts > 0
+        states = {a.number: a.state for a in store.attempts(job_id)}
+        if number in states:
+            return states[number] == "ended" and (finished or number < row.attempts)
+        return finished
+
+    @app.get(
+        "/api/v1/jobs/{job_id}/logs/stream",
+        tags=["jobs"],
+        response_class=PlainTextResponse,
+        responses={429: {"description": "too many log streams open for this user"}},
+    )
+    def job_log_stream(
+        job_id: str,
+        who: Caller,
+        attempt: Annotated[int | None, Query(ge=1, le=LOG_MAX_INDEX)] = None,
+        rank: Annotated[int, Query(ge=0, le=LOG_MAX_INDEX)] = 0,
+        stream: Annotated[str, Query(pattern="^(stdout|stderr)$")] = "stdout",
+        offset: Annotated[int, Query(ge=0, le=LOG_MAX_OFFSET)] = 0,
+    ) -> Response:
+        """One worker's log from byte `offset` as it is written (chunked, the file's bytes
+        exactly), until the attempt's log is final, or for at most a minute (then read on
+        from the offset reached). X-Corral-Attempt names the attempt (default: the latest; 0:
+        none yet, the stream ends when one starts). It stops early where the log cap cut the
+        file: the plain read (`/logs`) gives the line that says so. At most
+        logstream.MAX_PER_USER streams per user at a time (429)."""
+        row = visible_job(job_id, who)  # (a plain def: FastAPI runs it in a thread)
+        if log_streams.count(who.user) >= logstream.MAX_PER_USER:
+            raise HTTPException(
+                429, f"{logstream.MAX_PER_USER} log streams open already: close one first"
+            )
+        number = attempt or row.attempts
+        path = None
+        if number:
+            path = manager.attempt_dir(row.id, number) / f"rank-{rank}.{stream}"
+            try:
+                read_log(path, offset, 0)  # a log that is no regular file: as the plain read
+            except UnreadableLog as error:
+                raise HTTPException(409, f"job {row.id} attempt {number}: {error}") from None
+
+        async def over() -> bool:
+            return await run_in_threadpool(log_over, row.id, number)
+
+        return StreamingResponse(
+            logstream.follow(log_streams, who.user, path, offset, over),
+            media_type="text/plain; charset=utf-8",
+            headers={
+                "X-Corral-Attempt": str(number),
+                "X-Corral-Offset": str(offset),
+                "Cache-Control": "no-store",
             },
         )
 

@@ -829,15 +829,17 @@ def test_the_client_reconnects_when_its_kept_connection_was_closed(server: Runni
     server's keep-alive timeout), the next request goes out again on a fresh one."""
     import socket
 
+    def connections(client: Client) -> list[object]:
+        return list(client._wire.http._transport._pool.connections)
+
     with Client(server.url, admin_token(server.manager.data_dir)) as client:
         assert client.whoami()["admin"]
-        kept = client._connection
-        assert kept is not None and kept.sock is not None
-        kept.sock.shutdown(socket.SHUT_RDWR)
+        (kept,) = connections(client)  # (httpcore's connection and its socket)
+        kept._connection._network_stream.get_extra_info("socket").shutdown(socket.SHUT_RDWR)
         assert client.whoami()["admin"]
-        assert client._connection is not kept
-        again = client._connection
-        assert client.vcs() and client._connection is again  # kept alive from there on
+        (again,) = connections(client)
+        assert again is not kept
+        assert client.vcs() and connections(client) == [again]  # kept alive from there on
 
 
 def test_the_retry_backoff_counts_down_in_ls_and_describe(tmp_path: Path):
