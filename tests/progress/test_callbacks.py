@@ -212,3 +212,54 @@ def test_lightning_resume_path(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
     assert resume_path() is None  # the first attempt: nothing saved yet
     (tmp_path / "last.ckpt").write_bytes(b"saved")
     assert resume_path() == str(tmp_path / "last.ckpt")
+
+
+def test_lightning_checkpoint_every_n_steps_and_a_resume(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+):
+    pl = _lightning()
+    torch = pytest.importorskip("torch")
+    from corral.progress.lightning import CorralCheckpoint, resume_path
+
+    class Tiny(pl.LightningModule):  # type: ignore[misc]
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(4, 1)
+
+        def training_step(self, batch: Any, batch_idx: int) -> Any:
+            x, y = batch
+            return torch.nn.functional.mse_loss(self.layer(x), y)
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    torch.manual_seed(0)
+    data = torch.utils.data.TensorDataset(torch.randn(64, 4), torch.randn(64, 1))
+    monkeypatch.setenv("CORRAL_CHECKPOINT_DIR", str(tmp_path / "ckpt"))
+
+    def fit(max_steps: int) -> Any:
+        trainer = pl.Trainer(
+            max_steps=max_steps,
+            accelerator="cpu",
+            devices=1,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            default_root_dir=tmp_path,
+            callbacks=[CorralCheckpoint(every_n_steps=2)],
+        )
+        trainer.fit(
+            Tiny(), torch.utils.data.DataLoader(data, batch_size=4), ckpt_path=resume_path()
+        )
+        return trainer
+
+    fit(5)  # saves after steps 2 and 4 (5 is not a multiple of 2)
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["last.ckpt"]
+    saved = torch.load(resume_path(), map_location="cpu", weights_only=False)
+    assert saved["global_step"] == 4
+    # A new fit resumes at step 4: to 7, it makes 3 more steps and saves after step 6.
+    resumed = fit(7)
+    assert resumed.global_step == 7
+    saved = torch.load(resume_path(), map_location="cpu", weights_only=False)
+    assert saved["global_step"] == 6
