@@ -136,7 +136,11 @@ def create_app(manager: Manager) -> FastAPI:
             "placement": manager.placement_of(job_id) if status == "RUNNING" else [],
             "reason": (reason if live else row.reason) or "",
             "exit_code": row.exit_code,
-            "progress": progress_view(row.progress, live),
+            "progress": progress_view(
+                row.progress,
+                live,
+                manager.running_since(job_id) if status == "RUNNING" else None,
+            ),
             "held_by": row.held_by,
             "array_id": row.array_id,
             "array_index": row.array_index,
@@ -150,7 +154,10 @@ def create_app(manager: Manager) -> FastAPI:
             answer["reason"] = show(answer["reason"])
         return answers
 
-    def progress_view(progress: JobProgress | None, live: bool) -> dict[str, Any] | None:
+    def progress_view(
+        progress: JobProgress | None, live: bool, running_since: float | None
+    ) -> dict[str, Any] | None:
+        """`running_since`: when the job's running attempt started (None: not running)."""
         if progress is None:
             return None
         return {
@@ -159,7 +166,7 @@ def create_app(manager: Manager) -> FastAPI:
             "steps_per_s": progress.steps_per_s,
             "loss": progress.loss,
             "updated_at": progress.at,
-            "eta_s": progress.eta_s(manager.clock()) if live else None,
+            "eta_s": progress.eta_s(manager.clock(), running_since) if live else None,
         }
 
     def first_hidden_parent(after: list[int], who: Principal) -> tuple[int, int] | None:

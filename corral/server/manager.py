@@ -580,7 +580,13 @@ class Manager(
         checkpoint = self.checkpoint_dir(job.id, job_dir)
         attempt_dir = self.attempt_dir(job.id, number, job_dir)
         self.telemetry.watch(
-            job.id, number, progress_file(attempt_dir), self.shape_of(job, gpus), now, resumed=False
+            job.id,
+            number,
+            progress_file(attempt_dir),
+            self.shape_of(job, gpus),
+            now,
+            resumed=False,
+            declared_total=spec_model.total_steps is not None,
         )
         workers = len(gpus) // job.spec.gpus_per_worker  # an elastic job's count changes
         placement = self._worker_placement(gpus, workers)

@@ -412,8 +412,15 @@ class Recovery:
             if job.id not in self.telemetry.watches:  # (a rebuild keeps what it read)
                 attempt_dir = self.attempt_dir(job.id, number)
                 shape = self.shape_of(job, gpus)
+                spec = self._spec_models.get(job.id)
                 self.telemetry.watch(
-                    job.id, number, progress_file(attempt_dir), shape, now, resumed=True
+                    job.id,
+                    number,
+                    progress_file(attempt_dir),
+                    shape,
+                    now,
+                    resumed=True,
+                    declared_total=spec is not None and spec.total_steps is not None,
                 )
             if not self._rebuilding:  # a node joined or left: nothing to tell the job's owner
                 self.store.add_event(job.id, now, "recovered", f"attempt {number} found running")

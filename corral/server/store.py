@@ -282,12 +282,20 @@ class JobProgress:
     steps_per_s: float | None = None
     loss: float | None = None
 
-    def eta_s(self, now: float) -> float | None:
-        """Seconds left at the measured rate, counted from `now` (None: not known)."""
+    def eta_s(self, now: float, running_since: float | None) -> float | None:
+        """Seconds left at the measured rate, counted from `now` (None: not known).
+
+        `running_since`: when the job's running attempt started (None: it is not running). The
+        time since the latest report is counted off only while the attempt that made it runs:
+        a job waiting to resume (preempted), or restarting (its new attempt has not reported
+        yet), makes no progress, so it shows the time its remaining steps take, not a count
+        down to 0."""
         if self.total_steps is None or not self.steps_per_s:
             return None
         left = max(0.0, self.total_steps - self.step) / self.steps_per_s
-        return max(0.0, left - max(0.0, now - self.at))
+        if running_since is not None and self.at >= running_since:
+            left -= max(0.0, now - self.at)
+        return max(0.0, left)
 
 
 def _progress_of(row: RowMapping) -> JobProgress | None:
