@@ -416,7 +416,8 @@ def test_kill_9_of_the_leader_again_and_again_under_a_burst_of_submissions(
                     )
                 ),
                 "every job ended",
-                timeout=600,
+                # each a Ray actor's start on Ray (seconds on a loaded machine, 8 at a time)
+                timeout=max(600.0, CLIENTS * per_client * (1.5 if executor == "ray" else 0.5)),
             )
     finally:
         gate.touch()
