@@ -10,6 +10,7 @@ real manager serves.
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -170,9 +171,11 @@ def test_the_walkthrough_config_gives_two_vcs_of_two_a100s() -> None:
     assert config.cluster.nodes[0].name == "gpu-box"
 
 
-def test_the_python_example_of_the_server_doc_compiles() -> None:
-    (block,) = fenced_blocks(SERVER_DOC, "python")
-    compile(block, "server.md", "exec")
+def test_the_python_examples_of_the_server_doc_compile() -> None:
+    blocks = fenced_blocks(SERVER_DOC, "python")
+    assert blocks  # the SDK's examples
+    for block in blocks:  # (the async client's example awaits at its top level)
+        compile(block, "server.md", "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
 
 
 # -- docs/job-spec.md ---------------------------------------------------------------------------
