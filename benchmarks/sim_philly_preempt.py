@@ -24,7 +24,9 @@ For each run it prints the child's CPU seconds (user + system, from `wait4`), jo
 second, scheduling rounds and preemptions (the run's summary.json), peak RSS (`wait4`), and the
 CPU the process had used when the simulation began, i.e. before its first event (start-up:
 interpreter, imports, option checks, reading or opening the trace). Never passes or fails on
-time. `--jobs` sets the size (default 100,000; `--small` is 10,000).
+time. `--jobs` sets the size (default 100,000; `--small` is 30,000, the first four days: queues
+build from the second day on, when the 48-hour jobs have filled the cluster; 10,000 jobs never
+queue).
 
 Run: python benchmarks/sim_philly_preempt.py [--jobs N | --small] [--runs las,gittins,...]
      [--million] [--workdir DIR]
@@ -162,7 +164,7 @@ def run(name: str, trace: Path, out: Path, extra: list[str]) -> dict[str, float]
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=100_000)
-    parser.add_argument("--small", action="store_true", help="10,000 jobs")
+    parser.add_argument("--small", action="store_true", help="30,000 jobs")
     parser.add_argument("--load", type=float, default=0.85)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
@@ -183,7 +185,7 @@ def main() -> None:
         "--gittins-history", type=Path, help="passed to the preset's runs (default: the preset's)"
     )
     args = parser.parse_args()
-    jobs = 10_000 if args.small else args.jobs
+    jobs = 30_000 if args.small else args.jobs
     names = [name for name in args.runs.split(",") if name]
     unknown = [name for name in names if name not in RUNS]
     if unknown:
