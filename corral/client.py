@@ -1,31 +1,79 @@
 """The Python SDK over corral's REST API (/api/v1).
 
-    from corral.client import Client
+    from corral.client import Client, JobStatus
 
     with Client() as corral:                  # CORRAL_URL and CORRAL_TOKEN from the environment
-        job = corral.submit("job.yaml")
-        for text in corral.follow_logs(job["id"]):
+        job = corral.submit("job.yaml")       # a JobSummary (corral.api_models)
+        for text in corral.follow_logs(job.id):
             print(text, end="")
-        print(corral.wait(job["id"], timeout=600)["status"])
+        assert corral.wait(job.id, timeout=600).status is JobStatus.SUCCEEDED
 
-Every refusal is a ClientError whose message is one line: the server's own `detail` (e.g.
+`Client` (on httpx) answers typed records (the server's own pydantic models,
+corral.api_models); `AsyncClient` is the same on asyncio (httpx.AsyncClient); `JsonClient`
+answers the server's JSON as it came (dicts and lists, what the CLI prints), on the standard
+library's http.client: a CLI call loads neither httpx nor pydantic.
+
+Every call rides out a manager's restart or a failover to a standby: a call that could not be
+made (connection refused or broken, a 503, a standby naming the leader) is made again, with
+backoff, for up to `failover_s` seconds (CORRAL_FAILOVER_S, default 60). A call that reached
+the manager is made again only where that cannot do it twice: reads, cancels, holds, and
+submissions, each of which carries an `Idempotency-Key` chosen here (a repeated one stores one
+job). Every refusal is a ClientError whose message is one line: the server's own `detail` (e.g.
 ``gpus: must be a positive integer``), or what went wrong reaching it.
 """
 
 from __future__ import annotations
 
-import http.client
+import codecs
 import json
 import os
-import socket
+import random
+import sys
 import time
 import uuid
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any, Self
 from urllib.parse import quote, urlencode, urlsplit
+
+if TYPE_CHECKING:
+    import http.client
+
+    import httpx
+
+    from corral.api_models import (
+        ClusterView,
+        JobDetail,
+        JobStatus,
+        JobSummary,
+        ProfileInfo,
+        QueueView,
+        ShareAnswer,
+        SharedModel,
+        VcView,
+    )
+
+__all__ = [
+    "AsyncClient",
+    "Client",
+    "ClientError",
+    "ClusterView",
+    "JobDetail",
+    "JobStatus",
+    "JobSummary",
+    "JsonClient",
+    "LogChunk",
+    "ProfileInfo",
+    "QueueView",
+    "ShareAnswer",
+    "SharedModel",
+    "SpecFileError",
+    "VcView",
+    "load_spec_file",
+]
 
 DEFAULT_URL = "http://127.0.0.1:8470"
 FINAL_STATUSES = frozenset({"SUCCEEDED", "FAILED", "CANCELLED", "REFUSED"})
@@ -37,10 +85,38 @@ NEXT_PAGE_HEADER = "X-Corral-Next-Before-Id"
 LEADER_HEADER = "X-Corral-Leader"
 #: A submission's idempotency key (corral.server.api).
 IDEMPOTENCY_HEADER = "Idempotency-Key"
-#: With several managers listed, how long a request is tried again across a failover.
+#: How long a call is made again across a manager's restart or a failover.
 FAILOVER_S = 60.0
-#: The pause after every listed manager was tried once in vain.
+#: The backoff between tries: the first pause, doubled after each try up to the most.
+BACKOFF_FIRST_S = 0.1
+BACKOFF_MAX_S = 2.0
+#: The pause after every listed manager was tried once in vain (several listed).
 FAILOVER_PAUSE_S = 0.25
+#: The longest a log stream stays open (corral.server.api ends it then; the client reads on).
+LOG_STREAM_WINDOW_S = 60.0
+
+#: The names this module lends from corral.api_models, imported (with pydantic) when first used.
+_MODELS = frozenset(
+    {
+        "ClusterView",
+        "JobDetail",
+        "JobStatus",
+        "JobSummary",
+        "ProfileInfo",
+        "QueueView",
+        "SharedModel",
+        "ShareAnswer",
+        "VcView",
+    }
+)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _MODELS:
+        from corral import api_models
+
+        return getattr(api_models, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class ClientError(Exception):
@@ -83,13 +159,173 @@ def _kind(value: object) -> str:
     return {list: "a list", str: "a string", bool: "true/false"}.get(type(value), "a number")
 
 
+def _spec_body(
+    spec: Mapping[str, Any] | str | Path, source: str | None
+) -> tuple[dict[str, Any], str | None]:
+    """(the spec as sent, what names it in refusals) of a mapping or a spec file's path. A
+    spec with `env_from: submitter` and no `submitter_env` gets this process's environment
+    there, less what corral.submitenv keeps back (corral's credentials, secrets, the login
+    session)."""
+    if isinstance(spec, str | Path):
+        source = source or str(spec)
+        spec = load_spec_file(spec)
+    body = dict(spec)
+    if str(body.get("env_from", "")).lower() == "submitter" and "submitter_env" not in body:
+        from corral.submitenv import submitter_environment
+
+        body["submitter_env"] = submitter_environment()  # (less corral's secrets)
+    return body, source
+
+
+def _named(error: ClientError, source: str | None) -> ClientError:
+    """A refusal of a file's spec, naming the file."""
+    if source and error.status in (403, 422):  # a field of the spec was refused
+        return ClientError(f"{source}: {error.message}", error.status)
+    return error
+
+
+# -- what a call may do again ------------------------------------------------------------------
+
+
 @dataclass(slots=True)
-class Response:
+class _Request:
+    method: str
+    path: str  # under /api/v1
+    params: dict[str, Any] | None
+    content: bytes | None
+    headers: dict[str, str]
+    repeatable: bool  # sent once, it may be sent again with the same effect
+
+
+def _request(
+    method: str,
+    path: str,
+    base_headers: Mapping[str, str],
+    *,
+    params: Mapping[str, Any] | None = None,
+    json: Any = None,
+    headers: Mapping[str, str] | None = None,
+) -> _Request:
+    sent = dict(base_headers)
+    if headers:
+        sent.update(headers)
+    content = None
+    if json is not None:
+        content = _json_bytes(json)
+        sent["Content-Type"] = "application/json"
+    kept = {k: v for k, v in params.items() if v is not None} if params else None
+    repeatable = method == "GET" or _repeatable(method, path, sent)
+    return _Request(method, path, kept, content, sent, repeatable)
+
+
+def _repeatable(method: str, path: str, headers: Mapping[str, str]) -> bool:
+    """Whether a request sent once may be sent again with the same effect: a submission with
+    its idempotency key, a cancel or a hold (of one job or of those a filter selects). Not a
+    release (a second one is refused: not held), nor a requeue (it would stop the job again)."""
+    if method != "POST":
+        return False
+    if path == "/jobs":
+        return IDEMPOTENCY_HEADER in headers
+    if path in ("/jobs/cancel", "/jobs/hold"):
+        return True
+    return path.startswith("/jobs/") and path.endswith(("/cancel", "/hold"))
+
+
+@dataclass(slots=True)
+class _Tries:
+    """One call's tries and what follows a failed one: raise, or try again (perhaps on another
+    manager) after a pause. The policy of Client, JsonClient and AsyncClient alike."""
+
+    base: _Base
+    repeatable: bool
+    deadline: float | None = None
+    pause_s: float = BACKOFF_FIRST_S
+    tried: set[int] = field(default_factory=set)
+
+    def after(self, problem: ClientError, sent: bool, response: _Reply | None = None) -> float:
+        """The seconds to pause before the next try, or `problem` raised."""
+        base = self.base
+        leader = response.headers.get(LEADER_HEADER) if response is not None else None
+        if response is not None and response.status_code != 503:
+            raise problem
+        if sent:
+            base._reached = True  # a manager took the connection: it went away meanwhile
+            if not self.repeatable:
+                raise problem
+        several = len(base._targets) > 1
+        if not (several or leader or base._reached):
+            raise problem  # never reached a manager there: not a restart, it is not running
+        now = time.monotonic()
+        if self.deadline is None:
+            self.deadline = now + base.failover_s
+        if now >= self.deadline:
+            raise problem
+        if leader and leader.rstrip("/") != base.url and base._follow(leader.rstrip("/")):
+            return 0.0
+        pause = self.pause_s * random.uniform(0.5, 1.0)
+        self.pause_s = min(BACKOFF_MAX_S, self.pause_s * 2)
+        if several:
+            self.tried.add(base._at)
+            base._use((base._at + 1) % len(base._targets))
+            if len(self.tried) < len(base._targets):
+                return 0.0  # the next listed manager at once
+            self.tried.clear()  # each was tried: pause, then again
+            pause = max(pause, FAILOVER_PAUSE_S)
+        if response is not None:
+            pause = max(pause, min(_retry_after(response), BACKOFF_MAX_S))
+        return max(0.0, min(pause, self.deadline - now))
+
+
+def _retry_after(response: _Reply) -> float:
+    try:
+        return max(0.0, float(response.headers.get("Retry-After", "0")))
+    except ValueError:
+        return 0.0
+
+
+def _unreachable(url: str) -> str:
+    return f"cannot reach corral at {url}: is `corral up` running? (CORRAL_URL)"
+
+
+def _httpx_problem(error: httpx.HTTPError, url: str, timeout: float) -> _Failed:
+    """The one-line error of a failed httpx exchange, and whether the request may have
+    reached the manager."""
+    import httpx
+
+    if isinstance(error, httpx.ConnectError):
+        return _Failed(ClientError(_unreachable(url)), False)  # refused, or no such host
+    if isinstance(error, httpx.ConnectTimeout | httpx.PoolTimeout):
+        return _Failed(ClientError(f"corral at {url} did not answer within {timeout:g} s"), False)
+    if isinstance(error, httpx.TimeoutException):
+        return _Failed(ClientError(f"corral at {url} did not answer within {timeout:g} s"), True)
+    if isinstance(error, httpx.RemoteProtocolError | httpx.ReadError | httpx.WriteError):
+        return _Failed(ClientError(_unreachable(url)), True)  # the manager went away
+    return _Failed(ClientError(f"corral at {url}: {str(error) or type(error).__name__}"), True)
+
+
+def _stdlib_problem(error: BaseException, url: str, timeout: float) -> _Failed | None:
+    """The same of a failed http.client exchange; None for an error of another kind."""
+    import http.client
+    import socket
+
+    if isinstance(error, ConnectionRefusedError | socket.gaierror):
+        return _Failed(ClientError(_unreachable(url)), False)  # nothing was sent
+    if isinstance(error, TimeoutError):
+        return _Failed(ClientError(f"corral at {url} did not answer within {timeout:g} s"), True)
+    if isinstance(error, ConnectionError | http.client.IncompleteRead):
+        return _Failed(ClientError(_unreachable(url)), True)  # the manager went away
+    if isinstance(error, OSError | http.client.HTTPException):
+        return _Failed(ClientError(f"corral at {url}: {error or type(error).__name__}"), True)
+    return None
+
+
+@dataclass(slots=True)
+class _Reply:
     """An answer of the server: status, headers (case-insensitive), body."""
 
     status_code: int
     reason_phrase: str
-    headers: Mapping[str, str]
+    headers: Any  # case-insensitive: http.client's HTTPMessage, httpx's Headers
     content: bytes
 
     @property
@@ -100,7 +336,42 @@ class Response:
         return json.loads(self.content)
 
 
-class Client:
+class _Failed(Exception):
+    """An exchange that failed: its one-line error, and whether the request may have reached
+    the manager (`sent`)."""
+
+    def __init__(self, problem: ClientError, sent: bool) -> None:
+        super().__init__(problem.message)
+        self.problem = problem
+        self.sent = sent
+
+
+@dataclass(slots=True)
+class _Streamed:
+    """A streamed answer: its status, its headers and its body's bytes as they come (an
+    iteration that raises _Failed where the connection breaks)."""
+
+    status_code: int
+    reason_phrase: str
+    headers: Any  # case-insensitive: http.client's HTTPMessage, httpx's Headers
+    chunks: Iterator[bytes]
+
+    def whole(self) -> _Reply:
+        body = b"".join(self.chunks)
+        return _Reply(self.status_code, self.reason_phrase, self.headers, body)
+
+
+def _answer(response: _Reply) -> ClientError | None:
+    """None for a success, else the refusal."""
+    if response.status_code < 400:
+        return None
+    return ClientError(_detail(response), response.status_code)
+
+
+# -- the connection and its tries ------------------------------------------------------------
+
+
+class _Base:
     def __init__(
         self,
         url: str | None = None,
@@ -110,39 +381,80 @@ class Client:
         failover_s: float | None = None,
     ) -> None:
         """`url` (default: CORRAL_URL): one manager's address, or several separated by commas
-        (an active manager and its standbys, docs/ha.md): requests go to the one that leads,
-        and across a failover they are tried again, on each listed manager in turn and where a
-        standby says the leader is, for up to `failover_s` seconds (default: CORRAL_FAILOVER_S,
-        else FAILOVER_S). Only requests that may be repeated are tried again once they were
-        sent: reads, submissions (each carries an idempotency key: a repeated one stores one
-        job) and cancels; any request a manager refused with 503 (it changed nothing)."""
+        (an active manager and its standbys, docs/ha.md): requests go to the one that leads.
+        A call that fails because the manager is restarting or failing over is made again,
+        with backoff, on each listed manager in turn and where a standby says the leader is,
+        for up to `failover_s` seconds (default: CORRAL_FAILOVER_S, else FAILOVER_S). Only
+        calls that may be repeated are made again once they were sent: reads, submissions
+        (each carries an idempotency key: a repeated one stores one job), cancels and holds;
+        any call a manager refused with 503 (it changed nothing). With one URL, a manager
+        that was never reached fails the call at once (it is not running there)."""
         given = url or os.environ.get("CORRAL_URL") or DEFAULT_URL
         urls = [part.strip().rstrip("/") for part in given.split(",") if part.strip()]
         token = token if token is not None else os.environ.get("CORRAL_TOKEN", "")
         self._headers = {"Authorization": f"Bearer {token.strip()}"} if token.strip() else {}
         self.timeout = timeout
-        # http.client, not httpx: a CLI call imports it in a few ms (httpx took 120 ms and
-        # 60 ms more to set up its client); one keep-alive connection serves every request.
         self._targets = [_target(one) for one in urls or [DEFAULT_URL]]
-        self.urls = [target[0] for target in self._targets]
+        self.urls = list(self._targets)
         if failover_s is None:
             failover_s = _env_seconds("CORRAL_FAILOVER_S", FAILOVER_S)
         self.failover_s = failover_s
-        self._connection: http.client.HTTPConnection | None = None
-        self._use(0)
+        self._reached = False  # a manager answered this client once (a failure now: a restart)
+        self._at = 0
+        self.url = self._targets[0]
+        # TLS verified where a manager is reached by https; plain http needs no context with
+        # the system's certificates (which take a while to load, on every CLI call)
+        self._verify = any(one.startswith("https:") for one in self._targets)
 
     def _use(self, index: int) -> None:
         """Send to the `index`th listed manager from now on."""
-        self.close()
         self._at = index
-        self.url, self._scheme, self._host, self._port, self._prefix = self._targets[index]
+        self.url = self._targets[index]
+
+    def _follow(self, leader: str) -> bool:
+        """Go to the leader a standby named; False for an address that is no usable URL."""
+        if leader in self._targets:
+            self._use(self._targets.index(leader))
+            return True
+        try:
+            self._targets.append(_target(leader))
+        except ClientError:
+            return False
+        self.urls.append(leader)
+        self._use(len(self._targets) - 1)
+        if leader.startswith("https:") and not self._verify:
+            self._verify = True
+            self._reopen()  # (a plain-http client verifies no certificate)
+        return True
+
+    def _reopen(self) -> None:
+        raise NotImplementedError
+
+    def _address(self, request: _Request) -> str:
+        return f"{self.url}/api/v1{request.path}"
+
+    def _prepare(self, method: str, path: str, **kwargs: Any) -> _Request:
+        return _request(method, path, self._headers, **kwargs)
+
+    def _stream_timeout(self) -> float:
+        """A stream's read timeout: the server sends nothing while the log does not grow, for
+        a window at most."""
+        return LOG_STREAM_WINDOW_S + self.timeout
+
+
+class _Sync(_Base):
+    """The blocking calls, answering JSON, over a wire (http.client's or httpx's): what
+    JsonClient and Client share."""
+
+    _wire: _Wire
 
     def close(self) -> None:
-        if self._connection is not None:
-            self._connection.close()
-            self._connection = None
+        self._wire.close()
 
-    def __enter__(self) -> Client:
+    def _reopen(self) -> None:
+        self._wire.reopen(self._verify)
+
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(
@@ -153,44 +465,51 @@ class Client:
     ) -> None:
         self.close()
 
+    # -- HTTP ---------------------------------------------------------------------------------
+
+    def _request(self, method: str, path: str, **kwargs: Any) -> Any:
+        return self._send(method, path, **kwargs).json()
+
+    def _send(self, method: str, path: str, **kwargs: Any) -> _Reply:
+        request = self._prepare(method, path, **kwargs)
+        tries = _Tries(self, request.repeatable)
+        while True:
+            try:
+                response = self._wire.exchange(self.url, request, self._address(request))
+            except _Failed as failed:
+                pause = tries.after(failed.problem, failed.sent)
+            else:
+                self._reached = True
+                refused = _answer(response)
+                if refused is None:
+                    return response
+                pause = tries.after(refused, False, response)
+            time.sleep(pause)
+
     # -- jobs ---------------------------------------------------------------------------------
 
-    def submit(self, spec: dict[str, Any] | str | Path, *, source: str | None = None) -> dict:
-        """Submit a job spec (a mapping, or a YAML/JSON file's path) -> the job's summary.
-        Refusals of a file's spec name the file (`source` names it for a mapping). A spec with
-        `env_from: submitter` and no `submitter_env` gets this process's environment there, less
-        what corral.submitenv keeps back (corral's credentials, secrets, the login session)."""
-        if isinstance(spec, str | Path):
-            source = source or str(spec)
-            spec = load_spec_file(spec)
-        if str(spec.get("env_from", "")).lower() == "submitter" and "submitter_env" not in spec:
-            from corral.submitenv import submitter_environment
-
-            spec = {**spec, "submitter_env": submitter_environment()}  # (less corral's secrets)
-        key = {IDEMPOTENCY_HEADER: uuid.uuid4().hex}  # a retry stores no second job
+    def _submit(self, spec: Mapping[str, Any] | str | Path, source: str | None) -> Any:
+        body, source = _spec_body(spec, source)
+        key = {IDEMPOTENCY_HEADER: uuid.uuid4().hex}  # the same for each try: one job stored
         try:
-            return self._request("POST", "/jobs", json=spec, headers=key)
+            return self._request("POST", "/jobs", json=body, headers=key)
         except ClientError as error:
-            if source and error.status in (403, 422):  # a field of the spec was refused
-                raise ClientError(f"{source}: {error.message}", error.status) from None
-            raise
+            raise _named(error, source) from None
 
-    def jobs(
+    def _jobs(
         self,
-        status: str | None = None,
-        vc: str | None = None,
-        user: str | None = None,
-        limit: int | None = None,
-        name: str | None = None,
-    ) -> list[dict]:
-        """Jobs newest first (a user sees their own and their VC's), filtered by the server:
-        the first `limit`, or (None) all of them, read a page at a time."""
-        found: list[dict] = []
+        status: str | None,
+        vc: str | None,
+        user: str | None,
+        limit: int | None,
+        name: str | None,
+    ) -> list[Any]:
+        found: list[Any] = []
         before: str | None = None
         while limit is None or len(found) < limit:
             page = PAGE_SIZE if limit is None else min(PAGE_SIZE, limit - len(found))
             params = {
-                "status": status,
+                "status": None if status is None else str(status),
                 "vc": vc,
                 "user": user,
                 "name": name,
@@ -204,65 +523,144 @@ class Client:
                 break
         return found
 
-    def queue(self, limit: int = 100) -> dict:
-        """The waiting jobs in the scheduler's order: {"total": how many wait, "jobs": the
-        first `limit` of them (summaries, whose `reason` says why each waits)}."""
-        return self._request("GET", "/queue", params={"limit": limit})
-
-    def job(self, job_id: str | int) -> dict:
-        """One job's detail: the summary plus spec, attempts, events."""
-        return self._request("GET", f"/jobs/{_segment(job_id)}")
-
-    def cancel(self, job_id: str | int, *, array: bool = False) -> dict:
-        """Cancel the job; `array`: every unfinished task of the array `job_id` names."""
+    def _control(self, verb: str, job_id: str | int, array: bool = False) -> Any:
         params = {"array": "true"} if array else None
-        return self._request("POST", f"/jobs/{_segment(job_id)}/cancel", params=params)
+        return self._request("POST", f"/jobs/{_segment(job_id)}/{verb}", params=params)
 
-    def hold(self, job_id: str | int, *, array: bool = False) -> dict:
-        """Keep a pending job (or every task of an array) from starting until released."""
-        params = {"array": "true"} if array else None
-        return self._request("POST", f"/jobs/{_segment(job_id)}/hold", params=params)
-
-    def release(self, job_id: str | int, *, array: bool = False) -> dict:
-        """Let a held job (or every task of an array) start again."""
-        params = {"array": "true"} if array else None
-        return self._request("POST", f"/jobs/{_segment(job_id)}/release", params=params)
-
-    def cancel_jobs(self, **where: Any) -> dict:
-        """Cancel every unfinished job a filter selects, in one call and one transaction:
-        `state` (PENDING, RUNNING or a list of them), `user`, `vc`, `name` (a shell glob,
-        `sweep-*`); at least one. Users select only their own jobs. {"count", "ids"}."""
-        return self._bulk("cancel", where)
-
-    def hold_jobs(self, **where: Any) -> dict:
-        """Hold every pending job a filter selects (as `cancel_jobs`): {"count", "ids"}."""
-        return self._bulk("hold", where)
-
-    def release_jobs(self, **where: Any) -> dict:
-        """Release every held job a filter selects (as `cancel_jobs`): {"count", "ids"}."""
-        return self._bulk("release", where)
-
-    def _bulk(self, verb: str, where: Mapping[str, Any]) -> dict:
-        body = {key: value for key, value in where.items() if value not in (None, (), [])}
-        if isinstance(body.get("state"), tuple):
-            body["state"] = list(body["state"])
-        return self._request("POST", f"/jobs/{verb}", json=body)
-
-    def requeue(self, job_id: str | int) -> dict:
-        """Stop a running job and queue it again, or queue a failed or cancelled job again."""
-        return self._request("POST", f"/jobs/{_segment(job_id)}/requeue")
-
-    def wait(self, job_id: str | int, timeout: float, poll_s: float = POLL_SECONDS) -> dict:
-        """The job's detail once it has ended (SUCCEEDED, FAILED, CANCELLED or REFUSED);
-        ClientError after `timeout` seconds."""
+    def _wait(self, job_id: str | int, timeout: float, poll_s: float) -> Any:
         deadline = time.monotonic() + timeout
         while True:
-            job = self.job(job_id)
+            job = self._request("GET", f"/jobs/{_segment(job_id)}")
             if job["status"] in FINAL_STATUSES:
                 return job
             if time.monotonic() >= deadline:
                 raise ClientError(f"job {job_id} is still {job['status']} after {timeout:g} s")
             time.sleep(min(poll_s, max(0.0, deadline - time.monotonic())))
+
+    def cancel_jobs(self, **where: Any) -> dict[str, Any]:
+        """Cancel every unfinished job a filter selects, in one call and one transaction:
+        `state` (PENDING, RUNNING or a list of them), `user`, `vc`, `name` (a shell glob,
+        `sweep-*`); at least one. Users select only their own jobs. {"count", "ids"}."""
+        return self._bulk("cancel", where)
+
+    def hold_jobs(self, **where: Any) -> dict[str, Any]:
+        """Hold every pending job a filter selects (as `cancel_jobs`): {"count", "ids"}."""
+        return self._bulk("hold", where)
+
+    def release_jobs(self, **where: Any) -> dict[str, Any]:
+        """Release every held job a filter selects (as `cancel_jobs`): {"count", "ids"}."""
+        return self._bulk("release", where)
+
+    def _bulk(self, verb: str, where: Mapping[str, Any]) -> dict[str, Any]:
+        body = {key: value for key, value in where.items() if value not in (None, (), [])}
+        if isinstance(body.get("state"), tuple):
+            body["state"] = list(body["state"])
+        answer: dict[str, Any] = self._request("POST", f"/jobs/{verb}", json=body)
+        return answer
+
+    # -- cluster and auth ---------------------------------------------------------------------
+
+    def nodes(self) -> list[dict[str, Any]]:
+        """Every node: state (up, draining, drained, down), reason, by, since, GPUs, jobs."""
+        return _objects(self._request("GET", "/nodes"))
+
+    def drain_node(self, node: str, reason: str, *, preempt: bool = False) -> dict[str, Any]:
+        """Drain a node (admins only): nothing new starts on it; with `preempt` its jobs are
+        preempted (checkpoint) and queued again, else they finish."""
+        return _object(
+            self._request(
+                "POST",
+                f"/nodes/{_segment(node)}/drain",
+                json={"reason": reason, "preempt": preempt},
+            )
+        )
+
+    def resume_node(self, node: str) -> dict[str, Any]:
+        """Bring a drained node back (admins only)."""
+        return _object(self._request("POST", f"/nodes/{_segment(node)}/resume"))
+
+    def reservations(self) -> list[dict[str, Any]]:
+        """Every reservation: name, start, end, duration, gpus, users, vcs, state, by."""
+        return _objects(self._request("GET", "/reservations"))
+
+    def create_reservation(
+        self,
+        name: str,
+        *,
+        start: float,
+        duration: float,
+        gpus: int | None = None,
+        nodes: list[str] | None = None,
+        users: list[str] | None = None,
+        vcs: list[str] | None = None,
+    ) -> dict[str, Any]:
+        """Reserve `gpus` GPUs or the `nodes` from `start` (the manager's clock, seconds) for
+        `duration` seconds for these users and VCs (admins only)."""
+        body: dict[str, Any] = {"name": name, "start": start, "duration": duration}
+        body |= {"users": users or [], "vcs": vcs or []}
+        body |= {"gpus": gpus} if gpus is not None else {"nodes": nodes or []}
+        return _object(self._request("POST", "/reservations", json=body))
+
+    def delete_reservation(self, name: str) -> dict[str, Any]:
+        """Delete a reservation (admins only)."""
+        return _object(self._request("DELETE", f"/reservations/{_segment(name)}"))
+
+    def scheduler_config(self) -> dict[str, Any]:
+        """The scheduler config the manager runs with: {"scheduler": {...}}."""
+        return _object(self._request("GET", "/config"))
+
+    def create_token(
+        self,
+        user: str,
+        vc: str | None = None,
+        admin: bool = False,
+        *,
+        unix_user: str | None = None,
+        expires_in: float | None = None,
+    ) -> dict[str, Any]:
+        """A new token (admins only): {token, id, user, vc, admin, unix_user, expires_at}; the
+        secret is shown only now. `unix_user`: the account the user's jobs run as (default:
+        the one named like the user); `expires_in`: seconds from now (default: never)."""
+        body: dict[str, Any] = {"user": user, "admin": admin}
+        if vc is not None:
+            body["vc"] = vc
+        if unix_user is not None:
+            body["unix_user"] = unix_user
+        if expires_in is not None:
+            body["expires_in_seconds"] = expires_in
+        return _object(self._request("POST", "/tokens", json=body))
+
+    def tokens(self) -> list[dict[str, Any]]:
+        """Every token (admins only), oldest first: {id, user, vc, admin, unix_user, name,
+        created_at, expires_at, revoked_at, state}; never a secret."""
+        return _objects(self._request("GET", "/tokens"))
+
+    def revoke_token(self, token_id: str) -> dict[str, Any]:
+        """Revoke one token by its id (admins only); returns it as listed."""
+        return _object(self._request("DELETE", f"/tokens/{_segment(token_id)}"))
+
+    def revoke_user_tokens(self, user: str) -> list[dict[str, Any]]:
+        """Revoke every token of `user` (admins only); returns those revoked now."""
+        return _objects(
+            _object(self._request("POST", "/tokens/revoke", json={"user": user}))["revoked"]
+        )
+
+    def export(self, name: str) -> dict[str, Any]:
+        """The job history as `corral export-trace` writes it (admins only): {"files": {file
+        name: text}, "format", "written", "never_ran", ...}; `name` is the trace's file name,
+        NAME.corral.jsonl or NAME.csv (Helios's format), and names the files beside it."""
+        return _object(self._request("GET", "/export", params={"name": name}))
+
+    def whoami(self) -> dict[str, Any]:
+        return _object(self._request("GET", "/whoami"))
+
+    def usage(self, since: float, until: float | None = None, by: str = "user") -> dict[str, Any]:
+        """GPU-hours, jobs and queueing per user (`by="vc"`: per VC) in [since, until) (epoch
+        seconds; until: now): {since, until, by, rows, total} (docs/server.md, usage)."""
+        params: dict[str, Any] = {"since": since, "by": by}
+        if until is not None:
+            params["until"] = until
+        return _object(self._request("GET", "/usage", params=params))
 
     # -- logs ---------------------------------------------------------------------------------
 
@@ -291,21 +689,9 @@ class Client:
         offset: int = 0,
         tail: int | None = None,
     ) -> LogChunk:
-        params: dict[str, Any] = {"rank": rank, "stream": stream}
-        if tail is None:
-            params["offset"] = offset
-        else:
-            params["tail"] = tail
-        if attempt is not None:
-            params["attempt"] = attempt
+        params = _log_params(attempt, rank, stream, offset, tail)
         response = self._send("GET", f"/jobs/{_segment(job_id)}/logs", params=params)
-        headers = response.headers
-        return LogChunk(
-            text=response.text,
-            next_offset=int(headers.get("X-Corral-Offset", offset + len(response.content))),
-            finished=headers.get("X-Corral-Finished", "true") == "true",
-            attempt=int(headers.get("X-Corral-Attempt", attempt or 0)),
-        )
+        return _log_chunk(response, attempt, offset)
 
     def follow_logs(
         self,
@@ -319,291 +705,887 @@ class Client:
         """The log's text as it grows, until the job ends. Without `attempt`, it follows the
         latest attempt and moves on to each new one (after a failure or a preemption),
         yielding a separator line between them. With `tail`, it starts with the last `tail`
-        lines of the attempt rather than its beginning."""
-        current = attempt
-        offset = 0
-        ends_line = True
+        lines of the attempt rather than its beginning. The text comes as the manager streams
+        it (GET .../logs/stream); across a restart of the manager it reads on from the byte it
+        had reached, so nothing is lost or repeated. `poll_s`: the pause between reads where
+        the manager serves no stream (too many open: 429)."""
+        follow = _Follow(attempt, tail)
         while True:
-            chunk = self.log_chunk(job_id, current, rank, stream, offset, tail)
-            tail = None  # only the first read: from there on, the offset
-            if chunk.text:
-                yield chunk.text
-                ends_line = chunk.text.endswith("\n")
-                offset = chunk.next_offset
-            if current is None and chunk.attempt:
-                current = chunk.attempt  # stay on it: a later attempt gets a separator
-            if not chunk.finished:
-                if not chunk.text:
-                    time.sleep(poll_s)
-                continue
-            if chunk.text:
-                continue  # read once more to be sure nothing is left
-            if attempt is not None or current is None:
-                return  # the attempt asked for is over, or the job ended before starting
-            latest = self.log_chunk(job_id, None, rank, stream, 0).attempt
-            if latest <= current:
-                return  # the job ended with this attempt
-            current, offset = latest, 0
-            yield ("" if ends_line else "\n") + f"--- attempt {latest} ---\n"
-            ends_line = True
+            step = follow.read()
+            chunk = self.log_chunk(job_id, step.attempt, rank, stream, step.offset, step.tail)
+            yield from follow.took(chunk)
+            then = follow.then(chunk)
+            if then == "stream":
+                yield from self._stream_log(job_id, follow, rank, stream, poll_s)
+            elif then == "next":
+                latest = self.log_chunk(job_id, None, rank, stream, 0).attempt
+                separator = follow.next_attempt(latest)
+                if separator is None:
+                    return  # the job ended with this attempt
+                yield separator
+            elif then == "end":
+                return
 
-    # -- cluster and auth ---------------------------------------------------------------------
+    def _stream_log(
+        self, job_id: str | int, follow: _Follow, rank: int, stream: str, poll_s: float
+    ) -> Iterator[str]:
+        """The attempt's log from `follow.offset` as the manager streams it, until the stream
+        ends (the attempt's log is final, or its window passed): the caller reads on with a
+        plain read, which says which. A broken stream is opened again from the byte reached."""
+        tries = _Tries(self, True)
+        while True:
+            request = self._prepare(
+                "GET",
+                f"/jobs/{_segment(job_id)}/logs/stream",
+                params=_stream_params(follow, rank, stream),
+            )
+            decoder = _Decoder(follow.offset)
+            try:
+                with self._wire.stream(
+                    self.url, request, self._address(request), self._stream_timeout()
+                ) as response:
+                    self._reached = True
+                    follow.streamed(int(response.headers.get("X-Corral-Attempt", "0")))
+                    if response.status_code == 429:  # too many streams open: read, pause
+                        time.sleep(poll_s)
+                        return
+                    if response.status_code >= 400:
+                        whole = response.whole()
+                        refused = _answer(whole)
+                        assert refused is not None
+                        time.sleep(tries.after(refused, False, whole))
+                        continue
+                    for data in response.chunks:
+                        text = decoder.decode(data)
+                        follow.offset = decoder.offset
+                        if text:
+                            tries = _Tries(self, True)  # it flows again: a fresh allowance
+                            yield follow.saw(text)
+                return
+            except _Failed as failed:
+                follow.offset = decoder.offset
+                time.sleep(tries.after(failed.problem, failed.sent))
 
-    def vcs(self) -> list[dict]:
-        """Virtual clusters: name, guaranteed_gpus, allocated_gpus, pending, running."""
-        return self._request("GET", "/vcs")
 
-    def cluster(self) -> dict:
-        """Nodes and their GPUs (with the job holding each), and the VCs."""
-        return self._request("GET", "/cluster")
+# -- the wires: http.client (JsonClient: the CLI's, quick to load) and httpx (Client) -----------
 
-    def nodes(self) -> list[dict]:
-        """Every node: state (up, draining, drained, down), reason, by, since, GPUs, jobs."""
-        return self._request("GET", "/nodes")
 
-    def drain_node(self, node: str, reason: str, *, preempt: bool = False) -> dict:
-        """Drain a node (admins only): nothing new starts on it; with `preempt` its jobs are
-        preempted (checkpoint) and queued again, else they finish."""
-        return self._request(
-            "POST", f"/nodes/{_segment(node)}/drain", json={"reason": reason, "preempt": preempt}
+class _Wire:
+    def exchange(self, base: str, request: _Request, address: str) -> _Reply:
+        """One request to the manager at `base`; _Failed where it could not be made."""
+        raise NotImplementedError
+
+    def stream(
+        self, base: str, request: _Request, address: str, read_timeout: float
+    ) -> AbstractContextManager[_Streamed]:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def reopen(self, verify: bool) -> None:
+        self.close()
+
+
+class _StdlibWire(_Wire):
+    """The standard library's http.client: a CLI call loads it in a few ms (httpx and its
+    client take some 100 ms more); one kept-alive connection serves every request."""
+
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
+        self._connection: http.client.HTTPConnection | None = None
+        self._base: str | None = None
+
+    def close(self) -> None:
+        if self._connection is not None:
+            self._connection.close()
+            self._connection = None
+
+    def _connect(self, base: str, timeout: float) -> http.client.HTTPConnection:
+        import http.client
+
+        parts = urlsplit(base)
+        host, port = parts.hostname or "", parts.port
+        if parts.scheme == "https":
+            return http.client.HTTPSConnection(host, port, timeout=timeout)
+        return http.client.HTTPConnection(host, port, timeout=timeout)
+
+    @staticmethod
+    def _target(base: str, request: _Request) -> str:
+        target = urlsplit(base).path + "/api/v1" + request.path
+        if request.params:
+            target += "?" + urlencode(request.params)
+        return target
+
+    def exchange(self, base: str, request: _Request, address: str) -> _Reply:
+        """On the kept-alive connection; once more on a fresh connection when the server had
+        closed the old one meanwhile (nothing was sent then)."""
+        if base != self._base:
+            self.close()
+            self._base = base
+        target = self._target(base, request)
+        for retry in (True, False):
+            reused = self._connection is not None
+            connection = self._connection or self._connect(base, self.timeout)
+            self._connection = connection
+            try:
+                connection.request(
+                    request.method, target, body=request.content, headers=request.headers
+                )
+                answer = connection.getresponse()
+                content = answer.read()
+            except (ConnectionResetError, BrokenPipeError) as error:
+                self.close()
+                if reused and retry and _stale(error):
+                    continue
+                raise self._failed(error, base) from None
+            except BaseException as error:
+                self.close()
+                raise self._failed(error, base) from None
+            if answer.will_close:
+                self.close()
+            return _Reply(answer.status, answer.reason, answer.headers, content)
+        raise AssertionError("unreachable")
+
+    def _failed(self, error: BaseException, base: str) -> BaseException:
+        return _stdlib_problem(error, base, self.timeout) or error
+
+    @contextmanager
+    def stream(
+        self, base: str, request: _Request, address: str, read_timeout: float
+    ) -> Iterator[_Streamed]:
+        connection = self._connect(base, read_timeout)  # its own: it stays busy
+        try:
+            try:
+                connection.request(
+                    request.method, self._target(base, request), headers=request.headers
+                )
+                answer = connection.getresponse()
+            except BaseException as error:
+                raise self._failed(error, base) from None
+
+            def chunks() -> Iterator[bytes]:
+                while True:
+                    try:
+                        data = answer.read1(1 << 16)
+                    except BaseException as error:
+                        raise self._failed(error, base) from None
+                    if not data:
+                        return
+                    yield data
+
+            yield _Streamed(answer.status, answer.reason, answer.headers, chunks())
+        finally:
+            connection.close()
+
+
+def _stale(error: BaseException) -> bool:
+    """A kept-alive connection the server had closed (http.client.RemoteDisconnected is a
+    ConnectionResetError; a broken pipe: closed under the request)."""
+    return isinstance(error, ConnectionResetError | BrokenPipeError)
+
+
+class _HttpxWire(_Wire):
+    """httpx: a pool of kept-alive connections (Client's)."""
+
+    def __init__(self, timeout: float, verify: bool, transport: httpx.BaseTransport | None) -> None:
+        self.timeout = timeout
+        self._transport = transport  # (tests: a transport that loses answers)
+        self.http = self._open(verify)
+
+    def _open(self, verify: bool) -> httpx.Client:
+        _load_httpx()
+        import httpx
+
+        return httpx.Client(timeout=self.timeout, verify=verify, transport=self._transport)
+
+    def close(self) -> None:
+        self.http.close()
+
+    def reopen(self, verify: bool) -> None:
+        self.http.close()
+        self.http = self._open(verify)
+
+    def exchange(self, base: str, request: _Request, address: str) -> _Reply:
+        _load_httpx()
+        import httpx
+
+        try:
+            response = self.http.request(
+                request.method,
+                address,
+                params=request.params,
+                content=request.content,
+                headers=request.headers,
+            )
+        except httpx.HTTPError as error:
+            raise _httpx_problem(error, base, self.timeout) from None
+        return _Reply(
+            response.status_code, response.reason_phrase, response.headers, response.content
         )
 
-    def resume_node(self, node: str) -> dict:
-        """Bring a drained node back (admins only)."""
-        return self._request("POST", f"/nodes/{_segment(node)}/resume")
+    @contextmanager
+    def stream(
+        self, base: str, request: _Request, address: str, read_timeout: float
+    ) -> Iterator[_Streamed]:
+        _load_httpx()
+        import httpx
 
-    def reservations(self) -> list[dict]:
-        """Every reservation: name, start, end, duration, gpus, users, vcs, state, by."""
-        return self._request("GET", "/reservations")
+        timeout = httpx.Timeout(self.timeout, read=read_timeout)
+        try:
+            with self.http.stream(
+                "GET", address, params=request.params, headers=request.headers, timeout=timeout
+            ) as response:
 
-    def create_reservation(
+                def chunks() -> Iterator[bytes]:
+                    try:
+                        yield from response.iter_raw()
+                    except httpx.HTTPError as error:
+                        raise _httpx_problem(error, base, self.timeout) from None
+
+                yield _Streamed(
+                    response.status_code, response.reason_phrase, response.headers, chunks()
+                )
+        except httpx.HTTPError as error:
+            raise _httpx_problem(error, base, self.timeout) from None
+
+
+def _load_httpx() -> None:
+    """Import httpx, when first needed (JsonClient, the CLI's, never loads it), without its
+    own command line: httpx loads that (rich, pygments, click: some 100 ms) where those are
+    installed, and then `httpx.main` only says to install httpx[cli]."""
+    if "httpx" not in sys.modules:
+        sys.modules["httpx._main"] = None  # type: ignore[assignment]
+        try:
+            import httpx  # noqa: F401
+        finally:
+            del sys.modules["httpx._main"]
+
+
+# -- following a log -----------------------------------------------------------------------------
+
+
+def _log_params(
+    attempt: int | None, rank: int, stream: str, offset: int, tail: int | None
+) -> dict[str, Any]:
+    params: dict[str, Any] = {"rank": rank, "stream": stream}
+    if tail is None:
+        params["offset"] = offset
+    else:
+        params["tail"] = tail
+    if attempt is not None:
+        params["attempt"] = attempt
+    return params
+
+
+def _log_chunk(response: _Reply, attempt: int | None, offset: int) -> LogChunk:
+    headers = response.headers
+    return LogChunk(
+        text=response.text,
+        next_offset=int(headers.get("X-Corral-Offset", offset + len(response.content))),
+        finished=headers.get("X-Corral-Finished", "true") == "true",
+        attempt=int(headers.get("X-Corral-Attempt", attempt or 0)),
+    )
+
+
+@dataclass(slots=True)
+class _Read:
+    attempt: int | None
+    offset: int
+    tail: int | None
+
+
+@dataclass(slots=True)
+class _Follow:
+    """Where a follower of a job's log is: the attempt it follows (None: the latest, until one
+    is known), the byte it reached, whether its text so far ends a line. Shared by the blocking
+    and the asyncio clients; each read or stream moves it on."""
+
+    asked: int | None  # the attempt asked for (None: every attempt, the latest first)
+    tail: int | None
+    current: int | None = None
+    offset: int = 0
+    ends_line: bool = True
+
+    def __post_init__(self) -> None:
+        self.current = self.asked
+
+    def read(self) -> _Read:
+        """The next plain read: `tail` only the first time, then on from the offset."""
+        tail, self.tail = self.tail, None
+        return _Read(self.current, self.offset, tail)
+
+    def took(self, chunk: LogChunk) -> list[str]:
+        """What to yield of a plain read's chunk."""
+        if self.current is None and chunk.attempt:
+            self.current = chunk.attempt  # stay on it: a later attempt gets a separator
+        if not chunk.text:
+            return []
+        self.offset = chunk.next_offset
+        return [self.saw(chunk.text)]
+
+    def saw(self, text: str) -> str:
+        self.ends_line = text.endswith("\n")
+        return text
+
+    def streamed(self, attempt: int) -> None:
+        """The stream's header named the attempt it follows."""
+        if self.current is None and attempt:
+            self.current = attempt
+
+    def then(self, chunk: LogChunk) -> str:
+        """After a plain read: "stream" (the log grows: stream it), "again" (read once more to
+        be sure nothing is left), "next" (see whether a later attempt began) or "end"."""
+        if not chunk.finished:
+            return "stream"
+        if chunk.text:
+            return "again"
+        if self.asked is not None or self.current is None:
+            return "end"  # the attempt asked for is over, or the job ended before starting
+        return "next"
+
+    def next_attempt(self, latest: int) -> str | None:
+        """The separator line before the latest attempt's log, or None: the job ended with
+        this attempt."""
+        if self.current is None or latest <= self.current:
+            return None
+        self.current, self.offset = latest, 0
+        separator = ("" if self.ends_line else "\n") + f"--- attempt {latest} ---\n"
+        self.ends_line = True
+        return separator
+
+
+def _stream_params(follow: _Follow, rank: int, stream: str) -> dict[str, Any]:
+    params: dict[str, Any] = {"rank": rank, "stream": stream, "offset": follow.offset}
+    if follow.current is not None:
+        params["attempt"] = follow.current
+    return params
+
+
+class _Decoder:
+    """UTF-8 text of a byte stream that may cut a character in two, and the offset of the
+    bytes decoded so far (a cut character's first bytes wait for the rest)."""
+
+    def __init__(self, offset: int) -> None:
+        self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        self._received = offset
+
+    def decode(self, data: bytes) -> str:
+        self._received += len(data)
+        return str(self._decoder.decode(data))
+
+    @property
+    def offset(self) -> int:
+        return self._received - len(self._decoder.getstate()[0])
+
+
+class JsonClient(_Sync):
+    """The API's calls answering the server's JSON as it came: dicts and lists (what the CLI
+    prints), on the standard library's http.client: it loads neither httpx nor pydantic."""
+
+    def __init__(
         self,
-        name: str,
+        url: str | None = None,
+        token: str | None = None,
+        timeout: float = 30,
         *,
-        start: float,
-        duration: float,
-        gpus: int | None = None,
-        nodes: list[str] | None = None,
-        users: list[str] | None = None,
-        vcs: list[str] | None = None,
-    ) -> dict:
-        """Reserve `gpus` GPUs or the `nodes` from `start` (the manager's clock, seconds) for
-        `duration` seconds for these users and VCs (admins only)."""
-        body: dict = {"name": name, "start": start, "duration": duration}
-        body |= {"users": users or [], "vcs": vcs or []}
-        body |= {"gpus": gpus} if gpus is not None else {"nodes": nodes or []}
-        return self._request("POST", "/reservations", json=body)
+        failover_s: float | None = None,
+    ) -> None:
+        super().__init__(url, token, timeout, failover_s=failover_s)
+        self._wire = _StdlibWire(timeout)
 
-    def delete_reservation(self, name: str) -> dict:
-        """Delete a reservation (admins only)."""
-        return self._request("DELETE", f"/reservations/{_segment(name)}")
+    def submit(
+        self, spec: Mapping[str, Any] | str | Path, *, source: str | None = None
+    ) -> dict[str, Any]:
+        """Submit a job spec (a mapping, or a YAML/JSON file's path) -> the job's summary.
+        Refusals of a file's spec name the file (`source` names it for a mapping)."""
+        return _object(self._submit(spec, source))
 
-    def profiles(self) -> list[dict]:
+    def jobs(
+        self,
+        status: str | None = None,
+        vc: str | None = None,
+        user: str | None = None,
+        limit: int | None = None,
+        name: str | None = None,
+    ) -> list[dict[str, Any]]:
+        """Jobs newest first (a user sees their own and their VC's), filtered by the server:
+        the first `limit`, or (None) all of them, read a page at a time."""
+        return [_object(one) for one in self._jobs(status, vc, user, limit, name)]
+
+    def queue(self, limit: int = 100) -> dict[str, Any]:
+        """The waiting jobs in the scheduler's order: {"total": how many wait, "jobs": the
+        first `limit` of them (summaries, whose `reason` says why each waits)}."""
+        return _object(self._request("GET", "/queue", params={"limit": limit}))
+
+    def job(self, job_id: str | int) -> dict[str, Any]:
+        """One job's detail: the summary plus spec, attempts, events."""
+        return _object(self._request("GET", f"/jobs/{_segment(job_id)}"))
+
+    def cancel(self, job_id: str | int, *, array: bool = False) -> dict[str, Any]:
+        """Cancel the job; `array`: every unfinished task of the array `job_id` names."""
+        return _object(self._control("cancel", job_id, array))
+
+    def hold(self, job_id: str | int, *, array: bool = False) -> dict[str, Any]:
+        """Keep a pending job (or every task of an array) from starting until released."""
+        return _object(self._control("hold", job_id, array))
+
+    def release(self, job_id: str | int, *, array: bool = False) -> dict[str, Any]:
+        """Let a held job (or every task of an array) start again."""
+        return _object(self._control("release", job_id, array))
+
+    def requeue(self, job_id: str | int) -> dict[str, Any]:
+        """Stop a running job and queue it again, or queue a failed or cancelled job again."""
+        return _object(self._control("requeue", job_id))
+
+    def wait(
+        self, job_id: str | int, timeout: float, poll_s: float = POLL_SECONDS
+    ) -> dict[str, Any]:
+        """The job's detail once it has ended (SUCCEEDED, FAILED, CANCELLED or REFUSED);
+        ClientError after `timeout` seconds."""
+        return _object(self._wait(job_id, timeout, poll_s))
+
+    def vcs(self) -> list[dict[str, Any]]:
+        """Virtual clusters: name, guaranteed_gpus, allocated_gpus, pending, running."""
+        return _objects(self._request("GET", "/vcs"))
+
+    def cluster(self) -> dict[str, Any]:
+        """Nodes and their GPUs (with the job holding each), and the VCs."""
+        return _object(self._request("GET", "/cluster"))
+
+    def profiles(self) -> list[dict[str, Any]]:
         """Measured throughput per VC, model and placement shape (steps/s): {model, gpu_type,
         gpus, nodes, colocated, vc, shared, steps_per_s, samples_per_s, seconds, runs,
         updated_at}; a user sees their VC's, the shared models' and those of no VC."""
-        return self._request("GET", "/profiles")
+        return _objects(self._request("GET", "/profiles"))
 
-    def shared_models(self) -> list[dict]:
+    def shared_models(self) -> list[dict[str, Any]]:
         """The models marked shared: {model, marked_by, marked_at}."""
-        return self._request("GET", "/profiles/shared")
+        return _objects(self._request("GET", "/profiles/shared"))
 
-    def share_model(self, model: str, shared: bool = True) -> dict:
+    def share_model(self, model: str, shared: bool = True) -> dict[str, Any]:
         """Mark `model` shared, or with `shared=False` not (admins only): {model, shared,
         changed}."""
-        return self._request(
-            "POST", "/profiles/share" if shared else "/profiles/unshare", json={"model": model}
+        path = "/profiles/share" if shared else "/profiles/unshare"
+        return _object(self._request("POST", path, json={"model": model}))
+
+
+class Client(_Sync):
+    """The API's calls answering typed records (corral.api_models: pydantic models; a job's
+    `status` is a JobStatus). A record also reads as a mapping (`job["status"]`), as the
+    answers of this client did before they were typed. On httpx (`transport`: httpx's, e.g.
+    a test's that loses answers)."""
+
+    def __init__(
+        self,
+        url: str | None = None,
+        token: str | None = None,
+        timeout: float = 30,
+        *,
+        failover_s: float | None = None,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        super().__init__(url, token, timeout, failover_s=failover_s)
+        self._wire = _HttpxWire(timeout, self._verify, transport)
+
+    def submit(
+        self, spec: Mapping[str, Any] | str | Path, *, source: str | None = None
+    ) -> JobSummary:
+        """Submit a job spec (a mapping, or a YAML/JSON file's path) -> the job's summary (a
+        job array's also has `array_tasks`, its tasks' ids). Refusals of a file's spec name
+        the file (`source` names it for a mapping). A spec with `env_from: submitter` and no
+        `submitter_env` gets this process's environment there, less what corral.submitenv
+        keeps back. Made again across a restart, it stores one job (its idempotency key)."""
+        return _as_JobSummary(self._submit(spec, source))
+
+    def jobs(
+        self,
+        status: str | JobStatus | None = None,
+        vc: str | None = None,
+        user: str | None = None,
+        limit: int | None = None,
+        name: str | None = None,
+    ) -> list[JobSummary]:
+        """Jobs newest first (a user sees their own and their VC's), filtered by the server:
+        the first `limit`, or (None) all of them, read a page at a time."""
+        found = self._jobs(None if status is None else str(status), vc, user, limit, name)
+        summary = _as_JobSummary
+        return [summary(one) for one in found]
+
+    def queue(self, limit: int = 100) -> QueueView:
+        """The waiting jobs in the scheduler's order: `total` (how many wait) and `jobs` (the
+        first `limit` of them, whose `reason` says why each waits)."""
+        answer = self._request("GET", "/queue", params={"limit": limit})
+        return _as_QueueView(answer)
+
+    def job(self, job_id: str | int) -> JobDetail:
+        """One job's detail: the summary plus spec, attempts, events."""
+        return _as_JobDetail(self._request("GET", f"/jobs/{_segment(job_id)}"))
+
+    def cancel(self, job_id: str | int, *, array: bool = False) -> JobSummary:
+        """Cancel the job; `array`: every unfinished task of the array `job_id` names."""
+        return _as_JobSummary(self._control("cancel", job_id, array))
+
+    def hold(self, job_id: str | int, *, array: bool = False) -> JobSummary:
+        """Keep a pending job (or every task of an array) from starting until released."""
+        return _as_JobSummary(self._control("hold", job_id, array))
+
+    def release(self, job_id: str | int, *, array: bool = False) -> JobSummary:
+        """Let a held job (or every task of an array) start again."""
+        return _as_JobSummary(self._control("release", job_id, array))
+
+    def requeue(self, job_id: str | int) -> JobSummary:
+        """Stop a running job and queue it again, or queue a failed or cancelled job again."""
+        return _as_JobSummary(self._control("requeue", job_id))
+
+    def wait(self, job_id: str | int, timeout: float, poll_s: float = POLL_SECONDS) -> JobDetail:
+        """The job's detail once it has ended (SUCCEEDED, FAILED, CANCELLED or REFUSED);
+        ClientError after `timeout` seconds. It rides out restarts of the manager (each
+        read is made again for up to `failover_s`)."""
+        return _as_JobDetail(self._wait(job_id, timeout, poll_s))
+
+    def vcs(self) -> list[VcView]:
+        """Virtual clusters: name, guaranteed_gpus, allocated_gpus, pending, running."""
+        view = _as_VcView
+        return [view(one) for one in self._request("GET", "/vcs")]
+
+    def cluster(self) -> ClusterView:
+        """Nodes and their GPUs (with the job holding each), and the VCs."""
+        return _as_ClusterView(self._request("GET", "/cluster"))
+
+    def profiles(self) -> list[ProfileInfo]:
+        """Measured throughput per VC, model and placement shape (steps/s); a user sees their
+        VC's, the shared models' and those of no VC."""
+        info = _as_ProfileInfo
+        return [info(one) for one in self._request("GET", "/profiles")]
+
+    def shared_models(self) -> list[SharedModel]:
+        """The models marked shared."""
+        model = _as_SharedModel
+        return [model(one) for one in self._request("GET", "/profiles/shared")]
+
+    def share_model(self, model: str, shared: bool = True) -> ShareAnswer:
+        """Mark `model` shared, or with `shared=False` not (admins only)."""
+        path = "/profiles/share" if shared else "/profiles/unshare"
+        answer = self._request("POST", path, json={"model": model})
+        return _as_ShareAnswer(answer)
+
+
+class AsyncClient(_Base):
+    """The job calls of Client on asyncio (httpx.AsyncClient), with the same tries across a
+    restart or a failover: submit, job, jobs, cancel, wait, log_chunk, follow_logs."""
+
+    def __init__(
+        self,
+        url: str | None = None,
+        token: str | None = None,
+        timeout: float = 30,
+        *,
+        failover_s: float | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        super().__init__(url, token, timeout, failover_s=failover_s)
+        self._transport = transport
+        self._http = self._open()
+        self._retired: list[httpx.AsyncClient] = []
+
+    def _open(self) -> httpx.AsyncClient:
+        _load_httpx()
+        import httpx
+
+        return httpx.AsyncClient(
+            timeout=self.timeout, verify=self._verify, transport=self._transport
         )
 
-    def scheduler_config(self) -> dict:
-        """The scheduler config the manager runs with: {"scheduler": {...}}."""
-        return self._request("GET", "/config")
+    def _reopen(self) -> None:
+        self._retired.append(self._http)  # closed with this client (no await here)
+        self._http = self._open()
 
-    def create_token(
+    async def aclose(self) -> None:
+        for one in [*self._retired, self._http]:
+            await one.aclose()
+        self._retired.clear()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
         self,
-        user: str,
-        vc: str | None = None,
-        admin: bool = False,
-        *,
-        unix_user: str | None = None,
-        expires_in: float | None = None,
-    ) -> dict:
-        """A new token (admins only): {token, id, user, vc, admin, unix_user, expires_at}; the
-        secret is shown only now. `unix_user`: the account the user's jobs run as (default:
-        the one named like the user); `expires_in`: seconds from now (default: never)."""
-        body: dict[str, Any] = {"user": user, "admin": admin}
-        if vc is not None:
-            body["vc"] = vc
-        if unix_user is not None:
-            body["unix_user"] = unix_user
-        if expires_in is not None:
-            body["expires_in_seconds"] = expires_in
-        return self._request("POST", "/tokens", json=body)
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.aclose()
 
-    def tokens(self) -> list[dict]:
-        """Every token (admins only), oldest first: {id, user, vc, admin, unix_user, name,
-        created_at, expires_at, revoked_at, state}; never a secret."""
-        return self._request("GET", "/tokens")
+    async def _request(self, method: str, path: str, **kwargs: Any) -> Any:
+        return (await self._send(method, path, **kwargs)).json()
 
-    def revoke_token(self, token_id: str) -> dict:
-        """Revoke one token by its id (admins only); returns it as listed."""
-        return self._request("DELETE", f"/tokens/{_segment(token_id)}")
+    async def _send(self, method: str, path: str, **kwargs: Any) -> _Reply:
+        import httpx
 
-    def revoke_user_tokens(self, user: str) -> list[dict]:
-        """Revoke every token of `user` (admins only); returns those revoked now."""
-        return self._request("POST", "/tokens/revoke", json={"user": user})["revoked"]
-
-    def export(self, name: str) -> dict:
-        """The job history as `corral export-trace` writes it (admins only): {"files": {file
-        name: text}, "format", "written", "never_ran", ...}; `name` is the trace's file name,
-        NAME.corral.jsonl or NAME.csv (Helios's format), and names the files beside it."""
-        return self._request("GET", "/export", params={"name": name})
-
-    def whoami(self) -> dict:
-        return self._request("GET", "/whoami")
-
-    def usage(self, since: float, until: float | None = None, by: str = "user") -> dict:
-        """GPU-hours, jobs and queueing per user (`by="vc"`: per VC) in [since, until) (epoch
-        seconds; until: now): {since, until, by, rows, total} (docs/server.md, usage)."""
-        params: dict[str, Any] = {"since": since, "by": by}
-        if until is not None:
-            params["until"] = until
-        return self._request("GET", "/usage", params=params)
-
-    # -- HTTP ---------------------------------------------------------------------------------
-
-    def _request(self, method: str, path: str, **kwargs: Any) -> Any:
-        return self._send(method, path, **kwargs).json()
-
-    def _send(
-        self,
-        method: str,
-        path: str,
-        *,
-        params: Mapping[str, Any] | None = None,
-        json: Any = None,
-        headers: Mapping[str, str] | None = None,
-    ) -> Response:
-        target_path = "/api/v1" + path
-        if params:
-            target_path += "?" + urlencode({k: v for k, v in params.items() if v is not None})
-        sent_headers = dict(self._headers)
-        if headers:
-            sent_headers.update(headers)
-        body = None
-        if json is not None:
-            body = _json_bytes(json)
-            sent_headers["Content-Type"] = "application/json"
-        repeatable = method == "GET" or _repeatable(method, path, sent_headers)
-        deadline: float | None = None
-        tried: set[int] = set()
+        request = self._prepare(method, path, **kwargs)
+        tries = _Tries(self, request.repeatable)
         while True:
-            problem: ClientError
+            address = self.url
             try:
-                response = self._exchange(method, self._prefix + target_path, body, sent_headers)
-            except (ConnectionRefusedError, socket.gaierror):  # nothing was sent
-                problem = ClientError(
-                    f"cannot reach corral at {self.url}: is `corral up` running? (CORRAL_URL)"
+                answer = await self._http.request(
+                    request.method,
+                    self._address(request),
+                    params=request.params,
+                    content=request.content,
+                    headers=request.headers,
                 )
-                sent = False
-            except ConnectionError:
-                problem = ClientError(
-                    f"cannot reach corral at {self.url}: is `corral up` running? (CORRAL_URL)"
-                )
-                sent = True
-            except TimeoutError:
-                problem = ClientError(
-                    f"corral at {self.url} did not answer within {self.timeout:g} s"
-                )
-                sent = True
-            except (OSError, http.client.HTTPException) as error:
-                problem = ClientError(f"corral at {self.url}: {error or type(error).__name__}")
-                sent = True
+            except httpx.HTTPError as error:
+                failed = _httpx_problem(error, address, self.timeout)
+                pause = tries.after(failed.problem, failed.sent)
             else:
-                if response.status_code < 400:
+                self._reached = True
+                response = _Reply(
+                    answer.status_code, answer.reason_phrase, answer.headers, answer.content
+                )
+                refused = _answer(response)
+                if refused is None:
                     return response
-                problem = ClientError(_detail(response), response.status_code)
-                if (
-                    response.status_code != 503
-                    or len(self._targets) == 1
-                    and not (response.headers.get(LEADER_HEADER))
-                ):
-                    raise problem
-                sent = False  # a 503 changed nothing: the call may be repeated
-                leader = response.headers.get(LEADER_HEADER)
-                if leader and leader.rstrip("/") != self.url:
-                    if deadline is None:
-                        deadline = time.monotonic() + self.failover_s
-                    if time.monotonic() < deadline and self._follow(leader.rstrip("/")):
-                        continue
-            if len(self._targets) == 1 or (sent and not repeatable):
-                raise problem from None
-            if deadline is None:
-                deadline = time.monotonic() + self.failover_s
-            if time.monotonic() >= deadline:
-                raise problem from None
-            tried.add(self._at)
-            if len(tried) >= len(self._targets):  # each was tried: wait a little, then again
-                tried.clear()
-                time.sleep(FAILOVER_PAUSE_S)
-            self._use((self._at + 1) % len(self._targets))
+                pause = tries.after(refused, False, response)
+            await _sleep(pause)
 
-    def _follow(self, leader: str) -> bool:
-        """Go to the leader a standby named; False for an address that is no usable URL."""
-        for index, target in enumerate(self._targets):
-            if target[0] == leader:
-                self._use(index)
-                return True
+    async def submit(
+        self, spec: Mapping[str, Any] | str | Path, *, source: str | None = None
+    ) -> JobSummary:
+        """As Client.submit: one job however often it is made again."""
+        body, source = _spec_body(spec, source)
+        key = {IDEMPOTENCY_HEADER: uuid.uuid4().hex}
         try:
-            self._targets.append(_target(leader))
-        except ClientError:
-            return False
-        self.urls.append(leader)
-        self._use(len(self._targets) - 1)
-        return True
+            answer = await self._request("POST", "/jobs", json=body, headers=key)
+        except ClientError as error:
+            raise _named(error, source) from None
+        return _as_JobSummary(answer)
 
-    def _exchange(
-        self, method: str, target: str, body: bytes | None, headers: dict[str, str]
-    ) -> Response:
-        """One request on the kept-alive connection; once more on a fresh connection when the
-        server had closed the old one meanwhile (nothing was sent then)."""
-        for retry in (True, False):
-            reused = self._connection is not None
-            connection = self._connection or self._connect()
-            self._connection = connection
+    async def job(self, job_id: str | int) -> JobDetail:
+        answer = await self._request("GET", f"/jobs/{_segment(job_id)}")
+        return _as_JobDetail(answer)
+
+    async def jobs(
+        self,
+        status: str | JobStatus | None = None,
+        vc: str | None = None,
+        user: str | None = None,
+        limit: int | None = None,
+        name: str | None = None,
+    ) -> list[JobSummary]:
+        found: list[Any] = []
+        before: str | None = None
+        while limit is None or len(found) < limit:
+            page = PAGE_SIZE if limit is None else min(PAGE_SIZE, limit - len(found))
+            params = {
+                "status": None if status is None else str(status),
+                "vc": vc,
+                "user": user,
+                "name": name,
+                "limit": page,
+                "before_id": before,
+            }
+            response = await self._send("GET", "/jobs", params=params)
+            found += response.json()
+            before = response.headers.get(NEXT_PAGE_HEADER)
+            if before is None:
+                break
+        summary = _as_JobSummary
+        return [summary(one) for one in found]
+
+    async def cancel(self, job_id: str | int, *, array: bool = False) -> JobSummary:
+        params = {"array": "true"} if array else None
+        answer = await self._request("POST", f"/jobs/{_segment(job_id)}/cancel", params=params)
+        return _as_JobSummary(answer)
+
+    async def wait(
+        self, job_id: str | int, timeout: float, poll_s: float = POLL_SECONDS
+    ) -> JobDetail:
+        deadline = time.monotonic() + timeout
+        while True:
+            job = await self.job(job_id)
+            if job.status.final:
+                return job
+            if time.monotonic() >= deadline:
+                raise ClientError(f"job {job_id} is still {job.status} after {timeout:g} s")
+            await _sleep(min(poll_s, max(0.0, deadline - time.monotonic())))
+
+    async def log_chunk(
+        self,
+        job_id: str | int,
+        attempt: int | None = None,
+        rank: int = 0,
+        stream: str = "stdout",
+        offset: int = 0,
+        tail: int | None = None,
+    ) -> LogChunk:
+        params = _log_params(attempt, rank, stream, offset, tail)
+        response = await self._send("GET", f"/jobs/{_segment(job_id)}/logs", params=params)
+        return _log_chunk(response, attempt, offset)
+
+    async def follow_logs(
+        self,
+        job_id: str | int,
+        attempt: int | None = None,
+        rank: int = 0,
+        stream: str = "stdout",
+        poll_s: float = POLL_SECONDS,
+        tail: int | None = None,
+    ) -> AsyncIterator[str]:
+        """As Client.follow_logs."""
+        follow = _Follow(attempt, tail)
+        while True:
+            step = follow.read()
+            chunk = await self.log_chunk(job_id, step.attempt, rank, stream, step.offset, step.tail)
+            for text in follow.took(chunk):
+                yield text
+            then = follow.then(chunk)
+            if then == "stream":
+                async for text in self._stream_log(job_id, follow, rank, stream, poll_s):
+                    yield text
+            elif then == "next":
+                latest = (await self.log_chunk(job_id, None, rank, stream, 0)).attempt
+                separator = follow.next_attempt(latest)
+                if separator is None:
+                    return
+                yield separator
+            elif then == "end":
+                return
+
+    async def _stream_log(
+        self, job_id: str | int, follow: _Follow, rank: int, stream: str, poll_s: float
+    ) -> AsyncIterator[str]:
+        import httpx
+
+        tries = _Tries(self, True)
+        while True:
+            request = self._prepare(
+                "GET",
+                f"/jobs/{_segment(job_id)}/logs/stream",
+                params=_stream_params(follow, rank, stream),
+            )
+            address = self.url
+            decoder = _Decoder(follow.offset)
             try:
-                connection.request(method, target, body=body, headers=headers)
-                answer = connection.getresponse()
-                content = answer.read()
-            except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
-                self.close()
-                if reused and retry:
-                    continue
-                raise
-            except BaseException:
-                self.close()
-                raise
-            if answer.will_close:
-                self.close()
-            return Response(answer.status, answer.reason, answer.headers, content)
-        raise AssertionError("unreachable")
+                async with self._http.stream(
+                    "GET",
+                    self._address(request),
+                    params=request.params,
+                    headers=request.headers,
+                    timeout=httpx.Timeout(self.timeout, read=self._stream_timeout()),
+                ) as response:
+                    self._reached = True
+                    follow.streamed(int(response.headers.get("X-Corral-Attempt", "0")))
+                    if response.status_code == 429:
+                        await _sleep(poll_s)
+                        return
+                    if response.status_code >= 400:
+                        whole = _Reply(
+                            response.status_code,
+                            response.reason_phrase,
+                            response.headers,
+                            await response.aread(),
+                        )
+                        refused = _answer(whole)
+                        assert refused is not None
+                        await _sleep(tries.after(refused, False, whole))
+                        continue
+                    async for data in response.aiter_raw():
+                        text = decoder.decode(data)
+                        follow.offset = decoder.offset
+                        if text:
+                            tries = _Tries(self, True)
+                            yield follow.saw(text)
+                return
+            except httpx.HTTPError as error:
+                follow.offset = decoder.offset
+                failed = _httpx_problem(error, address, self.timeout)
+                await _sleep(tries.after(failed.problem, failed.sent))
 
-    def _connect(self) -> http.client.HTTPConnection:
-        if self._scheme == "https":
-            return http.client.HTTPSConnection(self._host, self._port, timeout=self.timeout)
-        return http.client.HTTPConnection(self._host, self._port, timeout=self.timeout)
+
+async def _sleep(seconds: float) -> None:
+    import asyncio  # (here: the blocking clients, the CLI's, do without it)
+
+    await asyncio.sleep(seconds)
 
 
-def _target(url: str) -> tuple[str, str, str, int | None, str]:
-    """(url, scheme, host, port, path prefix) of one manager's address."""
+# -- helpers ------------------------------------------------------------------------------------
+
+
+# corral.api_models is imported when a typed answer is first made: pydantic takes a while to
+# load, and JsonClient (the CLI's) never loads it.
+
+
+def _as_JobSummary(answer: Any) -> JobSummary:
+    from corral.api_models import JobSummary
+
+    return JobSummary.model_validate(answer)
+
+
+def _as_JobDetail(answer: Any) -> JobDetail:
+    from corral.api_models import JobDetail
+
+    return JobDetail.model_validate(answer)
+
+
+def _as_QueueView(answer: Any) -> QueueView:
+    from corral.api_models import QueueView
+
+    return QueueView.model_validate(answer)
+
+
+def _as_VcView(answer: Any) -> VcView:
+    from corral.api_models import VcView
+
+    return VcView.model_validate(answer)
+
+
+def _as_ClusterView(answer: Any) -> ClusterView:
+    from corral.api_models import ClusterView
+
+    return ClusterView.model_validate(answer)
+
+
+def _as_ProfileInfo(answer: Any) -> ProfileInfo:
+    from corral.api_models import ProfileInfo
+
+    return ProfileInfo.model_validate(answer)
+
+
+def _as_SharedModel(answer: Any) -> SharedModel:
+    from corral.api_models import SharedModel
+
+    return SharedModel.model_validate(answer)
+
+
+def _as_ShareAnswer(answer: Any) -> ShareAnswer:
+    from corral.api_models import ShareAnswer
+
+    return ShareAnswer.model_validate(answer)
+
+
+def _object(value: Any) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ClientError(f"corral answered {type(value).__name__}, not a JSON object")
+    return value
+
+
+def _objects(value: Any) -> list[dict[str, Any]]:
+    if not isinstance(value, list):
+        raise ClientError(f"corral answered {type(value).__name__}, not a JSON list")
+    return [_object(one) for one in value]
+
+
+def _target(url: str) -> str:
+    """One manager's address, checked: http(s)://HOST[:PORT][/PREFIX]."""
     try:
         parts = urlsplit(url)
-        port = parts.port
+        parts.port  # noqa: B018 (a port that is no number raises here)
     except ValueError as error:
         raise ClientError(f"CORRAL_URL: not a usable URL {url!r} ({error})") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ClientError(f"CORRAL_URL: not a usable URL {url!r} (expected http://HOST:PORT)")
-    return url, parts.scheme, parts.hostname, port, parts.path.rstrip("/")
+    return url.rstrip("/")
 
 
 def _env_seconds(name: str, default: float) -> float:
@@ -619,16 +1601,6 @@ def _env_seconds(name: str, default: float) -> float:
     return value
 
 
-def _repeatable(method: str, path: str, headers: Mapping[str, str]) -> bool:
-    """Whether a request sent once may be sent again with the same effect: a submission with
-    its idempotency key, a cancel."""
-    if method != "POST":
-        return False
-    if path == "/jobs":
-        return IDEMPOTENCY_HEADER in headers
-    return path.startswith("/jobs/") and path.endswith("/cancel")
-
-
 def _json_bytes(value: Any) -> bytes:
     return json.dumps(value, separators=(",", ":"), allow_nan=False).encode()
 
@@ -638,7 +1610,7 @@ def _segment(job_id: str | int) -> str:
     return quote(str(job_id), safe="")
 
 
-def _detail(response: Response) -> str:
+def _detail(response: _Reply) -> str:
     """The server's one-line reason for a refusal."""
     try:
         detail = response.json().get("detail")
@@ -652,4 +1624,4 @@ def _detail(response: Response) -> str:
     if not isinstance(detail, str) or not detail:
         text = response.text.strip().splitlines()
         detail = text[0] if text else response.reason_phrase
-    return " ".join(detail.split()) or f"HTTP {response.status_code}"
+    return " ".join(str(detail).split()) or f"HTTP {response.status_code}"

@@ -33,10 +33,9 @@ from corral.cli.output import (
 )
 
 if TYPE_CHECKING:
-    from corral.client import Client
+    from corral.client import JsonClient
 
 DEFAULT_LS_LIMIT = 50
-REASON_WIDTH = 60  # `ls -o table` shortens the reason to this many characters
 STATUSES = ("PENDING", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED", "REFUSED")
 #: The scheduler's explanation of a pending job starts with its place in the queue; `ls` shows
 #: the status in its own column, so its REASON starts after that prefix.
@@ -56,12 +55,13 @@ def usage_error(message: str) -> NoReturn:
 
 
 @contextmanager
-def connected() -> Iterator[Client]:
-    """A Client from CORRAL_URL/CORRAL_TOKEN; its errors become one line and exit code 1."""
-    from corral.client import Client, ClientError
+def connected() -> Iterator[JsonClient]:
+    """A client from CORRAL_URL/CORRAL_TOKEN answering the server's JSON (what the commands
+    print); its errors become one line and exit code 1."""
+    from corral.client import ClientError, JsonClient
 
     try:
-        with Client() as client:
+        with JsonClient() as client:
             yield client
     except ClientError as error:
         refuse(error.message)
@@ -139,6 +139,8 @@ def submit(
         spec["gpus"] = int(gpus) if gpus == int(gpus) else gpus
     for setting in settings:
         _set_field(spec, setting)
+    if file is None and "gpus" not in spec:  # the spec's one required field, given by a flag
+        usage_error("--gpus is required: the GPUs the job needs (--gpus 1; a share of one: 0.5)")
     if "name" not in spec and file is None:
         spec["name"] = _name_of(command)
     # The job runs where it was submitted from, as with sbatch, unless the file says otherwise.
@@ -206,7 +208,7 @@ JOB_COLUMNS = (
     Column("ETA", lambda j: _eta(j.get("progress"))),
     Column("ATTEMPTS", lambda j: j["attempts"], wide_only=True),
     Column("PLACEMENT", lambda j: ",".join(j.get("placement") or []) or "-", wide_only=True),
-    Column("REASON", _reason, width=REASON_WIDTH),
+    Column("REASON", _reason),  # last: whole, however long (as kubectl's last column)
 )
 
 
@@ -226,7 +228,7 @@ JOB_COLUMNS = (
 )
 @click.option("--vc", help="only this VC's jobs")
 @click.option("--user", help="only this user's jobs")
-@click.option("--name", help="only jobs of this name")
+@click.option("--name", help="only jobs of this name (an array's: its tasks) or glob ('sweep*')")
 @output_option()
 def ls(
     all_jobs: bool,
@@ -239,8 +241,9 @@ def ls(
 ) -> None:
     """List jobs, newest first.
 
-    The server filters and pages: `corral ls --all` reads 10,000 jobs a request. The table is
-    plain text; -o wide adds columns and keeps each reason whole.
+    The server filters and pages: `corral ls --all` reads 10,000 jobs a request. --name takes a
+    name (an array's name: its tasks, NAME[i]) or a shell glob ('sweep*'). The table is plain
+    text, its last column, the reason, whole however long; -o wide adds columns.
     """
     if all_jobs and limit is not None:
         usage_error("--all and --limit: give one of them")
@@ -267,7 +270,7 @@ QUEUE_COLUMNS = (
     Column("PRIORITY", lambda j: j["priority"]),
     Column("WAIT", lambda j: _age(time.time() - j["submitted_at"])),
     Column("ATTEMPTS", lambda j: j["attempts"], wide_only=True),
-    Column("REASON", _reason, width=REASON_WIDTH),
+    Column("REASON", _reason),  # last: whole, however long (as kubectl's last column)
 )
 
 
@@ -358,11 +361,14 @@ def describe_text(job: dict[str, Any]) -> str:
         fields.append(("Throughput", _throughput_line(measured)))
     if spec.get("command"):
         command = spec["command"]
-        fields.append(("Command", command if isinstance(command, str) else " ".join(command)))
+        fields.append(("Command", command if isinstance(command, str) else shell_line(command)))
     if spec.get("workdir"):
         fields.append(("Workdir", spec["workdir"]))
     lines = [f"Job {job['id']}  {job['name']}"]
-    lines += [f"  {label + ':':<11} {' '.join(str(value).split())}" for label, value in fields]
+    lines += [
+        f"  {label + ':':<11} {value if label == 'Command' else ' '.join(str(value).split())}"
+        for label, value in fields
+    ]
     if job["status"] == "PENDING":
         lines.append(f"Why pending: {job['reason'] or 'not yet considered by the scheduler'}")
     elif job["reason"]:
@@ -389,6 +395,25 @@ def describe_text(job: dict[str, Any]) -> str:
         rows = [[_clock(e["at"]), e["kind"], " ".join(str(e["message"]).split())] for e in events]
         text += "\nEvents\n" + table_text(["TIME", "EVENT", "MESSAGE"], rows)
     return text
+
+
+def shell_line(argv: list[str]) -> str:
+    """An argv as one line a POSIX shell reads back to the same words (shlex.join); a word with
+    a control character (a newline, a tab) in bash's $'...' quoting, which keeps it one line."""
+    import shlex
+
+    words = []
+    for word in map(str, argv):
+        if any(ord(char) < 32 or ord(char) == 127 for char in word):
+            escaped = "".join(
+                {"\\": "\\\\", "'": "\\'", "\n": "\\n", "\t": "\\t", "\r": "\\r"}.get(char)
+                or (f"\\x{ord(char):02x}" if ord(char) < 32 or ord(char) == 127 else char)
+                for char in word
+            )
+            words.append(f"$'{escaped}'")
+        else:
+            words.append(shlex.quote(word))
+    return " ".join(words)
 
 
 # -- logs -------------------------------------------------------------------------------------
@@ -463,7 +488,11 @@ def filter_options(function: Any) -> Any:
             ),
             click.option("--user", "-u", help="only this user's jobs (an admin's token: anyone)"),
             click.option("--vc", help="only jobs of this VC"),
-            click.option("--name", "-n", help="only jobs whose name matches this glob (sweep-*)"),
+            click.option(
+                "--name",
+                "-n",
+                help="only jobs of this name (an array's: its tasks) or glob ('sweep-*')",
+            ),
         )
     ):
         function = option(function)

@@ -4,7 +4,8 @@ The everyday client commands (corral.cli.client: submit, ls, queue, describe, ..
 click commands: `corral submit` imports click, yaml and http.client, never typer, rich, numpy
 or the scheduling core, and starts in about 0.1 s (benchmarks/cli_speed.py). The simulator's
 and the manager's commands (simulate, up, config, ...) are typer commands of corral.cli.tools;
-`corral NAME ARGS` hands ARGS to that typer app.
+`corral NAME ARGS` hands ARGS to that typer app, once corral.cli.extras found the extra it
+needs installed (`pip install corral` is the client alone; `corral up` needs `corral[server]`).
 
 A new command is one line in COMMANDS: "module:attribute" of a click command, or "tools" for a
 command of corral.cli.tools' typer app (registered there), with the one-line help that
@@ -79,6 +80,12 @@ class ToolCommand(click.Command):
         self.params = [click.Argument(["args"], nargs=-1, type=click.UNPROCESSED)]
 
     def invoke(self, ctx: click.Context) -> Any:
+        from corral.cli.extras import missing_extra
+
+        missing = missing_extra(self.name or "")
+        if missing is not None:  # a client-only install: say what to install, in one line
+            click.echo(f"error: {missing}", err=True)
+            raise click.exceptions.Exit(2)
         if not sys.stdout.isatty():
             os.environ.setdefault("COLUMNS", str(help_width()))  # rich's help width, piped
         import typer.main

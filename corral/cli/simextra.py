@@ -8,9 +8,10 @@ from __future__ import annotations
 import importlib.util
 
 from corral.cli.common import fail
+from corral.cli.extras import install_hint
 
 SIM_PACKAGES = ("scipy", "matplotlib")
-MESSAGE = "the simulator needs corral[sim]: pip install -e '.[sim]'"
+MESSAGE = f"the simulator needs the sim extra: {install_hint('sim')}"
 
 
 def missing_sim_packages() -> list[str]:

@@ -597,6 +597,9 @@ def serve(manager: object, options: object) -> None:
         console.print(f"  role       {role_line(manager.lease)}", highlight=False, soft_wrap=True)
     console.print(f"  {identity_line(manager)}", highlight=False, soft_wrap=True)
     console.print(f"  {limits_line(manager)}", highlight=False, soft_wrap=True)
+    if manager.settings.health is not None:
+        health = manager.settings.health.describe()
+        console.print(f"  health     {health}", highlight=False, soft_wrap=True)
     if manager.lease is not None:
         # uvicorn stops on SIGTERM, then raises it again with the handler found before it ran:
         # this one ends the process through `finally`, so that the lease is given up (a standby

@@ -289,7 +289,12 @@ class Scheduler(SchedulerState):
         elif job.hold_until and job.pending_reason.startswith("retry backoff"):
             cause = "retry backoff over: waiting for the next scheduling round"
         elif job.pending_reason == "not yet considered" and position > 0:
-            cause = "behind higher-priority jobs"
+            # The queue is sorted by level first (higher first): the job at its head has the
+            # highest level waiting. Jobs of the job's own level are ahead by the policy's order.
+            if self.pending[0][0] < self._stored[job.seq][0]:
+                cause = "behind higher-priority jobs"
+            else:
+                cause = f"behind jobs of the same priority ahead in the {self.policy.name} order"
         else:
             cause = job.pending_reason
         parts = [f"PENDING, position {position + 1} of {len(self.pending)} in the queue", cause]

@@ -31,6 +31,7 @@ from corral.exec import contain, logcap, safefs
 from corral.exec.shim import (
     FORWARD_FILE,
     FORWARD_SIGNAL,
+    PROCESS_RANKS_VARIABLE,
     is_alive,
     last_line,
     process_start_time,
@@ -199,7 +200,8 @@ def placement_worker_envs(
     gives each process (0 to n-1) is its own GPU's index; NODE_RANK / NNODES are the worker's
     rank and the worker count, as torchrun's --node_rank and --nnodes (two workers on one node
     are two of torchrun's "nodes"). torchrun sets RANK, WORLD_SIZE and the LOCAL_ ones of its
-    processes itself, over the agent's.
+    processes itself, over the agent's; CORRAL_PROCESS_RANKS lists the RANKs it will give them
+    (the local supervisor makes each its own log files: corral.exec.shim).
 
     Every worker gets CORRAL_GPUS_PER_WORKER, its own device count. MASTER_ADDR and MASTER_PORT
     left empty are the executor's to fill in (it knows where rank 0 runs). corral's variables win
@@ -214,10 +216,14 @@ def placement_worker_envs(
     envs = []
     for rank, (node, devices) in enumerate(placement):
         ranks_here = by_node[node]
+        processes: list[int] = []
         if launcher == "torchrun":
             visible = list(devices)
             own = list(range(len(devices)))
             node_rank, nnodes = rank, len(placement)
+            # the RANKs torchrun gives this agent's processes: its node's, after the earlier ones'
+            first = sum(len(placement[other][1]) for other in range(rank))
+            processes = list(range(first, first + len(devices)))
         else:
             visible = [device for other in ranks_here for device in placement[other][1]]
             before = sum(len(placement[other][1]) for other in ranks_here if other < rank)
@@ -245,6 +251,9 @@ def placement_worker_envs(
                 "CORRAL_CHECKPOINT_DIR": str(checkpoint_dir),
             }
         )
+        env.pop(PROCESS_RANKS_VARIABLE, None)  # corral's to set, not the spec's
+        if processes:
+            env[PROCESS_RANKS_VARIABLE] = ",".join(str(process) for process in processes)
         envs.append(env)
     return envs
 
@@ -264,19 +273,54 @@ _TORCHRUN = (
 )
 
 
+#: The same, each of torchrun's processes running `_TORCHRUN_PROCESS` (the shell's $1) with
+#: the job's program after it.
+_TORCHRUN_BY_RANK = (
+    'process=$1; shift; exec torchrun --nnodes="$NNODES" --node_rank="$NODE_RANK" '
+    '--nproc_per_node="$CORRAL_GPUS_PER_WORKER" --rdzv_backend=static '
+    '--master_addr="$MASTER_ADDR" --master_port="$MASTER_PORT" --max_restarts=0 '
+    '--no-python /bin/sh -c "$process" corral-process "$@"'
+)
+
+#: What torchrun runs as each of its processes: first its output to its own files where the
+#: supervisor made them ($CORRAL_RANK_LOGS/rank-$RANK.stdout and .stderr, by the RANK torchrun
+#: gave it), then the job's program: `--no-python PROGRAM ARGS` as is; a script or `-m MODULE`
+#: on torchrun's own interpreter with -u, as torchrun itself would run it. That interpreter is
+#: the first word of torchrun's command line (the parent's: the kernel puts it there when it
+#: runs torchrun's script, the path of a virtualenv's python included).
+_TORCHRUN_PROCESS = (
+    'if [ -n "$CORRAL_RANK_LOGS" ]; then '
+    'exec >>"$CORRAL_RANK_LOGS/rank-$RANK.stdout" 2>>"$CORRAL_RANK_LOGS/rank-$RANK.stderr"; fi; '
+    'if [ "$1" = --no-python ]; then shift; exec "$@"; fi; '
+    "python=$(tr '\\000' '\\n' < /proc/$PPID/cmdline | head -n 1); "
+    'exec "$python" -u "$@"'
+)
+
+
 def launch_argv(command: str | list[str], launcher: str = "none") -> list[str]:
     """A worker's argv for a job spec's command under `launcher` (LAUNCHERS).
 
     "none": `command_argv`. "torchrun": torchrun, found on the worker's PATH, with the flags
     of `_TORCHRUN`, then the command as torchrun's own arguments: the script and its arguments
-    (a list as is; a string split as the shell splits words, without running one), or e.g.
-    `-m package.module ARGS`, `--no-python PROGRAM ARGS`."""
+    (a list as is; a string split as the shell splits words, without running one), or
+    `-m package.module ARGS`, `--no-python PROGRAM ARGS`. Each of torchrun's processes writes
+    its output to its own files (`_TORCHRUN_PROCESS`); a command that starts with any other of
+    torchrun's flags is passed to torchrun as it is, its processes' output all in the agent's."""
     if launcher == "none":
         return command_argv(command)
     if launcher != "torchrun":
         raise ValueError(f"launcher: must be one of {', '.join(LAUNCHERS)} (got {launcher!r})")
     arguments = shlex.split(command) if isinstance(command, str) else list(command)
-    return ["/bin/sh", "-c", _TORCHRUN, "torchrun", *arguments]
+    first = arguments[0] if arguments else ""
+    if first in ("--no-python", "--no_python"):
+        program = ["--no-python", *arguments[1:]]
+    elif first in ("-m", "--module"):
+        program = ["-m", *arguments[1:]]
+    elif first.startswith("-") or not first:
+        return ["/bin/sh", "-c", _TORCHRUN, "torchrun", *arguments]
+    else:
+        program = arguments
+    return ["/bin/sh", "-c", _TORCHRUN_BY_RANK, "torchrun", _TORCHRUN_PROCESS, *program]
 
 
 def share_env(milli: int, memory_mib: int | None = None, device: int = 0) -> dict[str, str]:

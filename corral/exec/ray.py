@@ -55,6 +55,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from corral.exec import cachedir, contain, logcap, safefs
 from corral.exec.guard import KILL_REQUEST
+from corral.exec.healthcheck import CheckResult, check_node, first_line
 from corral.exec.local import (
     PRIVATE_VARIABLES,
     AttemptEnded,
@@ -63,6 +64,7 @@ from corral.exec.local import (
     attempt_directory,
     make_job_dirs,
 )
+from corral.exec.nvmlhealth import NvmlReader
 from corral.exec.shim import PROGRESS_VARIABLE, last_line, signal_name, write_json_atomic
 
 log = logging.getLogger(__name__)
@@ -72,6 +74,9 @@ NAMESPACE = "corral"
 NODE_RESOURCE_PREFIX = "corral-node-"
 #: A node declares `--labels corral-rack=NAME` to be in rack NAME.
 RACK_LABEL = "corral-rack"
+#: How long a node's health probe may take to answer beyond its command's timeout (the actor's
+#: start on a busy node included) before the node counts as unhealthy.
+HEALTH_ANSWER_S = 30.0
 #: The attempt dir's record of what was launched, read by `recover`.
 LAUNCH_FILE = "ray-launch.json"
 #: What the executor copies from a worker's node: its output and its progress reports.
@@ -521,7 +526,33 @@ class WorkerActor:
             pass
 
 
+class HealthProbe:
+    """A node's health checks, run on the node (one actor per node, kept between checks: its
+    NVML reader sees the XID events that arrive between two checks)."""
+
+    def __init__(self, nvml: bool) -> None:
+        self.nvml: NvmlReader | None = None
+        self.unavailable = ""
+        if nvml:
+            reader = NvmlReader()
+            if reader.open():
+                self.nvml = reader
+            else:
+                self.unavailable = reader.unavailable
+
+    def check(
+        self, command: tuple[str, ...], node: str, gpus: int, timeout_s: float, cap: int
+    ) -> tuple[bool, str]:
+        result = check_node(command, node, gpus, timeout_s, cap, self.nvml)
+        return result.healthy, result.reason
+
+    def forget(self) -> None:
+        if self.nvml is not None:
+            self.nvml.forget()
+
+
 _RemoteWorker = ray.remote(WorkerActor)
+_RemoteHealthProbe = ray.remote(HealthProbe)
 _remote_trim = ray.remote(num_cpus=0, max_retries=0)(cachedir.trim)
 
 
@@ -613,6 +644,8 @@ class RayExecutor:
         self._lock = threading.Lock()
         self._names: dict[str, str] = {}  # Ray's node id -> corral's name, while it lives
         self._names_lock = threading.Lock()
+        self._probes: dict[str, tuple[str, Any]] = {}  # node -> (Ray's node id, its probe)
+        self._probes_lock = threading.Lock()
         self._closing = threading.Event()
         self._copier = threading.Thread(target=self._copy_logs, name="corral-ray-logs", daemon=True)
         self._copier.start()
@@ -987,9 +1020,74 @@ class RayExecutor:
         as the attempt ends, and cannot be asked again once their actors are gone: 0."""
         return 0
 
+    # -- health checks -------------------------------------------------------------------------
+
+    def check_node_health(
+        self,
+        node: str,
+        gpus: int,
+        command: tuple[str, ...],
+        timeout_s: float,
+        output_cap: int,
+        nvml: bool,
+    ) -> CheckResult:
+        """The node's health check (corral.exec.healthcheck), run on the node by its probe
+        actor: the site's command there, NVML of the node's GPUs. A node Ray no longer has, or
+        whose probe does not answer within the command's timeout and HEALTH_ANSWER_S, is
+        unhealthy."""
+        found = next((n for n in self.nodes() if n.name == node), None)
+        if found is None:
+            return CheckResult(False, f"health check: Ray has no live node {node}")
+        probe = self._health_probe(found, nvml)
+        wait_s = timeout_s + HEALTH_ANSWER_S
+        try:
+            healthy, reason = ray.get(
+                probe.check.remote(command, node, gpus, timeout_s, output_cap), timeout=wait_s
+            )
+        except GetTimeoutError:
+            self._drop_probe(node)
+            return CheckResult(
+                False, f"health check: no answer from Ray node {node} in {wait_s:g} s"
+            )
+        except RayError as error:
+            self._drop_probe(node)
+            return CheckResult(False, first_line(f"health check on Ray node {node}: {error}"))
+        return CheckResult(bool(healthy), str(reason))
+
+    def forget_node_health(self, node: str) -> None:
+        """An admin resumed the node: its probe forgets the XID errors NVML reported."""
+        with self._probes_lock:
+            held = self._probes.get(node)
+        if held is not None:
+            held[1].forget.remote()
+
+    def _health_probe(self, node: RayNode, nvml: bool) -> Any:
+        with self._probes_lock:
+            held = self._probes.get(node.name)
+            if held is not None and held[0] == node.node_id:
+                return held[1]
+            probe = _RemoteHealthProbe.options(
+                num_cpus=0,
+                max_restarts=0,
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node.node_id, False),
+            ).remote(nvml)
+            self._probes[node.name] = (node.node_id, probe)
+            return probe
+
+    def _drop_probe(self, node: str) -> None:
+        with self._probes_lock:
+            held = self._probes.pop(node, None)
+        if held is not None:
+            try:
+                ray.kill(held[1])
+            except RayError:
+                pass
+
     def close(self) -> None:
         """Stop tracking. Never kills: the detached actors outlive the manager."""
         self._closing.set()
+        for node in list(self._probes):
+            self._drop_probe(node)
         self._copier.join(timeout=15)
         with self._lock:
             self._tracked.clear()

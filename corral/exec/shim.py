@@ -20,7 +20,9 @@ Files in ATTEMPT_DIR (the control files are the shim's, mode 0600):
                      worker starts, so that the executor can end it if the shim itself is killed
   workers.json       written once the workers run: {"pgid", "workers": [{rank, pid, start_time}]}
   rank-R.stdout/.stderr  each worker's output: created here (O_NOFOLLOW, mode 0600, owned by the
-                     run_as account), capped at log_cap_bytes (corral.exec.logcap) while it runs
+                     run_as account), capped at log_cap_bytes (corral.exec.logcap) while it runs;
+                     a torchrun worker's, one pair per process it starts, R its global RANK
+                     (PROCESS_RANKS_VARIABLE), the agent's own output in its first process's
   rank-R.progress    the worker's progress reports (docs/progress.md), appended by the job
                      through $CORRAL_PROGRESS_FILE: created and capped like the logs
   result.json        written atomically as the shim ends (see `AttemptResult` fields below), with
@@ -64,6 +66,12 @@ from corral.exec import contain, logcap, safefs
 
 #: Where a worker appends its progress reports (corral.progress; the protocol: docs/progress.md).
 PROGRESS_VARIABLE = "CORRAL_PROGRESS_FILE"
+#: A torchrun worker's variable (corral.exec.local.placement_worker_envs): the global RANKs
+#: torchrun gives its processes ("2,3"). Each gets its own rank-<RANK>.stdout and .stderr here
+#: (the agent's own output goes to its first process's), and the worker RANK_LOGS_VARIABLE, their
+#: directory, where each process sends its output (corral.exec.local._TORCHRUN_PROCESS).
+PROCESS_RANKS_VARIABLE = "CORRAL_PROCESS_RANKS"
+RANK_LOGS_VARIABLE = "CORRAL_RANK_LOGS"
 
 MAX_TAIL_CHARS = 300
 TAIL_BYTES = 64 * 1024
@@ -129,6 +137,15 @@ def write_json_atomic(
         return False
     finally:
         os.unlink(tmp, dir_fd=dir_fd)
+
+
+def process_ranks(value: str) -> list[int]:
+    """PROCESS_RANKS_VARIABLE's ranks ("2,3"); [] when unset or not such a list."""
+    try:
+        ranks = [int(part) for part in value.split(",")] if value else []
+    except ValueError:
+        return []
+    return ranks if all(0 <= rank <= 1_000_000 for rank in ranks) else []
 
 
 def last_line(path: Path, max_chars: int = MAX_TAIL_CHARS, dir_fd: int | None = None) -> str:
@@ -249,6 +266,9 @@ class Shim:
         self.container: contain.Container | None = None
         #: The workers' stdout/stderr files, kept open to cap them.
         self.log_fds: list[int] = []
+        #: Worker rank -> the rank its log files are named by (a torchrun worker's first
+        #: process's; the worker's own otherwise).
+        self.log_ranks: dict[int, int] = {}
         self.log_cap = logcap.DEFAULT_CAP_BYTES
         self.capper = LogCapper(self.log_fds, self.log_cap)
         self.leftover: list[int] = []
@@ -392,9 +412,16 @@ class Shim:
             argv = [str(arg) for arg in spec["argv"]]
             if run_as is not None:
                 argv = ["/bin/sh", "-c", 'cd -- "$0" && exec "$@"', workdir, *argv]
-            stdout = self.open_log(f"rank-{rank}.stdout", run_as)
-            stderr_name = f"rank-{rank}.stderr"
+            processes = process_ranks(env.get(PROCESS_RANKS_VARIABLE, ""))
+            log_rank = self.log_ranks[rank] = processes[0] if processes else rank
+            stdout = self.open_log(f"rank-{log_rank}.stdout", run_as)
+            stderr_name = f"rank-{log_rank}.stderr"
             stderr = self.open_log(stderr_name, run_as)
+            for process in processes[1:]:  # written by torchrun's processes, capped here
+                for stream in ("stdout", "stderr"):
+                    self.open_log(f"rank-{process}.{stream}", run_as)
+            if processes:
+                env[RANK_LOGS_VARIABLE] = str(self.attempt_dir)
             try:
                 with self.container.entered():
                     popen = subprocess.Popen(
@@ -546,7 +573,8 @@ class Shim:
                 reason = f"exit code {code} (rank {failed.rank})"
             else:
                 reason = f"killed by {signal_name(-code)} (rank {failed.rank})"
-            tail = last_line(Path(f"rank-{failed.rank}.stderr"), dir_fd=self.dir_fd)
+            log_rank = self.log_ranks.get(failed.rank, failed.rank)
+            tail = last_line(Path(f"rank-{log_rank}.stderr"), dir_fd=self.dir_fd)
             return AttemptResult(_exit_code(code), _signal_of(code), False, reason, tail, workers)
         first = self.workers[0].returncode
         assert first is not None

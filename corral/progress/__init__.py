@@ -54,14 +54,18 @@ def report(
     step: float,
     loss: float | None = None,
     samples: float | None = None,
+    *,
+    total_steps: float | None = None,
     **metrics: object,
 ) -> bool:
     """Append one progress line to `$CORRAL_PROGRESS_FILE`.
 
     step: the job's own step count (a finite number >= 0); loss: the latest training loss;
-    samples: the samples processed so far (cumulative, >= 0); `time` (wall-clock seconds) is
-    `time.time()` unless given; any other keyword is a metric whose value must be a JSON scalar
-    (a finite number, a bool, None, or a string of at most 256 characters).
+    samples: the samples processed so far (cumulative, >= 0); total_steps: the steps the whole
+    run will make (a finite number > 0; the manager's ETA needs it, from here or from the job's
+    spec); `time` (wall-clock seconds) is `time.time()` unless given; any other keyword is a
+    metric whose value must be a JSON scalar (a finite number, a bool, None, or a string of at
+    most 256 characters).
 
     Returns True when the line was written; False when the variable is unset or empty (outside
     corral), or when the file could not be written (a RuntimeWarning says why: progress
@@ -70,7 +74,7 @@ def report(
     everywhere. Thread-safe; each line is one `os.write` to a file opened with O_APPEND, so the
     lines of concurrent writers (threads, forked workers, torchrun's processes) never mix.
     """
-    line = encode(step, loss, samples, metrics)
+    line = encode(step, loss, samples, metrics, total_steps=total_steps)
     path = os.environ.get(ENV_VAR, "")
     if not path:
         return False
@@ -89,16 +93,24 @@ def encode(
     loss: float | None = None,
     samples: float | None = None,
     metrics: dict[str, object] | None = None,
+    *,
+    total_steps: float | None = None,
 ) -> bytes:
     """The line `report` writes (its "\\n" included), validated; ValueError otherwise."""
     fields: dict[str, object] = {"step": _number("step", step, minimum=0.0)}
     extra = dict(metrics or {})
+    total: object = extra.pop("total_steps", None) if total_steps is None else total_steps
     given_time = extra.pop("time", None)
     fields["time"] = time.time() if given_time is None else _number("time", given_time)
     if loss is not None:
         fields["loss"] = _number("loss", loss)
     if samples is not None:
         fields["samples"] = _number("samples", samples, minimum=0.0)
+    if total is not None:
+        steps = _number("total_steps", total)
+        if steps <= 0:
+            raise ValueError(f"progress total_steps: must be > 0, got {_show(total)}")
+        fields["total_steps"] = steps
     for name, value in extra.items():
         if not isinstance(name, str) or not name or len(name) > MAX_NAME_CHARS:
             raise ValueError(

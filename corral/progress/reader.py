@@ -17,11 +17,12 @@ anything there; the reader assumes nothing of it:
   calls it spans;
 - a line it cannot use (too long, not UTF-8, not JSON, NaN or Infinity, not an object, `step`
   missing, not a finite number >= 0 or a bool, `time`, `loss` or `samples` not a finite number,
-  `samples` < 0) is skipped and counted in `malformed`, `last_error` naming its line number;
+  `samples` < 0, `total_steps` not a finite number > 0) is skipped and counted in `malformed`,
+  `last_error` naming its line number;
 - a file that shrank, or was replaced (another inode), is read again from its start.
 
 Steps going backwards are reports like any other (a restart from a checkpoint): the reader does
-not judge. Metrics other than time, step, loss and samples are ignored.
+not judge. Metrics other than time, step, loss, samples and total_steps are ignored.
 """
 
 from __future__ import annotations
@@ -41,13 +42,15 @@ __all__ = ["ProgressTail", "Report", "parse_line"]
 
 @dataclass(frozen=True, slots=True)
 class Report:
-    """One progress line: wall-clock seconds, the job's step count, its latest training loss and
-    the samples it processed so far (None where the line had none)."""
+    """One progress line: wall-clock seconds, the job's step count, its latest training loss,
+    the samples it processed so far and the steps its whole run will make (None where the line
+    had none)."""
 
     time: float
     step: float
     loss: float | None = None
     samples: float | None = None
+    total_steps: float | None = None
 
 
 class MalformedLine(ValueError):
@@ -218,8 +221,17 @@ def parse_line(line: bytes, now: float) -> Report:
     time = _number(value, "time")
     loss = _number(value, "loss")
     samples = _number(value, "samples", minimum=0.0)
+    total_steps = _number(value, "total_steps")
+    if total_steps is not None and total_steps <= 0:
+        raise MalformedLine('"total_steps" is not positive')
     assert step is not None
-    return Report(time=now if time is None else time, step=step, loss=loss, samples=samples)
+    return Report(
+        time=now if time is None else time,
+        step=step,
+        loss=loss,
+        samples=samples,
+        total_steps=total_steps,
+    )
 
 
 def _refuse_constant(name: str) -> object:

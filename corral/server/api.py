@@ -14,12 +14,12 @@ from typing import Annotated, Any
 
 from fastapi import Body, Depends, FastAPI, HTTPException, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.concurrency import run_in_threadpool
 from starlette.routing import Route
 
-from corral.server import auth, limits, redact, schemas
+from corral.server import auth, limits, logstream, redact, schemas
 from corral.server.auth import Principal
 from corral.server.bulk import parse_filter
 from corral.server.controls import ControlError
@@ -136,7 +136,11 @@ def create_app(manager: Manager) -> FastAPI:
             "placement": manager.placement_of(job_id) if status == "RUNNING" else [],
             "reason": (reason if live else row.reason) or "",
             "exit_code": row.exit_code,
-            "progress": progress_view(row.progress, live),
+            "progress": progress_view(
+                row.progress,
+                live,
+                manager.running_since(job_id) if status == "RUNNING" else None,
+            ),
             "held_by": row.held_by,
             "array_id": row.array_id,
             "array_index": row.array_index,
@@ -150,7 +154,10 @@ def create_app(manager: Manager) -> FastAPI:
             answer["reason"] = show(answer["reason"])
         return answers
 
-    def progress_view(progress: JobProgress | None, live: bool) -> dict[str, Any] | None:
+    def progress_view(
+        progress: JobProgress | None, live: bool, running_since: float | None
+    ) -> dict[str, Any] | None:
+        """`running_since`: when the job's running attempt started (None: not running)."""
         if progress is None:
             return None
         return {
@@ -159,7 +166,7 @@ def create_app(manager: Manager) -> FastAPI:
             "steps_per_s": progress.steps_per_s,
             "loss": progress.loss,
             "updated_at": progress.at,
-            "eta_s": progress.eta_s(manager.clock()) if live else None,
+            "eta_s": progress.eta_s(manager.clock(), running_since) if live else None,
         }
 
     def first_hidden_parent(after: list[int], who: Principal) -> tuple[int, int] | None:
@@ -262,7 +269,10 @@ def create_app(manager: Manager) -> FastAPI:
         ] = None,
         vc: str | None = None,
         user: str | None = None,
-        name: Annotated[str | None, Query(description="only jobs of this name")] = None,
+        name: Annotated[
+            str | None,
+            Query(description="only jobs of this name (an array: its tasks) or shell glob"),
+        ] = None,
         limit: Annotated[
             int, Query(ge=1, le=limits.MAX_LIST_LIMIT, description="jobs in this page")
         ] = limits.DEFAULT_LIST_LIMIT,
@@ -422,27 +432,39 @@ def create_app(manager: Manager) -> FastAPI:
         return shown(who, [summary(store.get_job(ids[0] if ids else job_id))])[0]
 
     def control(job_id: str, who: Caller, verb: str, array: bool) -> dict[str, Any]:
+        """One job: acted on, or the ControlError's status (409). An array: each unfinished
+        task it may be done to (hold: the pending ones; release: the held ones), the others
+        skipped with why: `array_tasks` lists those acted on, `array_skipped` the others."""
         ids = acted_on(job_id, who, verb, array)
         act = {"hold": manager.hold, "release": manager.release, "requeue": manager.requeue}
-        try:
-            for member in ids:
+        done: list[str] = []
+        skipped: dict[str, str] = {}
+        for member in ids:
+            try:
                 act[verb](member, who.user)
-        except ControlError as error:
-            raise HTTPException(error.status, str(error)) from None
+            except ControlError as error:
+                if not array:
+                    raise HTTPException(error.status, str(error)) from None
+                skipped[member] = str(error)
+            else:
+                done.append(member)
         answer = shown(who, [summary(store.get_job(ids[0] if ids else job_id))])[0]
         if array:
-            answer["array_tasks"] = ids
+            answer["array_tasks"] = done
+            answer["array_skipped"] = skipped
         return answer
 
     @app.post("/api/v1/jobs/{job_id}/hold", tags=["jobs"], response_model=schemas.JobSummary)
     def hold_job(job_id: str, who: Caller, array: bool = False) -> dict[str, Any]:
         """Keep a pending job from starting until it is released (409 for a job not pending);
-        with `array=true`, every unfinished task of the array (all must be pending)."""
+        with `array=true`, every pending task of the array, the running ones skipped
+        (`array_tasks`: the tasks held; `array_skipped`: task -> why not)."""
         return control(job_id, who, "hold", array)
 
     @app.post("/api/v1/jobs/{job_id}/release", tags=["jobs"], response_model=schemas.JobSummary)
     def release_job(job_id: str, who: Caller, array: bool = False) -> dict[str, Any]:
-        """Let a held job start again (409 if it is not held)."""
+        """Let a held job start again (409 if it is not held); with `array=true`, every held task
+        of the array, the others skipped (as hold)."""
         return control(job_id, who, "release", array)
 
     @app.post("/api/v1/jobs/{job_id}/requeue", tags=["jobs"], response_model=schemas.JobSummary)
@@ -521,6 +543,69 @@ def create_app(manager: Manager) -> FastAPI:
                 "X-Corral-Offset": str(read.next_offset),
                 "X-Corral-Finished": "true" if over else "false",
                 "X-Corral-Attempt": str(number),
+            },
+        )
+
+    app.state.log_streams = log_streams = logstream.Streams()
+
+    def log_over(job_id: str, number: int) -> bool:
+        """Whether the attempt's log is final, as `job_logs` says it; for no attempt (0),
+        whether the job has one now or has ended (a stream waiting for it ends)."""
+        row = store.get_job(job_id)
+        if row is None:
+            return True
+        finished = row.status not in ("PENDING", "RUNNING")
+        if not number:
+            return finished or row.attempts > 0
+        states = {a.number: a.state for a in store.attempts(job_id)}
+        if number in states:
+            return states[number] == "ended" and (finished or number < row.attempts)
+        return finished
+
+    @app.get(
+        "/api/v1/jobs/{job_id}/logs/stream",
+        tags=["jobs"],
+        response_class=PlainTextResponse,
+        responses={429: {"description": "too many log streams open for this user"}},
+    )
+    def job_log_stream(
+        job_id: str,
+        who: Caller,
+        attempt: Annotated[int | None, Query(ge=1, le=LOG_MAX_INDEX)] = None,
+        rank: Annotated[int, Query(ge=0, le=LOG_MAX_INDEX)] = 0,
+        stream: Annotated[str, Query(pattern="^(stdout|stderr)$")] = "stdout",
+        offset: Annotated[int, Query(ge=0, le=LOG_MAX_OFFSET)] = 0,
+    ) -> Response:
+        """One worker's log from byte `offset` as it is written (chunked, the file's bytes
+        exactly), until the attempt's log is final, or for at most a minute (then read on
+        from the offset reached). X-Corral-Attempt names the attempt (default: the latest; 0:
+        none yet, the stream ends when one starts). It stops early where the log cap cut the
+        file: the plain read (`/logs`) gives the line that says so. At most
+        logstream.MAX_PER_USER streams per user at a time (429)."""
+        row = visible_job(job_id, who)  # (a plain def: FastAPI runs it in a thread)
+        if log_streams.count(who.user) >= logstream.MAX_PER_USER:
+            raise HTTPException(
+                429, f"{logstream.MAX_PER_USER} log streams open already: close one first"
+            )
+        number = attempt or row.attempts
+        path = None
+        if number:
+            path = manager.attempt_dir(row.id, number) / f"rank-{rank}.{stream}"
+            try:
+                read_log(path, offset, 0)  # a log that is no regular file: as the plain read
+            except UnreadableLog as error:
+                raise HTTPException(409, f"job {row.id} attempt {number}: {error}") from None
+
+        async def over() -> bool:
+            return await run_in_threadpool(log_over, row.id, number)
+
+        return StreamingResponse(
+            logstream.follow(log_streams, who.user, path, offset, over),
+            media_type="text/plain; charset=utf-8",
+            headers={
+                "X-Corral-Attempt": str(number),
+                "X-Corral-Offset": str(offset),
+                "Cache-Control": "no-store",
             },
         )
 
@@ -795,6 +880,9 @@ def create_app(manager: Manager) -> FastAPI:
             )
         except ValueError as error:
             raise HTTPException(422, str(error)) from None
+        # The new user's counters start at 0 now, before their first submission (/metrics).
+        vcs = sorted(manager.vc_quota)
+        manager.metrics.know(vcs, [(each, user) for each in vcs if vc in (None, each)])
         return {
             "token": token,
             "id": auth.token_id(token),

@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -310,8 +311,11 @@ def _build_manager(
     executor: Executor | None,
     lease: Lease | None = None,
 ) -> Manager:
+    boot = boot_info(options)
+    if lease is not None:
+        boot.shared = partial(shared_meta, lease.store)
     try:
-        started = entry.start(options.executor_options, boot_info(options), executor)
+        started = entry.start(options.executor_options, boot, executor)
     except ExecutorError as error:
         raise BootError(str(error)) from None
     try:
@@ -398,6 +402,16 @@ def _build_with(
 
 #: The `meta` key of the jobs' directories' root that managers sharing a database share.
 JOBS_ROOT_KEY = "jobs_root"
+
+
+def shared_meta(store: Store, key: str, mine: str) -> str:
+    """The value of `key` every manager of a shared database uses: the one recorded, else
+    `mine`, recorded now (only the leader builds a manager: no two record at once)."""
+    recorded = store.get_meta(key)
+    if recorded is None:
+        store.set_meta(key, mine)
+        return mine
+    return recorded
 
 
 def shared_jobs_root(store: Store, data_dir: Path) -> Path:

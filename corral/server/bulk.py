@@ -1,7 +1,8 @@
 """Bulk control: cancel, hold or release every unfinished job a filter selects, in one call.
 
 A filter (`JobFilter`) names any of: states (PENDING, RUNNING), a user, a VC and a name pattern
-(a shell glob: `sweep-*`); a job is selected when it matches every field given. A user's filter
+(a name, which selects an array's tasks too, or a shell glob: `sweep-*`; `corral.server.names`);
+a job is selected when it matches every field given. A user's filter
 selects only their own jobs (naming another user is refused, 403); an admin's selects anyone's.
 At least one field must be given: an empty filter is refused (422), not read as "every job".
 
@@ -19,12 +20,12 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING
 
 from corral.core.job import Job, JobStatus
 from corral.core.protocol import SchedulerCore
 from corral.server.auth import Principal
+from corral.server.names import name_matches
 from corral.server.spec import JobSpecModel, one_line
 from corral.server.state import Executor
 from corral.server.store import Store
@@ -47,7 +48,7 @@ class JobFilter:
             status in self.states
             and (self.user is None or user == self.user)
             and (self.vc is None or vc == self.vc)
-            and (self.name is None or fnmatchcase(name, self.name))
+            and (self.name is None or name_matches(name, self.name))
         )
 
 

@@ -335,6 +335,7 @@ class SubmissionCommitter:
     def _queued(self, submission: Submission) -> None:
         """A job stored and queued (or refused): counted; a refused one is forgotten."""
         row = submission.row
+        self.metrics.know((), [(row.vc, row.user)])  # its end counted from 0 (one with no token)
         self.metrics.submitted.labels(row.vc, row.user).inc()
         job = self.scheduler.jobs.get(row.id)
         if job is not None and job.status is JobStatus.REFUSED:

@@ -57,7 +57,7 @@ from corral.server.committer import Submission, SubmissionCommitter
 from corral.server.controls import ControlError, JobControls
 from corral.server.datacache import LiveCache
 from corral.server.factory import MIN_GITTINS_HISTORY, SchedulerFactory
-from corral.server.health import HealthMonitor
+from corral.server.health import HealthMonitor, NodeChecker
 from corral.server.holders import GpuHolders
 from corral.server.metrics import ManagerMetrics
 from corral.server.nodes import NodeLifecycle
@@ -210,6 +210,7 @@ class Manager(
         self.lease: Lease | None = None
         self.metrics = ManagerMetrics()  # counters and histograms for /metrics
         self.metrics.watch(self)
+        self.metrics.know_from(self.store, self.vc_quota, ())  # (recover adds the jobs' users)
         with self.store.batch():
             self._note_node_states(self.clock())  # the nodes it starts with, if new
 
@@ -279,7 +280,9 @@ class Manager(
         )
         self._committer.start()
         if self.settings.health is not None:  # a site's health-check command, NVML's signals
-            self.health = HealthMonitor(self.settings.health, self._health_nodes, self)
+            # an executor that runs each node's check on the node (Ray) does; else it runs here
+            remote = self.executor if isinstance(self.executor, NodeChecker) else None
+            self.health = HealthMonitor(self.settings.health, self._health_nodes, self, remote)
             self.on_resume = self.health.forget
             self.health.start()
 
@@ -577,7 +580,13 @@ class Manager(
         checkpoint = self.checkpoint_dir(job.id, job_dir)
         attempt_dir = self.attempt_dir(job.id, number, job_dir)
         self.telemetry.watch(
-            job.id, number, progress_file(attempt_dir), self.shape_of(job, gpus), now, resumed=False
+            job.id,
+            number,
+            progress_file(attempt_dir),
+            self.shape_of(job, gpus),
+            now,
+            resumed=False,
+            declared_total=spec_model.total_steps is not None,
         )
         workers = len(gpus) // job.spec.gpus_per_worker  # an elastic job's count changes
         placement = self._worker_placement(gpus, workers)

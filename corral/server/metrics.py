@@ -7,14 +7,23 @@ memory from the manager's start (a restart begins them at 0 again, which `rate()
 at scrape time (`ManagerCollector`: nothing to keep in step). One registry per manager holds both,
 with the process's own metrics (CPU, memory, open files) and `corral_build_info`.
 
-Labels: `vc` (the cluster's VCs: a few), `user` on submissions and finished jobs (one series per
-user who submitted since the start: users are the tokens' names, not free text), `cause`,
-`kind` and `status` (fixed sets). Never a job id on a counter or a histogram.
+Labels: `vc` (the cluster's VCs: a few), `user` on submissions and finished jobs (the tokens'
+names, not free text), `cause`, `kind` and `status` (fixed sets). Never a job id on a counter or a
+histogram; the per-job gauges name their job `job_id` (a label `job` or `instance` would clash
+with the ones Prometheus sets on every series it scrapes, and be stored as `exported_job`), and
+list running jobs only.
+
+Every labelled counter and histogram has a series at 0 for each label set known in advance
+(`ManagerMetrics.know`: every VC with every cause, kind and final status; every user a live token
+names with the VCs it may submit to, and the users of the jobs that wait or run), from the
+manager's start: `increase()` and `rate()` see a series's first event only where the series was
+scraped before it, at 0. A token made later (`POST /api/v1/tokens`) adds its user's series then.
 """
 
 from __future__ import annotations
 
 import platform
+import time
 from typing import TYPE_CHECKING
 
 from prometheus_client import (
@@ -31,14 +40,17 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 import corral
+from corral.core.job import JobStatus
 from corral.server.store import StoreUnavailable
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Iterable, Iterator
 
     from prometheus_client.core import Metric
 
+    from corral.core.job import Job
     from corral.server.manager import Manager
+    from corral.server.store import Store
 
 # No `_created` series beside each counter and histogram: the text format Prometheus scrapes has
 # no use for them, and they would double the series of every labelled counter.
@@ -69,6 +81,11 @@ QUEUEING_BUCKETS = (
 ROUND_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 #: Why an attempt failed, as the manager tells it (the `cause` label).
 FAILURE_CAUSES = ("user", "infrastructure", "hung", "time_limit")
+#: Why the scheduler stopped a running attempt for others' sake (the `kind` label; core.actions'
+#: `Preempt.kind`).
+PREEMPTION_KINDS = ("preempted", "migrated", "unpacked")
+#: How a job ends (the `status` label of corral_jobs_finished_total).
+FINAL_STATUSES = tuple(status.value for status in JobStatus if status.finished)
 
 
 class ManagerMetrics:
@@ -129,6 +146,8 @@ class ManagerMetrics:
             buckets=ROUND_BUCKETS,
             registry=registry,
         )
+        #: The (VC, user) pairs whose series exist (`know`).
+        self._owners: set[tuple[str, str]] = set()
         ProcessCollector(registry=registry)
         PlatformCollector(registry=registry)
         self.build = (corral.__version__, platform.python_version())
@@ -136,6 +155,41 @@ class ManagerMetrics:
     def watch(self, manager: Manager) -> None:
         """Add the gauges read from `manager` at each scrape."""
         self.registry.register(ManagerCollector(manager))
+
+    def know(self, vcs: Iterable[str], owners: Iterable[tuple[str, str]] = ()) -> None:
+        """Give every label set of these VCs and (VC, user) pairs its series, at 0 until it
+        counts (one already there keeps its count)."""
+        for vc in vcs:
+            self.started.labels(vc)
+            self.retries.labels(vc)
+            self.queueing.labels(vc)
+            for kind in PREEMPTION_KINDS:
+                self.preemptions.labels(vc, kind)
+            for cause in FAILURE_CAUSES:
+                self.failures.labels(vc, cause)
+        for vc, user in owners:
+            if (vc, user) in self._owners:  # (each submission names its owner: kept cheap)
+                continue
+            self._owners.add((vc, user))
+            self.submitted.labels(vc, user)
+            for status in FINAL_STATUSES:
+                self.finished.labels(vc, user, status)
+
+    def know_from(self, store: Store, vcs: Iterable[str], jobs: Iterable[Job]) -> None:
+        """`know` the label sets of a manager: its VCs; each live token's user with its VC (every
+        VC for a token bound to none); the users of `jobs` (those waiting or running: a token
+        since revoked may have submitted them)."""
+        vcs = sorted(vcs)
+        owners: set[tuple[str, str]] = set()
+        now = time.time()
+        for token in store.list_tokens():
+            if token.revoked_at is not None or (
+                token.expires_at is not None and token.expires_at <= now
+            ):
+                continue
+            owners.update((vc, token.user) for vc in vcs if token.vc in (None, vc))
+        owners.update((job.spec.vc, job.spec.user) for job in jobs)
+        self.know(vcs, sorted(owners))
 
     def failed(self, vc: str, cause: str, *, retried: bool) -> None:
         self.failures.labels(vc, cause).inc()
@@ -225,18 +279,22 @@ class ManagerCollector(Collector):
     def _from_store(self) -> Iterator[Metric]:
         """The gauges read from the store (none while it is unavailable: StoreUnavailable)."""
         manager = self.manager
-        states = GaugeMetricFamily("corral_jobs", "Jobs by state.", labels=["state"])
-        for state, number in sorted(manager.store.job_counts().items()):
+        states = GaugeMetricFamily(
+            "corral_jobs", "Jobs by state (every state, 0 when none is in it).", labels=["state"]
+        )
+        counts = dict.fromkeys((status.value for status in JobStatus), 0)
+        counts.update(manager.store.job_counts())
+        for state, number in sorted(counts.items()):
             states.add_metric([state], number)
         rates = GaugeMetricFamily(
             "corral_job_steps_per_second",
             "Steps per second each running job reports (over its latest minute of reports).",
-            labels=["job", "name", "vc"],
+            labels=["job_id", "name", "vc"],
         )
         steps = GaugeMetricFamily(
             "corral_job_step",
             "The latest step each running job reported.",
-            labels=["job", "name", "vc"],
+            labels=["job_id", "name", "vc"],
         )
         for row in manager.store.list_jobs(status="RUNNING"):
             if row.progress is None:

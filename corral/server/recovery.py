@@ -232,6 +232,10 @@ class Recovery:
             if not self.shares_gpus() and not self._holders.shared:
                 self._holders = None
             self._dirty = True
+            # Every label set known now counts from 0 (a series first scraped at 0, not at its
+            # first event: increase() and rate() see that event).
+            waiting = (*self.scheduler.pending_jobs(), *self.scheduler.running_jobs())
+            self.metrics.know_from(self.store, self.vc_quota, waiting)
 
     def _unrecoverable(self, row: JobRow, now: float, error: Exception) -> None:
         log.warning("job %s cannot be recovered: %s", row.id, error)
@@ -408,8 +412,15 @@ class Recovery:
             if job.id not in self.telemetry.watches:  # (a rebuild keeps what it read)
                 attempt_dir = self.attempt_dir(job.id, number)
                 shape = self.shape_of(job, gpus)
+                spec = self._spec_models.get(job.id)
                 self.telemetry.watch(
-                    job.id, number, progress_file(attempt_dir), shape, now, resumed=True
+                    job.id,
+                    number,
+                    progress_file(attempt_dir),
+                    shape,
+                    now,
+                    resumed=True,
+                    declared_total=spec is not None and spec.total_steps is not None,
                 )
             if not self._rebuilding:  # a node joined or left: nothing to tell the job's owner
                 self.store.add_event(job.id, now, "recovered", f"attempt {number} found running")

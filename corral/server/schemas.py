@@ -16,244 +16,53 @@ import re
 from typing import Any
 
 from fastapi.exceptions import RequestValidationError
-from pydantic import BaseModel, ConfigDict, Field
 
+# The answers' models live in corral.api_models (pydantic only: the Python client imports them
+# without the server's dependencies); the routes and the OpenAPI document name them from here.
+from corral.api_models import (
+    AttemptInfo,
+    ClusterView,
+    ErrorBody,
+    EstimateInfo,
+    EventInfo,
+    GpuJobView,
+    GpuView,
+    JobDetail,
+    JobStatus,
+    JobSummary,
+    NodeView,
+    ProfileInfo,
+    ProgressInfo,
+    ProgressPoint,
+    QueueView,
+    ShareAnswer,
+    SharedModel,
+    VcView,
+)
 from corral.server.spec import one_line
 
-_OPEN = ConfigDict(extra="allow")  # fields added later pass through, and the schema says so
-
-
-class ErrorBody(BaseModel):
-    """Every error answer."""
-
-    detail: str = Field(description="one line: `FIELD: reason`, or the reason alone")
-
-
-class JobSummary(BaseModel):
-    """A job as listings show it."""
-
-    model_config = _OPEN
-
-    id: str
-    name: str
-    user: str
-    vc: str
-    status: str = Field(
-        description="PENDING, RUNNING, SUCCEEDED, FAILED, CANCELLED or REFUSED (refused when "
-        "submitted: ElasticFlow could not meet its deadline; it never runs)"
-    )
-    gpus: int
-    workers: int
-    priority: str
-    submitted_at: float = Field(description="epoch seconds")
-    started_at: float | None
-    finished_at: float | None
-    attempts: int
-    preemptions: int
-    failures: int
-    placement: list[str] = Field(description="a running job's GPUs (NODE/INDEX)")
-    reason: str = Field(description="why a pending job waits, or how the job ended")
-    exit_code: int | None
-    progress: ProgressInfo | None = None
-
-
-class ProgressInfo(BaseModel):
-    """What a job last reported (docs/progress.md); null until it reports."""
-
-    model_config = _OPEN
-
-    step: float
-    total_steps: float | None
-    steps_per_s: float | None = Field(description="measured over its latest minute of reports")
-    loss: float | None
-    updated_at: float = Field(description="when the manager read it (epoch seconds)")
-    eta_s: float | None = Field(description="seconds left at the measured rate, if known")
-
-
-class EstimateInfo(BaseModel):
-    """A waiting or running job's estimated remaining run time, and what it came from."""
-
-    model_config = _OPEN
-
-    remaining_s: float = Field(
-        description="seconds of running left (a policy's estimate: seconds of work at full speed)"
-    )
-    source: str = Field(
-        description="fit or prior (the policy's estimate, which its key holds now: optimus's "
-        "loss-curve fit, or its prior when there is no fit), else what the job declared: "
-        "total_steps (at the measured rate) or time_limit (less the time it ran)"
-    )
-    basis: str = Field(description="the same in words, e.g. the fit's points and its step")
-
-
-class ProgressPoint(BaseModel):
-    model_config = _OPEN
-
-    attempt: int
-    at: float
-    step: float
-    loss: float | None
-
-
-class ProfileInfo(BaseModel):
-    """A model's measured throughput on one placement shape."""
-
-    model_config = _OPEN
-
-    model: str
-    gpu_type: str
-    gpus: int
-    nodes: int = Field(description="nodes the GPUs spanned")
-    colocated: str = Field(description="the model sharing the GPUs ('' when none)")
-    steps_per_s: float
-    samples_per_s: float | None
-    seconds: float = Field(description="seconds of running measured")
-    runs: int = Field(description="attempts measured")
-    updated_at: float
-    vc: str = Field("", description="the VC whose jobs measured it ('': none's, read by all)")
-    shared: bool = Field(False, description="its model is marked shared: every VC reads it")
-
-
-class SharedModel(BaseModel):
-    """A model an admin marked shared."""
-
-    model_config = _OPEN
-
-    model: str
-    marked_by: str = Field(description="the admin who marked it")
-    marked_at: float
-
-
-class ShareAnswer(BaseModel):
-    model_config = _OPEN
-
-    model: str
-    shared: bool = Field(description="whether it is marked shared now")
-    changed: bool = Field(description="false when it already was (or was not)")
-
-
-class AttemptInfo(BaseModel):
-    model_config = _OPEN
-
-    job_id: str
-    number: int
-    gpus: list[str]
-    started_at: float
-    ended_at: float | None
-    state: str
-    outcome: str | None = Field(
-        description="succeeded, failed, preempted, migrated, unpacked, cancelled or lost"
-    )
-    exit_code: int | None
-    reason: str
-
-
-class EventInfo(BaseModel):
-    model_config = _OPEN
-
-    id: int
-    job_id: str | None
-    at: float
-    kind: str
-    message: str
-
-
-class JobDetail(JobSummary):
-    """A job's summary with its spec, attempts and events."""
-
-    spec: dict[str, Any]
-    attempt_history: list[AttemptInfo]
-    events: list[EventInfo]
-    progress_history: list[ProgressPoint] = Field(
-        default_factory=list, description="the job's progress, thinned (the latest 500 points)"
-    )
-    progress_problems: dict[str, Any] | None = Field(
-        None,
-        description="the running attempt's progress file: lines that were not reports "
-        "(`malformed_lines`) and the latest problem (`last_error`); why its reports were "
-        "rejected (`rejected`, one line: a rate above the manager's max_steps_per_s; none of "
-        "its measurements count); null when none",
-    )
-    throughput: list[ProfileInfo] = Field(
-        default_factory=list, description="its model's measured throughput per shape"
-    )
-    estimate: EstimateInfo | None = Field(
-        None, description="a waiting or running job's estimated remaining time; null: none"
-    )
-
-
-class QueueView(BaseModel):
-    model_config = _OPEN
-
-    total: int = Field(description="visible waiting jobs, all of them")
-    jobs: list[JobSummary] = Field(description="the first `limit`, in the scheduler's order")
-
-
-class VcView(BaseModel):
-    model_config = _OPEN
-
-    name: str
-    guaranteed_gpus: int
-    allocated_gpus: int
-    pending: int
-    running: int
-    # Under departments (hierarchical queues) each row also has `kind` ("vc" or "department"),
-    # `parent` (null: none), `depth` in the tree, `borrowed_gpus` (used beyond its quota),
-    # `weight` (over-quota) and `limit` (null: none); a flat cluster's rows have none of them.
-
-
-class GpuJobView(BaseModel):
-    """A job on a GPU (its id, name and user are null where the caller may not see it)."""
-
-    model_config = _OPEN
-
-    job: str | None
-    job_name: str | None
-    vc: str | None
-    user: str | None
-    share: float = Field(description="the part of the GPU it holds: 1 for a whole GPU, 0.5 ...")
-    stopping: bool = Field(description="preempted or cancelled, its processes not yet gone")
-
-
-class GpuView(BaseModel):
-    """A GPU; `job`, `job_name`, `vc` and `user` are those of the first of `jobs`."""
-
-    model_config = ConfigDict(extra="allow", populate_by_name=True)
-
-    index: int
-    global_id: int = Field(alias="global")
-    type: str
-    job: str | None
-    job_name: str | None
-    vc: str | None
-    user: str | None
-    busy: bool
-    jobs: list[GpuJobView] = Field(
-        default_factory=list,
-        description="every job on the GPU: several where shares of it run at once",
-    )
-    share: float = Field(0.0, description="the part of the GPU its jobs hold (0 to 1)")
-
-
-class NodeView(BaseModel):
-    model_config = _OPEN
-
-    name: str
-    rack: str
-    gpus: list[GpuView]
-    state: str = Field(
-        "up", description="up, draining, drained, unhealthy or down (`corral node ls`)"
-    )
-    reason: str = Field("", description="why it is not up (a drain's reason, a failed check's)")
-
-
-class ClusterView(BaseModel):
-    model_config = _OPEN
-
-    nodes: list[NodeView]
-    vcs: list[VcView]
-    policy: str
-
+__all__ = [
+    "AttemptInfo",
+    "ClusterView",
+    "ErrorBody",
+    "EstimateInfo",
+    "EventInfo",
+    "GpuJobView",
+    "GpuView",
+    "JobDetail",
+    "JobStatus",
+    "JobSummary",
+    "NodeView",
+    "ProfileInfo",
+    "ProgressInfo",
+    "ProgressPoint",
+    "QueueView",
+    "SharedModel",
+    "ShareAnswer",
+    "VcView",
+    "document_errors",
+    "validation_error",
+]
 
 # -- FastAPI's validation errors, in one line --------------------------------------------------
 
@@ -312,6 +121,7 @@ CONFLICT = (
     ("post", "/api/v1/jobs/{job_id}/release"),
     ("post", "/api/v1/jobs/{job_id}/requeue"),
     ("get", "/api/v1/jobs/{job_id}/logs"),
+    ("get", "/api/v1/jobs/{job_id}/logs/stream"),
     ("post", "/api/v1/nodes/{name}/resume"),
     ("post", "/api/v1/reservations"),  # a name taken, GPUs reserved in that window already
 )

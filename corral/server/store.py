@@ -30,6 +30,8 @@ from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.pool import StaticPool
 from sqlalchemy.sql.expression import FunctionElement
 
+from corral.server.names import name_regex
+
 UNFINISHED = ("PENDING", "RUNNING")
 FINISHED = ("SUCCEEDED", "FAILED", "CANCELLED", "REFUSED")
 
@@ -280,12 +282,20 @@ class JobProgress:
     steps_per_s: float | None = None
     loss: float | None = None
 
-    def eta_s(self, now: float) -> float | None:
-        """Seconds left at the measured rate, counted from `now` (None: not known)."""
+    def eta_s(self, now: float, running_since: float | None) -> float | None:
+        """Seconds left at the measured rate, counted from `now` (None: not known).
+
+        `running_since`: when the job's running attempt started (None: it is not running). The
+        time since the latest report is counted off only while the attempt that made it runs:
+        a job waiting to resume (preempted), or restarting (its new attempt has not reported
+        yet), makes no progress, so it shows the time its remaining steps take, not a count
+        down to 0."""
         if self.total_steps is None or not self.steps_per_s:
             return None
         left = max(0.0, self.total_steps - self.step) / self.steps_per_s
-        return max(0.0, left - max(0.0, now - self.at))
+        if running_since is not None and self.at >= running_since:
+            left -= max(0.0, now - self.at)
+        return max(0.0, left)
 
 
 def _progress_of(row: RowMapping) -> JobProgress | None:
@@ -1223,7 +1233,8 @@ class Store:
         """Jobs newest first, as listings show them (no spec: one short query, whatever the
         specs' size). `visible_to=(user, vc)` keeps that user's jobs and those of the VC;
         `before_id` those with a smaller id (the next page after a listing's last job); `ids`
-        only those jobs (ids that name no job are ignored); `name` those of that name."""
+        only those jobs (ids that name no job are ignored); `name` those it selects: that name,
+        the tasks of the array of that name, or a glob of names (`corral.server.names`)."""
         query = sa.select(*_LISTED_COLUMNS, _LISTED_WORKERS.label("workers"))
         query = query.order_by(jobs_table.c.id.desc())
         if ids is not None:
@@ -1239,7 +1250,7 @@ class Store:
         if user is not None:
             query = query.where(jobs_table.c.user == user)
         if name is not None:
-            query = query.where(jobs_table.c.name == name)
+            query = query.where(jobs_table.c.name.regexp_match(name_regex(name)))
         query = _visible(query, visible_to)
         if limit is not None:
             query = query.limit(limit)

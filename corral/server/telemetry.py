@@ -9,7 +9,9 @@ those whose turn it is, not every running attempt at once), and learns, per atte
   hang detection reads `last_report_at`);
 * its steps/s: over the reports of the last `RATE_WINDOW_S`, the first report of an attempt
   excluded from nothing but as a base, so start-up and checkpoint restore do not count;
-* its loss curve (step, loss), kept across attempts, thinned: what optimus fits.
+* its loss curve (step, loss), kept across attempts, thinned: what optimus fits;
+* its latest loss (a report without one, e.g. a step-only one, leaves the last loss shown), and
+  the run's total steps where its reports say them and its spec does not (the ETA's).
 
 Every report is stamped with the manager's clock, the moment it was read: a job's own `time`
 is not trusted (a job that claims a million steps per second of its own time must not be
@@ -118,6 +120,10 @@ class Watch:
     folds: list[Fold] = field(default_factory=list)
     #: Why its reports were rejected ("" while they were not).
     rejected: str = ""
+    #: Its spec declares `total_steps`: the total its reports say is not stored over it.
+    declared_total: bool = False
+    #: The total steps last stored from its reports.
+    reported_total: float | None = None
 
     def window(self) -> tuple[Report, Report] | None:
         """The first and the latest of the reports of the last RATE_WINDOW_S (None: none)."""
@@ -200,13 +206,22 @@ class Telemetry:
     # -- attempts ------------------------------------------------------------------------------
 
     def watch(
-        self, job_id: str, attempt: int, path: Path, shape: Shape, now: float, *, resumed: bool
+        self,
+        job_id: str,
+        attempt: int,
+        path: Path,
+        shape: Shape,
+        now: float,
+        *,
+        resumed: bool,
+        declared_total: bool = False,
     ) -> None:
         """Read the reports of an attempt from now on. `resumed`: a running attempt found again
         after a restart (what it reported before was read then: it is skipped, so that no
-        measurement counts twice)."""
+        measurement counts twice). `declared_total`: the job's spec declares its `total_steps`
+        (then the total its reports say is not stored over it)."""
         tail = ProgressTail(path)
-        watch = Watch(job_id, attempt, shape, tail, now)
+        watch = Watch(job_id, attempt, shape, tail, now, declared_total=declared_total)
         self.rejected.pop(job_id, None)  # an earlier attempt's (its event stays)
         if resumed:
             tail.skip_to_end()
@@ -333,13 +348,20 @@ class Telemetry:
         if rate is not None and window is not None:
             if self._implausible(watch, rate, *window, now):
                 rate = None
-        self.store.update_job(
-            watch.job_id,
-            step=latest.step,
-            steps_per_s=rate,
-            loss=latest.loss,
-            progress_at=now,
-        )
+        columns: dict[str, float | None] = {
+            "step": latest.step,
+            "steps_per_s": rate,
+            "progress_at": now,
+        }
+        # The latest loss the reports gave: a report without one (a step-only report between
+        # two logged losses) keeps the last one known, from this attempt or an earlier one.
+        loss = next((r.loss for r in reversed(reports) if r.loss is not None), None)
+        if loss is not None:
+            columns["loss"] = loss
+        total = next((r.total_steps for r in reversed(reports) if r.total_steps), None)
+        if total is not None and not watch.declared_total and total != watch.reported_total:
+            columns["total_steps"] = watch.reported_total = total
+        self.store.update_job(watch.job_id, **columns)
         if now - watch.stored_at >= POINT_EVERY_S:
             watch.stored_at = now
             self.store.add_progress(watch.job_id, watch.attempt, now, latest.step, latest.loss)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from corral.core.actions import Start
@@ -118,7 +119,7 @@ class ManagerViews:
             now = self.clock()
             policy = self.scheduler.policy
             found = policy.remaining(job, now)
-            running = job.status is JobStatus.RUNNING
+            attempt = self._attempts.get(job_id) if job.status is JobStatus.RUNNING else None
             ran = job.executed_at(now)
         if found is not None:
             return {
@@ -127,14 +128,18 @@ class ManagerViews:
                 "basis": f"{policy.name}: {found.basis}",
             }
         total_steps, time_limit = declared.get("total_steps"), declared.get("time_limit")
+        said = "declared"
+        if total_steps is None and progress is not None and progress.total_steps is not None:
+            total_steps, said = progress.total_steps, "reported"  # its progress reports say it
         if total_steps is not None and progress is not None and progress.steps_per_s:
-            left = max(0.0, total_steps - progress.step) / progress.steps_per_s
-            if running:
-                left = max(0.0, left - max(0.0, now - progress.at))
+            # (counted down from the latest report only while the attempt that made it runs)
+            running_since = None if attempt is None else attempt.started_at
+            left = replace(progress, total_steps=total_steps).eta_s(now, running_since)
+            assert left is not None
             return {
                 "remaining_s": left,
                 "source": "total_steps",
-                "basis": f"declared total_steps {total_steps:g}, step {progress.step:g}, at the "
+                "basis": f"{said} total_steps {total_steps:g}, step {progress.step:g}, at the "
                 f"measured {progress.steps_per_s:.3g} steps/s",
             }
         if time_limit is not None:
@@ -156,6 +161,12 @@ class ManagerViews:
             return None
         malformed, last_error = found or (0, "")
         return {"malformed_lines": malformed, "last_error": last_error, "rejected": rejected}
+
+    def running_since(self, job_id: str) -> float | None:
+        """When the job's running attempt started (the manager's clock; None: none runs)."""
+        with self.lock:
+            attempt = self._attempts.get(job_id)
+            return None if attempt is None else attempt.started_at
 
     def placement_of(self, job_id: str) -> list[str]:
         with self.lock:

@@ -48,6 +48,32 @@ def format_duration(seconds: float | None) -> str:
     return f"{seconds / 86400:.1f}d"
 
 
+def format_hours(seconds: float | None) -> str:
+    """Seconds as hours, the unit of every duration column of the printed tables (and of the
+    README's): '561.8', '2.5', '0.25', '0.004', '<0.001'; '-' when undefined. One decimal from an hour on,
+    three significant digits below (at least 0.001 h, 3.6 s), so short runs do not read 0.0."""
+    if seconds is None or math.isnan(seconds):
+        return "-"
+    if math.isinf(seconds):
+        return "inf" if seconds > 0 else "-inf"
+    hours = seconds / 3600
+    if abs(hours) >= 0.995 or hours == 0:
+        return f"{hours:.1f}"
+    if abs(hours) >= 0.0995:
+        return f"{hours:.2f}"
+    if abs(hours) < 0.0005:  # not zero, but under the 3.6 s the last decimal shows
+        return "<0.001" if hours > 0 else ">-0.001"
+    return f"{hours:.3f}"
+
+
+#: Printed under every table with queueing and pending columns: the two differ for a policy that
+#: preempts (las counts as queueing only the wait before a job's first start).
+QUEUE_FOOTNOTE = (
+    "queueing: from submission to the first start; pending: all the time spent waiting, "
+    "including after each preemption"
+)
+
+
 def downsample_step(
     time_s: list[float] | np.ndarray,
     values: list[float] | list[int] | np.ndarray,
@@ -233,12 +259,19 @@ def percent_cell(fraction: object) -> str:
 
 
 def _duration_cell(value: object) -> str:
-    return format_duration(float(value)) if isinstance(value, int | float) else "-"
+    return format_hours(float(value)) if isinstance(value, int | float) else "-"
 
 
 def summary_table(summaries: list[dict[str, object]]) -> Table:
-    """One row per run, one column per headline metric; runs side by side for --compare."""
-    table = Table(title="Simulation summary", box=box.SIMPLE_HEAD, pad_edge=False)
+    """One row per run, one column per headline metric; runs side by side for --compare.
+    Durations in hours, as the README's table."""
+    table = Table(
+        title="Simulation summary (durations in hours)",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        caption=QUEUE_FOOTNOTE,
+        caption_justify="left",
+    )
     table.add_column("policy/placement", style="bold", no_wrap=True)
     for header in (
         "jobs",
@@ -246,7 +279,8 @@ def summary_table(summaries: list[dict[str, object]]) -> Table:
         "p50 JCT",
         "p95 JCT",
         "p99 JCT",
-        "avg queue",
+        "avg queueing",
+        "avg pending",
         "makespan",
         "util",
         "util (wait)",
@@ -262,6 +296,7 @@ def summary_table(summaries: list[dict[str, object]]) -> Table:
             _duration_cell(run.get("p95_jct_s")),
             _duration_cell(run.get("p99_jct_s")),
             _duration_cell(run.get("avg_queue_s")),
+            _duration_cell(run.get("avg_pending_s")),
             _duration_cell(run.get("makespan_s")),
             percent_cell(run.get("utilization")),
             percent_cell(run.get("utilization_while_waiting")),
@@ -274,16 +309,16 @@ def vc_table(summary: dict[str, object]) -> Table:
     """Per-VC queueing and shares of one run, with the private baseline when it was computed."""
     per_vc = summary.get("per_vc")
     table = Table(
-        title=f"Per VC: {summary.get('policy')}/{summary.get('placement')}",
+        title=f"Per VC: {summary.get('policy')}/{summary.get('placement')} (durations in hours)",
         box=box.SIMPLE_HEAD,
         pad_edge=False,
     )
     for header in (
         "vc",
         "jobs",
-        "avg queue",
+        "avg queueing",
         "private",
-        "multi-GPU queue",
+        "multi-GPU queueing",
         "private",
         "avg JCT",
         "GPU share",
@@ -303,8 +338,10 @@ def vc_table(summary: dict[str, object]) -> Table:
             percent_cell(row.get("gpu_share")),
             str(row.get("preemptions_suffered", "-")),
         )
+    table.caption = "queueing: from submission to the first start"
     if anomalies:
-        table.caption = "* sharing anomaly: queues longer than on its private cluster"
+        table.caption += "\n* sharing anomaly: queues longer than on its private cluster"
+    table.caption_justify = "left"
     return table
 
 

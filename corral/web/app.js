@@ -157,6 +157,17 @@
     return (await request(path)).json();
   }
 
+  // /readyz (no token): whether this manager is ready and, beside standbys on one database, its
+  // role and lease epoch (docs/ha.md). A standby or a manager that is not ready answers 503 with
+  // the same body; null when it cannot be read.
+  async function readiness() {
+    try {
+      return await (await fetch("/readyz", { cache: "no-store" })).json();
+    } catch {
+      return null;
+    }
+  }
+
   // -- formatting -------------------------------------------------------------------------
 
   function clock(epochSeconds) {
@@ -165,6 +176,23 @@
     const today = new Date().toDateString() === date.toDateString();
     const time = date.toLocaleTimeString([], { hour12: false });
     return today ? time : `${date.toLocaleDateString()} ${time}`;
+  }
+
+  // A date and a time, always (a table of jobs spans days): "2026-11-28 14:03:07", local time,
+  // in a <time> whose datetime attribute is the instant in UTC.
+  function stamp(epochSeconds) {
+    if (epochSeconds === null || epochSeconds === undefined) return "–";
+    const date = new Date(epochSeconds * 1000);
+    const two = (n) => String(n).padStart(2, "0");
+    const day = `${date.getFullYear()}-${two(date.getMonth() + 1)}-${two(date.getDate())}`;
+    const time = `${two(date.getHours())}:${two(date.getMinutes())}:${two(date.getSeconds())}`;
+    return el("time", { datetime: date.toISOString() }, `${day} ${time}`);
+  }
+
+  // A job's reason without the queue position a pending one starts with (its status is shown
+  // beside it, and the queue panel orders them), as `corral ls` prints it.
+  function shortReason(reason) {
+    return (reason || "").replace(/^PENDING, position \d+ of \d+ in the queue(; )?/, "");
   }
 
   function duration(seconds) {
@@ -457,7 +485,12 @@
         el("td", { class: "progress-cell" }, progressBar(job.progress)),
         el("td", { class: "num" }, job.attempts),
         el("td", { class: "num" }, job.preemptions),
-        el("td", { class: "muted" }, clock(job.submitted_at)),
+        el("td", { class: "muted", data: { field: "submitted" } }, stamp(job.submitted_at)),
+        el(
+          "td",
+          { class: "muted reason-cell", title: job.reason || null, data: { field: "reason" } },
+          shortReason(job.reason),
+        ),
       ),
     );
     $("jobs-body").replaceChildren(...rows);
@@ -661,17 +694,19 @@
       }
       // The queue comes in the scheduler's order, its first QUEUE_JOBS with the total: with
       // thousands waiting, the page stays as cheap to serve as with a few.
-      const [cluster, recent, queue, running, nodes] = await Promise.all([
+      const [cluster, recent, queue, running, nodes, ready] = await Promise.all([
         getJson("/cluster"),
         getJson(`/jobs?limit=${RECENT_JOBS}`),
         getJson(`/queue?limit=${QUEUE_JOBS}`),
         getJson("/jobs?status=RUNNING"),
         getJson("/nodes"),
+        readiness(),
       ]);
       if (generation !== state.generation) return;
       showDashboard();
       render(cluster, recent, queue, running);
       renderNodeStates(nodes);
+      renderManager(ready);
       if (state.selected) await refreshDetail();
       state.polls += 1;
       document.body.dataset.polls = state.polls;
@@ -689,6 +724,21 @@
       banner.hidden = false;
     }
     if (generation === state.generation) state.timer = setTimeout(poll, POLL_MS);
+  }
+
+  // Which manager this page talks to: its address and, where managers share a database, its
+  // role and lease epoch.
+  function renderManager(ready) {
+    const manager = $("manager");
+    let text = location.host;
+    if (ready && ready.role) {
+      text += ` · ${ready.role}`;
+      if (ready.epoch !== undefined) text += ` (epoch ${ready.epoch})`;
+    }
+    if (ready && ready.status !== "ready") text += ` · not ready: ${ready.reason || ready.status}`;
+    manager.textContent = text;
+    manager.dataset.role = (ready && ready.role) || "";
+    manager.title = ready && ready.leader ? `the leader: ${ready.leader}` : "";
   }
 
   function render(cluster, recent, queue, running) {

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +15,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
+from corral.cli.client import describe_text
 from corral.cli.main import COMMANDS, app
 from corral.cli.output import JSON, TABLE, WIDE, YAML, Column, emit, plural, shorten, table_text
 
@@ -134,6 +136,57 @@ def test_submit_without_a_file_or_a_command_is_a_usage_error() -> None:
     )
     empty = CliRunner().invoke(app, ["submit", "--"], env=UNREACHABLE)
     assert empty.exit_code == 2
+
+
+def test_submit_a_command_without_gpus_names_the_flag() -> None:
+    # The spec's one required field, when no file gives it: named as the flag to add, before
+    # anything is sent (the server would say "gpus: field required").
+    done = CliRunner().invoke(app, ["submit", "--", "python", "train.py"], env=UNREACHABLE)
+    assert done.exit_code == 2 and done.stdout == ""
+    assert done.stderr == (
+        "error: --gpus is required: the GPUs the job needs (--gpus 1; a share of one: 0.5)\n"
+    )
+    # Given through --set instead, it is not missing (the unreachable server is the next error).
+    given = CliRunner().invoke(
+        app, ["submit", "--set", "gpus=1", "--", "python", "train.py"], env=UNREACHABLE
+    )
+    assert given.exit_code == 1 and "--gpus" not in given.stderr, given.stderr
+
+
+def detail(command: object) -> dict[str, object]:
+    """A job as `GET /api/v1/jobs/ID` answers, with the fields describe reads."""
+    return {
+        "id": "7", "name": "train", "user": "alice", "vc": "default", "status": "SUCCEEDED",
+        "priority": "guaranteed", "gpus": 1, "workers": 1, "placement": [],
+        "submitted_at": 1_700_000_000.0, "started_at": None, "finished_at": None,
+        "attempts": 0, "failures": 0, "preemptions": 0, "exit_code": None, "reason": "",
+        "spec": {"command": command},
+    }  # fmt: skip
+
+
+def test_describe_prints_the_argv_shell_quoted() -> None:
+    argv = ["python", "train.py", "--name", "a b", "it's", "$HOME", "", "x;y"]
+    text = describe_text(detail(argv))
+    (line,) = [line for line in text.splitlines() if line.startswith("  Command:")]
+    shown = line.removeprefix("  Command:").strip()
+    # By hand, as shlex.join quotes: a word with a space, a quote, a $, nothing or a ; is quoted.
+    assert shown == "python train.py --name 'a b' 'it'\"'\"'s' '$HOME' '' 'x;y'"
+    assert shlex.split(shown) == argv  # a shell reads back the same words
+    # Two spaces inside a word stay two: the line is not re-spaced.
+    assert "'a  b'" in describe_text(detail(["echo", "a  b"]))
+    # A newline inside a word stays on the one line, in bash's $'...' quoting.
+    text = describe_text(detail(["printf", "a\nb"]))
+    assert "  Command:    printf $'a\\nb'\n" in text
+    assert (
+        subprocess.run(
+            ["bash", "-c", "printf '%s|' " + "$'a\\nb'"], capture_output=True, text=True, check=True
+        ).stdout
+        == "a\nb|"
+    )
+    # A command given as one string is shown as it was written.
+    assert "  Command:    python train.py --lr 0.1\n" in describe_text(
+        detail("python train.py --lr 0.1")
+    )
 
 
 @pytest.mark.parametrize(

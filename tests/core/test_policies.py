@@ -151,6 +151,28 @@ def test_fifo_head_of_line_blocking_and_backfill():
             assert "waiting for 4 free GPUs (1 free)" in s.explain("head", 2)
 
 
+def test_a_job_behind_others_of_its_own_level_is_not_said_to_wait_for_higher_priority():
+    # One 4-GPU node, full: the round stops at the queue's head, and the jobs after it are not
+    # looked at. b and c are both at level 0: c waits behind b by fifo's order, not by priority.
+    s = scheduler(1, 4, "fifo")
+    s.submit(spec("running", 4), 0)
+    s.decide(0)
+    s.submit(spec("b", 1, submit=1), 1)
+    s.submit(spec("c", 1, submit=2), 2)
+    s.decide(2)
+    assert "all are in use" in s.explain("b", 2)
+    assert s.explain("c", 2) == (
+        "PENDING, position 2 of 2 in the queue; "
+        "behind jobs of the same priority ahead in the fifo order"
+    )
+    # d at level 1 goes to the head: now b and c do wait behind a higher-priority job.
+    s.submit(spec("d", 1, submit=3, level=1), 3)
+    s.decide(3)
+    assert s.explain("c", 3) == (
+        "PENDING, position 3 of 3 in the queue; behind higher-priority jobs"
+    )
+
+
 def test_unknown_policy_and_bad_thresholds_are_refused():
     with pytest.raises(ValueError, match="unknown policy 'lottery'"):
         make_policy("lottery")

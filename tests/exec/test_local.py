@@ -7,6 +7,7 @@ import os
 import signal
 import stat
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -413,14 +414,16 @@ def test_the_torchrun_argv_runs_torchrun_with_the_workers_placement(tmp_path: Pa
     string = launch_argv("train.py --lr 0.1 --name 'a b'", "torchrun")
     listed = launch_argv(["train.py", "--lr", "0.1", "--name", "a b"], "torchrun")
     assert string == listed
-    assert string[:2] == ["/bin/sh", "-c"] and string[3:] == [
-        "torchrun",
-        "train.py",
-        "--lr",
-        "0.1",
-        "--name",
-        "a b",
-    ]
+    # The outer shell runs torchrun; each of torchrun's processes runs the process script ($1)
+    # with the job's program after it.
+    assert string[:2] == ["/bin/sh", "-c"] and string[3] == "torchrun"
+    process = string[4]
+    assert string[5:] == ["train.py", "--lr", "0.1", "--name", "a b"]
+    assert launch_argv("-m pkg.train --x 1", "torchrun")[5:] == ["-m", "pkg.train", "--x", "1"]
+    assert launch_argv(["--no_python", "./a.out"], "torchrun")[5:] == ["--no-python", "./a.out"]
+    # Another of torchrun's own flags first: passed to torchrun as it is (no per-rank files).
+    plain = launch_argv(["--standalone", "train.py"], "torchrun")
+    assert plain[3:] == ["torchrun", "--standalone", "train.py"]
     assert launch_argv("echo $A", "none") == ["/bin/sh", "-c", "echo $A"]
     assert launch_argv(["python", "x.py"]) == ["python", "x.py"]
     with pytest.raises(ValueError, match="launcher: must be one of none, torchrun"):
@@ -430,7 +433,7 @@ def test_the_torchrun_argv_runs_torchrun_with_the_workers_placement(tmp_path: Pa
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     fake = bin_dir / "torchrun"
-    fake.write_text('#!/bin/sh\nfor a in "$@"; do echo "$a"; done\n')
+    fake.write_text('#!/bin/sh\nfor a in "$@"; do printf "%s\\n" "$a"; done\n')
     fake.chmod(0o755)
     env = placement_worker_envs(
         "7",
@@ -451,12 +454,62 @@ def test_the_torchrun_argv_runs_torchrun_with_the_workers_placement(tmp_path: Pa
         "--master_addr=10.0.0.1",
         "--master_port=29400",
         "--max_restarts=0",
+        "--no-python",
+        "/bin/sh",
+        "-c",
+        process,
+        "corral-process",
         "train.py",
         "--lr",
         "0.1",
         "--name",
         "a b",
     ]
+    assert env["CORRAL_PROCESS_RANKS"] == "2,3"  # worker 1's two processes: RANKs 2 and 3
+
+
+def test_each_torchrun_process_writes_its_own_files_on_torchruns_interpreter(
+    tmp_path: Path,
+) -> None:
+    # What torchrun runs per process (launch_argv's element 4), started as torchrun starts it:
+    # by a Python process (here this test's interpreter, as torchrun's would be), with the RANK
+    # it gives and the directory the supervisor named.
+    process = launch_argv(["x.py"], "torchrun")[4]
+    script = tmp_path / "show.py"
+    script.write_text(
+        "import sys\n"
+        "unbuffered = type(sys.stdout.buffer).__name__ == 'FileIO'\n"
+        "print(sys.executable, int(unbuffered), *sys.argv[1:])\n"
+        "print('to stderr', file=sys.stderr)\n"
+    )
+    parent = "import subprocess, sys; sys.exit(subprocess.run(sys.argv[1:]).returncode)"
+    env = {"PATH": "/usr/bin:/bin", "RANK": "3", "CORRAL_RANK_LOGS": str(tmp_path)}
+    for program in ([str(script), "a b"], ["-m", "show", "a b"]):
+        ran = subprocess.run(
+            [sys.executable, "-c", parent, "/bin/sh", "-c", process, "corral-process", *program],
+            env=env,
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert ran.returncode == 0 and ran.stdout == "", ran
+        # The parent's interpreter (a virtualenv's path, not the binary it links to), with
+        # -u as torchrun passes it; the output in RANK 3's files, not the parent's.
+        assert (tmp_path / "rank-3.stdout").read_text() == f"{sys.executable} 1 a b\n"
+        assert (tmp_path / "rank-3.stderr").read_text() == "to stderr\n"
+        for stream in ("stdout", "stderr"):
+            (tmp_path / f"rank-3.{stream}").unlink()
+    # --no-python runs the program itself; without CORRAL_RANK_LOGS (Ray) nothing is redirected.
+    del env["CORRAL_RANK_LOGS"]
+    ran = subprocess.run(
+        ["/bin/sh", "-c", process, "corral-process", "--no-python", "echo", "plain"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (ran.returncode, ran.stdout) == (0, "plain\n")
 
 
 def test_a_share_gets_its_mps_limits_rounded_down() -> None:

@@ -65,6 +65,25 @@ def test_lightning_callback_in_a_real_fit(monkeypatch: pytest.MonkeyPatch, tmp_p
         assert [r["step"] for r in reported] == expected, accumulate
         assert all(isinstance(r["loss"], float) and r["loss"] > 0 for r in reported)
         assert all(r["epoch"] == 0 for r in reported)
+        # the run's total optimizer steps: max_steps (6), whatever the accumulation
+        assert all(r["total_steps"] == 6 for r in reported), reported
+    # Epochs instead of max_steps: 64 samples in batches of 4 are 16 batches an epoch, 8
+    # optimizer steps with 2 accumulated; 2 epochs make 16.
+    path.unlink(missing_ok=True)
+    trainer = pl.Trainer(
+        max_epochs=2,
+        accumulate_grad_batches=2,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+        callbacks=[CorralProgress(every_n_steps=4)],
+    )
+    trainer.fit(Tiny(), torch.utils.data.DataLoader(data, batch_size=4))
+    assert [(r["step"], r["total_steps"]) for r in lines(path)] == [(s, 16) for s in (4, 8, 12, 16)]
 
 
 def test_lightning_loss_from_callback_metrics_and_rank(
@@ -140,6 +159,7 @@ def test_huggingface_callback_in_a_real_train(monkeypatch: pytest.MonkeyPatch, t
     assert with_loss == [3, 6]  # the final summary logs train_loss, not loss: not reported
     assert all(isinstance(r["loss"], float) for r in reported if "loss" in r)
     assert all(0 < r["epoch"] <= 1 for r in reported)
+    assert all(r["total_steps"] == 6 for r in reported)  # state.max_steps
 
 
 def test_huggingface_callback_on_other_ranks(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
@@ -157,3 +177,89 @@ def test_huggingface_callback_on_other_ranks(monkeypatch: pytest.MonkeyPatch, tm
     callback.on_log(None, zero, None, logs=None)
     callback.on_log(None, zero, None, logs={"loss": 0.5})
     assert [(r["step"], r["loss"], "epoch" in r) for r in lines(path)] == [(2, 0.5, False)]
+
+
+def test_huggingface_resume_path_is_the_newest_complete_checkpoint(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+):
+    pytest.importorskip("transformers")
+    from corral.progress.huggingface import output_dir, resume_path
+
+    for step, complete in ((5, True), (10, True), (15, False)):
+        folder = tmp_path / f"checkpoint-{step}"
+        folder.mkdir()
+        if complete:  # the Trainer writes trainer_state.json last
+            (folder / "trainer_state.json").write_text("{}")
+    (tmp_path / "checkpoint-20").write_text("a file, not a checkpoint")
+    (tmp_path / "checkpoint-x").mkdir()
+    # 15 was cut short by a kill (no trainer_state.json): 10 is the newest complete one
+    assert resume_path(tmp_path) == str(tmp_path / "checkpoint-10")
+    monkeypatch.setenv("CORRAL_CHECKPOINT_DIR", str(tmp_path))
+    assert (output_dir(), resume_path()) == (str(tmp_path), str(tmp_path / "checkpoint-10"))
+    monkeypatch.setenv("CORRAL_CHECKPOINT_DIR", str(tmp_path / "none-yet"))
+    assert resume_path() is None
+    monkeypatch.delenv("CORRAL_CHECKPOINT_DIR")
+    assert output_dir() == "checkpoints"
+
+
+def test_lightning_resume_path(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    _lightning()
+    from corral.progress.lightning import resume_path
+
+    monkeypatch.delenv("CORRAL_CHECKPOINT_DIR", raising=False)
+    assert resume_path() is None  # outside corral: start afresh
+    monkeypatch.setenv("CORRAL_CHECKPOINT_DIR", str(tmp_path))
+    assert resume_path() is None  # the first attempt: nothing saved yet
+    (tmp_path / "last.ckpt").write_bytes(b"saved")
+    assert resume_path() == str(tmp_path / "last.ckpt")
+
+
+def test_lightning_checkpoint_every_n_steps_and_a_resume(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+):
+    pl = _lightning()
+    torch = pytest.importorskip("torch")
+    from corral.progress.lightning import CorralCheckpoint, resume_path
+
+    class Tiny(pl.LightningModule):  # type: ignore[misc]
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(4, 1)
+
+        def training_step(self, batch: Any, batch_idx: int) -> Any:
+            x, y = batch
+            return torch.nn.functional.mse_loss(self.layer(x), y)
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    torch.manual_seed(0)
+    data = torch.utils.data.TensorDataset(torch.randn(64, 4), torch.randn(64, 1))
+    monkeypatch.setenv("CORRAL_CHECKPOINT_DIR", str(tmp_path / "ckpt"))
+
+    def fit(max_steps: int) -> Any:
+        trainer = pl.Trainer(
+            max_steps=max_steps,
+            accelerator="cpu",
+            devices=1,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            default_root_dir=tmp_path,
+            callbacks=[CorralCheckpoint(every_n_steps=2)],
+        )
+        trainer.fit(
+            Tiny(), torch.utils.data.DataLoader(data, batch_size=4), ckpt_path=resume_path()
+        )
+        return trainer
+
+    fit(5)  # saves after steps 2 and 4 (5 is not a multiple of 2)
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["last.ckpt"]
+    saved = torch.load(resume_path(), map_location="cpu", weights_only=False)
+    assert saved["global_step"] == 4
+    # A new fit resumes at step 4: to 7, it makes 3 more steps and saves after step 6.
+    resumed = fit(7)
+    assert resumed.global_step == 7
+    saved = torch.load(resume_path(), map_location="cpu", weights_only=False)
+    assert saved["global_step"] == 6

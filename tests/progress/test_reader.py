@@ -41,6 +41,15 @@ def test_reports_are_read_incrementally(tmp_path: Path):
     assert tail.malformed == 0 and tail.last_error == ""
 
 
+def test_the_runs_total_steps_are_read(tmp_path: Path):
+    path = tmp_path / "progress.jsonl"
+    append(path, '{"step": 1, "total_steps": 500}\n{"step": 2, "total_steps": null}\n')
+    assert ProgressTail(path).read(NOW) == [
+        Report(time=NOW, step=1.0, total_steps=500.0),
+        Report(time=NOW, step=2.0),
+    ]
+
+
 def test_steps_going_backwards_are_reports(tmp_path: Path):
     path = tmp_path / "progress.jsonl"
     append(path, '{"step": 100}\n{"step": 40}\n{"step": 41.5}\n')
@@ -93,6 +102,9 @@ def test_blank_lines_and_crlf_are_fine(tmp_path: Path):
         (b'{"step": 1, "samples": -5}', '"samples" is negative'),
         (b'{"step": 1, "samples": false}', '"samples" is a bool, not a number'),
         (b'{"step": 1, "time": "now"}', '"time" is a string, not a number'),
+        (b'{"step": 1, "total_steps": 0}', '"total_steps" is not positive'),
+        (b'{"step": 1, "total_steps": -10}', '"total_steps" is not positive'),
+        (b'{"step": 1, "total_steps": "100"}', '"total_steps" is a string, not a number'),
         (b'{"step": 1, "note": "\xff\xfe"}', "not UTF-8"),
         (b"\xff\xfe\x00", "not UTF-8"),
         (b"[" * 1500 + b"]" * 1500, "not JSON"),  # too deep for the parser

@@ -42,7 +42,8 @@ def test_lines_are_appended(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
     after = time.time()
     assert report(2.5, acc=0.9, phase="warmup", done=False, lr=None, tokens=10) is True
     assert report(3, time=12.0) is True
-    first, second, third = lines(path)
+    assert report(4, total_steps=400) is True
+    first, second, third, fourth = lines(path)
     assert first["step"] == 1 and isinstance(first["step"], int)
     assert first["loss"] == 0.5 and first["samples"] == 128
     assert isinstance(first["time"], float) and before <= first["time"] <= after
@@ -56,6 +57,7 @@ def test_lines_are_appended(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
         "tokens": 10,
     }
     assert third == {"step": 3, "time": 12.0}
+    assert fourth == {"step": 4, "time": fourth["time"], "total_steps": 400}
     assert stat.S_IMODE(path.stat().st_mode) == 0o600 & ~_umask()
 
 
@@ -90,6 +92,12 @@ def test_numpy_scalars_are_numbers(monkeypatch: pytest.MonkeyPatch, tmp_path: Pa
         (lambda: report(1, samples=-3), r"progress samples: must be >= 0, got -3"),
         (lambda: report(1, samples=float("-inf")), r"progress samples: must be a finite number"),
         (lambda: report(1, time=float("nan")), r"progress time: must be a finite number, got nan"),
+        (lambda: report(1, total_steps=0), r"progress total_steps: must be > 0, got 0"),
+        (lambda: report(1, total_steps=-5.0), r"progress total_steps: must be > 0, got -5.0"),
+        (
+            lambda: report(1, total_steps=float("inf")),
+            r"progress total_steps: must be a finite number, got inf",
+        ),
         (lambda: report(1, acc=float("inf")), r"progress acc: must be a finite number, got inf"),
         (lambda: report(1, acc=[1, 2]), r"progress acc: must be a JSON scalar .* got \[1, 2\]"),
         (lambda: report(1, acc={"a": 1}), r"progress acc: must be a JSON scalar"),

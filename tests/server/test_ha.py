@@ -11,6 +11,7 @@ processes, each with its own data directory, the local executor, a real PostgreS
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import subprocess
@@ -29,7 +30,9 @@ from sqlalchemy.pool import NullPool
 from corral.client import Client, ClientError
 from corral.exec.local import kill_attempt
 from corral.server.leader import EXIT_DEPOSED, LEASE_S
+from tests.exec.ray_cluster import RayCluster, stopped_at_the_end
 from tests.server.helpers import admin_token, alive, api, wait_until
+from tests.web.test_dashboard import dump_dom
 
 #: The issue's promise: a standby leads within this many seconds of the leader's death.
 TAKEOVER_S = 10.0
@@ -62,8 +65,11 @@ class Up:
     """One `corral up` on the shared database: its own data directory and port, started again
     (same directory and port) after a kill."""
 
-    def __init__(self, name: str, root: Path, db: str, gpus: int) -> None:
+    def __init__(
+        self, name: str, root: Path, db: str, gpus: int, ray_address: str | None = None
+    ) -> None:
         self.name = name
+        self.ray_address = ray_address
         self.data_dir = root / name
         self.root = root
         self.db = db
@@ -82,8 +88,11 @@ class Up:
             "-m",
             "corral.cli",
             "up",
-            "--gpus",
-            str(self.gpus),
+            *(
+                ["--gpus", str(self.gpus)]
+                if self.ray_address is None
+                else ["--executor", "ray", "--ray-address", self.ray_address]
+            ),
             "--single-user",
             "--db",
             self.db,
@@ -279,23 +288,42 @@ def test_a_stopped_leader_is_replaced_and_when_resumed_writes_and_starts_nothing
 
 
 CLIENTS = 4
-PER_CLIENT = 100  # the issue asks 300; a loaded 2-core machine runs 4 x 100 in a few minutes
-KILLS = 3
+# Local: 100 each by default (a loaded 2-core machine runs 4 x 100 in a few minutes), the issue's
+# 300 with CORRAL_HA_PER_CLIENT=300 (docs/ha.md#the-test has both runs' figures). Ray: 25 each
+# (each attempt a Ray actor whose start takes a second or more there).
+PER_CLIENT = {
+    "local": int(os.environ.get("CORRAL_HA_PER_CLIENT", "100")),
+    "ray": int(os.environ.get("CORRAL_HA_RAY_PER_CLIENT", "25")),
+}
+KILLS = {"local": 3, "ray": 2}
 GPUS = 8
 
 
+@pytest.fixture(scope="module")
+def ray_cluster() -> Iterator[RayCluster]:
+    """Two Ray nodes of 4 declared GPUs each: the managers' 8 GPUs on Ray."""
+    cluster = RayCluster(gpus_per_node=GPUS // 2, node_names=("n1", "n2"))
+    with stopped_at_the_end(cluster):
+        yield cluster
+
+
+@pytest.mark.parametrize("executor", ["local", "ray"])
 def test_kill_9_of_the_leader_again_and_again_under_a_burst_of_submissions(
-    ups: list[Up], postgres_url: str, tmp_path: Path
+    ups: list[Up], postgres_url: str, tmp_path: Path, executor: str, request: pytest.FixtureRequest
 ) -> None:
-    # Two managers, `a` leading, `b` standing by; 4 clients listing both submit 100 short jobs
-    # each (0.3 s: they start and end all the time on 8 GPUs) while a few long ones run. The
-    # leader is killed with SIGKILL 3 times, each time once the burst has moved on, and is
-    # started again as a standby. Expected, each time: the other leads within TAKEOVER_S (its
-    # lease taken), the running long jobs are found again (the same attempt, still running);
-    # at the end: every acknowledged submission is stored once (the ids the clients got, one
-    # job per name), each job's processes started once, and no client saw an error.
-    a = Up("a", tmp_path, postgres_url, gpus=GPUS)
-    b = Up("b", tmp_path, postgres_url, gpus=GPUS)
+    # Two managers, `a` leading, `b` standing by, running the jobs as local processes or as Ray
+    # actors on a 2-node Ray cluster; 4 clients listing both submit PER_CLIENT short jobs each
+    # (0.3 s: they start and end all the time on 8 GPUs) while a few long ones run. The leader
+    # is killed with SIGKILL KILLS times, each time once the burst has moved on, and is started
+    # again as a standby. Expected, each time: the other leads within TAKEOVER_S (its lease
+    # taken), the running long jobs are found again (the same attempt, still running: on Ray,
+    # the actors the old leader started, in the namespace the managers share); at the end:
+    # every acknowledged submission is stored once (the ids the clients got, one job per name),
+    # each job's processes started once, and no client saw an error.
+    per_client, kills = PER_CLIENT[executor], KILLS[executor]
+    address = request.getfixturevalue("ray_cluster").address if executor == "ray" else None
+    a = Up("a", tmp_path, postgres_url, gpus=GPUS, ray_address=address)
+    b = Up("b", tmp_path, postgres_url, gpus=GPUS, ray_address=address)
     ups.extend([a, b])
     a.start()
     wait_until(a.leads, "a leading")
@@ -317,7 +345,7 @@ def test_kill_9_of_the_leader_again_and_again_under_a_burst_of_submissions(
 
     def submitter(index: int) -> None:
         with Client(urls, token, timeout=30) as client:
-            for n in range(PER_CLIENT):
+            for n in range(per_client):
                 name = f"c{index}-{n}"
                 try:
                     acknowledged[name] = client.submit(short(name, 0.3))["id"]
@@ -333,8 +361,8 @@ def test_kill_9_of_the_leader_again_and_again_under_a_burst_of_submissions(
     found_again = never_started = 0
     readies: list[float] = []
     try:
-        for kill in range(KILLS):
-            target = (kill + 1) * CLIENTS * PER_CLIENT // (KILLS + 1)
+        for kill in range(kills):
+            target = (kill + 1) * CLIENTS * per_client // (kills + 1)
             wait_until(
                 lambda t=target: sum(sent) >= t or not any(map(threading.Thread.is_alive, threads)),
                 "the burst moving on",
@@ -388,14 +416,15 @@ def test_kill_9_of_the_leader_again_and_again_under_a_burst_of_submissions(
                     )
                 ),
                 "every job ended",
-                timeout=600,
+                # each a Ray actor's start on Ray (seconds on a loaded machine, 8 at a time)
+                timeout=max(600.0, CLIENTS * per_client * (1.5 if executor == "ray" else 0.5)),
             )
     finally:
         gate.touch()
         for thread in threads:
             thread.join(timeout=60)
     print(
-        f"\n{CLIENTS} x {PER_CLIENT} submissions, {KILLS} kills: lease taken after "
+        f"\n{executor}: {CLIENTS} x {per_client} submissions, {kills} kills: lease taken after "
         + ", ".join(f"{s:.1f}" for s in takeovers)
         + " s; ready after "
         + ", ".join(f"{s:.1f}" for s in readies)
@@ -403,10 +432,10 @@ def test_kill_9_of_the_leader_again_and_again_under_a_burst_of_submissions(
         "recorded but never started (requeued)"
     )
     assert errors == []
-    assert len(acknowledged) == CLIENTS * PER_CLIENT
+    assert len(acknowledged) == CLIENTS * per_client
     stored = query(postgres_url, "SELECT id, name, status, attempts FROM jobs ORDER BY id")
     names = [name for _id, name, _status, _attempts in stored if not name.startswith("long-")]
-    assert len(names) == len(set(names)) == CLIENTS * PER_CLIENT  # none lost, none twice
+    assert len(names) == len(set(names)) == CLIENTS * per_client  # none lost, none twice
     by_name = {name: str(job_id) for job_id, name, _status, _attempts in stored}
     assert all(by_name[name] == job_id for name, job_id in acknowledged.items())
     assert {status for _id, _name, status, _attempts in stored} == {"SUCCEEDED"}
@@ -440,3 +469,9 @@ def test_a_leader_stopped_cleanly_gives_its_lease_up(
     assert lease(postgres_url) == (b.url, epoch + 1)
     assert "standby" not in b.log().read_text()
     assert "took over from" in b.log().read_text()
+    # b's dashboard says which manager it talks to: b, the leader, at the lease's new epoch.
+    token = (b.data_dir / "admin.token").read_text().strip()
+    dom = dump_dom(tmp_path / "browser", f"{b.url}/#token={token}")
+    manager = dom.by_id("manager")
+    assert manager.attrs["data-role"] == "leader"
+    assert manager.text() == f"127.0.0.1:{b.port} · leader (epoch {epoch + 1})"

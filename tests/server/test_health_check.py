@@ -1,4 +1,4 @@
-"""One run of a site's health-check command (corral.server.health.run_check), with real
+"""One run of a site's health-check command (corral.exec.healthcheck.run_check), with real
 processes: its verdict and reason, and the bounds that keep a check from hanging or flooding the
 manager or reading its secrets; and a pass of the monitor with NVML's verdict."""
 
@@ -11,15 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from corral.exec.healthcheck import REASON_CHARS, CheckResult, first_line, run_check
 from corral.exec.nvmlhealth import GpuSignals
-from corral.server.health import (
-    REASON_CHARS,
-    CheckResult,
-    HealthMonitor,
-    HealthSettings,
-    first_line,
-    run_check,
-)
+from corral.server.health import HealthMonitor, HealthSettings
 
 
 def py(code: str) -> tuple[str, ...]:
@@ -100,6 +94,17 @@ def test_health_settings_refuse_what_cannot_run() -> None:
     ):
         with pytest.raises(ValueError, match=message):
             HealthSettings.parse(command, every, timeout)
+
+
+def test_the_banner_line_says_what_is_checked_and_how_often() -> None:
+    assert HealthSettings.parse("check --all 'a b'", 5, 2).describe() == (
+        "`check --all 'a b'` (killed after 2 s), every 5 s"
+    )
+    assert HealthSettings.parse(None, 30, 10, nvml=True).describe() == (
+        "NVML (XID errors, uncorrectable ECC, pages to retire, lost GPUs), every 30 s"
+    )
+    both = HealthSettings.parse("check", 30, 10, nvml=True).describe()
+    assert both.startswith("NVML (") and " and `check` (killed after 10 s), every 30 s" in both
 
 
 class Verdicts:

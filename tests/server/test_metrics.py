@@ -9,11 +9,12 @@ queries must name only metrics the scrape has.
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import shutil
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,13 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from corral.server.metrics import FAILURE_CAUSES, QUEUEING_BUCKETS, ROUND_BUCKETS
+from corral.server.metrics import (
+    FAILURE_CAUSES,
+    FINAL_STATUSES,
+    PREEMPTION_KINDS,
+    QUEUEING_BUCKETS,
+    ROUND_BUCKETS,
+)
 from tests.server.helpers import (
     REPO,
     TWO_VCS,
@@ -42,6 +49,7 @@ DEPLOY = REPO / "deploy"
 #: start so).
 METRIC_NAME = re.compile(r"\b((?:corral|process)_[a-zA-Z0-9_]+)\b")
 SUFFIXES = ("_bucket", "_sum", "_count", "_total", "_created")
+STATES = ("PENDING", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED", "REFUSED")
 
 
 def family_of(name: str, families: set[str]) -> str | None:
@@ -118,25 +126,55 @@ def scenario(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any
         kill_jobs_of(data_dir)
 
 
+def zeros(**choices: Iterable[Any]) -> dict[tuple, float]:
+    """Every label set of these labels' values, at 0: what a counter shows before it counts."""
+    names = sorted(choices)
+    return {
+        tuple(zip(names, combination, strict=True)): 0
+        for combination in itertools.product(*(list(choices[n]) for n in names))
+    }
+
+
+#: The (VC, user) pairs with series from the start: the admin's token is bound to no VC (both),
+#: alice's to a, bob's to b.
+OWNERS = [("a", "admin"), ("b", "admin"), ("a", "alice"), ("b", "bob")]
+
+
+def by_owner(**counts: int) -> dict[tuple, float]:
+    """Every (VC, user) pair of OWNERS at 0 but those given ("a_alice": 2)."""
+    found = {labels(vc=vc, user=user): 0.0 for vc, user in OWNERS}
+    for key, count in counts.items():
+        vc, user = key.split("_")
+        found[labels(vc=vc, user=user)] = count
+    return found
+
+
 def test_the_counters_read_what_happened_with_their_labels(scenario: dict[str, Any]) -> None:
     scrape = samples(scenario["text"])
-    assert values(scrape, "corral_jobs_submitted", "corral_jobs_submitted_total") == {
-        labels(vc="a", user="alice"): 2,
-        labels(vc="b", user="bob"): 2,
-    }
+    assert values(scrape, "corral_jobs_submitted", "corral_jobs_submitted_total") == by_owner(
+        a_alice=2, b_bob=2
+    )
     # a: two first starts and the preempted job's second; b: mine once, failing twice
     assert values(scrape, "corral_attempts_started", "corral_attempts_started_total") == {
         labels(vc="a"): 3,
         labels(vc="b"): 3,
     }
-    assert values(scrape, "corral_preemptions", "corral_preemptions_total") == {
-        labels(vc="a", kind="preempted"): 1
+    assert values(scrape, "corral_preemptions", "corral_preemptions_total") == zeros(
+        vc="ab", kind=PREEMPTION_KINDS
+    ) | {labels(vc="a", kind="preempted"): 1}
+    assert values(scrape, "corral_attempt_failures", "corral_attempt_failures_total") == zeros(
+        vc="ab", cause=FAILURE_CAUSES
+    ) | {labels(vc="b", cause="user"): 2}
+    assert values(scrape, "corral_retries", "corral_retries_total") == {
+        labels(vc="a"): 0,
+        labels(vc="b"): 1,
     }
-    assert values(scrape, "corral_attempt_failures", "corral_attempt_failures_total") == {
-        labels(vc="b", cause="user"): 2
+    finished = {
+        labels(vc=vc, user=user, status=status): 0
+        for vc, user in OWNERS
+        for status in FINAL_STATUSES
     }
-    assert values(scrape, "corral_retries", "corral_retries_total") == {labels(vc="b"): 1}
-    assert values(scrape, "corral_jobs_finished", "corral_jobs_finished_total") == {
+    assert values(scrape, "corral_jobs_finished", "corral_jobs_finished_total") == finished | {
         labels(vc="a", user="alice", status="CANCELLED"): 2,
         labels(vc="b", user="bob", status="SUCCEEDED"): 1,
         labels(vc="b", user="bob", status="FAILED"): 1,
@@ -202,7 +240,7 @@ def test_state_gauges_process_and_build_info(scenario: dict[str, Any]) -> None:
     }
     assert values(scrape, "corral_gpus", "corral_gpus") == {(): 2}
     assert values(scrape, "corral_gpus_offline", "corral_gpus_offline") == {(): 0}
-    assert values(scrape, "corral_jobs", "corral_jobs") == {
+    assert values(scrape, "corral_jobs", "corral_jobs") == zeros(state=STATES) | {
         labels(state="CANCELLED"): 2,
         labels(state="FAILED"): 1,
         labels(state="SUCCEEDED"): 1,
@@ -219,12 +257,40 @@ def test_state_gauges_process_and_build_info(scenario: dict[str, Any]) -> None:
     assert "_created" not in scenario["text"]  # no creation-time series (text format)
 
 
-def test_a_fresh_manager_has_families_but_no_labelled_series(scenario: dict[str, Any]) -> None:
-    """Before anything happens the labelled counters have no series (rate() over none is
-    empty, which the alert rules allow for), the round histogram is there."""
+def test_no_metric_has_a_label_prometheus_sets(scenario: dict[str, Any]) -> None:
+    """`job` and `instance` are Prometheus's own (the scrape job, the target): a metric's label
+    of either name would be stored as `exported_job` / `exported_instance`."""
+    for text in (scenario["before"], scenario["text"]):
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                assert not {"job", "instance"} & set(sample.labels), sample
+
+
+def test_a_fresh_manager_has_every_known_series_at_zero(scenario: dict[str, Any]) -> None:
+    """Before anything happens every label set known has its series at 0 (so that increase()
+    and rate() see the first event): each VC's with each cause, kind and final status, the
+    admin's (the only token yet: bound to no VC, both) submissions and ends, every state of
+    corral_jobs."""
     scrape = samples(scenario["before"])
-    assert scrape["corral_jobs_submitted"] == []
-    assert scrape["corral_attempt_failures"] == []
+    admins = [("a", "admin"), ("b", "admin")]
+    assert values(scrape, "corral_jobs_submitted", "corral_jobs_submitted_total") == {
+        labels(vc=vc, user=user): 0 for vc, user in admins
+    }
+    assert values(scrape, "corral_jobs_finished", "corral_jobs_finished_total") == {
+        labels(vc=vc, user=user, status=status): 0
+        for vc, user in admins
+        for status in FINAL_STATUSES
+    }
+    for family, label in (
+        ("corral_attempt_failures", dict(cause=FAILURE_CAUSES)),
+        ("corral_preemptions", dict(kind=PREEMPTION_KINDS)),
+        ("corral_attempts_started", {}),
+        ("corral_retries", {}),
+    ):
+        assert values(scrape, family, f"{family}_total") == zeros(vc="ab", **label), family
+    family = "corral_job_queueing_seconds"
+    assert values(scrape, family, f"{family}_count") == zeros(vc="ab")
+    assert values(scrape, "corral_jobs", "corral_jobs") == zeros(state=STATES)
     assert values(scrape, "corral_gpus", "corral_gpus") == {(): 2}
 
 
@@ -275,6 +341,53 @@ def test_deploy_queries_name_only_metrics_the_manager_exports(scenario: dict[str
         "process_resident_memory_bytes",
     ):
         assert needed in named
+
+
+#: A metric named in PromQL with what follows it: its matchers, if any.
+SELECTOR = re.compile(r"\b((?:corral|process)_[a-zA-Z0-9_]+)(\{[^}]*\})?")
+
+
+def unfiltered(expr: str, with_vc: set[str]) -> list[str]:
+    """The metrics of `expr` not filtered by the dashboard's variables: each by `job="$job"` and
+    `instance=~"$instance"`, and by `vc=~"$vc"` those in `with_vc` (the ones with a vc label)."""
+    missing = []
+    for name, matchers in SELECTOR.findall(expr):
+        wanted = ['job="$job"', 'instance=~"$instance"']
+        if name in with_vc:
+            wanted.append('vc=~"$vc"')
+        if not all(matcher in (matchers or "") for matcher in wanted):
+            missing.append(name)
+    return missing
+
+
+def test_every_dashboard_query_honours_the_variables(scenario: dict[str, Any]) -> None:
+    """Every panel's query is filtered by the scrape job, the manager and (where the metric has
+    one) the VC chosen; the variables by those before them."""
+    with_vc = {
+        sample.name
+        for found in samples(scenario["text"]).values()
+        for sample in found
+        if "vc" in sample.labels
+    }
+    assert {"corral_queue_length", "corral_jobs_submitted_total"} <= with_vc
+    dashboard = json.loads((DEPLOY / "grafana" / "corral.json").read_text())
+    for panel in dashboard["panels"]:
+        for target in panel["targets"]:
+            assert not unfiltered(target["expr"], with_vc), (panel["title"], target["expr"])
+    variables = {v["name"]: v["definition"] for v in dashboard["templating"]["list"][1:]}
+    assert variables == {
+        "job": "label_values(corral_build_info, job)",
+        "instance": 'label_values(corral_build_info{job="$job"}, instance)',
+        "vc": 'label_values(corral_gpus_guaranteed{job="$job", instance=~"$instance"}, vc)',
+    }
+    # the check itself: a query missing a variable is caught
+    assert unfiltered('sum(corral_queue_length{instance=~"$instance"})', with_vc) == [
+        "corral_queue_length"
+    ]
+    assert unfiltered("rate(process_cpu_seconds_total[5m])", with_vc) == [
+        "process_cpu_seconds_total"
+    ]
+    assert not unfiltered('corral_gpus{job="$job", instance=~"$instance"}', with_vc)
 
 
 def test_the_name_check_catches_a_metric_that_does_not_exist(scenario: dict[str, Any]) -> None:
@@ -379,13 +492,71 @@ def test_gpus_offline_and_a_lost_attempt_as_infrastructure(tmp_path: Path) -> No
         executor.end(*running, "lost: rank 0's Ray actor died (its node died)")
         manager.step()
         found = scrape()
-        assert values(found, "corral_attempt_failures", "corral_attempt_failures_total") == {
-            labels(vc="default", cause="infrastructure"): 1
-        }
+        assert values(found, "corral_attempt_failures", "corral_attempt_failures_total") == zeros(
+            vc=["default"], cause=FAILURE_CAUSES
+        ) | {labels(vc="default", cause="infrastructure"): 1}
         assert values(found, "corral_retries", "corral_retries_total") == {labels(vc="default"): 1}
-        assert values(found, "corral_jobs_finished", "corral_jobs_finished_total") == {}
+        # user u has no token (a direct submission): its ends start at 0 with its first job
+        assert values(found, "corral_jobs_finished", "corral_jobs_finished_total") == zeros(
+            vc=["default"], user=["u"], status=FINAL_STATUSES
+        )
     finally:
         manager.store.close()
+
+
+def test_a_restarted_manager_knows_the_users_of_live_tokens_and_waiting_jobs(
+    tmp_path: Path,
+) -> None:
+    """At its start (recovery) a manager gives a series at 0 to: each live token's user, with
+    its VC or (bound to none) every VC; the users of the jobs that wait, token or not. Not to a
+    revoked or expired token's user with nothing waiting."""
+    import time
+
+    from corral.core.cluster import Cluster, NodeDef
+    from corral.server import auth
+    from corral.server.manager import Manager
+    from corral.server.spec import parse_job_spec
+    from corral.server.store import Store
+    from tests.server.helpers import manager_settings
+    from tests.server.inert import HeldExecutor
+
+    def manager() -> Manager:
+        return Manager(
+            Store(Store.sqlite_url(tmp_path)),
+            HeldExecutor(),
+            Cluster.from_nodes([NodeDef("n1", 1, "gpu")]),
+            tmp_path,
+            vc_quota={"a": 1, "b": 1},
+            settings=manager_settings(),
+        )
+
+    first = manager()
+    try:
+        store = first.store
+        auth.create_token(store, "alice")  # bound to no VC: both
+        auth.create_token(store, "bob", vc="a")
+        auth.create_token(store, "dave", vc="a")
+        store.revoke_tokens(time.time(), user="dave")
+        auth.create_token(store, "erin", vc="b", expires_at=time.time() - 1)
+        first.submit(parse_job_spec(python_job("carols", "pass", vc="b")), "carol")  # no token
+    finally:
+        first.store.close()
+    second = manager()
+    try:
+        second.recover()
+        body, _ = second.metrics.text()
+        found = samples(body.decode())
+        owners = {labels(vc="a", user="alice"): 0, labels(vc="b", user="alice"): 0}
+        owners |= {labels(vc="a", user="bob"): 0, labels(vc="b", user="carol"): 0}
+        assert values(found, "corral_jobs_submitted", "corral_jobs_submitted_total") == owners
+        finished = values(found, "corral_jobs_finished", "corral_jobs_finished_total")
+        assert finished == {
+            tuple(sorted((*key, ("status", status)))): 0
+            for key in owners
+            for status in FINAL_STATUSES
+        }
+    finally:
+        second.store.close()
 
 
 def test_time_limit_and_hang_are_their_own_causes(tmp_path: Path) -> None:
@@ -408,7 +579,7 @@ def test_time_limit_and_hang_are_their_own_causes(tmp_path: Path) -> None:
         assert failures[labels(vc="default", cause="hung")] == ended["attempts"] >= 2
         retries = values(found, "corral_retries", "corral_retries_total")
         assert retries == {labels(vc="default"): ended["attempts"] - 1}
-        assert set(failures) == {
+        assert {key for key, count in failures.items() if count} == {
             labels(vc="default", cause="time_limit"),
             labels(vc="default", cause="hung"),
         }

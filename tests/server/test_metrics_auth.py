@@ -8,10 +8,7 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
-import socket
 import stat
-import subprocess
-import time
 from pathlib import Path
 
 import httpx
@@ -20,16 +17,11 @@ import yaml
 from click.testing import CliRunner
 
 from corral.cli.main import app
-from tests.server.helpers import REPO, Corral, api
+from tests.server.helpers import REPO, Corral
+from tests.server.prometheus import Prometheus, free_port
 
 DEPLOY = REPO / "deploy" / "prometheus"
 TOKEN = "3f" * 32  # what `openssl rand -hex 32` prints
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def secret(path: Path, text: str = TOKEN, mode: int = 0o600) -> Path:
@@ -139,18 +131,13 @@ def test_a_link_or_anothers_file_is_refused(tmp_path: Path) -> None:
         assert result.exit_code == 2 and f"owned by {owner}, not by root" in result.output
 
 
-PROMETHEUS = shutil.which("prometheus")
-
-
 def test_prometheus_scrapes_with_the_shipped_config_and_the_token(tmp_path: Path) -> None:
     """The scrape config of deploy/ as shipped (but its target and interval), with the manager's
     metrics token copied beside it: Prometheus's target is up. A second job with another token
     is refused (401), which Prometheus reports as the target's error."""
-    if PROMETHEUS is None:
-        pytest.fail("this test needs prometheus: apt-get install -y prometheus")
     data_dir = tmp_path / "corral"
     up = Corral(data_dir, "--gpus", "1")
-    prometheus: subprocess.Popen[bytes] | None = None
+    prometheus: Prometheus | None = None
     try:
         up.start()
         config = yaml.safe_load((DEPLOY / "prometheus.yml").read_text())
@@ -162,44 +149,23 @@ def test_prometheus_scrapes_with_the_shipped_config_and_the_token(tmp_path: Path
         config["scrape_configs"] = [job, wrong]
         home = tmp_path / "prometheus"
         home.mkdir()
-        (home / "prometheus.yml").write_text(yaml.safe_dump(config))
         shutil.copy(DEPLOY / "alerts.yaml", home / "alerts.yaml")
         shutil.copy(data_dir / "metrics.token", home / job["authorization"]["credentials_file"])
         secret(home / "wrong.token", "0" * 64)
-        port = free_port()
-        prometheus = subprocess.Popen(
-            [
-                PROMETHEUS,
-                f"--config.file={home / 'prometheus.yml'}",
-                f"--storage.tsdb.path={home / 'data'}",
-                f"--web.listen-address=127.0.0.1:{port}",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=(home / "prometheus.log").open("wb"),
-        )
-        targets = api(f"http://127.0.0.1:{port}", None)
-        deadline = time.monotonic() + 120
-        health: dict[str, tuple[str, str]] = {}
-        while time.monotonic() < deadline:
-            assert prometheus.poll() is None, (home / "prometheus.log").read_text()[-2000:]
-            try:
-                found = targets.get("/api/v1/targets").json()["data"]["activeTargets"]
-            except (httpx.TransportError, ValueError):
-                found = []
-            health = {t["labels"]["job"]: (t["health"], t["lastError"]) for t in found}
-            if {state for state, _ in health.values()} >= {"up"} and len(health) == 2:
-                if all(state != "unknown" for state, _ in health.values()):
-                    break
-            time.sleep(0.2)
-        assert health.get("corral") == ("up", ""), health
-        state, error = health["corral-wrong-token"]
-        assert state == "down" and "401" in error, health
+        prometheus = Prometheus(home, config).start()
+
+        def health() -> dict[str, tuple[str, str]] | None:
+            assert prometheus is not None
+            found = prometheus.client.get("/api/v1/targets").json()["data"]["activeTargets"]
+            states = {t["labels"]["job"]: (t["health"], t["lastError"]) for t in found}
+            known = len(states) == 2 and all(s != "unknown" for s, _ in states.values())
+            return states if known and "up" in {s for s, _ in states.values()} else None
+
+        states = prometheus.wait(health, "both targets scraped, one up")
+        assert states.get("corral") == ("up", ""), states
+        state, error = states["corral-wrong-token"]
+        assert state == "down" and "401" in error, states
     finally:
         if prometheus is not None:
-            prometheus.terminate()
-            try:
-                prometheus.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                prometheus.kill()
-                prometheus.wait()
+            prometheus.stop()
         up.stop()

@@ -11,6 +11,7 @@ import sqlite3
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -269,3 +270,27 @@ def test_revisions_are_numbered_after_the_head() -> None:
     head = migrations.head()
     assert len(head) == 4 and head.isdigit() and head >= "0002"
     assert migrations.next_revision_id() == f"{int(head) + 1:04d}"
+
+
+def test_an_upgrade_that_pauses_is_not_ended_by_the_fencing_idle_timeout(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A manager's store ends its PostgreSQL sessions idle in a transaction for more than
+    # idle_transaction_s (a paused leader must not hold the lease's row: docs/ha.md). The
+    # schema's upgrade is one transaction whose pauses between statements (Alembic loading its
+    # scripts) ran past 4 s on a loaded machine, and the manager could not start ("terminating
+    # connection due to idle-in-transaction timeout"). Here the upgrade pauses 1.5 s in its
+    # transaction with a 0.5 s limit: it must still reach the head.
+    upgrade = migrations._upgrade
+
+    def slow(connection: sa.Connection, url: str) -> str | None:
+        connection.execute(sa.text("SELECT 1"))
+        time.sleep(1.5)  # the pause under test: idle in the open transaction
+        return upgrade(connection, url)
+
+    monkeypatch.setattr(migrations, "_upgrade", slow)
+    store = Store(postgres_url, idle_transaction_s=0.5)
+    try:
+        assert differences(postgres_url) == []
+    finally:
+        store.close()

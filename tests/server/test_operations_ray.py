@@ -1,6 +1,6 @@
 """The operator's tools on a real Ray cluster on 127.0.0.1: two nodes of 2 declared GPUs each (n1,
 n2), each a `ray start` of its own, and `corral up` over them (the Ray executor). Node drain with
-and without `--preempt`, EASY backfill and a reservation, each decided by the same core as under
+and without `--preempt`, health checks run on each node, EASY backfill and a reservation, each decided by the same core as under
 the local executor (test_nodes_live.py, test_backfill_live.py, test_reservations_live.py): the
 jobs here are real processes started by Ray's workers on the nodes they were placed on."""
 
@@ -21,6 +21,7 @@ import ray
 from corral.exec.ray import RayExecutor
 from corral.server.boot import RunningServer, ServerOptions, build_manager
 from corral.server.executors.ray import ray_namespace
+from corral.server.health import HealthSettings
 from tests.exec.ray_cluster import RayCluster, kill_named_actors, stopped_at_the_end
 from tests.server.helpers import (
     admin_token,
@@ -430,3 +431,65 @@ def test_a_two_level_queue_on_ray_lends_within_first_and_reclaims_from_outside_f
             assert sorted({gpu.split("/")[0] for gpu in held}) == ["n1", "n2", "n3"]
     finally:
         cluster.stop_node("n3")
+
+
+# A site's health check that says where it ran: its parent is the process that started it, a
+# Ray worker of the node whose processes all carry CORRAL_TEST_NODE (tests/exec/ray_cluster.py);
+# run on the manager's machine its parent would be this test's process, which carries none.
+WHERE_CHECK = """\
+import os, pathlib, sys
+parent = pathlib.Path(f"/proc/{os.getppid()}/environ").read_bytes().split(b"\\0")
+where = next((e[17:].decode() for e in parent if e.startswith(b"CORRAL_TEST_NODE=")), "?")
+asked = os.environ["CORRAL_NODE"]
+pathlib.Path(sys.argv[1], f"ran-{asked}-on-{where}").touch()
+if where != asked:
+    sys.exit(f"asked about {asked}, ran on {where}")
+if pathlib.Path(sys.argv[1], f"sick-{where}").exists():
+    sys.exit(f"{where}: fan failed")
+"""
+
+
+def test_health_checks_run_on_each_ray_node_and_a_sick_one_is_held_out(
+    cluster: RayCluster, tmp_path: Path
+) -> None:
+    # The check runs on the node it judges (its own record: ran-n1-on-n1, ran-n2-on-n2; on the
+    # manager's machine it would say "ran on ?" and both nodes would be unhealthy). n2's check
+    # then fails: n2 is unhealthy with the check's first line as the reason, its 2 GPUs held
+    # out, so of two 2-GPU jobs one runs on n1 and the other waits, its reason naming n2. When
+    # the check passes again n2 is up and the waiting job starts there.
+    flags = tmp_path / "flags"
+    flags.mkdir()
+    script = tmp_path / "check.py"
+    script.write_text(WHERE_CHECK)
+    health = HealthSettings.parse(f"{sys.executable} {script} {flags}", 0.5, 30.0)
+    with serve(
+        cluster, tmp_path / "state", policy="fifo", placement="consolidate", health=health
+    ) as (running, client):
+        wait_until(
+            lambda: {p.name for p in flags.iterdir()} >= {"ran-n1-on-n1", "ran-n2-on-n2"},
+            "each node's check run on the node",
+        )
+        assert not [p.name for p in flags.iterdir() if p.name.endswith("-on-?")]
+        assert {name: view["state"] for name, view in nodes(client).items()} == {
+            "n1": "up",
+            "n2": "up",
+        }
+
+        (flags / "sick-n2").touch()
+        wait_until(lambda: nodes(client)["n2"]["state"] == "unhealthy", "n2 unhealthy")
+        assert nodes(client)["n2"]["reason"] == "n2: fan failed"
+        a = submit(client, **until_file("a", tmp_path / "go-a"))
+        wait_for(client, a, ["RUNNING"])
+        assert attempt_nodes(client, a) == ["n1"]
+        b = submit(client, **python_job("b", "print('b ran')", gpus=2))
+        settled(running)
+        found = job(client, b)
+        assert (found["status"], found["attempts"]) == ("PENDING", 0), found
+        assert "n2" in found["reason"], found["reason"]
+
+        (flags / "sick-n2").unlink()
+        wait_until(lambda: nodes(client)["n2"]["state"] == "up", "n2 healthy again")
+        assert wait_for(client, b)["status"] == "SUCCEEDED"
+        assert attempt_nodes(client, b) == ["n2"]
+        (tmp_path / "go-a").touch()
+        wait_for(client, a)

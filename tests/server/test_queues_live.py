@@ -198,7 +198,7 @@ def test_corral_up_refuses_a_bad_tree_in_one_line(tmp_path: Path, text: str, mes
         ],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=600,  # a refusal, but on a loaded 2-core machine the start alone took 50 s
     )
     assert done.returncode != 0
     lines = done.stderr.strip().splitlines()
@@ -216,7 +216,7 @@ def test_corral_up_refuses_hived_with_departments(tmp_path: Path):
         ],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=600,  # a refusal, but on a loaded 2-core machine the start alone took 50 s
     )
     assert done.returncode != 0
     lines = done.stderr.strip().splitlines()

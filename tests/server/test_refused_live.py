@@ -150,6 +150,7 @@ def test_a_refused_job_is_refused_in_the_store_api_cli_metrics_and_after_a_resta
             (("status", "REFUSED"), ("user", "admin"), ("vc", "default")): 3,
             (("status", "FAILED"), ("user", "admin"), ("vc", "default")): 1,
             (("status", "SUCCEEDED"), ("user", "admin"), ("vc", "default")): 1,
+            (("status", "CANCELLED"), ("user", "admin"), ("vc", "default")): 0,  # (from the start)
         }
         usage = client.get("/api/v1/usage", params={"since": 0}).json()
         assert usage["total"]["finished"]["REFUSED"] == 3

@@ -438,3 +438,24 @@ def test_a_postgresql_database_that_cannot_be_opened_is_one_line(postgres_url: s
     refused = sa.make_url(postgres_url).set(port=port).render_as_string(hide_password=False)
     with pytest.raises(StoreError, match=r"cannot open the database: .*Connection refused$"):
         Store(refused)
+
+
+def test_list_jobs_by_name_selects_an_arrays_tasks_and_a_glob(store: Store) -> None:
+    # Array tasks are stored named NAME[INDEX]; other names are [A-Za-z0-9._-].
+    names = ["sweep[0]", "sweep[1]", "sweep[12]", "sweep", "sweep-x", "sweeper", "a.b", "axb"]
+    for job_id, name in enumerate(names, start=1):
+        add_job(store, job_id, name=name)
+
+    def named(pattern: str) -> list[str]:
+        return sorted(ids(store.list_jobs(name=pattern)), key=int)
+
+    # By hand, on both databases alike (SQLite's REGEXP, PostgreSQL's ~):
+    assert named("sweep") == ["1", "2", "3", "4"]  # the name, and the array's tasks
+    assert named("sweep[1]") == ["2"]  # one task by its own name (not a character class)
+    assert named("sweep*") == ["1", "2", "3", "4", "5", "6"]
+    assert named("sweep?x") == ["5"]
+    assert named("sweep[!-]*") == ["1", "2", "3", "6"]  # brackets as a glob's class
+    assert named("a.b") == ["7"]  # '.' is itself
+    assert named("a?b") == ["7", "8"]
+    assert named("SWEEP") == [] and named("swee") == []  # case-sensitive, whole names
+    assert named("sweep[") == []  # an unclosed bracket is a character, and no name has it

@@ -9,9 +9,11 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,6 +21,7 @@ from corral.client import Client
 from tests.server.helpers import (
     REPO,
     Corral,
+    admin_token,
     job,
     kill_jobs_of,
     submit,
@@ -211,3 +214,65 @@ def test_a_cancelled_torchrun_job_is_cancelled_whatever_torchrun_exits_with(
         "the cancelled attempt's end",
     )
     assert (ended["outcome"], ended["exit_code"]) == ("cancelled", 1), ended
+
+
+#: A 2-process gloo job: each process sums its rank + 1 with the other's (1 + 2 = 3), then
+#: writes three lines to stdout and one to stderr, each naming its RANK.
+RANKED = """\
+import sys
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+total = torch.tensor([rank + 1.0])
+dist.all_reduce(total)
+for line in range(3):
+    print(f"process {rank} line {line} sum {total.item():g}", flush=True)
+print(f"process {rank} on stderr", file=sys.stderr, flush=True)
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+def test_each_torchrun_process_has_its_own_log_by_rank(manager: Corral, tmp_path: Path) -> None:
+    admin = manager.start()
+    script = tmp_path / "ranked.py"
+    script.write_text(RANKED)
+    path = f"{VENV_BIN}:{os.environ.get('PATH', '/usr/bin:/bin')}"
+    spec = {
+        "name": "ranked",
+        "vc": "a",
+        "gpus": 2,
+        "workers": 1,  # one torchrun agent, 2 processes: RANK 0 and 1
+        "launcher": "torchrun",
+        "command": [str(script)],
+        "env": {"PATH": path},
+    }
+    job_id = submit(admin, **spec)
+    done = wait_for(admin, job_id, timeout=300)
+    assert done["status"] == "SUCCEEDED", done
+
+    def lines(rank: int, stream: str = "stdout") -> list[str]:
+        params: dict[str, Any] = {"attempt": 1, "rank": rank, "stream": stream}
+        text = admin.get(f"/api/v1/jobs/{job_id}/logs", params=params).text
+        return [line for line in text.splitlines() if line.startswith("process ")]
+
+    # Each RANK's file has its own lines only, whole, in order (torchrun's own messages, if
+    # any, go with RANK 0's, its first process's: none start with "process ").
+    for rank in (0, 1):
+        assert lines(rank) == [f"process {rank} line {i} sum 3" for i in range(3)]
+        assert lines(rank, "stderr") == [f"process {rank} on stderr"]
+    # `corral logs JOB --rank 1` reads the same.
+    token = admin_token(manager.data_dir)
+    env = {**os.environ, "CORRAL_URL": manager.url, "CORRAL_TOKEN": token}
+    ran = subprocess.run(
+        [sys.executable, "-m", "corral.cli", "logs", job_id, "--rank", "1"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert ran.returncode == 0, ran.stderr
+    shown = [line for line in ran.stdout.splitlines() if line.startswith("process ")]
+    assert shown == [f"process 1 line {i} sum 3" for i in range(3)]

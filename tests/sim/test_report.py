@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -10,7 +11,13 @@ from rich.console import Console
 
 from corral.core.job import Job, JobSpec, JobStatus
 from corral.sim.metrics import JOB_COLUMNS, summarize, utilization
-from corral.sim.report import downsample_step, format_duration, summary_table, write_outputs
+from corral.sim.report import (
+    downsample_step,
+    format_duration,
+    format_hours,
+    summary_table,
+    write_outputs,
+)
 from corral.sim.result import SimResult, Timeline
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -196,19 +203,71 @@ def test_format_duration(seconds: float | None, text: str) -> None:
     assert format_duration(seconds) == text
 
 
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [
+        (None, "-"),
+        (float("nan"), "-"),
+        (0, "0.0"),
+        (12, "0.003"),  # 12 s = 0.00333 h
+        (1.5, "<0.001"),  # not zero: 0.0004 h
+        (270, "0.075"),  # 4.5 min
+        (45 * 60, "0.75"),
+        (3.2 * 3600, "3.2"),
+        (3 * 86400, "72.0"),  # three days are 72 h, not '3.0d'
+        (561.8 * 3600, "561.8"),
+        (-90, "-0.025"),
+    ],
+)
+def test_format_hours(seconds: float | None, text: str) -> None:
+    assert format_hours(seconds) == text
+
+
+def table_lines(text: str, header: str) -> dict[str, list[str]]:
+    """The rows of a printed table by their first cell, split on runs of two or more spaces."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if header in line)
+    rows = {}
+    for line in lines[start + 1 :]:
+        cells = re.split(r"\s{2,}", line.strip())
+        if len(cells) > 3:
+            rows[cells[0]] = cells[1:]
+    return rows
+
+
 def test_summary_table() -> None:
     summaries = [summarize(make_result("fifo")), summarize(make_result("las", scale=0.5))]
     table = summary_table(summaries)
-    # policy/placement, jobs, four JCT columns, queue, makespan, utilisation (all and while
-    # jobs wait), preemptions
-    assert len(table.columns) == 11
+    # policy/placement, jobs, four JCT columns, queueing, pending, makespan, utilisation (all
+    # and while jobs wait), preemptions
+    assert len(table.columns) == 12
     assert table.row_count == 2
-    console = Console(record=True, width=200)
+    console = Console(record=True, width=250)
     console.print(table)
     text = console.export_text()
-    assert "fifo/" in text and "las/" in text
-    # fifo: JCTs 1h, 2h, ..., 5h -> mean 3.0h; las (scale 0.5): 0.5h..2.5h -> p50 1.5h
-    assert "3.0h" in text and "1.5h" in text
+    headers = [str(column.header) for column in table.columns]
+    assert headers[2:9] == [
+        "avg JCT",
+        "p50 JCT",
+        "p95 JCT",
+        "p99 JCT",
+        "avg queueing",
+        "avg pending",
+        "makespan",
+    ]
+    assert "Simulation summary (durations in hours)" in text
+    rows = table_lines(text, "avg JCT")
+    # fifo: JCTs 1h, 2h, ..., 5h -> mean 3.0, p50 3.0; las (scale 0.5): 0.5h..2.5h -> mean and
+    # p50 1.5: every duration a bare number of hours, none in minutes or days.
+    assert rows["fifo/consolidated"][1:3] == ["3.0", "3.0"]
+    assert rows["las/consolidated"][1:3] == ["1.5", "1.5"]
+    # Each job first starts 60 s after its submission (queueing 60 s = 0.017 h) and never
+    # waits again (pending 0): both printed, in hours.
+    assert rows["fifo/consolidated"][5:7] == ["0.017", "0.0"]
+    assert not re.search(r"\d[smd]\b", text)
+    # The two waits are defined where they are printed.
+    assert "queueing: from submission to the first start" in text
+    assert "pending: all the time spent waiting, including after each preemption" in text
     util = summaries[0]["utilization"]
     assert isinstance(util, float)
     assert f"{100 * util:.1f}%" in text

@@ -372,6 +372,10 @@ def test_dump_shows_gpus_vcs_queue_jobs_and_the_detail(scenario: Scenario, tmp_p
         "CANCELLED": "0",
     }
     assert dom.by_id("policy").text() == "las"
+    # A manager alone (SQLite): its address, no role.
+    manager = dom.by_id("manager")
+    assert manager.text() == scenario.url.removeprefix("http://")
+    assert manager.attrs["data-role"] == ""
     assert NODE in dom.by_id("cluster-name").text()
 
     vc_rows = {row.attrs["data-vc"]: row for row in dom.by_id("vcs-body").all("data-vc", tag="tr")}
@@ -411,6 +415,20 @@ def test_dump_shows_gpus_vcs_queue_jobs_and_the_detail(scenario: Scenario, tmp_p
     assert 0 <= float(bar.attrs["data-share"]) < 0.1
     assert bar.text().endswith("%") and "of 3000" in bar.attrs["title"]
     assert [c.text() for c in rows[0].children if isinstance(c, Element)][6] == "–"  # queued
+    # Each row's reason, without the queue position (the status is beside it): the queued job's
+    # says what it waits for; and its submission time with its date, whatever the day.
+    by_field = {
+        row.attrs["data-job"]: {c.attrs["data-field"]: c for c in row.all("data-field")}
+        for row in rows
+    }
+    queued_cells = by_field[queued]
+    assert queued_cells["reason"].text() == queued_reason.split("; ", 1)[1]
+    assert queued_cells["reason"].attrs["title"] == queued_reason
+    for job_id in (queued, sleeper, ticker):
+        submitted = scenario.job(job_id)["submitted_at"]
+        shown = by_field[job_id]["submitted"].text()
+        # Chromium runs in this process's time zone: the same local date and time.
+        assert shown == time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(submitted)), shown
 
     detail = dom.by_id("detail")
     assert not detail.hidden and detail.attrs["data-job"] == ticker

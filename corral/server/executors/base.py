@@ -37,6 +37,10 @@ class Boot:
     gpu_memory_mib: int | None = None  # `--gpu-memory`
     config: Path | None = None  # `--config`: the cluster and VC config
     demo: bool = False  # `--demo`
+    #: With managers sharing a database (docs/ha.md): `shared(key, mine)` is the value every one
+    #: of them uses for `key`, the first leader's (`mine` recorded if none is yet). None: a
+    #: manager alone, whose own values are the ones.
+    shared: Callable[[str, str], str] | None = None
 
 
 @dataclass(slots=True)

@@ -8,6 +8,7 @@ import json
 import logging
 import socket
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -52,7 +53,14 @@ def ray_namespace(data_dir: Path) -> str:
     return str(json.loads(path.read_text())["namespace"])
 
 
-def connect_ray(address: str, data_dir: Path) -> RayExecutor:
+#: The `meta` key of the Ray namespace that managers sharing a database share (docs/ha.md): a
+#: standby that takes over finds the previous leader's actors in it.
+NAMESPACE_KEY = "ray_namespace"
+
+
+def connect_ray(
+    address: str, data_dir: Path, shared: Callable[[str, str], str] | None = None
+) -> RayExecutor:
     try:
         from corral.exec.ray import RayExecutor, access_problem
     except ImportError:
@@ -69,8 +77,11 @@ def connect_ray(address: str, data_dir: Path) -> RayExecutor:
     problem = access_problem(address)
     if problem is not None:
         raise ExecutorError(f"--ray-address {address}: {problem}")
+    namespace = ray_namespace(data_dir)
+    if shared is not None:
+        namespace = shared(NAMESPACE_KEY, namespace)
     try:
-        return RayExecutor(address, ray_namespace(data_dir))
+        return RayExecutor(address, namespace)
     except (ConnectionError, RuntimeError, ValueError) as error:
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise ExecutorError(f"--ray-address {address}: cannot connect ({first})") from None
@@ -146,7 +157,7 @@ class RayEntry(ExecutorEntry):
         if given is not None:
             executor = cast("RayExecutor", given)
         else:
-            executor = connect_ray(options.address, boot.data_dir)
+            executor = connect_ray(options.address, boot.data_dir, boot.shared)
         try:
             cluster, quota, cells, fixed, tree = build_ray_cluster(options.address, boot, executor)
         except BaseException:

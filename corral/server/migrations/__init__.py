@@ -105,6 +105,11 @@ def upgrade_to_head(engine: Engine, url: str, *, shared_connection: bool = False
     try:
         with migrating.begin() as connection:
             if connection.dialect.name == "postgresql":
+                # A store that fences a leader ends its sessions idle in a transaction for a few
+                # seconds (Store's idle_transaction_s); the upgrade's own pauses between
+                # statements (Alembic loading its scripts, on a loaded machine) are no such
+                # pause: lifted for this transaction alone.
+                connection.execute(sa.text("SET LOCAL idle_in_transaction_session_timeout = 0"))
                 connection.execute(
                     sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATE_LOCK_KEY}
                 )

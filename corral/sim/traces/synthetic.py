@@ -1,9 +1,17 @@
 """A Philly-like workload generator: `synthetic:jobs=1000,load=0.9,gpus=512`.
 
 * Job sizes follow the GPU-count mix of the Philly-derived Gavel/MSR trace (below).
-* Run times are drawn, with replacement, from the 83,152 positive run times of Philly jobs in
-  `philly_runtime.csv` (alibaba/clusterdata, cluster-trace-gpu-v2020/analysis), independently of
-  the size (that file does not pair run times with GPU counts).
+* Run times follow Philly's: by default drawn from the empirical quantile table of
+  `corral.sim.traces.philly_runtimes`, fitted by `scripts/fit_philly_runtimes.py` to the 83,152
+  positive run times of `philly_runtime.csv` (alibaba/clusterdata,
+  cluster-trace-gpu-v2020/analysis/philly_runtime.csv), the jobs of Microsoft's Philly cluster of
+  Jeon et al., "Analysis of Large-Scale Multi-Tenant GPU Clusters for DNN Training Workloads",
+  USENIX ATC 2019: inverse-transform sampling, log(run time) linear between the table's
+  quantiles (mean 14,739 s against the data's 14,614 s, median 1,187 s against 1,186 s, the two
+  CDFs at most 0.8 % apart), so no data file is needed. With `runtimes=PATH` (a CSV with a
+  `runtime` column, such as that file) they are drawn with replacement from the file's positive
+  values instead. Either way independently of the size (the file does not pair run times with
+  GPU counts).
 * Arrivals are Poisson with rate lambda = load * gpus / mean(gpus_per_job * runtime), so that the
   GPU-seconds offered per second are `load` times a cluster of `gpus` GPUs. The mean is taken over
   the generated jobs themselves, not the whole population: Philly run times are heavy-tailed (mean
@@ -12,7 +20,7 @@
 
 Keys: jobs (default 1000), load (0.8), gpus (512), seed (the `seed` argument), max_gpus (sizes
 above it are cut down to it; default no cap), runtimes (path of a runtime CSV with a `runtime`
-column), models (`none`, the default: no model, spread slowdown 1.0; or `mix`: each job trains one
+column; default the fitted table), models (`none`, the default: no model, spread slowdown 1.0; or `mix`: each job trains one
 of the ten models of Tiresias's 60_job.csv, uniformly, so that the `profile` placement has
 placement-sensitive jobs to tell apart). Everything is drawn from one numpy Generator seeded by
 `seed`, in a fixed order (sizes, run times, gaps, models): the same keys give the same trace.
@@ -39,6 +47,7 @@ from corral.sim.traces.base import (
     integer,
     number,
 )
+from corral.sim.traces.philly_runtimes import PHILLY_RUNTIME_QUANTILES
 
 # Number of jobs of each GPU count in the Gavel/MSR Philly-derived workload
 # (stanford-futuredata/gavel, scheduler/traces/msr/seed=0/*.trace, column 7 "scale_factor"),
@@ -89,8 +98,8 @@ def read(location: str, *, perf: PerfModel | None = None, seed: int = 0, **optio
     if models not in ("none", "mix"):
         raise TraceError(f"{where}: models: must be none or mix, got {models!r}")
     perf = default_perf(perf)
-    runtimes_path = _runtime_path(keys.get("runtimes"))
-    pool = _runtime_pool(str(runtimes_path.resolve()), runtimes_path.stat().st_mtime_ns)
+    given = keys.get("runtimes")
+    runtimes_path = _runtime_path(given) if given is not None else None
 
     sizes = np.array(sorted(GAVEL_MSR_GPU_COUNTS))
     weights = np.array([GAVEL_MSR_GPU_COUNTS[s] for s in sizes], dtype=float)
@@ -98,7 +107,11 @@ def read(location: str, *, perf: PerfModel | None = None, seed: int = 0, **optio
         sizes = np.minimum(sizes, max_gpus)
     rng = np.random.default_rng(seed)
     job_gpus = rng.choice(sizes, size=jobs, p=weights / weights.sum())
-    job_runtimes = rng.choice(pool, size=jobs)
+    if runtimes_path is not None:
+        pool = _runtime_pool(str(runtimes_path.resolve()), runtimes_path.stat().st_mtime_ns)
+        job_runtimes = rng.choice(pool, size=jobs)
+    else:
+        job_runtimes = fitted_runtimes(rng, jobs)
     mean_gpu_seconds = float(np.mean(job_gpus * job_runtimes))
     rate = load * cluster_gpus / mean_gpu_seconds
     gaps = rng.exponential(1.0 / rate, size=jobs - 1)
@@ -122,7 +135,8 @@ def read(location: str, *, perf: PerfModel | None = None, seed: int = 0, **optio
     notes = [
         f"{count_noun(jobs, 'job')}, offered load {load:g} of {count_noun(cluster_gpus, 'GPU')}, "
         "one job every "
-        f"{1.0 / rate:.1f}s on average, seed {seed}, run times from {runtimes_path}"
+        f"{1.0 / rate:.1f}s on average, seed {seed}, run times "
+        + (f"from {runtimes_path}" if runtimes_path else "of Philly's (the fitted table)")
     ]
     if max_gpus is not None:
         notes.append(f"job sizes capped at {count_noun(max_gpus, 'GPU')}")
@@ -130,11 +144,17 @@ def read(location: str, *, perf: PerfModel | None = None, seed: int = 0, **optio
     return Trace(jobs=specs, source=source, notes=notes)
 
 
-def default_runtime_paths() -> list[Path]:
-    """Where the bundled Philly run times are looked for: beside the working directory's project,
-    then beside the repository this package lives in."""
-    repo_root = Path(__file__).resolve().parents[3]
-    return [Path.cwd().parent / RUNTIME_FILE, repo_root.parent / RUNTIME_FILE]
+def fitted_runtimes(rng: np.random.Generator, count: int) -> np.ndarray:
+    """`count` run times (seconds) from Philly's fitted quantile table: u uniform on [0, 1),
+    log(run time) interpolated linearly between the table's (p, log quantile) points."""
+    probabilities, seconds = _fitted_table()
+    return np.exp(np.interp(rng.random(count), probabilities, seconds))
+
+
+@lru_cache(maxsize=1)
+def _fitted_table() -> tuple[np.ndarray, np.ndarray]:
+    table = np.array(PHILLY_RUNTIME_QUANTILES, dtype=float)
+    return table[:, 0], np.log(table[:, 1])
 
 
 def _parse_keys(location: str, options: dict[str, Any]) -> dict[str, Any]:
@@ -162,7 +182,15 @@ def _parse_keys(location: str, options: dict[str, Any]) -> dict[str, Any]:
     return keys
 
 
+def default_runtime_paths() -> list[Path]:
+    """Where the shared data's Philly run-time file is looked for (by benchmarks that draw from
+    the file itself): beside the working directory's project, then beside this repository."""
+    repo_root = Path(__file__).resolve().parents[3]
+    return [Path.cwd().parent / RUNTIME_FILE, repo_root.parent / RUNTIME_FILE]
+
+
 def _runtime_path(given: object) -> Path:
+    """The run-time file given (`runtimes=PATH`); None: the shared data's, where it is."""
     if given is not None:
         path = Path(str(given)).expanduser()
         if not path.is_file():
@@ -173,9 +201,7 @@ def _runtime_path(given: object) -> Path:
         if path.is_file():
             return path
     tried = ", ".join(str(p) for p in candidates)
-    raise TraceError(
-        f"synthetic: cannot find the Philly run times (tried {tried}); pass runtimes=PATH"
-    )
+    raise TraceError(f"synthetic: cannot find the Philly run times (tried {tried})")
 
 
 @lru_cache(maxsize=4)
@@ -201,7 +227,7 @@ def _runtime_pool(path: str, mtime_ns: int) -> np.ndarray:
 
 FORMAT = TraceFormat(
     "synthetic",
-    "a Philly-like generator: Gavel-MSR sizes, Philly run times, Poisson arrivals at a load",
+    "a Philly-like generator: Gavel-MSR sizes, Philly run times (fitted; no data file), Poisson arrivals at a load",
     "synthetic:jobs=N,load=L,gpus=G",
     read=read,
 )
