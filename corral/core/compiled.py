@@ -23,20 +23,3 @@ def compiled_core() -> bool:
     spec = importlib.util.find_spec("corral.core.scheduler")
     return spec is not None and not (spec.origin or "").endswith(".py")
 
-
-def installed_compiled() -> str | None:
-    """Where an installed distribution of corral holds a compiled core (its folder), or None:
-    with `compiled_core()` False, Python imported the sources from elsewhere (the project's root,
-    first on `sys.path` for `python -m` or `python -c` there) instead."""
-    from importlib import metadata
-    from pathlib import PurePath
-
-    try:
-        files = metadata.distribution("corral").files or []
-    except metadata.PackageNotFoundError:
-        return None
-    for path in files:
-        name = str(path).replace("\\", "/")
-        if name.startswith("corral/core/scheduler.") and not name.endswith((".py", ".pyc")):
-            return str(PurePath(str(path.locate())).parent.parent.parent)
-    return None
