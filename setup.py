@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 
+import setuptools
 from setuptools import setup
 from setuptools.command.build import build
 
@@ -45,7 +46,19 @@ COMPILED = [
 MYPYC = "mypy==2.4.1"
 
 
+#: The first setuptools that reads pyproject.toml's `license = "Apache-2.0"` (an SPDX expression,
+#: PEP 639); an older one (Python 3.11's venv brings 65.5) refuses the whole file.
+SETUPTOOLS = 77
+
+
 def main() -> None:
+    major = int(setuptools.__version__.split(".")[0])
+    if major < SETUPTOOLS:
+        raise SystemExit(
+            f"corral's build needs setuptools>={SETUPTOOLS} (pyproject.toml's license is an SPDX "
+            f"expression), this environment has {setuptools.__version__}: pip install "
+            f"'setuptools>={SETUPTOOLS}', or let pip build in isolation (no --no-build-isolation)"
+        )
     if os.environ.get("CORRAL_COMPILE") != "1":
         setup()
         return

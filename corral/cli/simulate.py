@@ -14,6 +14,12 @@ from rich.markup import escape
 from corral.cli.common import UserError, console, fail
 from corral.cli.registries import policy_help, preset_help
 
+#: Where a user gets the Tiresias preset's Gittins history (1,000 job GPU-times of a production
+#: YARN GPU cluster, in SymbioticLab/Tiresias, Apache-2.0) when the shared data is not beside them.
+PRESET_HISTORY_URL = (
+    "https://raw.githubusercontent.com/SymbioticLab/Tiresias/master/simulator/yarn-gput1000.csv"
+)
+
 
 def parse_cluster(shorthand: str) -> tuple[int, int]:
     match = re.fullmatch(r"\s*(\d+)\s*x\s*(\d+)\s*", shorthand)
@@ -247,7 +253,8 @@ def simulate(
             if gittins_history is None:
                 raise UserError(
                     f"--preset {preset}: gittins learns from {history} in the shared data "
-                    "directory, which is not there; pass --gittins-history"
+                    "directory (../shared/data), which is not there; download "
+                    f"{PRESET_HISTORY_URL} and pass --gittins-history PATH"
                 )
         if failure_model not in ("rate", "philly"):
             raise UserError(f"--failure-model: unknown {failure_model!r}; choose rate or philly")

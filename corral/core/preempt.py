@@ -57,6 +57,10 @@ Outcome = Literal["started", "too few victims", "no placement"]
 RoomMaker = Callable[["Job", float, "list[Action]"], Outcome]
 
 
+def _nothing() -> None:
+    pass
+
+
 class _Top:
     """Sorts after anything it is compared with (an upper bound for keys of one prefix)."""
 
@@ -218,6 +222,9 @@ class Preemption:
         #: (start + exempt_s, seq, start) of each start (`started`); stale ones are dropped.
         self.exempt_s = exempt_s
         self._exemptions: list[tuple[float, int, float]] = []
+        #: Takes the running jobs' key changes held back (corral.core.timers) before the running
+        #: index is read; set by the scheduler.
+        self.settle: Callable[[], None] = _nothing
 
     # -- what the scheduler tells it ------------------------------------------------------------
 
@@ -309,6 +316,7 @@ class Preemption:
         running = self._running
         if not self.policy.preemptive or not running:
             return False
+        self.settle()
         lowest = self._by_seq[running[-1][-1]]
         return self.policy.preempts(self.current_key(job, now), self.current_key(lowest, now))
 

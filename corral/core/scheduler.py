@@ -144,6 +144,7 @@ class Scheduler(SchedulerState):
         self._exempts = preempt_exempt_s > 0
         if self._exempts:
             self._on_start = (*self._on_start, self.preemption.started)
+        self.preemption.settle = self.timers.settle  # before it reads running jobs' keys
         #: The body of a round (corral.core.walk).
         self._walk = QueueWalk(
             self,
@@ -155,6 +156,7 @@ class Scheduler(SchedulerState):
             self.stages,
             self._by_seq,
             self.backfill,
+            late_preempt_check=self.timers.holds,
         )
         #: What runs as a round begins, before the walk (`_begin_round_hooks`).
         self._round_starts = self._begin_round_hooks(chain)
@@ -170,6 +172,9 @@ class Scheduler(SchedulerState):
         self.rounds += 1
         actions: list[Action] = []
         self.timers.fire(now, actions)  # a pre-run that passes by its timer is stopped first
+        quiet = self._quiet
+        if self.timers.held_at and quiet is not None and (quiet[2] or self.pending):
+            self.timers.settle()  # re-keys held back may tell whether this round repeats
         if self._repeats(now, preempt) and not actions:
             return Decision(actions, self._next_wake(now), self._respeeds())
         for begin in self._round_starts:

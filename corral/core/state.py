@@ -493,6 +493,8 @@ class SchedulerState:
         by projected finish), report it in the next Decision.respeeds."""
         if self.timers.idle_at:
             self.timers.catch_up(job, now)
+        if self.timers.held_at:
+            self.timers.catch_up_held(job)
         self._unindex(self._running, job)
         job.change_speed(speed, now)
         self._index(self._running, job, now)
@@ -506,6 +508,8 @@ class SchedulerState:
     def _account_run(self, job: Job, now: float) -> None:
         if self.timers.idle_at:
             self.timers.catch_up(job, now)
+        if self.timers.held_at:
+            self.timers.catch_up_held(job)
         for hook in self._on_stop:
             hook(job, now)
         ran = job.running_s(now)
@@ -636,7 +640,9 @@ class SchedulerState:
         return (self._by_seq[key[-1]] for key in self.pending)
 
     def running_jobs(self) -> Iterable[Job]:
-        return (self._by_seq[key[-1]] for key in self._running.keys)
+        self.timers.settle()  # key changes held back while no job waited (corral.core.timers)
+        by_seq = self._by_seq
+        return (by_seq[key[-1]] for key in self._running.keys)
 
     @property
     def pending_count(self) -> int:

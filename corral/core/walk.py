@@ -75,7 +75,13 @@ class QueueWalk:
         stages: Sequence[Stage],
         by_seq: Mapping[int, Job],
         backfill: Backfill,
+        *,
+        late_preempt_check: bool = False,
     ) -> None:
+        """`late_preempt_check`: ask whether a waiting job may preempt only once that matters
+        (no GPU free for it, or no placement on free GPUs), so that a round whose jobs all start
+        on free GPUs never reads the running jobs' keys (whose changes may then be held back,
+        corral.core.timers)."""
         self.host = host
         self.cluster = cluster
         self.placement = placement
@@ -95,6 +101,10 @@ class QueueWalk:
         # jobs started meanwhile have lower keys than theirs, and none is preempted from here
         # on. Not so where an admission or a stage decides otherwise (a reclaim, a move).
         self._settles = not self._picks and not stages
+        # Asked late, the answer is the same: the jobs placed before it was asked have lower
+        # keys than the job's, and none was preempted in between (preempting needs a job that
+        # may, and once one may not, no later one may).
+        self._late = late_preempt_check and self._settles
 
     def walk(self, now: float, preempt: bool, actions: list[Action]) -> None:
         """Start (and preempt for) waiting jobs in the policy's order, as far as anything can
@@ -123,15 +133,18 @@ class QueueWalk:
         preempting = preempt
         reserves = self.reserves
         reservations = host.reservations if host.reservations else None
+        late = self._late
         position = 0
         while position < len(host.pending):
             job = by_seq[host.pending[position][-1]]
-            can_preempt = preempting and may_preempt_for(job, now)
-            if settles and not can_preempt:
-                preempting = False
             free = cluster.free_gpus
+            asked = not late or not preempting or free == 0 or free < min(sizes, default=0)
+            can_preempt = asked and preempting and may_preempt_for(job, now)
+            if settles and asked and not can_preempt:
+                preempting = False
             if (
-                not can_preempt
+                asked
+                and not can_preempt
                 and (free == 0 or free < min(sizes, default=0))
                 and not host.waiting_shares
                 and not any(stage.keeps_walking() for stage in sharers)
@@ -207,6 +220,10 @@ class QueueWalk:
                     "no room: a job of the same kind needing fewer GPUs did not fit"
                 )
             victims_kind = (job.spec.gpu_types, (admission.queue(job) or "") if queues else "")
+            if not asked:  # (late: see `_late`)
+                can_preempt = preempting and may_preempt_for(job, now)
+                if not can_preempt:
+                    preempting = False
             if (
                 can_preempt
                 and job.spec.gpus < no_room.get((kind, victims_kind), math.inf)

@@ -47,6 +47,10 @@ class Policy(OptionsMixin):
     #: False a key change is taken at the first round at or after its instant (rounds that
     #: arrivals, ends and other timers cause: how the Tiresias simulator checks its queues).
     rekey_wakes = True
+    #: `stored_key` and `key_changes_at` read only the job and `now`, and `on_key_change` does
+    #: nothing: where key changes do not wake the scheduler, those of running jobs may be taken
+    #: later, each at the round it came due at (corral.core.timers: while no job waits).
+    pure_rekeys: ClassVar[bool] = False
     #: The victim rule compares only this many leading parts of the scheduler's keys (its job
     #: level first, then this policy's key); None: whole keys. A waiting job may preempt a running
     #: one whose leading parts are greater (`preempts`).

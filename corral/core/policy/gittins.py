@@ -82,6 +82,7 @@ class Gittins(Policy):
     summary = "Tiresias's 2D-Gittins: the job likeliest to finish per GPU-second spent first"
     Options = GittinsOptions
     preemptive = True
+    pure_rekeys = True
 
     @classmethod
     def from_options(cls, options: Any, services: Services) -> Policy:
@@ -150,9 +151,11 @@ class Gittins(Policy):
         return bisect.bisect_right(self.thresholds, job.attained_at(now) + 1e-6)
 
     def key(self, job: Job, now: float) -> Key:
+        attained = job.attained_at(now) + 1e-6
+        index = self.index_at[bisect.bisect_right(self.grid, attained) - 1]
         if self.queues:
-            return (self._queue(job, now), -self.index(job, now), *tie_break(job))
-        return (-self.index(job, now), *tie_break(job))
+            return (bisect.bisect_right(self.thresholds, attained), -index, *tie_break(job))
+        return (-index, *tie_break(job))
 
     def wakes_at(self, job: Job, now: float) -> float:
         if not self.queues:
@@ -165,10 +168,12 @@ class Gittins(Policy):
     def key_changes_at(self, job: Job, now: float) -> float:
         if job.status is not JobStatus.RUNNING:
             return math.inf
-        position = self._grid_position(job, now)
-        if position + 1 >= len(self.grid):
+        attained = job.attained_at(now)
+        grid = self.grid
+        position = bisect.bisect_right(grid, attained + 1e-6)  # the next level's
+        if position >= len(grid):
             return math.inf
-        return now + (self.grid[position + 1] - job.attained_at(now)) / job.spec.gpus
+        return now + (grid[position] - attained) / job.spec.gpus
 
     def describe_key(self, job: Job, now: float) -> str:
         return f"Gittins index {self.index(job, now):.3g}"
