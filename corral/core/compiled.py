@@ -22,4 +22,3 @@ def compiled_core() -> bool:
     lies below everything it compiles (their classes import `mypyc_attr` from here)."""
     spec = importlib.util.find_spec("corral.core.scheduler")
     return spec is not None and not (spec.origin or "").endswith(".py")
-
