@@ -532,13 +532,10 @@ class HealthProbe:
 
     def __init__(self, nvml: bool) -> None:
         self.nvml: NvmlReader | None = None
-        self.unavailable = ""
-        if nvml:
+        if nvml:  # a node without NVML is judged by its command alone
             reader = NvmlReader()
             if reader.open():
                 self.nvml = reader
-            else:
-                self.unavailable = reader.unavailable
 
     def check(
         self, command: tuple[str, ...], node: str, gpus: int, timeout_s: float, cap: int
