@@ -382,6 +382,8 @@ def up(
         return
     lease = data_lock = None
     if shares_database(options):  # one manager leads, the others stand by (docs/ha.md)
+        # What serving needs is imported before standing by, not in the takeover's seconds.
+        import corral.server.api  # noqa: F401
         try:
             leading = lead(options, lambda line: console.print(line, highlight=False))
         except BootError as error:

@@ -219,9 +219,9 @@ class Recovery:
                 self._holders.add(job_id, live.number, live.gpus)
             for (job_id, number), gpus in self._draining.items():
                 self._holders.add(job_id, number, gpus)
-            for row, _ in self.store.unfinished_jobs():
+            for row, attempts in self.store.unfinished_jobs():
                 try:
-                    self._recover_job(row, now)
+                    self._recover_job(row, attempts, now)
                 except (ValueError, KeyError) as error:  # its VC or spec is no longer valid
                     self._unrecoverable(row, now, error)
             # Attempts of jobs that ended (cancelled, say) whose processes may still be stopping:
@@ -309,7 +309,7 @@ class Recovery:
             fields.update(ended_at=found.ended_at, exit_code=found.exit_code, reason=found.reason)
         self.store.update_attempt(job_id, row.number, **fields)
 
-    def _recover_job(self, row: JobRow, now: float) -> None:
+    def _recover_job(self, row: JobRow, attempts: list[AttemptRow], now: float) -> None:
         model = parse_job_spec(row.spec)
         self._spec_models[row.id] = model
         if row.unix_user is not None:
@@ -329,7 +329,6 @@ class Recovery:
             executed_s=row.executed_s,
             first_started_at=row.started_at,
         )
-        attempts = self.store.attempts(row.id)
         self._recover_failures(job, attempts)
         self._recover_prerun(job, attempts)
         # A waiting job keeps the time it has waited (placement relaxes after a while), over a

@@ -1257,8 +1257,9 @@ class Store:
         with self._reading() as connection:
             return [_list_row(row) for row in connection.execute(query).mappings()]
 
-    def unfinished_jobs(self) -> list[tuple[JobRow, AttemptRow | None]]:
-        """PENDING and RUNNING jobs, oldest first, each with its latest attempt (None if none)."""
+    def unfinished_jobs(self) -> list[tuple[JobRow, list[AttemptRow]]]:
+        """PENDING and RUNNING jobs, oldest first, each with its attempts in order (two queries,
+        not one per job: a manager that takes over reads them all before it serves)."""
         unfinished = jobs_table.c.status.in_(UNFINISHED)
         with self._reading() as connection:
             job_rows = connection.execute(
@@ -1270,8 +1271,10 @@ class Store:
                 .where(attempts_table.c.job_id.in_(sa.select(jobs_table.c.id).where(unfinished)))
                 .order_by(attempts_table.c.job_id, attempts_table.c.number)
             ).mappings()
-            latest = {str(row["job_id"]): _attempt_row(row) for row in attempt_rows}
-        return [(job, latest.get(job.id)) for job in found]
+            attempts: dict[str, list[AttemptRow]] = {}
+            for row in attempt_rows:
+                attempts.setdefault(str(row["job_id"]), []).append(_attempt_row(row))
+        return [(job, attempts.get(job.id, [])) for job in found]
 
     def open_attempts_of_ended_jobs(self) -> list[tuple[str, AttemptRow]]:
         """Attempts not recorded as ended whose jobs have ended (e.g. cancelled while the

@@ -190,22 +190,22 @@ def test_foreign_keys_are_enforced(store: Store) -> None:
         store.add_event(42, 1.0, "submitted", "no such job")
 
 
-def test_unfinished_jobs_come_oldest_first_with_their_latest_attempt(store: Store) -> None:
+def test_unfinished_jobs_come_oldest_first_with_their_attempts(store: Store) -> None:
     add_job(store, 1, status="RUNNING")
     add_job(store, 2)  # pending, never started
     add_job(store, 3, status="SUCCEEDED")
     add_job(store, 4, status="PENDING")  # preempted: has an ended attempt
+    store.add_attempt(1, 2, ["n/1"], 20.0, "running")  # (stored out of order)
     store.add_attempt(1, 1, ["n/0"], 10.0, "ended")
-    store.add_attempt(1, 2, ["n/1"], 20.0, "running")
     store.add_attempt(3, 1, ["n/2"], 30.0, "ended")
     store.add_attempt(4, 1, ["n/3"], 40.0, "ended")
     found = store.unfinished_jobs()
-    assert [(job.id, None if attempt is None else attempt.number) for job, attempt in found] == [
-        ("1", 2),
-        ("2", None),
-        ("4", 1),
+    assert [(job.id, [(a.number, a.gpus) for a in attempts]) for job, attempts in found] == [
+        ("1", [(1, ["n/0"]), (2, ["n/1"])]),
+        ("2", []),
+        ("4", [(1, ["n/3"])]),
     ]
-    assert found[0][1] is not None and found[0][1].gpus == ["n/1"]
+    assert [attempts for _, attempts in found] == [store.attempts(j) for j in (1, 2, 4)]
 
 
 def test_finished_jobs_and_counts(store: Store) -> None:
@@ -375,9 +375,9 @@ def test_reopening_the_database_keeps_everything(database_url: str) -> None:
     first.set_meta("k", "v")
     first.close()
     second = Store(database_url)
-    job, attempt = second.unfinished_jobs()[0]
+    job, (attempt,) = second.unfinished_jobs()[0]
     assert (job.id, job.status, job.spec) == ("1", "RUNNING", SPEC)
-    assert attempt is not None and attempt.gpus == ["n/2", "n/3"]
+    assert attempt.gpus == ["n/2", "n/3"]
     assert [e.message for e in second.events(1)] == ["on gpu 2, 3"]
     assert second.token_by_hash("d" * 64) is not None
     assert (second.get_meta("k"), second.max_job_id()) == ("v", 1)
