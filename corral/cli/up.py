@@ -380,10 +380,11 @@ def up(
         except BootError as error:
             fail(str(error))
         return
-    lease = data_lock = None
+    leading = None
     if shares_database(options):  # one manager leads, the others stand by (docs/ha.md)
         # What serving needs is imported before standing by, not in the takeover's seconds.
         import corral.server.api  # noqa: F401
+
         try:
             leading = lead(options, lambda line: console.print(line, highlight=False))
         except BootError as error:
@@ -391,15 +392,16 @@ def up(
         except KeyboardInterrupt:  # Ctrl-C while standing by: nothing to stop
             return
         assert leading is not None
-        lease, data_lock = leading
     try:
-        if lease is None:
+        if leading is None:
             manager = build_manager(options)
         else:
-            manager = build_manager(options, lease=lease, data_lock=data_lock)
+            manager = build_manager(
+                options, leading.executor, lease=leading.lease, data_lock=leading.data_lock
+            )
     except BootError as error:
-        if lease is not None:
-            lease.stop()
+        if leading is not None:
+            leading.lease.stop()
         fail(str(error))
     serve(manager, options)
 

@@ -216,14 +216,25 @@ def advertised_url(options: ServerOptions) -> str:
 IDLE_TRANSACTION_S = 4.0
 
 
+@dataclass(slots=True)
+class Leading:
+    """What `lead` hands `build_manager`: the lease, held and renewed (its writes fenced), the
+    data directory's lock, and the executor a standby made while it waited (None: none)."""
+
+    lease: Lease
+    data_lock: int
+    executor: Executor | None = None
+
+
 def lead(
     options: ServerOptions, say: Callable[[str], None], stopping: threading.Event | None = None
-) -> tuple[Lease, int] | None:
+) -> Leading | None:
     """Lead the database `options` name, shared with other managers: take its lease, or stand by
     (a StandbyServer answers on this manager's address, 503 and the leader's) until it can be
-    taken. Returns the lease, held and renewed (its writes fenced), and the data directory's
-    lock; None when `stopping` was set first. BootError, one line, if the database cannot be
-    used."""
+    taken, its executor made beforehand where it can be (`ExecutorEntry.prepare`). None when
+    `stopping` was set first. BootError, one line, if the database cannot be used."""
+    entry = check_executor(options)
+    prepared: Executor | None = None
     prepare_data_dir(options)
     lock = lock_data_dir(options.data_dir)
     try:
@@ -245,7 +256,12 @@ def lead(
                 )
                 standby = StandbyServer(lease, options.host, options.port).start()
                 try:
+                    prepared = entry.prepare(
+                        options.executor_options, boot_info(options), store.get_meta
+                    )
                     if not lease.wait_to_lead(stopping):
+                        if prepared is not None:
+                            prepared.close()
                         store.close()
                         os.close(lock)
                         return None
@@ -253,6 +269,8 @@ def lead(
                     standby.stop()
             lease.start()
         except BaseException:
+            if prepared is not None:
+                prepared.close()
             store.close()
             raise
     except StoreError as error:
@@ -261,7 +279,7 @@ def lead(
     except BaseException:
         os.close(lock)
         raise
-    return lease, lock
+    return Leading(lease, lock, prepared)
 
 
 def role_line(lease: Lease) -> str:

@@ -475,3 +475,29 @@ def test_a_leader_stopped_cleanly_gives_its_lease_up(
     manager = dom.by_id("manager")
     assert manager.attrs["data-role"] == "leader"
     assert manager.text() == f"127.0.0.1:{b.port} · leader (epoch {epoch + 1})"
+
+
+def test_a_standby_on_ray_connects_beforehand_in_the_namespace_the_leader_recorded(
+    ray_cluster: RayCluster, tmp_path: Path
+) -> None:
+    # A standby on Ray connects while it waits (connecting is most of a takeover there), in the
+    # namespace the leader recorded in the store, where the leader's actors are: a standby
+    # connected in its own namespace would find none of them once it leads. Before the leader
+    # recorded one, it connects at the takeover (when the namespace is the store's to give).
+    import ray
+
+    from corral.server.executors.base import Boot
+    from corral.server.executors.ray import NAMESPACE_KEY, RayEntry, RayOptions
+    from corral.server.state import ManagerSettings
+
+    options = RayOptions(address=ray_cluster.address)
+    boot = Boot(data_dir=tmp_path, settings=ManagerSettings())
+    assert RayEntry.prepare(options, boot, {}.get) is None
+    assert not ray.is_initialized()
+    recorded = {NAMESPACE_KEY: "corral-the-leaders"}
+    executor = RayEntry.prepare(options, boot, recorded.get)
+    assert executor is not None
+    try:
+        assert ray.get_runtime_context().namespace == "corral-the-leaders"
+    finally:
+        executor.close()

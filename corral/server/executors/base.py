@@ -85,6 +85,16 @@ class ExecutorEntry:
         raise NotImplementedError
 
     @classmethod
+    def prepare(
+        cls, options: Any, boot: Boot, recorded: Callable[[str], str | None]
+    ) -> Executor | None:
+        """What a standby may make while it waits to lead (docs/ha.md), handed to `start` as
+        `given` once it leads, so that a takeover costs less: an executor connected but that has
+        started, stopped and found nothing. `recorded(key)` reads a value the managers share
+        (`Boot.shared`'s) without recording one. None (the default): made at the takeover."""
+        return None
+
+    @classmethod
     def where(cls, options: Any) -> str:
         """What `corral up`'s first line adds after the nodes ("of the Ray cluster at ...")."""
         return ""

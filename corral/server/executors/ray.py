@@ -169,5 +169,20 @@ class RayEntry(ExecutorEntry):
         )
 
     @classmethod
+    def prepare(
+        cls, options: Any, boot: Boot, recorded: Callable[[str], str | None]
+    ) -> Executor | None:
+        # Connecting (`ray.init`) is most of a takeover on Ray: a standby connects while it
+        # waits, in the namespace the leader recorded (if it has not yet: at the takeover).
+        namespace = recorded(NAMESPACE_KEY)
+        if namespace is None:
+            return None
+        try:
+            return connect_ray(options.address, boot.data_dir, lambda key, mine: namespace)
+        except ExecutorError as error:
+            log.warning("standby: not connected to Ray yet (%s); connecting when it leads", error)
+            return None
+
+    @classmethod
     def where(cls, options: Any) -> str:
         return f" of the Ray cluster at {options.address}"
