@@ -250,7 +250,7 @@ def test_a_stopped_leader_is_replaced_and_when_resumed_writes_and_starts_nothing
     assert lease(postgres_url) == (two.url, epoch + 1)
     # The lease lapses LEASE_S after its last renewal (at most LEASE_S before the stop): taken
     # after at least LEASE_S less a renewal period, and within TAKEOVER_S.
-    assert LEASE_S - 2.0 <= took_s <= TAKEOVER_S, took_s
+    assert LEASE_S - 2.0 <= took_s <= ready_s <= TAKEOVER_S, (took_s, ready_s)
     print(f"\nSIGSTOP: two took the lease after {took_s:.1f} s, ready after {ready_s:.1f} s")
 
     client = api(two.url, token)
@@ -316,8 +316,9 @@ def test_kill_9_of_the_leader_again_and_again_under_a_burst_of_submissions(
     # (0.3 s: they start and end all the time on 8 GPUs) while a few long ones run. The leader
     # is killed with SIGKILL KILLS times, each time once the burst has moved on, and is started
     # again as a standby. Expected, each time: the other leads within TAKEOVER_S (its lease
-    # taken), the running long jobs are found again (the same attempt, still running: on Ray,
-    # the actors the old leader started, in the namespace the managers share); at the end:
+    # taken and its /readyz 200), the running long jobs are found again (the same attempt, still
+    # running: on Ray, the actors the old leader started, in the namespace the managers share);
+    # at the end:
     # every acknowledged submission is stored once (the ids the clients got, one job per name),
     # each job's processes started once, and no client saw an error.
     per_client, kills = PER_CLIENT[executor], KILLS[executor]
@@ -417,7 +418,7 @@ def test_kill_9_of_the_leader_again_and_again_under_a_burst_of_submissions(
                 ),
                 "every job ended",
                 # each a Ray actor's start on Ray (seconds on a loaded machine, 8 at a time)
-                timeout=max(600.0, CLIENTS * per_client * (1.5 if executor == "ray" else 0.5)),
+                timeout=max(600.0, CLIENTS * per_client * (3.0 if executor == "ray" else 0.5)),
             )
     finally:
         gate.touch()
@@ -441,8 +442,8 @@ def test_kill_9_of_the_leader_again_and_again_under_a_burst_of_submissions(
     assert {status for _id, _name, status, _attempts in stored} == {"SUCCEEDED"}
     twice = [job_id for job_id, *_ in stored if starts(jobs_root, str(job_id)) != 1]
     assert twice == []  # each job's processes started once
-    for took in takeovers:
-        assert took <= TAKEOVER_S, takeovers
+    for took, ready in zip(takeovers, readies, strict=True):
+        assert took <= ready <= TAKEOVER_S, (takeovers, readies)
     assert found_again > 0
     assert all(alive(up.process.pid) for up in (a, b) if up.process is not None)
 
