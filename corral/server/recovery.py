@@ -15,7 +15,7 @@ import copy
 import logging
 import threading
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from corral.core.actions import Start
 from corral.core.cluster import Cluster, NodeDef
@@ -34,6 +34,9 @@ from corral.server.telemetry import Telemetry, progress_file
 
 if TYPE_CHECKING:
     from pathlib import Path
+
+#: What the executor finds of an attempt after a restart (Executor.recover).
+Found = Literal["running", "never-started"] | AttemptEnded
 
 log = logging.getLogger("corral.manager")
 
@@ -211,31 +214,61 @@ class Recovery:
     def recover(self) -> None:
         """Rebuild the core's state from the store after a (clean or abrupt) restart."""
         now = self.clock()
-        with self.lock, self.store.batch():
-            # Who holds which GPU, from what is found: kept on if GPUs may be shared here, or if
-            # some are (attempts a manager that let jobs share GPUs started before its restart).
-            self._holders = GpuHolders()
-            for job_id, live in self._attempts.items():
-                self._holders.add(job_id, live.number, live.gpus)
-            for (job_id, number), gpus in self._draining.items():
-                self._holders.add(job_id, number, gpus)
-            for row, attempts in self.store.unfinished_jobs():
-                try:
-                    self._recover_job(row, attempts, now)
-                except (ValueError, KeyError) as error:  # its VC or spec is no longer valid
-                    self._unrecoverable(row, now, error)
-            # Attempts of jobs that ended (cancelled, say) whose processes may still be stopping:
-            # their GPUs are not free until they are gone, and the stop may never have been sent.
-            for job_id, attempt in self.store.open_attempts_of_ended_jobs():
-                self._drain_leftover(job_id, attempt, now)
-            self._restore_cache_readers(now)  # they read their data sets' directories
-            if not self.shares_gpus() and not self._holders.shared:
-                self._holders = None
-            self._dirty = True
-            # Every label set known now counts from 0 (a series first scraped at 0, not at its
-            # first event: increase() and rate() see that event).
-            waiting = (*self.scheduler.pending_jobs(), *self.scheduler.running_jobs())
-            self.metrics.know_from(self.store, self.vc_quota, waiting)
+        with self.lock:
+            unfinished = self.store.unfinished_jobs()
+            leftovers = self.store.open_attempts_of_ended_jobs()
+            found = self._find_attempts(unfinished, leftovers)
+            with self.store.batch():
+                self._recover_all(unfinished, leftovers, found, now)
+
+    def _find_attempts(
+        self,
+        unfinished: list[tuple[JobRow, list[AttemptRow]]],
+        leftovers: list[tuple[str, AttemptRow]],
+    ) -> dict[tuple[str, int], Found]:
+        """What the executor finds of every attempt the store does not record as ended, asked
+        before recovery's writes open their transaction: on Ray a lookup may take seconds, and
+        a leader sharing PostgreSQL may not idle in a transaction that long (docs/ha.md)."""
+        recorded = [(row.id, a) for row, attempts in unfinished for a in attempts] + leftovers
+        return {
+            (job_id, a.number): self.executor.recover(
+                job_id, a.number, self.attempt_dir(job_id, a.number)
+            )
+            for job_id, a in recorded
+            if a.state != "ended"
+        }
+
+    def _recover_all(
+        self,
+        unfinished: list[tuple[JobRow, list[AttemptRow]]],
+        leftovers: list[tuple[str, AttemptRow]],
+        found: dict[tuple[str, int], Found],
+        now: float,
+    ) -> None:
+        # Who holds which GPU, from what is found: kept on if GPUs may be shared here, or if
+        # some are (attempts a manager that let jobs share GPUs started before its restart).
+        self._holders = GpuHolders()
+        for job_id, live in self._attempts.items():
+            self._holders.add(job_id, live.number, live.gpus)
+        for (job_id, number), gpus in self._draining.items():
+            self._holders.add(job_id, number, gpus)
+        for row, attempts in unfinished:
+            try:
+                self._recover_job(row, attempts, found, now)
+            except (ValueError, KeyError) as error:  # its VC or spec is no longer valid
+                self._unrecoverable(row, now, error)
+        # Attempts of jobs that ended (cancelled, say) whose processes may still be stopping:
+        # their GPUs are not free until they are gone, and the stop may never have been sent.
+        for job_id, attempt in leftovers:
+            self._drain_leftover(job_id, attempt, found[(job_id, attempt.number)], now)
+        self._restore_cache_readers(now)  # they read their data sets' directories
+        if not self.shares_gpus() and not self._holders.shared:
+            self._holders = None
+        self._dirty = True
+        # Every label set known now counts from 0 (a series first scraped at 0, not at its
+        # first event: increase() and rate() see that event).
+        waiting = (*self.scheduler.pending_jobs(), *self.scheduler.running_jobs())
+        self.metrics.know_from(self.store, self.vc_quota, waiting)
 
     def _unrecoverable(self, row: JobRow, now: float, error: Exception) -> None:
         log.warning("job %s cannot be recovered: %s", row.id, error)
@@ -297,8 +330,7 @@ class Recovery:
                 job.id, now, "requeued", f"attempt {number} ran on a node that left; requeued"
             )
 
-    def _drain_leftover(self, job_id: str, row: AttemptRow, now: float) -> None:
-        found = self.executor.recover(job_id, row.number, self.attempt_dir(job_id, row.number))
+    def _drain_leftover(self, job_id: str, row: AttemptRow, found: Found, now: float) -> None:
         if found == "running":
             self._draining[(job_id, row.number)] = gpus = self._known_gpus(row.gpus)
             self._note_holder(job_id, row.number, gpus)
@@ -309,7 +341,13 @@ class Recovery:
             fields.update(ended_at=found.ended_at, exit_code=found.exit_code, reason=found.reason)
         self.store.update_attempt(job_id, row.number, **fields)
 
-    def _recover_job(self, row: JobRow, attempts: list[AttemptRow], now: float) -> None:
+    def _recover_job(
+        self,
+        row: JobRow,
+        attempts: list[AttemptRow],
+        found: dict[tuple[str, int], Found],
+        now: float,
+    ) -> None:
         model = parse_job_spec(row.spec)
         self._spec_models[row.id] = model
         if row.unix_user is not None:
@@ -343,7 +381,7 @@ class Recovery:
         self.scheduler.adopt(job, since)
         for attempt in attempts:
             if attempt.state != "ended":
-                self._recover_attempt(job, attempt, now)
+                self._recover_attempt(job, attempt, found[(job.id, attempt.number)], now)
 
     def _recover_prerun(self, job: Job, attempts: list[AttemptRow]) -> None:
         """A job whose pre-run was running goes on with it (corral.core.precheck): the core is
@@ -379,10 +417,9 @@ class Recovery:
             rule = RetryRule(self.settings.scheduler.section("retry"))
             job.hold_until = last.ended_at + rule.backoff(len(history))
 
-    def _recover_attempt(self, job: Job, row: AttemptRow, now: float) -> None:
+    def _recover_attempt(self, job: Job, row: AttemptRow, found: Found, now: float) -> None:
         number = row.number
         started_at = row.started_at
-        found = self.executor.recover(job.id, number, self.attempt_dir(job.id, number))
         stopping = row.state == "stopping"
         try:
             gpus = self.gpu_ids(row.gpus)

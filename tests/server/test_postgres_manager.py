@@ -7,7 +7,9 @@ the data directory; the data directory still holds the admin token and the jobs'
 from __future__ import annotations
 
 import csv
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -105,6 +107,52 @@ def test_jobs_run_and_a_restarted_server_finds_every_job_in_postgresql(
         (3, "SUCCEEDED"),
         (4, "SUCCEEDED"),
     ]
+
+
+def test_a_restart_whose_executor_answers_slowly_holds_no_transaction_open_meanwhile(
+    postgres_url: str, data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A leader sharing PostgreSQL has its sessions ended after 4 s idle in a transaction
+    # (docs/ha.md), and finding a running attempt again may take longer (on Ray, an actor's
+    # answer under load). Recovery asks the executor first and writes after, in a transaction
+    # of its own. Here PostgreSQL ends sessions idle in a transaction for 0.5 s and each lookup
+    # takes 1 s: the restarted manager must start and find the running job again (the same
+    # attempt, its "found running" event), where a transaction kept open across the lookups
+    # would be ended and the manager's start would fail.
+    server = start_on(postgres_url, data_dir)
+    try:
+        client = api(server.url, admin_token(data_dir))
+        holder = submit(client, **python_job("holder", HOLD_GPUS, gpus=2, grace_seconds=1))
+        wait_for(client, holder, ["RUNNING"])
+    finally:
+        stop(server)
+    engine = sa.create_engine(postgres_url, poolclass=NullPool)
+    with engine.begin() as connection:
+        connection.exec_driver_sql(
+            "ALTER DATABASE corral SET idle_in_transaction_session_timeout = '500ms'"
+        )
+    engine.dispose()
+    options = ServerOptions(
+        data_dir=data_dir, gpus=2, db_url=postgres_url, settings=fast_settings(), single_user=True
+    )
+    manager = build_manager(options)
+    find = manager.executor.recover
+
+    def slowly(*args: Any) -> Any:
+        time.sleep(1.0)
+        return find(*args)
+
+    monkeypatch.setattr(manager.executor, "recover", slowly)
+    again = run_server(manager)
+    try:
+        client = api(again.url, admin_token(data_dir))
+        running = job(client, holder)
+        assert running["status"] == "RUNNING"
+        assert [a["number"] for a in running["attempt_history"]] == [1]
+        assert "attempt 1 found running" in [e["message"] for e in running["events"]]
+        assert client.post(f"/api/v1/jobs/{holder}/cancel").json()["status"] == "CANCELLED"
+    finally:
+        stop(again)
 
 
 BAD_SPECS = [
