@@ -1,11 +1,12 @@
 """The `corral` command: a click group that imports a command's module only when it runs.
 
 The everyday client commands (corral.cli.client: submit, ls, queue, describe, ...) are plain
-click commands: `corral submit` imports click, yaml and http.client, never typer, rich, numpy
-or the scheduling core, and starts in about 0.1 s (benchmarks/cli_speed.py). The simulator's
-and the manager's commands (simulate, up, config, ...) are typer commands of corral.cli.tools;
-`corral NAME ARGS` hands ARGS to that typer app, once corral.cli.extras found the extra it
-needs installed (`pip install corral` is the client alone; `corral up` needs `corral[server]`).
+click commands: `corral submit` imports click, yaml and HTTP on a socket (corral.wire), never
+http.client, typer, rich, numpy or the scheduling core (benchmarks/client_start.py). The
+simulator's and the manager's commands (simulate, up, config, ...) are typer commands of
+corral.cli.tools; `corral NAME ARGS` hands ARGS to that typer app, once corral.cli.extras found
+the extra it needs installed (`pip install corral` is the client alone; `corral up` needs
+`corral[server]`).
 
 A new command is one line in COMMANDS: "module:attribute" of a click command, or "tools" for a
 command of corral.cli.tools' typer app (registered there), with the one-line help that
