@@ -11,7 +11,9 @@ median (the target: 2x or less; on an idle machine 100 ms or less).
 Several setups may be timed against the same manager, their runs interleaved (one run of each
 setup in turn), so that their figures come from the same minutes: `--setup LABEL=PYTHON` times
 `corral` as installed beside PYTHON (its console script), `--setup LABEL=PYTHON:PATH` with
-PYTHONPATH=PATH (another checkout's sources with the same interpreter). The bare start of each
+PYTHONPATH=PATH (another checkout's sources with the same interpreter; refused where PYTHON has
+corral installed in editable mode, which PYTHONPATH does not override). Two checkouts compare
+best as two client-only installs (scripts/fresh_client_install.sh makes one). The bare start of each
 setup is its own PYTHON's (with its PYTHONPATH), as the site packages differ from one virtualenv
 to the next. Without --setup: this interpreter's `corral`.
 
@@ -58,6 +60,9 @@ class Setup:
     def env(self, base: dict[str, str]) -> dict[str, str]:
         env = dict(base)
         env.pop("PYTHONPATH", None)
+        # Sources on PYTHONPATH (or an editable install) are compiled on every run without
+        # their .pyc files: a user's install has them.
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
         if self.pythonpath:
             env["PYTHONPATH"] = self.pythonpath
         return env
@@ -142,6 +147,26 @@ def timed_once(argv: list[str], env: dict[str, str], cwd: str) -> float:
     return elapsed
 
 
+def check_source(setup: Setup) -> None:
+    """A setup with a PYTHONPATH must load corral from there: an editable install of corral
+    beside PYTHON takes precedence over PYTHONPATH, and the figures would be that install's."""
+    if not setup.pythonpath:
+        return
+    where = subprocess.run(
+        [setup.python, "-c", "import corral; print(corral.__file__)"],
+        env=setup.env(dict(os.environ)),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    ).stdout.strip()
+    if not where.startswith(setup.pythonpath):
+        raise SystemExit(
+            f"--setup {setup.label}: {setup.python} loads corral from {where or '(nowhere)'}, "
+            f"not from {setup.pythonpath} (an editable install wins over PYTHONPATH: use an "
+            "interpreter without corral installed, or install each checkout in a venv of its own)"
+        )
+
+
 def load() -> str:
     return ", ".join(f"{x:.2f}" for x in os.getloadavg())
 
@@ -159,6 +184,8 @@ def main() -> None:
     )
     args = parser.parse_args()
     setups: list[Setup] = args.setup or [Setup("corral", sys.executable)]
+    for setup in setups:
+        check_source(setup)
     with tempfile.TemporaryDirectory(prefix="corral-client-start-") as tmp:
         data_dir = Path(tmp) / "data"
         job = Path(tmp) / "job.yaml"
