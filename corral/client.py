@@ -32,12 +32,13 @@ import time
 from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 from urllib.parse import quote, urlencode, urlsplit
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     import httpx
 
     from corral import wire
@@ -163,7 +164,7 @@ def _spec_body(
     spec with `env_from: submitter` and no `submitter_env` gets this process's environment
     there, less what corral.submitenv keeps back (corral's credentials, secrets, the login
     session)."""
-    if isinstance(spec, str | Path):
+    if not isinstance(spec, Mapping):  # a path: str or os.PathLike (pathlib is not loaded)
         source = source or str(spec)
         spec = load_spec_file(spec)
     body = dict(spec)
