@@ -192,3 +192,44 @@ def test_a_typer_command_still_runs_through_main() -> None:
     modules, output = loaded_after(["config", "--help"])
     assert "Usage: corral config" in output
     assert "typer" in modules
+
+
+def blas_threads_after(args: list[str], env: dict[str, str]) -> tuple[str, int, str]:
+    """OPENBLAS_NUM_THREADS as `corral ARGS` left it, and the threads numpy then runs (numpy
+    imported at exit, if the command had not), in a fresh interpreter."""
+    code = (
+        "import os, sys, atexit\n"
+        "def report():\n"
+        "    import numpy\n"
+        "    threads = len(os.listdir('/proc/self/task'))\n"
+        "    sys.stderr.write(f\"BLAS {os.environ.get('OPENBLAS_NUM_THREADS', '-')} {threads}\\n\")\n"
+        "atexit.register(report)\n"
+        "from corral.cli.main import run\n"
+        f"sys.argv = ['corral', *{args!r}]\n"
+        "run()\n"
+    )
+    base = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=base | env
+    )
+    line = next(line for line in done.stderr.splitlines() if line.startswith("BLAS "))
+    _, value, threads = line.split()
+    return value, int(threads), done.stdout + done.stderr
+
+
+@pytest.mark.skipif(
+    not Path("/proc/self/task").is_dir() or (os.cpu_count() or 1) < 2, reason="needs Linux, 2 CPUs"
+)
+def test_the_simulator_runs_blas_on_one_thread() -> None:
+    """`corral simulate` (and the simulator's other commands) set OPENBLAS_NUM_THREADS=1 before
+    numpy loads: its BLAS starts no thread (OpenBLAS's spin while idle, some 100 ms of CPU of a
+    run's start). A client command sets nothing; a value the user gave is kept."""
+    value, threads, output = blas_threads_after(["simulate", "--help"], {})
+    assert "Usage: corral simulate" in output
+    assert (value, threads) == ("1", 1), output
+    value, threads, output = blas_threads_after(
+        ["simulate", "--help"], {"OPENBLAS_NUM_THREADS": "2"}
+    )
+    assert (value, threads) == ("2", 2), output
+    value, threads, output = blas_threads_after(["--help"], {})
+    assert value == "-" and threads > 1, output  # (numpy's default: a thread per CPU)
