@@ -6,7 +6,8 @@ that the jobs it submits wait (no job process competes with the timed commands f
 times, as a shell runs them (stdout to /dev/null), `python -c pass`, `corral ls`, `corral submit
 --help`, `corral submit job.yaml` (a real submission), `corral describe JOB` and `corral logs
 JOB`, each --runs times, and prints each one's median and its ratio to the bare interpreter's
-median (the target: 2x or less; on an idle machine 100 ms or less).
+median (the target: 2x or less; on an idle machine 100 ms or less), and the same of the CPU the
+process used (user + system), which a busy machine inflates less than the time.
 
 Several setups may be timed against the same manager, their runs interleaved (one run of each
 setup in turn), so that their figures come from the same minutes: `--setup LABEL=PYTHON` times
@@ -48,6 +49,7 @@ class Setup:
     python: str
     pythonpath: str | None = None
     times: dict[str, list[float]] = field(default_factory=dict)
+    cpu: dict[str, list[float]] = field(default_factory=dict)  # the child's user + system
 
     @property
     def corral(self) -> list[str]:
@@ -138,13 +140,22 @@ def corral_up(data_dir: Path, gpus: int) -> Iterator[tuple[str, str]]:
         log.close()
 
 
-def timed_once(argv: list[str], env: dict[str, str], cwd: str) -> float:
+def timed_once(argv: list[str], env: dict[str, str], cwd: str) -> tuple[float, float]:
+    """(wall seconds, CPU seconds of the child): the CPU is less sensitive to the load, which
+    delays a process more than it makes it work more."""
     start = time.perf_counter()
-    done = subprocess.run(argv, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    child = subprocess.Popen(
+        argv, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    assert child.stderr is not None
+    errors = child.stderr.read()
+    _, status, usage = os.wait4(child.pid, 0)
     elapsed = time.perf_counter() - start
-    if done.returncode != 0:
-        raise SystemExit(f"{' '.join(argv)}: exit {done.returncode}: {done.stderr.decode()}")
-    return elapsed
+    child.stderr.close()
+    child.returncode = os.waitstatus_to_exitcode(status)
+    if child.returncode != 0:
+        raise SystemExit(f"{' '.join(argv)}: exit {child.returncode}: {errors.decode()}")
+    return elapsed, usage.ru_utime + usage.ru_stime
 
 
 def check_source(setup: Setup) -> None:
@@ -212,8 +223,9 @@ def main() -> None:
                 for label, argv in commands.items():
                     for setup in setups:
                         full = [setup.python, "-c", "pass"] if argv is None else setup.corral + argv
-                        elapsed = timed_once(full, setup.env(base), tmp)
+                        elapsed, cpu = timed_once(full, setup.env(base), tmp)
                         setup.times.setdefault(label, []).append(elapsed)
+                        setup.cpu.setdefault(label, []).append(cpu)
             load_after = load()
             for waiting in call(url, token, "GET", "/jobs?limit=10000"):  # type: ignore[union-attr]
                 if waiting["status"] in ("PENDING", "RUNNING"):
@@ -227,13 +239,15 @@ def main() -> None:
         where = setup.python + (f" PYTHONPATH={setup.pythonpath}" if setup.pythonpath else "")
         print(f"  {setup.label}: {where}")
         bare = statistics.median(setup.times["python -c pass"])
-        print(f"    {'command':<{width}}  median     min  ratio")
+        bare_cpu = statistics.median(setup.cpu["python -c pass"])
+        print(f"    {'command':<{width}}  median     min  ratio    CPU  ratio")
         for label in commands:
             ms = [t * 1000 for t in setup.times[label]]
             median = statistics.median(ms)
+            cpu = statistics.median(setup.cpu[label])
             print(
                 f"    {label:<{width}}  {median:5.0f} ms {min(ms):4.0f} ms "
-                f"{median / (bare * 1000):5.2f}x"
+                f"{median / (bare * 1000):5.2f}x {cpu * 1000:4.0f} ms {cpu / bare_cpu:5.2f}x"
             )
 
 
