@@ -6,12 +6,15 @@ that the jobs it submits wait (no job process competes with the timed commands f
 times, as a shell runs them (stdout to /dev/null), `python -c pass`, `corral ls`, `corral submit
 --help`, `corral submit job.yaml` (a real submission), `corral describe JOB` and `corral logs
 JOB`, each --runs times, and prints each one's median and its ratio to the bare interpreter's
-median (the target: 2x or less; on an idle machine 100 ms or less).
+median (the target: 2x or less; on an idle machine 100 ms or less), and the same of the CPU the
+process used (user + system), which a busy machine inflates less than the time.
 
 Several setups may be timed against the same manager, their runs interleaved (one run of each
 setup in turn), so that their figures come from the same minutes: `--setup LABEL=PYTHON` times
 `corral` as installed beside PYTHON (its console script), `--setup LABEL=PYTHON:PATH` with
-PYTHONPATH=PATH (another checkout's sources with the same interpreter). The bare start of each
+PYTHONPATH=PATH (another checkout's sources with the same interpreter; refused where PYTHON has
+corral installed in editable mode, which PYTHONPATH does not override). Two checkouts compare
+best as two client-only installs (scripts/fresh_client_install.sh makes one). The bare start of each
 setup is its own PYTHON's (with its PYTHONPATH), as the site packages differ from one virtualenv
 to the next. Without --setup: this interpreter's `corral`.
 
@@ -46,6 +49,7 @@ class Setup:
     python: str
     pythonpath: str | None = None
     times: dict[str, list[float]] = field(default_factory=dict)
+    cpu: dict[str, list[float]] = field(default_factory=dict)  # the child's user + system
 
     @property
     def corral(self) -> list[str]:
@@ -58,6 +62,9 @@ class Setup:
     def env(self, base: dict[str, str]) -> dict[str, str]:
         env = dict(base)
         env.pop("PYTHONPATH", None)
+        # Sources on PYTHONPATH (or an editable install) are compiled on every run without
+        # their .pyc files: a user's install has them.
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
         if self.pythonpath:
             env["PYTHONPATH"] = self.pythonpath
         return env
@@ -133,13 +140,42 @@ def corral_up(data_dir: Path, gpus: int) -> Iterator[tuple[str, str]]:
         log.close()
 
 
-def timed_once(argv: list[str], env: dict[str, str], cwd: str) -> float:
+def timed_once(argv: list[str], env: dict[str, str], cwd: str) -> tuple[float, float]:
+    """(wall seconds, CPU seconds of the child): the CPU is less sensitive to the load, which
+    delays a process more than it makes it work more."""
     start = time.perf_counter()
-    done = subprocess.run(argv, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    child = subprocess.Popen(
+        argv, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    assert child.stderr is not None
+    errors = child.stderr.read()
+    _, status, usage = os.wait4(child.pid, 0)
     elapsed = time.perf_counter() - start
-    if done.returncode != 0:
-        raise SystemExit(f"{' '.join(argv)}: exit {done.returncode}: {done.stderr.decode()}")
-    return elapsed
+    child.stderr.close()
+    child.returncode = os.waitstatus_to_exitcode(status)
+    if child.returncode != 0:
+        raise SystemExit(f"{' '.join(argv)}: exit {child.returncode}: {errors.decode()}")
+    return elapsed, usage.ru_utime + usage.ru_stime
+
+
+def check_source(setup: Setup) -> None:
+    """A setup with a PYTHONPATH must load corral from there: an editable install of corral
+    beside PYTHON takes precedence over PYTHONPATH, and the figures would be that install's."""
+    if not setup.pythonpath:
+        return
+    where = subprocess.run(
+        [setup.python, "-c", "import corral; print(corral.__file__)"],
+        env=setup.env(dict(os.environ)),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    ).stdout.strip()
+    if not where.startswith(setup.pythonpath):
+        raise SystemExit(
+            f"--setup {setup.label}: {setup.python} loads corral from {where or '(nowhere)'}, "
+            f"not from {setup.pythonpath} (an editable install wins over PYTHONPATH: use an "
+            "interpreter without corral installed, or install each checkout in a venv of its own)"
+        )
 
 
 def load() -> str:
@@ -159,6 +195,8 @@ def main() -> None:
     )
     args = parser.parse_args()
     setups: list[Setup] = args.setup or [Setup("corral", sys.executable)]
+    for setup in setups:
+        check_source(setup)
     with tempfile.TemporaryDirectory(prefix="corral-client-start-") as tmp:
         data_dir = Path(tmp) / "data"
         job = Path(tmp) / "job.yaml"
@@ -185,8 +223,9 @@ def main() -> None:
                 for label, argv in commands.items():
                     for setup in setups:
                         full = [setup.python, "-c", "pass"] if argv is None else setup.corral + argv
-                        elapsed = timed_once(full, setup.env(base), tmp)
+                        elapsed, cpu = timed_once(full, setup.env(base), tmp)
                         setup.times.setdefault(label, []).append(elapsed)
+                        setup.cpu.setdefault(label, []).append(cpu)
             load_after = load()
             for waiting in call(url, token, "GET", "/jobs?limit=10000"):  # type: ignore[union-attr]
                 if waiting["status"] in ("PENDING", "RUNNING"):
@@ -200,13 +239,15 @@ def main() -> None:
         where = setup.python + (f" PYTHONPATH={setup.pythonpath}" if setup.pythonpath else "")
         print(f"  {setup.label}: {where}")
         bare = statistics.median(setup.times["python -c pass"])
-        print(f"    {'command':<{width}}  median     min  ratio")
+        bare_cpu = statistics.median(setup.cpu["python -c pass"])
+        print(f"    {'command':<{width}}  median     min  ratio    CPU  ratio")
         for label in commands:
             ms = [t * 1000 for t in setup.times[label]]
             median = statistics.median(ms)
+            cpu = statistics.median(setup.cpu[label])
             print(
                 f"    {label:<{width}}  {median:5.0f} ms {min(ms):4.0f} ms "
-                f"{median / (bare * 1000):5.2f}x"
+                f"{median / (bare * 1000):5.2f}x {cpu * 1000:4.0f} ms {cpu / bare_cpu:5.2f}x"
             )
 
 

@@ -62,10 +62,12 @@ RUNS: dict[str, tuple[str, ...]] = {
 }
 
 #: Run in the child instead of the console script itself: the same command (corral.cli.main's
-#: app), with the CPU time the process had used when its first simulation began written to the
-#: file named by CORRAL_BENCH_STARTUP.
+#: app, its environment set first as the command sets it), with the CPU time the process had used
+#: when its first simulation began written to the file named by CORRAL_BENCH_STARTUP.
 CHILD = """
 import os, sys, time
+from corral.cli.main import tool_environment
+tool_environment("simulate")  # what `corral simulate` sets before it imports the simulator
 import corral.sim.runner as runner
 made = runner.Simulation
 class Timed:

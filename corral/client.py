@@ -10,8 +10,8 @@
 
 `Client` (on httpx) answers typed records (the server's own pydantic models,
 corral.api_models); `AsyncClient` is the same on asyncio (httpx.AsyncClient); `JsonClient`
-answers the server's JSON as it came (dicts and lists, what the CLI prints), on the standard
-library's http.client: a CLI call loads neither httpx nor pydantic.
+answers the server's JSON as it came (dicts and lists, what the CLI prints), on a socket of the
+standard library (corral.wire): a CLI call loads neither httpx, pydantic nor http.client.
 
 Every call rides out a manager's restart or a failover to a standby: a call that could not be
 made (connection refused or broken, a 503, a standby naming the leader) is made again, with
@@ -27,23 +27,21 @@ from __future__ import annotations
 import codecs
 import json
 import os
-import random
 import sys
 import time
-import uuid
 from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 from urllib.parse import quote, urlencode, urlsplit
 
 if TYPE_CHECKING:
-    import http.client
+    from pathlib import Path
 
     import httpx
 
+    from corral import wire
     from corral.api_models import (
         ClusterView,
         JobDetail,
@@ -166,7 +164,7 @@ def _spec_body(
     spec with `env_from: submitter` and no `submitter_env` gets this process's environment
     there, less what corral.submitenv keeps back (corral's credentials, secrets, the login
     session)."""
-    if isinstance(spec, str | Path):
+    if not isinstance(spec, Mapping):  # a path: str or os.PathLike (pathlib is not loaded)
         source = source or str(spec)
         spec = load_spec_file(spec)
     body = dict(spec)
@@ -262,6 +260,8 @@ class _Tries:
             raise problem
         if leader and leader.rstrip("/") != base.url and base._follow(leader.rstrip("/")):
             return 0.0
+        import random  # (only here: a CLI call that is answered at once never loads it)
+
         pause = self.pause_s * random.uniform(0.5, 1.0)
         self.pause_s = min(BACKOFF_MAX_S, self.pause_s * 2)
         if several:
@@ -304,17 +304,17 @@ def _httpx_problem(error: httpx.HTTPError, url: str, timeout: float) -> _Failed:
 
 
 def _stdlib_problem(error: BaseException, url: str, timeout: float) -> _Failed | None:
-    """The same of a failed http.client exchange; None for an error of another kind."""
-    import http.client
+    """The same of a failed exchange on a socket (corral.wire); None for an error of another
+    kind."""
     import socket
 
     if isinstance(error, ConnectionRefusedError | socket.gaierror):
         return _Failed(ClientError(_unreachable(url)), False)  # nothing was sent
     if isinstance(error, TimeoutError):
         return _Failed(ClientError(f"corral at {url} did not answer within {timeout:g} s"), True)
-    if isinstance(error, ConnectionError | http.client.IncompleteRead):
+    if isinstance(error, ConnectionError):  # (a body cut short: wire.Truncated)
         return _Failed(ClientError(_unreachable(url)), True)  # the manager went away
-    if isinstance(error, OSError | http.client.HTTPException):
+    if isinstance(error, OSError):  # (what is no HTTP answer: wire.BadAnswer)
         return _Failed(ClientError(f"corral at {url}: {error or type(error).__name__}"), True)
     return None
 
@@ -325,7 +325,7 @@ class _Reply:
 
     status_code: int
     reason_phrase: str
-    headers: Any  # case-insensitive: http.client's HTTPMessage, httpx's Headers
+    headers: Any  # case-insensitive: corral.wire's Headers, httpx's Headers
     content: bytes
 
     @property
@@ -353,7 +353,7 @@ class _Streamed:
 
     status_code: int
     reason_phrase: str
-    headers: Any  # case-insensitive: http.client's HTTPMessage, httpx's Headers
+    headers: Any  # case-insensitive: corral.wire's Headers, httpx's Headers
     chunks: Iterator[bytes]
 
     def whole(self) -> _Reply:
@@ -443,7 +443,7 @@ class _Base:
 
 
 class _Sync(_Base):
-    """The blocking calls, answering JSON, over a wire (http.client's or httpx's): what
+    """The blocking calls, answering JSON, over a wire (corral.wire's or httpx's): what
     JsonClient and Client share."""
 
     _wire: _Wire
@@ -490,7 +490,7 @@ class _Sync(_Base):
 
     def _submit(self, spec: Mapping[str, Any] | str | Path, source: str | None) -> Any:
         body, source = _spec_body(spec, source)
-        key = {IDEMPOTENCY_HEADER: uuid.uuid4().hex}  # the same for each try: one job stored
+        key = {IDEMPOTENCY_HEADER: os.urandom(16).hex()}  # the same for each try: one job stored
         try:
             return self._request("POST", "/jobs", json=body, headers=key)
         except ClientError as error:
@@ -767,7 +767,7 @@ class _Sync(_Base):
                 time.sleep(tries.after(failed.problem, failed.sent))
 
 
-# -- the wires: http.client (JsonClient: the CLI's, quick to load) and httpx (Client) -----------
+# -- the wires: a socket (JsonClient: the CLI's, quick to load) and httpx (Client) -------------
 
 
 class _Wire:
@@ -788,27 +788,19 @@ class _Wire:
 
 
 class _StdlibWire(_Wire):
-    """The standard library's http.client: a CLI call loads it in a few ms (httpx and its
-    client take some 100 ms more); one kept-alive connection serves every request."""
+    """HTTP/1.1 on a socket (corral.wire: the standard library's socket, and ssl for https): a
+    CLI call loads it in a few ms, where http.client takes some 30 (its email parser, ssl) and
+    httpx some 100 more; one kept-alive connection serves every request."""
 
     def __init__(self, timeout: float) -> None:
         self.timeout = timeout
-        self._connection: http.client.HTTPConnection | None = None
+        self._connection: wire.Connection | None = None
         self._base: str | None = None
 
     def close(self) -> None:
         if self._connection is not None:
             self._connection.close()
             self._connection = None
-
-    def _connect(self, base: str, timeout: float) -> http.client.HTTPConnection:
-        import http.client
-
-        parts = urlsplit(base)
-        host, port = parts.hostname or "", parts.port
-        if parts.scheme == "https":
-            return http.client.HTTPSConnection(host, port, timeout=timeout)
-        return http.client.HTTPConnection(host, port, timeout=timeout)
 
     @staticmethod
     def _target(base: str, request: _Request) -> str:
@@ -820,19 +812,20 @@ class _StdlibWire(_Wire):
     def exchange(self, base: str, request: _Request, address: str) -> _Reply:
         """On the kept-alive connection; once more on a fresh connection when the server had
         closed the old one meanwhile (nothing was sent then)."""
+        from corral import wire
+
         if base != self._base:
             self.close()
             self._base = base
         target = self._target(base, request)
         for retry in (True, False):
             reused = self._connection is not None
-            connection = self._connection or self._connect(base, self.timeout)
+            connection = self._connection or wire.Connection(base, self.timeout)
             self._connection = connection
             try:
-                connection.request(
-                    request.method, target, body=request.content, headers=request.headers
+                answer = connection.request(
+                    request.method, target, request.headers, request.content
                 )
-                answer = connection.getresponse()
                 content = answer.read()
             except (ConnectionResetError, BrokenPipeError) as error:
                 self.close()
@@ -854,20 +847,22 @@ class _StdlibWire(_Wire):
     def stream(
         self, base: str, request: _Request, address: str, read_timeout: float
     ) -> Iterator[_Streamed]:
-        connection = self._connect(base, read_timeout)  # its own: it stays busy
+        from corral import wire
+
+        connection = wire.Connection(base, read_timeout)  # its own: it stays busy
         try:
             try:
-                connection.request(
-                    request.method, self._target(base, request), headers=request.headers
+                answer = connection.request(
+                    request.method, self._target(base, request), request.headers
                 )
-                answer = connection.getresponse()
             except BaseException as error:
                 raise self._failed(error, base) from None
 
             def chunks() -> Iterator[bytes]:
+                pieces = answer.chunks()
                 while True:
                     try:
-                        data = answer.read1(1 << 16)
+                        data = next(pieces, b"")
                     except BaseException as error:
                         raise self._failed(error, base) from None
                     if not data:
@@ -880,8 +875,8 @@ class _StdlibWire(_Wire):
 
 
 def _stale(error: BaseException) -> bool:
-    """A kept-alive connection the server had closed (http.client.RemoteDisconnected is a
-    ConnectionResetError; a broken pipe: closed under the request)."""
+    """A kept-alive connection the server had closed (no answer: a ConnectionResetError; a
+    broken pipe: closed under the request)."""
     return isinstance(error, ConnectionResetError | BrokenPipeError)
 
 
@@ -1081,7 +1076,7 @@ class _Decoder:
 
 class JsonClient(_Sync):
     """The API's calls answering the server's JSON as it came: dicts and lists (what the CLI
-    prints), on the standard library's http.client: it loads neither httpx nor pydantic."""
+    prints), on a socket (corral.wire): it loads neither httpx, pydantic nor http.client."""
 
     def __init__(
         self,
@@ -1354,7 +1349,7 @@ class AsyncClient(_Base):
     ) -> JobSummary:
         """As Client.submit: one job however often it is made again."""
         body, source = _spec_body(spec, source)
-        key = {IDEMPOTENCY_HEADER: uuid.uuid4().hex}
+        key = {IDEMPOTENCY_HEADER: os.urandom(16).hex()}
         try:
             answer = await self._request("POST", "/jobs", json=body, headers=key)
         except ClientError as error:

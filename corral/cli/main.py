@@ -1,11 +1,12 @@
 """The `corral` command: a click group that imports a command's module only when it runs.
 
 The everyday client commands (corral.cli.client: submit, ls, queue, describe, ...) are plain
-click commands: `corral submit` imports click, yaml and http.client, never typer, rich, numpy
-or the scheduling core, and starts in about 0.1 s (benchmarks/cli_speed.py). The simulator's
-and the manager's commands (simulate, up, config, ...) are typer commands of corral.cli.tools;
-`corral NAME ARGS` hands ARGS to that typer app, once corral.cli.extras found the extra it
-needs installed (`pip install corral` is the client alone; `corral up` needs `corral[server]`).
+click commands: `corral submit` imports click, yaml and HTTP on a socket (corral.wire), never
+http.client, typer, rich, numpy or the scheduling core (benchmarks/client_start.py). The
+simulator's and the manager's commands (simulate, up, config, ...) are typer commands of
+corral.cli.tools; `corral NAME ARGS` hands ARGS to that typer app, once corral.cli.extras found
+the extra it needs installed (`pip install corral` is the client alone; `corral up` needs
+`corral[server]`).
 
 A new command is one line in COMMANDS: "module:attribute" of a click command, or "tools" for a
 command of corral.cli.tools' typer app (registered there), with the one-line help that
@@ -53,6 +54,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 #: Help goes to the terminal's width; piped (a pager, a file), to this many columns, not 80.
 PIPED_HELP_WIDTH = 120
+#: The simulator's commands: numpy's BLAS keeps to the calling thread. OpenBLAS otherwise starts
+#: a thread per CPU when numpy is imported, which spin while they wait: 65 to 100 ms of CPU of
+#: every `corral simulate` before its first event (2 CPUs), for the short vectors it works on.
+#: A value the user set is kept.
+ONE_BLAS_THREAD = frozenset({"simulate", "vc-config", "plot-vcs", "fgd"})
 
 
 def help_width() -> int:
@@ -63,6 +69,14 @@ def help_width() -> int:
             return PIPED_HELP_WIDTH
     columns = os.environ.get("COLUMNS", "")
     return int(columns) if columns.isdigit() and int(columns) >= 40 else PIPED_HELP_WIDTH
+
+
+def tool_environment(name: str) -> None:
+    """What the process of typer command `name` sets before it imports anything of it."""
+    if not sys.stdout.isatty():
+        os.environ.setdefault("COLUMNS", str(help_width()))  # rich's help width, piped
+    if name in ONE_BLAS_THREAD:
+        os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 
 class ToolCommand(click.Command):
@@ -86,8 +100,7 @@ class ToolCommand(click.Command):
         if missing is not None:  # a client-only install: say what to install, in one line
             click.echo(f"error: {missing}", err=True)
             raise click.exceptions.Exit(2)
-        if not sys.stdout.isatty():
-            os.environ.setdefault("COLUMNS", str(help_width()))  # rich's help width, piped
+        tool_environment(self.name or "")
         import typer.main
 
         from corral.cli.tools import app as tools

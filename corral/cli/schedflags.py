@@ -146,12 +146,13 @@ def _flag_message(message: str) -> str:
 def user_mapping(path: Path | None, given: dict[str, Any]) -> dict[str, object]:
     """What the user gave: the file's `scheduler:` section as written (if any), then the flags."""
     from corral.cli.common import UserError
-    from corral.config_file import load_scheduler_config, read_yaml_file
     from corral.core.framework import merge
     from corral.core.options import OptionError
 
     base: dict[str, object] = {}
-    if path is not None:
+    if path is not None:  # (only then PyYAML: some 10 ms of a run's start)
+        from corral.config_file import load_scheduler_config, read_yaml_file
+
         try:
             load_scheduler_config(path)  # checked whole, errors naming the file
             data = read_yaml_file(path)

@@ -21,8 +21,6 @@ from collections.abc import Callable, Mapping
 from functools import lru_cache
 from pathlib import Path
 
-import yaml
-
 from corral.core.cluster import Cluster
 from corral.core.job import Job
 from corral.core.profiles import Profiles, ProfilesError
@@ -259,6 +257,8 @@ def load_throughputs(path: str | Path) -> Profiles:
 
 def load_slowdowns(path: str | Path) -> dict[str, float]:
     """Read `{model_prefix: slowdown}` from a YAML or JSON file; each value a number >= 1."""
+    import yaml  # (here: a run without a slowdown file never loads it, some 10 ms)
+
     path = Path(path)
     try:
         raw = yaml.safe_load(path.read_text())

@@ -93,7 +93,10 @@ def test_every_command_in_the_table_resolves() -> None:
     assert order == list(COMMANDS)
 
 
-#: What the client commands never import: the core, the server, numpy, typer, rich, httpx.
+#: What the client commands never import: the core, the server, numpy, typer, rich, httpx,
+#: pydantic; and the standard library's HTTP client, whose answers' headers are parsed by the
+#: `email` package and which loads `ssl` for a plain-http URL too (about 30 ms of a call that
+#: takes some 100: corral.wire is its replacement), nor the "idna" codec a str host name costs.
 HEAVY = (
     "numpy",
     "corral.core",
@@ -103,6 +106,10 @@ HEAVY = (
     "rich",
     "httpx",
     "pydantic",
+    "http",
+    "email",
+    "ssl",
+    "encodings.idna",
 )
 
 
@@ -144,13 +151,85 @@ def heavy(modules: set[str]) -> list[str]:
 )
 def test_the_client_path_imports_nothing_heavy(args: list[str]) -> None:
     """A client command (here refused: nothing listens on port 1) loads neither the scheduling
-    core, the server, numpy, typer, rich, httpx nor pydantic."""
+    core, the server, numpy, typer, rich, httpx, pydantic nor http.client, email or ssl."""
     modules, output = loaded_after(args, {"CORRAL_URL": "http://127.0.0.1:1"})
     assert "corral.cli.client" in modules or args == ["--help"], output
     assert heavy(modules) == [], output
+
+
+def test_a_request_imports_no_http_client(tmp_path: Path) -> None:
+    """A command that is answered (a listening socket that answers every request with a
+    job list) loads corral.wire and the socket module, not http.client, email or ssl; ssl is
+    loaded only to wrap a connection made to an https URL (here refused at once: port 1)."""
+    import socket
+    import threading
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(65536)
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n[]")
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        modules, output = loaded_after(["ls"], {"CORRAL_URL": f"http://127.0.0.1:{port}"})
+    finally:
+        thread.join(timeout=60)
+        listener.close()
+    assert "no jobs" in output, output
+    assert {"corral.wire", "socket"} <= modules, output
+    assert heavy(modules) == [], output
+    modules, output = loaded_after(["ls"], {"CORRAL_URL": "https://127.0.0.1:1"})
+    assert "cannot reach corral at https://127.0.0.1:1" in output, output
+    assert heavy(modules) == [], output  # refused before TLS: ssl is loaded only to wrap
 
 
 def test_a_typer_command_still_runs_through_main() -> None:
     modules, output = loaded_after(["config", "--help"])
     assert "Usage: corral config" in output
     assert "typer" in modules
+
+
+def blas_threads_after(args: list[str], env: dict[str, str]) -> tuple[str, int, str]:
+    """OPENBLAS_NUM_THREADS as `corral ARGS` left it, and the threads numpy then runs (numpy
+    imported at exit, if the command had not), in a fresh interpreter."""
+    code = (
+        "import os, sys, atexit\n"
+        "def report():\n"
+        "    import numpy\n"
+        "    threads = len(os.listdir('/proc/self/task'))\n"
+        "    sys.stderr.write(f\"BLAS {os.environ.get('OPENBLAS_NUM_THREADS', '-')} {threads}\\n\")\n"
+        "atexit.register(report)\n"
+        "from corral.cli.main import run\n"
+        f"sys.argv = ['corral', *{args!r}]\n"
+        "run()\n"
+    )
+    base = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=base | env
+    )
+    line = next(line for line in done.stderr.splitlines() if line.startswith("BLAS "))
+    _, value, threads = line.split()
+    return value, int(threads), done.stdout + done.stderr
+
+
+@pytest.mark.skipif(
+    not Path("/proc/self/task").is_dir() or (os.cpu_count() or 1) < 2, reason="needs Linux, 2 CPUs"
+)
+def test_the_simulator_runs_blas_on_one_thread() -> None:
+    """`corral simulate` (and the simulator's other commands) set OPENBLAS_NUM_THREADS=1 before
+    numpy loads: its BLAS starts no thread (OpenBLAS's spin while idle, some 100 ms of CPU of a
+    run's start). A client command sets nothing; a value the user gave is kept."""
+    value, threads, output = blas_threads_after(["simulate", "--help"], {})
+    assert "Usage: corral simulate" in output
+    assert (value, threads) == ("1", 1), output
+    value, threads, output = blas_threads_after(
+        ["simulate", "--help"], {"OPENBLAS_NUM_THREADS": "2"}
+    )
+    assert (value, threads) == ("2", 2), output
+    value, threads, output = blas_threads_after(["--help"], {})
+    assert value == "-" and threads > 1, output  # (numpy's default: a thread per CPU)
