@@ -15,6 +15,7 @@ import copy
 import logging
 import threading
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Literal
 
 from corral.core.actions import Start
@@ -35,6 +36,8 @@ from corral.server.telemetry import Telemetry, progress_file
 if TYPE_CHECKING:
     from pathlib import Path
 
+#: How many attempts recovery asks the executor about at once.
+FIND_THREADS = 16
 #: What the executor finds of an attempt after a restart (Executor.recover).
 Found = Literal["running", "never-started"] | AttemptEnded
 
@@ -230,13 +233,18 @@ class Recovery:
         before recovery's writes open their transaction: on Ray a lookup may take seconds, and
         a leader sharing PostgreSQL may not idle in a transaction that long (docs/ha.md)."""
         recorded = [(row.id, a) for row, attempts in unfinished for a in attempts] + leftovers
-        return {
-            (job_id, a.number): self.executor.recover(
-                job_id, a.number, self.attempt_dir(job_id, a.number)
-            )
-            for job_id, a in recorded
-            if a.state != "ended"
-        }
+        wanted = [(job_id, a.number) for job_id, a in recorded if a.state != "ended"]
+        if not wanted:
+            return {}
+
+        def find(key: tuple[str, int]) -> Found:
+            job_id, number = key
+            return self.executor.recover(job_id, number, self.attempt_dir(job_id, number))
+
+        # Side by side: on Ray each lookup waits for its actors' answers, and an actor whose
+        # worker is still starting answers only once it has started (seconds at load).
+        with ThreadPoolExecutor(min(FIND_THREADS, len(wanted))) as pool:
+            return dict(zip(wanted, pool.map(find, wanted), strict=True))
 
     def _recover_all(
         self,

@@ -46,7 +46,8 @@ class Executor(Protocol):
         ...
 
     def recover(self, job_id: str, attempt: int, attempt_dir: Path) -> str | AttemptEnded:
-        """After a restart or rebuild: "running" (tracked again), its end, or "never-started"."""
+        """After a restart or rebuild: "running" (tracked again), its end, or "never-started".
+        Called for several attempts at once, from several threads."""
         ...
 
     def leftover(self, job_id: str, attempt: int, attempt_dir: Path) -> int:

@@ -296,6 +296,8 @@ PER_CLIENT = {
     "ray": int(os.environ.get("CORRAL_HA_RAY_PER_CLIENT", "25")),
 }
 KILLS = {"local": 3, "ray": 2}
+#: By when the new leader answers /readyz 200 after a kill.
+READY_S = {"local": TAKEOVER_S, "ray": TAKEOVER_S + 30.0}
 GPUS = 8
 
 
@@ -442,8 +444,11 @@ def test_kill_9_of_the_leader_again_and_again_under_a_burst_of_submissions(
     assert {status for _id, _name, status, _attempts in stored} == {"SUCCEEDED"}
     twice = [job_id for job_id, *_ in stored if starts(jobs_root, str(job_id)) != 1]
     assert twice == []  # each job's processes started once
+    # Ready within TAKEOVER_S too; on Ray not while the machine is loaded: the new leader waits
+    # for the actors the old one created whose workers are still starting (seconds each at load
+    # 8-15, 30 s at most: RayExecutor.recover) before it knows whether they started their job.
     for took, ready in zip(takeovers, readies, strict=True):
-        assert took <= ready <= TAKEOVER_S, (takeovers, readies)
+        assert took <= TAKEOVER_S and ready <= READY_S[executor], (takeovers, readies)
     assert found_again > 0
     assert all(alive(up.process.pid) for up in (a, b) if up.process is not None)
 
