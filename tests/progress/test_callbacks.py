@@ -4,6 +4,9 @@ is installed (skipped elsewhere)."""
 from __future__ import annotations
 
 import json
+import socket
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -177,6 +180,60 @@ def test_huggingface_callback_on_other_ranks(monkeypatch: pytest.MonkeyPatch, tm
     callback.on_log(None, zero, None, logs=None)
     callback.on_log(None, zero, None, logs={"loss": 0.5})
     assert [(r["step"], r["loss"], "epoch" in r) for r in lines(path)] == [(2, 0.5, False)]
+
+
+# One rank of a two-process gloo group (127.0.0.1): CorralCheckpoint's step ends, the stop
+# signal marked on rank 1 only at the second of three steps; prints what each step told the
+# Trainer, as JSON.
+RANK = """
+import json, sys
+from types import SimpleNamespace
+import torch.distributed as dist
+from corral.progress.huggingface import CorralCheckpoint
+rank, port = int(sys.argv[1]), sys.argv[2]
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+callback, seen = CorralCheckpoint(), []
+for step in range(3):
+    callback.stopping = rank == 1 and step == 1
+    control = SimpleNamespace(should_save=False, should_training_stop=False)
+    callback.on_step_end(SimpleNamespace(device="cpu"), None, control)
+    seen.append([control.should_save, control.should_training_stop])
+dist.destroy_process_group()
+print(json.dumps(seen))
+"""
+
+
+def test_huggingface_checkpoint_stops_every_rank_at_the_step_one_rank_was_signalled(
+    tmp_path: Path,
+) -> None:
+    # Under torchrun the stop signal may reach the ranks at different steps; each must save and
+    # stop at the same one, or the checkpoint's shards come from different steps and the ranks
+    # that go on hang in their next collective. Rank 1 alone is marked at the second step:
+    # expected on both ranks, step by step, [save, stop] = no, yes (shared by the all-reduce),
+    # and no again at the third (the mark is per step, not sticky across the group).
+    pytest.importorskip("transformers")
+    pytest.importorskip("torch")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = str(probe.getsockname()[1])
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, "-c", RANK, str(rank), port],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
+    try:
+        answers = [rank.communicate(timeout=300) for rank in ranks]
+    finally:
+        for rank in ranks:
+            rank.kill()
+    expected = [[False, False], [True, True], [False, False]]
+    for (out, err), rank in zip(answers, ranks, strict=True):
+        assert rank.returncode == 0, err[-2000:]
+        assert json.loads(out) == expected
 
 
 def test_huggingface_resume_path_is_the_newest_complete_checkpoint(
