@@ -134,27 +134,43 @@ class QueueWalk:
         reserves = self.reserves
         reservations = host.reservations if host.reservations else None
         late = self._late
+        blocks = self.blocks
+        root = cluster.root
+        # What only a start (or a preemption) changes, read again after one: the waiting
+        # queue's index (a start may swap it for the other kind), and the smallest GPU count a
+        # waiting job asks for.
+        done = -1
+        pending = host.pending
+        smallest = 0
         position = 0
-        while position < len(host.pending):
-            job = by_seq[host.pending[position][-1]]
-            free = cluster.free_gpus
-            asked = not late or not preempting or free == 0 or free < min(sizes, default=0)
+        while True:
+            if done != len(actions):
+                done = len(actions)
+                pending = host.pending
+                smallest = min(sizes, default=0)
+            if position >= len(pending):
+                break
+            job = by_seq[pending[position][-1]]
+            free = root.free_gpus
+            # No waiting job can start on the free GPUs.
+            short = free == 0 or free < smallest
+            asked = not late or not preempting or short
             can_preempt = asked and preempting and may_preempt_for(job, now)
             if settles and asked and not can_preempt:
                 preempting = False
             if (
-                asked
+                short
+                and asked
                 and not can_preempt
-                and (free == 0 or free < min(sizes, default=0))
                 and not host.waiting_shares
-                and not any(stage.keeps_walking() for stage in sharers)
+                and not (sharers and any(stage.keeps_walking() for stage in sharers))
             ):
                 if not picks or not admission.someone_over_share():
-                    short = not_enough(cluster, job) if free else None
+                    lacking = not_enough(cluster, job) if free else None
                     job.pending_reason = (
                         "waiting for free GPUs: all are in use by jobs of equal or higher priority"
-                        if short is None
-                        else short.reason
+                        if lacking is None
+                        else lacking.reason
                     )
                     break
                 # A job further back, of a VC under its share, may still reclaim GPUs.
@@ -210,7 +226,9 @@ class QueueWalk:
                 elif isinstance(result, Placed):
                     host.start_on(job, result, now, actions)
                     continue
-                elif any(stage.try_start(host, job, now, actions) for stage in defragmenters):
+                elif defragmenters and any(
+                    stage.try_start(host, job, now, actions) for stage in defragmenters
+                ):
                     continue
                 else:
                     no_fit[kind] = job.spec.gpus
@@ -219,41 +237,45 @@ class QueueWalk:
                 job.pending_reason = (
                     "no room: a job of the same kind needing fewer GPUs did not fit"
                 )
-            victims_kind = (job.spec.gpu_types, (admission.queue(job) or "") if queues else "")
             if not asked:  # (late: see `_late`)
                 can_preempt = preempting and may_preempt_for(job, now)
                 if not can_preempt:
                     preempting = False
-            if (
-                can_preempt
-                and job.spec.gpus < no_room.get((kind, victims_kind), math.inf)
-                and job.spec.gpus < too_few_victims.get(victims_kind, math.inf)
-            ):
-                if guarded:
-                    closed = _closed(job, now, reservations, reserves)
-                if closed:  # nor may it take reserved GPUs its victims would free
-                    self.preemption.held_out = closed_gpus(closed)
-                    try:
+            if can_preempt:
+                victims_kind = (spec.gpu_types, (admission.queue(job) or "") if queues else "")
+                if spec.gpus < no_room.get((kind, victims_kind), math.inf) and spec.gpus < (
+                    too_few_victims.get(victims_kind, math.inf)
+                ):
+                    if guarded:
+                        closed = _closed(job, now, reservations, reserves)
+                    if closed:  # nor may it take reserved GPUs its victims would free
+                        self.preemption.held_out = closed_gpus(closed)
+                        try:
+                            outcome = make_room(job, now, actions)
+                        finally:
+                            self.preemption.held_out = frozenset()
+                    else:
                         outcome = make_room(job, now, actions)
-                    finally:
-                        self.preemption.held_out = frozenset()
-                else:
-                    outcome = make_room(job, now, actions)
-                if outcome == "started":
-                    # Its victims may have freed more GPUs than it took: what did not fit may now.
-                    no_fit.clear()
-                    continue
-                if closed:
-                    pass  # (what bounds this job's search need not bound the next one's)
-                elif outcome == "too few victims":
-                    too_few_victims[victims_kind] = job.spec.gpus
-                else:
-                    no_room[(kind, victims_kind)] = job.spec.gpus
-            if not claimed and any(stage.try_start(host, job, now, actions) for stage in sharers):
+                    if outcome == "started":
+                        # Its victims may have freed more GPUs than it took: what did not fit
+                        # may now.
+                        no_fit.clear()
+                        continue
+                    if closed:
+                        pass  # (what bounds this job's search need not bound the next one's)
+                    elif outcome == "too few victims":
+                        too_few_victims[victims_kind] = spec.gpus
+                    else:
+                        no_room[(kind, victims_kind)] = spec.gpus
+            if (
+                sharers
+                and not claimed
+                and any(stage.try_start(host, job, now, actions) for stage in sharers)
+            ):
                 continue
             if reserves is not None and reserves.head is None:
                 reserves.reserve(job, host.running_jobs(), now)
-            if self.blocks:
+            if blocks:
                 queue = admission.queue(job) if queues else None
                 if queue is None:
                     host.blocked_by = job.id
