@@ -530,6 +530,76 @@ class Cluster:
         self.frees += 1
         self._change(gpu_ids, +1)
 
+    def allocate_each(self, groups: Sequence[Sequence[int]]) -> None:
+        """`allocate(group)` for each group in turn, in one pass (the same state after)."""
+        self._change_each(groups, -1)
+
+    def release_each(self, groups: Sequence[Sequence[int]]) -> None:
+        """`release(group)` for each group in turn, in one pass (the same state after)."""
+        self.frees += len(groups)
+        self._change_each(groups, +1)
+
+    def _change_each(self, groups: Sequence[Sequence[int]], delta: int) -> None:
+        """`_change(group, delta)` for each group in turn (a search for preemption victims frees
+        and takes back dozens of jobs' GPUs at once), with each node's count and bucket changed
+        once. A node's place in its bucket is its history's: `_change` moves each node it
+        changes to the end of its new bucket, group after group and, in a group, in the order
+        its GPUs name the nodes, so the nodes end in the order they were last changed in (after
+        those not changed), which is the order they are moved in here. If a GPU is already as
+        asked (or named twice), the groups are changed one by one instead, which fails there."""
+        want = 1 if delta > 0 else 0
+        gpu_free = self.gpu_free
+        gpu_node = self.gpu_node
+        gpus = self.gpus
+        per_node: dict[int, int] = {}  # node -> GPUs changed, in the order last changed
+        done = 0
+        for group in groups:
+            in_group: dict[int, int] = {}
+            for gpu_id in group:
+                if gpu_free[gpu_id] == want:
+                    self._undo_each(groups, done, want)
+                    for each in groups:
+                        self._change(each, delta)  # fails where the first change would
+                    return
+                gpu_free[gpu_id] = want
+                done += 1
+                node_idx = gpu_node[gpu_id]
+                in_group[node_idx] = in_group.get(node_idx, 0) + 1
+            for node_idx, count in in_group.items():
+                per_node[node_idx] = per_node.pop(node_idx, 0) + count
+        self.version += len(groups)
+        for group in groups:
+            for gpu_id in group:
+                cell = gpus[gpu_id]
+                while not cell.is_node:  # the GPU and any switch level under the node
+                    cell.free_gpus += delta
+                    cell = cell.parent  # type: ignore[assignment]
+        nodes = self.nodes
+        buckets = self._buckets
+        free_by_type = self.free_by_type
+        for node_idx, count in per_node.items():
+            node = nodes[node_idx]
+            by_free = buckets[node.gpu_type]
+            del by_free[node.free_gpus][node_idx]
+            free_by_type[node.gpu_type] += delta * count
+            up: Cell | None = node
+            while up is not None:
+                up.free_gpus += delta * count
+                up = up.parent
+            by_free[node.free_gpus][node_idx] = None
+        if self._watchers:
+            for changed in self._watchers:
+                changed.update(per_node)
+
+    def _undo_each(self, groups: Sequence[Sequence[int]], done: int, want: int) -> None:
+        """Set back the first `done` GPU flags `_change_each` set."""
+        for group in groups:
+            for gpu_id in group:
+                if done == 0:
+                    return
+                self.gpu_free[gpu_id] = 1 - want
+                done -= 1
+
     def _change(self, gpu_ids: Iterable[int], delta: int) -> None:
         """Flip GPUs free or allocated; counts are updated once per node, not once per GPU."""
         want = 1 if delta > 0 else 0

@@ -197,6 +197,10 @@ class Preemption:
         self._picks = admission.picks_victims
         self.remembers = remembers and type(host.policy).preempts is Policy.preempts
         self.slices = rule.slices(self)
+        #: The victims are one slice of the running index, and nothing but their start, type
+        #: and exemption passes any over (`_candidates_sliced`): the victim rules' conditions of
+        #: `InOrder.slices`.
+        self.sliceable = InOrder().slices(self)
         #: Preempt running jobs, by the victim rule, until the job can be placed. Returns
         #: "started", "too few victims" (those it may preempt hold too few GPUs), or "no
         #: placement" (they hold enough, but freeing them gives no placement the rules accept).
@@ -370,18 +374,47 @@ class Preemption:
                 continue  # its GPUs stay taken by its partner unless that is a victim too
             yield victim
 
+    def _victims_from(self, job: Job) -> int:
+        """Where the job's victims begin in the running index, under the base victim rule
+        (`Policy.preempts`): the running jobs whose keys, or their leading `preempt_prefix`
+        parts, sort after its own."""
+        job_key = self._stored[job.seq]
+        cut = self.policy.preempt_prefix
+        if cut is None:
+            return bisect.bisect_right(self._running, job_key)
+        # every key of a prefix sorts before the prefix extended by TOP
+        return bisect.bisect_left(self._running, (*job_key[:cut], TOP))
+
+    def _candidates_sliced(self, job: Job, now: float) -> Iterator[Job]:
+        """`_candidates`, the lowest first, read from one slice of the running index (`sliceable`:
+        no admission picks victims and no job shares GPUs, so only `_candidates`'s first three
+        filters apply). The index does not change while the search reads it."""
+        keys = self._running
+        start = self._victims_from(job)
+        by_seq = self._by_seq
+        types = job.spec.gpu_types
+        gpus = self.cluster.gpus
+        exempt_s = self.exempt_s
+        for position in range(len(keys) - 1, start - 1, -1):
+            victim = by_seq[keys[position][-1]]
+            if victim.run_started_at == now:
+                self._skipped_new = True  # one of its victims from the next instant on
+                continue  # never undo a start of this same instant: no preemption cycles
+            if exempt_s and self.exempt(victim, now):
+                self._skipped_new = True  # one of its victims once its exemption ends
+                continue
+            if types is not None and victim.placement:
+                if not job.spec.accepts(gpus[victim.placement[0]].gpu_type):
+                    continue
+            yield victim
+
     def _candidates_in_order(self, job: Job, now: float) -> list[Job]:
         """`_candidates`, the highest priority first, read as one slice of the running index:
         under the base victim rule (`Policy.preempts`) the running jobs the job may preempt are
         those whose keys, or their leading `preempt_prefix` parts, sort after its own. The
         filters are `_candidates`'s (going through it took back half of the gain)."""
         keys = self._running
-        job_key = self._stored[job.seq]
-        cut = self.policy.preempt_prefix
-        if cut is None:
-            start = bisect.bisect_right(keys, job_key)
-        else:  # every key of a prefix sorts before the prefix extended by TOP
-            start = bisect.bisect_left(keys, (*job_key[:cut], TOP))
+        start = self._victims_from(job)
         by_seq = self._by_seq
         types = job.spec.gpu_types
         gpus = self.cluster.gpus
@@ -420,7 +453,10 @@ class Preemption:
         victims: list[Job] = []
         statement = Statement(cluster)
         attempts = 0
-        for victim in self._candidates(job, now):
+        candidates = (
+            self._candidates_sliced(job, now) if self.sliceable else self._candidates(job, now)
+        )
+        for victim in candidates:
             victims.append(victim)
             total += victim.spec.gpus
             if plain:
@@ -428,8 +464,7 @@ class Preemption:
                 room = self._room_in_scope(scope, victim, need, freed_in)
                 if total < need or not room:
                     continue
-            for held in victims[len(statement.freed) :]:
-                statement.free(held)
+            statement.free_each(victims[len(statement.freed) :])
             result = self._place(job, now)
             attempts += 1
             if isinstance(result, Placed):
@@ -468,11 +503,13 @@ class Preemption:
         if left < 0:
             return "too few victims"
         statement = Statement(cluster)
+        freed = []
         for victim in ordered:
             if victim.spec.gpus <= left:
                 left -= victim.spec.gpus
             else:
-                statement.free(victim)
+                freed.append(victim)
+        statement.free_each(freed)
         self.tried = True
         result = self._place(job, now)
         if isinstance(result, Placed):

@@ -28,7 +28,7 @@ from corral.core.cluster import Cluster
 from corral.core.index import LONG_QUEUE, SHORT_QUEUE, FlatIndex, Index
 from corral.core.job import Job, JobSpec, JobStatus
 from corral.core.lifecycle import Lifecycle
-from corral.core.placement.base import Placed, Placement
+from corral.core.placement.base import Kind, Placed, Placement, placement_kind
 from corral.core.plugin import SpeedModel
 from corral.core.policy.base import Key, Policy
 from corral.core.preempt import TOP, Preemption
@@ -102,6 +102,9 @@ class SchedulerState:
         #: Waiting jobs of whole GPUs by GPU count (none of 0): with fewer GPUs free than the
         #: smallest of them asks, no waiting job can start on free GPUs.
         self.waiting_sizes: dict[int, int] = {}
+        #: Each waiting job's `placement_kind`, by seq, where the placement is `pure` (its modes
+        #: change only at the instants its timers index the job again); else None.
+        self.waiting_kinds: dict[int, Kind] | None = {} if placement.pure else None
         #: After a round without actions: (the cluster's version, `preempt`, whether a placement
         #: was tried while preempting); None once anything the walk looks at changed.
         self._quiet: tuple[int, bool, bool] | None = None
@@ -583,6 +586,8 @@ class SchedulerState:
         self._stored[job.seq] = key
         index.add(key)
         self._quiet = None
+        if self.waiting_kinds is not None and index is not self._running:
+            self.waiting_kinds[job.seq] = placement_kind(self.placement, job, now)
         self.timers.set(job, now)
         if index is self._running and self.timers.asks_wakes:  # asked at the end of this round
             self.timers.started(job)
@@ -594,6 +599,8 @@ class SchedulerState:
         if index is self._running:
             self._running_left(job, key)
         else:
+            if self.waiting_kinds is not None:
+                del self.waiting_kinds[job.seq]
             self._waiting_left(job, key)
 
     def rekey(self, job: Job, now: float) -> None:

@@ -61,19 +61,44 @@ class Statement:
         unclaim(self.cluster, job)
         self.freed.append(job)
 
+    def free_each(self, jobs: list[Job]) -> None:
+        """`free` each of the jobs in turn (whole GPUs in one pass, `Cluster.release_each`)."""
+        if all(job.spec.plain for job in jobs):
+            self.cluster.release_each([job.placement for job in jobs])
+            self.freed += jobs
+        else:
+            for job in jobs:
+                self.free(job)
+
     def discard(self) -> None:
         """Every job freed takes back what it held."""
-        for job in self.freed:
-            claim(self.cluster, job, job.placement, job.node)
+        _take_back(self.cluster, self.freed)
         self.freed.clear()
 
     def commit(self, used: Callable[[Job], bool], stop: Callable[[Job], None]) -> None:
         """The frees a start needs become final: each job freed that `used` says the start
         uses is stopped (`stop`, whose GPUs are free already), each other one takes back what it
-        held, in the order they were freed."""
+        held, in the order they were freed (those between two stops in one pass)."""
+        back: list[Job] = []
         for job in self.freed:
             if used(job):
+                if back:
+                    _take_back(self.cluster, back)
+                    back = []
                 stop(job)
             else:
-                claim(self.cluster, job, job.placement, job.node)
+                back.append(job)
+        if back:
+            _take_back(self.cluster, back)
         self.freed.clear()
+
+
+def _take_back(cluster: Cluster, jobs: list[Job]) -> None:
+    """Each job freed takes back what it held, in turn (whole GPUs in one pass)."""
+    if all(job.spec.plain for job in jobs):
+        cluster.allocate_each([job.placement for job in jobs])
+        for job in jobs:
+            job.node = -1  # (as `claim` sets it)
+    else:
+        for job in jobs:
+            claim(cluster, job, job.placement, job.node)

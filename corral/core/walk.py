@@ -26,7 +26,8 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
-from corral.core.placement.base import Placed, not_enough
+from corral.core.index import FlatIndex
+from corral.core.placement.base import Kind, Placed, not_enough, placement_kind
 from corral.core.reservations import closed_gpus, place_off
 from corral.core.stages import RoundHost, Stage
 
@@ -40,9 +41,12 @@ if TYPE_CHECKING:
     from corral.core.index import Index
     from corral.core.job import Job
     from corral.core.placement.base import Placement
-    from corral.core.policy.base import Policy
+    from corral.core.policy.base import Key, Policy
     from corral.core.preempt import Preemption
     from corral.core.reservations import Closed, Reservations
+
+
+_NO_ROOM_OF_KIND = "no room: a job of the same kind needing fewer GPUs did not fit"
 
 
 class WalkHost(RoundHost, Protocol):
@@ -53,6 +57,9 @@ class WalkHost(RoundHost, Protocol):
     #: Waiting jobs of whole GPUs by GPU count, and those asking for shares.
     waiting_sizes: dict[int, int]
     waiting_shares: int
+    #: Each waiting job's `placement_kind` by seq, kept as it is indexed (a `pure` placement),
+    #: or None: asked at each look.
+    waiting_kinds: dict[int, Kind] | None
     #: The job that blocked the last walk (a blocking policy without backfill), or None.
     blocked_by: str | None
     #: GPUs claimed over time windows (corral.core.reservations).
@@ -113,15 +120,15 @@ class QueueWalk:
         host.blocked_by = None
         cluster = self.cluster
         by_seq = self.by_seq
-        # Within a round, a job of the same kind needing at least as many GPUs as one that did not
-        # fit cannot fit either (and, being of lower priority, has no more victims to preempt).
-        # The kind includes the GPUs per worker: a job of smaller workers fits where larger did not.
-        # A job asking for a share, CPU or memory is of the same kind only with the same request.
-        no_fit: dict[tuple[object, ...], float] = {}
+        # Within a round, a job of the same kind (`placement_kind`) needing at least as many GPUs
+        # as one that did not fit cannot fit either (and, being of lower priority, has no more
+        # victims to preempt). The host may keep each waiting job's kind (`waiting_kinds`).
+        kinds = host.waiting_kinds
+        no_fit: dict[Kind, float] = {}
         # Both bounds on preempting hold for the later jobs with the same victims: of those GPU
         # types, and of that queue when a quota decides who may be preempted (another VC's job,
         # or one beyond its share, may take back other jobs).
-        no_room: dict[tuple[object, ...], float] = {}
+        no_room: dict[tuple[Kind, tuple[frozenset[str] | None, str]], float] = {}
         too_few_victims: dict[tuple[frozenset[str] | None, str], float] = {}
         blocked_queues: set[str] = set()
         admission, placement = self.admission, self.placement
@@ -134,27 +141,62 @@ class QueueWalk:
         reserves = self.reserves
         reservations = host.reservations if host.reservations else None
         late = self._late
+        blocks = self.blocks
+        root = cluster.root
+        # What only a start (or a preemption) changes, read again after one: the waiting
+        # queue's index (a start may swap it for the other kind), and the smallest GPU count a
+        # waiting job asks for.
+        done = -1
+        keys: Sequence[Key] = []
+        smallest = 0
+        # Where nothing but a placement on free GPUs can start a job once no job may preempt
+        # (no admission's check, no stage that shares, no reservation, no blocking), the jobs
+        # that a smaller one of their kind did not fit are passed over in a loop of their own,
+        # as the steps below would pass them over.
+        skips = not checks and not sharers and reserves is None and reservations is None
+        skips = skips and not blocks
         position = 0
-        while position < len(host.pending):
-            job = by_seq[host.pending[position][-1]]
-            free = cluster.free_gpus
-            asked = not late or not preempting or free == 0 or free < min(sizes, default=0)
+        while True:
+            if done != len(actions):
+                done = len(actions)
+                pending = host.pending
+                keys = pending.keys if isinstance(pending, FlatIndex) else pending
+                smallest = min(sizes, default=0)
+            if skips and not preempting and not (root.free_gpus < smallest or not root.free_gpus):
+                while position < len(keys):
+                    job = by_seq[keys[position][-1]]
+                    if job.hold_until > now:
+                        break
+                    kind = (
+                        kinds[job.seq] if kinds is not None else placement_kind(placement, job, now)
+                    )
+                    if job.spec.gpus < no_fit.get(kind, math.inf):
+                        break
+                    job.pending_reason = _NO_ROOM_OF_KIND
+                    position += 1
+            if position >= len(keys):
+                break
+            job = by_seq[keys[position][-1]]
+            free = root.free_gpus
+            # No waiting job can start on the free GPUs.
+            short = free == 0 or free < smallest
+            asked = not late or not preempting or short
             can_preempt = asked and preempting and may_preempt_for(job, now)
             if settles and asked and not can_preempt:
                 preempting = False
             if (
-                asked
+                short
+                and asked
                 and not can_preempt
-                and (free == 0 or free < min(sizes, default=0))
                 and not host.waiting_shares
-                and not any(stage.keeps_walking() for stage in sharers)
+                and not (sharers and any(stage.keeps_walking() for stage in sharers))
             ):
                 if not picks or not admission.someone_over_share():
-                    short = not_enough(cluster, job) if free else None
+                    lacking = not_enough(cluster, job) if free else None
                     job.pending_reason = (
                         "waiting for free GPUs: all are in use by jobs of equal or higher priority"
-                        if short is None
-                        else short.reason
+                        if lacking is None
+                        else lacking.reason
                     )
                     break
                 # A job further back, of a VC under its share, may still reclaim GPUs.
@@ -176,13 +218,7 @@ class QueueWalk:
                     position += 1
                     continue
             spec = job.spec
-            kind: tuple[object, ...] = (
-                spec.gpu_types,
-                placement.mode(job, now),
-                spec.gpus_per_worker,
-            )
-            if not spec.plain:
-                kind += (spec.gpu_milli, spec.cpu_milli, spec.memory_mib)
+            kind = kinds[job.seq] if kinds is not None else placement_kind(placement, job, now)
             claimed = False
             # The GPUs claimed for others that this job may not take (asked once a placement
             # or a search for victims needs them).
@@ -210,50 +246,54 @@ class QueueWalk:
                 elif isinstance(result, Placed):
                     host.start_on(job, result, now, actions)
                     continue
-                elif any(stage.try_start(host, job, now, actions) for stage in defragmenters):
+                elif defragmenters and any(
+                    stage.try_start(host, job, now, actions) for stage in defragmenters
+                ):
                     continue
                 else:
                     no_fit[kind] = job.spec.gpus
                     job.pending_reason = result.reason
             else:
-                job.pending_reason = (
-                    "no room: a job of the same kind needing fewer GPUs did not fit"
-                )
-            victims_kind = (job.spec.gpu_types, (admission.queue(job) or "") if queues else "")
+                job.pending_reason = _NO_ROOM_OF_KIND
             if not asked:  # (late: see `_late`)
                 can_preempt = preempting and may_preempt_for(job, now)
                 if not can_preempt:
                     preempting = False
-            if (
-                can_preempt
-                and job.spec.gpus < no_room.get((kind, victims_kind), math.inf)
-                and job.spec.gpus < too_few_victims.get(victims_kind, math.inf)
-            ):
-                if guarded:
-                    closed = _closed(job, now, reservations, reserves)
-                if closed:  # nor may it take reserved GPUs its victims would free
-                    self.preemption.held_out = closed_gpus(closed)
-                    try:
+            if can_preempt:
+                victims_kind = (spec.gpu_types, (admission.queue(job) or "") if queues else "")
+                if spec.gpus < no_room.get((kind, victims_kind), math.inf) and spec.gpus < (
+                    too_few_victims.get(victims_kind, math.inf)
+                ):
+                    if guarded:
+                        closed = _closed(job, now, reservations, reserves)
+                    if closed:  # nor may it take reserved GPUs its victims would free
+                        self.preemption.held_out = closed_gpus(closed)
+                        try:
+                            outcome = make_room(job, now, actions)
+                        finally:
+                            self.preemption.held_out = frozenset()
+                    else:
                         outcome = make_room(job, now, actions)
-                    finally:
-                        self.preemption.held_out = frozenset()
-                else:
-                    outcome = make_room(job, now, actions)
-                if outcome == "started":
-                    # Its victims may have freed more GPUs than it took: what did not fit may now.
-                    no_fit.clear()
-                    continue
-                if closed:
-                    pass  # (what bounds this job's search need not bound the next one's)
-                elif outcome == "too few victims":
-                    too_few_victims[victims_kind] = job.spec.gpus
-                else:
-                    no_room[(kind, victims_kind)] = job.spec.gpus
-            if not claimed and any(stage.try_start(host, job, now, actions) for stage in sharers):
+                    if outcome == "started":
+                        # Its victims may have freed more GPUs than it took: what did not fit
+                        # may now.
+                        no_fit.clear()
+                        continue
+                    if closed:
+                        pass  # (what bounds this job's search need not bound the next one's)
+                    elif outcome == "too few victims":
+                        too_few_victims[victims_kind] = spec.gpus
+                    else:
+                        no_room[(kind, victims_kind)] = spec.gpus
+            if (
+                sharers
+                and not claimed
+                and any(stage.try_start(host, job, now, actions) for stage in sharers)
+            ):
                 continue
             if reserves is not None and reserves.head is None:
                 reserves.reserve(job, host.running_jobs(), now)
-            if self.blocks:
+            if blocks:
                 queue = admission.queue(job) if queues else None
                 if queue is None:
                     host.blocked_by = job.id

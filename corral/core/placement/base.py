@@ -81,6 +81,23 @@ class Placement(OptionsMixin):
         return math.inf
 
 
+#: What a round's walk tells waiting jobs apart by (`placement_kind`).
+Kind = tuple[object, ...]
+
+
+def placement_kind(placement: Placement, job: Job, now: float) -> Kind:
+    """Within a round, a job of the same kind needing at least as many GPUs as one that did not
+    fit cannot fit either: its GPU types, the placement's mode, its GPUs per worker (a job of
+    smaller workers fits where larger did not), and for a job asking for a share, CPU or memory
+    that request. Under a `pure` placement a waiting job's kind changes only at the instants
+    `changes_at` announces (when the scheduler's timers index the job again)."""
+    spec = job.spec
+    kind: Kind = (spec.gpu_types, placement.mode(job, now), spec.gpus_per_worker)
+    if not spec.plain:
+        kind += (spec.gpu_milli, spec.cpu_milli, spec.memory_mib)
+    return kind
+
+
 def types_for(cluster: Cluster, job: Job) -> list[str]:
     """The job's acceptable GPU types present in the cluster, most free first (ties: by name)."""
     if job.spec.gpu_types is None and len(cluster.gpu_types) == 1:
