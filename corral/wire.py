@@ -97,7 +97,10 @@ class Answer:
                 if size == 0:
                     reader.skip_trailer()
                     return
-                yield reader.exactly(size)
+                while size:  # (in pieces: a size is the server's word, not memory's)
+                    data = reader.exactly(min(size, READ_SIZE))
+                    size -= len(data)
+                    yield data
                 reader.end_of_chunk()
         elif self._length is not None:
             left = self._length
@@ -142,9 +145,12 @@ class _Reader:
         if not line:
             raise Truncated("the connection closed before a chunk")
         try:
-            return int(line.split(b";", 1)[0].strip(), 16)
+            size = int(line.split(b";", 1)[0].strip(), 16)
         except ValueError:
-            raise BadAnswer(f"a chunk size that is no number: {line[:40]!r}") from None
+            size = -1
+        if size < 0:
+            raise BadAnswer(f"a chunk size that is no number: {line[:40]!r}")
+        return size
 
     def end_of_chunk(self) -> None:
         if self.line() not in (b"\r\n", b"\n"):

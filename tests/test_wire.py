@@ -200,6 +200,30 @@ def test_a_body_cut_short_and_no_answer_are_one_line_errors() -> None:
     assert caught.value.message.startswith(f"corral at {url}: not an HTTP answer: b'SSH-2.0")
 
 
+def test_a_chunk_size_is_read_in_pieces_and_a_negative_one_refused() -> None:
+    # A chunk's size is the server's word: a huge one followed by a short chunk is a cut body
+    # (read in pieces, never one buffer of that size: 2**62 bytes would be a MemoryError), and
+    # a negative one is no HTTP (int("-1", 16) parses).
+    from corral.wire import BadAnswer, Connection, Truncated
+
+    def huge(head: str, body: bytes, conn: socket.socket) -> bool:
+        answer(conn, b"4000000000000000\r\nabc", "Transfer-Encoding: chunked")
+        return False
+
+    def negative(head: str, body: bytes, conn: socket.socket) -> bool:
+        answer(conn, b"-1\r\nabc\r\n0\r\n\r\n", "Transfer-Encoding: chunked")
+        return False
+
+    for handler, error in ((huge, Truncated), (negative, BadAnswer)):
+        with server(handler) as (port, _):
+            connection = Connection(f"http://127.0.0.1:{port}", timeout=30)
+            try:
+                with pytest.raises(error):
+                    connection.request("GET", "/", {}).read()
+            finally:
+                connection.close()
+
+
 def test_a_refusal_names_the_servers_detail() -> None:
     def handle(head: str, body: bytes, conn: socket.socket) -> bool:
         data = b'{"detail": "job 9 not found"}'
