@@ -219,10 +219,9 @@ class Recovery:
         now = self.clock()
         with self.lock:
             unfinished = self.store.unfinished_jobs()
-            leftovers = self.store.open_attempts_of_ended_jobs()
-            found = self._find_attempts(unfinished, leftovers)
+            found = self._find_attempts(unfinished, self.store.open_attempts_of_ended_jobs())
             with self.store.batch():
-                self._recover_all(unfinished, leftovers, found, now)
+                self._recover_all(unfinished, found, now)
 
     def _find_attempts(
         self,
@@ -237,19 +236,18 @@ class Recovery:
         if not wanted:
             return {}
 
-        def find(key: tuple[str, int]) -> Found:
-            job_id, number = key
-            return self.executor.recover(job_id, number, self.attempt_dir(job_id, number))
-
         # Side by side: on Ray each lookup waits for its actors' answers, and an actor whose
         # worker is still starting answers only once it has started (seconds at load).
         with ThreadPoolExecutor(min(FIND_THREADS, len(wanted))) as pool:
-            return dict(zip(wanted, pool.map(find, wanted), strict=True))
+            return dict(zip(wanted, pool.map(self._find, wanted), strict=True))
+
+    def _find(self, key: tuple[str, int]) -> Found:
+        job_id, number = key
+        return self.executor.recover(job_id, number, self.attempt_dir(job_id, number))
 
     def _recover_all(
         self,
         unfinished: list[tuple[JobRow, list[AttemptRow]]],
-        leftovers: list[tuple[str, AttemptRow]],
         found: dict[tuple[str, int], Found],
         now: float,
     ) -> None:
@@ -267,8 +265,12 @@ class Recovery:
                 self._unrecoverable(row, now, error)
         # Attempts of jobs that ended (cancelled, say) whose processes may still be stopping:
         # their GPUs are not free until they are gone, and the stop may never have been sent.
-        for job_id, attempt in leftovers:
-            self._drain_leftover(job_id, attempt, found[(job_id, attempt.number)], now)
+        # (Read again: a job failed just now, one that cannot be recovered, has them too.)
+        for job_id, attempt in self.store.open_attempts_of_ended_jobs():
+            key = (job_id, attempt.number)
+            if key not in found:  # (its job ended after the lookups: asked now)
+                found[key] = self._find(key)
+            self._drain_leftover(job_id, attempt, found[key], now)
         self._restore_cache_readers(now)  # they read their data sets' directories
         if not self.shares_gpus() and not self._holders.shared:
             self._holders = None
