@@ -161,6 +161,7 @@ class Manager(
             self.settings.profile_fold_s,
             self.settings.max_steps_per_s,
             read_every_s=self.settings.progress_check_s,
+            max_reads_per_s=self.settings.progress_reads_per_s,
         )
         self._init_data_cache()  # the nodes' data caches, if any (corral.server.datacache)
         self.scheduler = self._make_scheduler()

@@ -17,6 +17,7 @@ from corral.exec.local import AttemptEnded, AttemptLaunch
 from corral.exec.logcap import DEFAULT_CAP_BYTES
 from corral.server.connections import ConnectionLimits
 from corral.server.health import HealthSettings
+from corral.server.telemetry import MAX_READS_PER_S
 
 
 class Executor(Protocol):
@@ -90,6 +91,10 @@ class ManagerSettings:
     round_gap_s: float = 0.02
     #: How often the running jobs' progress reports are read (and hangs and time limits checked).
     progress_check_s: float = 1.0
+    #: At most this many attempts' progress files are read a second in all: with more attempts
+    #: running than fit in `progress_check_s`, each is read less often (corral.server.telemetry);
+    #: None: no bound.
+    progress_reads_per_s: float | None = MAX_READS_PER_S
     #: An attempt's measured rate is folded into its shape's profile after this many seconds of
     #: its reports (and when it ends, or starts or stops sharing its GPUs).
     profile_fold_s: float = 30.0

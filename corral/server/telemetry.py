@@ -3,7 +3,9 @@
 Each worker appends JSON lines to its `rank-R.progress` file (`$CORRAL_PROGRESS_FILE`); the
 manager tails rank 0's (corral.progress.reader, bounded per read, so no job can stall or exhaust
 it) every `progress_check_s`, the attempts' reads spread evenly over that period (a round reads
-those whose turn it is, not every running attempt at once), and learns, per attempt:
+those whose turn it is, not every running attempt at once), and no more than `MAX_READS_PER_S`
+reads a second in all (with more attempts running than that allows in `progress_check_s`, each
+one's period is longer: 3 s with 3,000 running), and learns, per attempt:
 
 * its step and the time of its latest report (a job whose reports stop is hung: the manager's
   hang detection reads `last_report_at`);
@@ -65,6 +67,11 @@ MAX_SAMPLES = 2000
 #: its reports are rejected. A training step that runs on an accelerator takes tens of kernel
 #: launches at several microseconds each: 10 microseconds a step is already beyond any.
 MAX_STEPS_PER_S = 100_000.0
+#: The most progress files read a second, all running attempts together (the manager's
+#: `progress_reads_per_s`). Each read is a system call or two and some Python inside the
+#: control loop's round (5 to 10 us): at most 5 to 10 ms of each second of the loop, however
+#: many attempts run; with 3,000 running, each one's reports are read every 3 s, not every 1 s.
+MAX_READS_PER_S = 1000.0
 
 
 def progress_file(attempt_dir: Path, rank: int = 0) -> Path:
@@ -172,13 +179,16 @@ class Telemetry:
         fold_every_s: float = FOLD_EVERY_S,
         max_steps_per_s: float | None = MAX_STEPS_PER_S,
         read_every_s: float | None = None,
+        max_reads_per_s: float | None = MAX_READS_PER_S,
     ) -> None:
         """`read_every_s`: each attempt's reports are read once every so many seconds, the
         attempts' turns spread evenly over it, by `poll` (None or 0: each `poll` reads every
-        attempt)."""
+        attempt); with more attempts than `max_reads_per_s` x `read_every_s`, once every
+        (attempts / `max_reads_per_s`) seconds (None: no such bound)."""
         self.store = store
         self.fold_every_s = fold_every_s
         self.read_every_s = read_every_s or None  # a period of 0 has no turns to spread
+        self.max_reads_per_s = max_reads_per_s
         #: The watches' next turns (when, tie-break, watch), with `read_every_s`; an entry
         #: whose watch ended or was replaced is dropped when its turn comes.
         self._turns: list[tuple[float, int, Watch]] = []
@@ -231,7 +241,16 @@ class Telemetry:
             # (the golden ratio's sequence), however many attempts start together.
             self._watched += 1
             phase = (self._watched * 0.6180339887498949) % 1.0
-            self._turn(watch, now + self.read_every_s * phase)
+            self._turn(watch, now + self.period() * phase)
+
+    def period(self) -> float:
+        """The time between two reads of an attempt's reports, with `read_every_s`: that, or
+        longer where the attempts running would be read more than `max_reads_per_s` times a
+        second."""
+        assert self.read_every_s is not None
+        if self.max_reads_per_s is None:
+            return self.read_every_s
+        return max(self.read_every_s, len(self.watches) / self.max_reads_per_s)
 
     def _turn(self, watch: Watch, when: float) -> None:
         heapq.heappush(self._turns, (when, next(self._order), watch))
@@ -306,7 +325,7 @@ class Telemetry:
         """The watches `poll` reads now; with `read_every_s`, each gets its next turn."""
         if self.read_every_s is None:
             return list(self.watches.values())
-        period, turns, ready = self.read_every_s, self._turns, []
+        period, turns, ready = self.period(), self._turns, []
         while turns and turns[0][0] <= now:
             when, _, watch = heapq.heappop(turns)
             if self.watches.get(watch.job_id) is not watch:
