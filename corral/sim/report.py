@@ -9,7 +9,6 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import numpy as np
 from rich import box
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -21,6 +20,7 @@ from corral.sim.metrics import JOB_COLUMNS, completion_times, job_rows, summariz
 from corral.sim.result import SimResult, TimelineTotals
 
 if TYPE_CHECKING:
+    import numpy as np
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
@@ -86,6 +86,8 @@ def downsample_step(
     equal-width time bucket, so the mean over the whole span is preserved exactly (up to rounding)
     and short spikes are averaged rather than dropped or kept at random.
     """
+    import numpy as np
+
     times = np.asarray(time_s, dtype=float)
     vals = np.asarray(values, dtype=float)
     if times.size <= max(max_points, 2):
@@ -208,6 +210,7 @@ def _label(result: SimResult) -> str:
 
 
 def _plot_jct_cdf(ax: Axes, results: list[SimResult]) -> None:
+    import numpy as np
     from matplotlib.ticker import LogFormatter
 
     class PlainLogFormatter(LogFormatter):
@@ -348,6 +351,7 @@ def vc_table(summary: dict[str, object]) -> Table:
 def plot_vc_queueing(runs: list[tuple[str, dict[str, object]]], out_png: Path) -> None:
     """Per VC, the average queueing delay under each run next to the VC alone on its own cells."""
     import matplotlib
+    import numpy as np
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

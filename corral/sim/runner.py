@@ -9,7 +9,6 @@ from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 from pathlib import Path
 
-import numpy as np
 from rich.console import Console
 
 from corral.core.cache import CACHE_POLICIES, CacheError, DataCache
@@ -384,6 +383,8 @@ def assign_tenants(
                 f"it defines {', '.join(sorted(vcs))}"
             )
     if settings.opportunistic_share > 0:
+        import numpy as np
+
         rng = np.random.default_rng(settings.seed)
         marks = rng.random(len(jobs)) < settings.opportunistic_share
         jobs = [
@@ -404,6 +405,8 @@ def with_deadlines(
     )
     if not wanted:
         return jobs
+    import numpy as np
+
     low, high = settings.deadline_factor or DEFAULT_DEADLINE_FACTOR
     factors = np.random.default_rng([settings.seed, 0xEDF]).uniform(low, high, len(jobs))
     return [
