@@ -14,7 +14,7 @@ from rich.console import Console
 from corral.core.cache import CACHE_POLICIES, CacheError, DataCache
 from corral.core.cluster import MILLI, Cluster, ClusterError
 from corral.core.colocation import PairTable
-from corral.core.config import ConfigError
+from corral.core.configerror import ConfigError
 from corral.core.fragmentation import Workload, WorkloadError
 from corral.core.framework import (
     STAGES,
