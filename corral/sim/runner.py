@@ -253,12 +253,28 @@ def service_history(settings: RunSettings, jobs: list[JobSpec]) -> list[float]:
     return samples
 
 
+#: config_for's answers, by the id of the settings' scheduler config (kept beside the answer, so
+#: that an id reused by a later object is told apart), the policy and its changes: a run asks for
+#: a policy's config some 5 times, each a build and check of every option (8 ms).
+_CONFIGS: dict[tuple[int, str, str], tuple[SchedulerConfig, SchedulerConfig]] = {}
+_CONFIGS_KEPT = 64
+
+
 def config_for(settings: RunSettings, policy: str) -> SchedulerConfig:
     changes = settings.policy_changes.get(policy)
+    key = (id(settings.scheduler), policy, repr(changes))
+    known = _CONFIGS.get(key)
+    if known is not None and known[0] is settings.scheduler:
+        return known[1]
     if not changes:
-        return settings.scheduler.with_policy(policy)
-    mapping = merge(settings.scheduler.to_mapping(), changes)
-    return config_from_mapping(mapping | {"policy": policy})
+        config = settings.scheduler.with_policy(policy)
+    else:
+        mapping = merge(settings.scheduler.to_mapping(), changes)
+        config = config_from_mapping(mapping | {"policy": policy})
+    if len(_CONFIGS) >= _CONFIGS_KEPT:
+        _CONFIGS.clear()
+    _CONFIGS[key] = (settings.scheduler, config)
+    return config
 
 
 def shared_data_file(relative: str) -> Path | None:
