@@ -78,9 +78,7 @@ def start_cpu(tree: Path | None, options: list[str], scratch: Path) -> float:
 
 def bare_cpu(tree: Path | None, scratch: Path) -> float:
     """The CPU seconds of `python -c pass` (user + system of the child)."""
-    child = subprocess.Popen(
-        [sys.executable, "-c", "pass"], cwd=scratch, env=environment(tree)
-    )
+    child = subprocess.Popen([sys.executable, "-c", "pass"], cwd=scratch, env=environment(tree))
     _, status, usage = os.wait4(child.pid, 0)
     if os.waitstatus_to_exitcode(status) != 0:
         sys.exit("python -c pass failed")
