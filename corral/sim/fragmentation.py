@@ -35,9 +35,6 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rich import box
-from rich.table import Table
-
 from corral.core.cluster import MILLI, Cluster
 from corral.core.fragmentation import Workload, state_of
 from corral.core.job import Job, JobStatus
@@ -45,6 +42,7 @@ from corral.sim.workers import RunProgress, run_in_workers, worker_count
 
 if TYPE_CHECKING:
     import numpy as np
+    from rich.table import Table
 
 METRICS = (
     "allocated_share",
@@ -379,6 +377,9 @@ def plot_curves(experiment: Experiment, out_png: Path) -> None:
 
 
 def summary_table(summary: dict[str, object]) -> Table:
+    from rich import box
+    from rich.table import Table
+
     from corral.sim.report import percent_cell  # report imports this module
 
     table = Table(

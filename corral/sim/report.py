@@ -9,10 +9,8 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rich import box
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from corral.core.text import count_noun
 from corral.sim.fragmentation import write_curves
@@ -23,6 +21,7 @@ if TYPE_CHECKING:
     import numpy as np
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
+    from rich.table import Table
 
 MAX_PLOT_POINTS = 2000
 
@@ -268,6 +267,9 @@ def _duration_cell(value: object) -> str:
 def summary_table(summaries: list[dict[str, object]]) -> Table:
     """One row per run, one column per headline metric; runs side by side for --compare.
     Durations in hours, as the README's table."""
+    from rich import box
+    from rich.table import Table
+
     table = Table(
         title="Simulation summary (durations in hours)",
         box=box.SIMPLE_HEAD,
@@ -310,6 +312,9 @@ def summary_table(summaries: list[dict[str, object]]) -> Table:
 
 def vc_table(summary: dict[str, object]) -> Table:
     """Per-VC queueing and shares of one run, with the private baseline when it was computed."""
+    from rich import box
+    from rich.table import Table
+
     per_vc = summary.get("per_vc")
     table = Table(
         title=f"Per VC: {summary.get('policy')}/{summary.get('placement')} (durations in hours)",

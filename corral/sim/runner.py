@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 
@@ -36,8 +37,6 @@ from corral.core.queues import QueueTree
 from corral.core.reservations import Reservation, ReservationError
 from corral.core.text import count_noun
 from corral.core.vcluster import build_virtual_cluster
-from corral.sim.colocation import gandiva_line, gandiva_summary, load_pair_table
-from corral.sim.datasets import DATASET_SCOPES, cache_line, make_cache
 from corral.sim.engine import DEFAULT_PRECHECK_REPORT_S, FailureModel, Simulation
 from corral.sim.failures import NodeFailures, PhillyFailures
 from corral.sim.fragmentation import FragmentationProbe, fragmentation_line, grid_for
@@ -50,7 +49,6 @@ from corral.sim.perfmodel import (
     load_throughputs,
 )
 from corral.sim.progress import LossCurveModel
-from corral.sim.replaydiff import ReplayCheck, compare, read_decisions
 from corral.sim.report import (
     decisions_name,
     jobs_csv_name,
@@ -60,9 +58,11 @@ from corral.sim.report import (
     write_outputs,
 )
 from corral.sim.result import SimResult, TimelineTotals
-from corral.sim.streamed import StreamedOutput
 from corral.sim.traces import Trace, TraceError, load_trace, stream_trace
 from corral.sim.workers import RunProgress, ShownProgress, run_in_workers, worker_count
+
+if TYPE_CHECKING:
+    from corral.sim.replaydiff import ReplayCheck
 
 
 class SimulationError(ValueError):
@@ -357,6 +357,8 @@ def check_cache_settings(settings: RunSettings) -> None:
         raise SimulationError(
             f"--cache-policy: unknown {settings.cache_policy!r}; choose {', '.join(CACHE_POLICIES)}"
         )
+    from corral.sim.datasets import DATASET_SCOPES
+
     if settings.datasets not in DATASET_SCOPES:
         raise SimulationError(
             f"--datasets: unknown {settings.datasets!r}; choose {', '.join(DATASET_SCOPES)}"
@@ -685,6 +687,8 @@ def _prepare(settings: RunSettings, console: Console) -> _Prepared:
     if "packing" in settings.scheduler.core.stages:
         if trace.perf is None or not trace.perf.has_throughputs:
             raise SimulationError("stage packing: needs a trace with a throughput table (gavel)")
+        from corral.sim.colocation import load_pair_table
+
         pair_table = load_pair_table(trace.perf.source)
     cluster, vcs, quota, tree = build_cluster_queues(settings, trace)
     if tree is not None:  # an admission that cannot run with departments, before any run
@@ -763,6 +767,9 @@ def _run_policy(
     table, workload = prepared.table, prepared.workload
     run_cluster, _, _, tree = build_cluster_queues(settings, trace)
     type_log = TypeLog()  # which GPU type each job ran on, for the best-type share
+    from corral.sim.colocation import gandiva_summary
+    from corral.sim.datasets import make_cache
+
     cache = (
         None
         if settings.cache_gb_per_node is None
@@ -868,6 +875,8 @@ def _run_policy(
 
 def check_replay(trace: Trace, simulation: Simulation, result: SimResult, log: Path) -> ReplayCheck:
     """The replay's decisions against the manager's log (corral.sim.replaydiff)."""
+    from corral.sim.replaydiff import compare, read_decisions
+
     try:
         live = read_decisions(log)
     except (OSError, ValueError) as exc:
@@ -1057,6 +1066,9 @@ def _run_streamed(
         settings, run_cluster, prepared.vcs, prepared.quota, config, prepared.speed_for, []
     )
     reserve_all(settings, scheduler)
+    from corral.sim.colocation import gandiva_summary
+    from corral.sim.streamed import StreamedOutput
+
     jobs_csv = prepared.jobs_csv[number]
     with StreamedOutput(
         out / jobs_csv,
@@ -1104,6 +1116,9 @@ def _run(
         results, multi_tenant = _simulate_streamed(settings, console, out), False
     else:
         results, multi_tenant = _simulate(settings, console)
+    from corral.sim.colocation import gandiva_line
+    from corral.sim.datasets import cache_line
+
     summaries = write_outputs(results, out, plot)
     console.print(summary_table(summaries))
     for summary in summaries:
