@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from typing import NoReturn
 
-import typer
 from rich.console import Console
 from rich.markup import escape
 
@@ -26,6 +25,8 @@ class UserError(Exception):
 
 def fail(message: str) -> NoReturn:
     """One line on stderr, exit code 2; the message is text, never rich markup."""
+    import typer  # (here: a run of `corral simulate` read by corral.cli.simargs imports none)
+
     err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(2)
 

@@ -101,6 +101,11 @@ class ToolCommand(click.Command):
             click.echo(f"error: {missing}", err=True)
             raise click.exceptions.Exit(2)
         tool_environment(self.name or "")
+        if self.name == "simulate":
+            from corral.cli.simargs import run
+
+            if run(list(ctx.params["args"])):  # read without typer (help and errors: typer's)
+                return None
         import typer.main
 
         from corral.cli.tools import app as tools

@@ -17,14 +17,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Optional
 
-import typer
-from rich.markup import escape
-
 from corral.core.framework import CoreOptions, sections
 from corral.core.options import OptionInfo, describe
 
 if TYPE_CHECKING:
     from corral.core.framework import SchedulerConfig
+
+# typer and rich are imported where a typer command is built: a run of `corral simulate` that
+# corral.cli.simargs reads imports neither.
 
 
 def flags() -> list[tuple[str, str | None, OptionInfo, str]]:
@@ -58,6 +58,9 @@ def _default_text(info: OptionInfo) -> str:
 
 
 def _parameter(name: str, section: str | None, info: OptionInfo, panel: str) -> inspect.Parameter:
+    import typer
+    from rich.markup import escape
+
     flag = flag_name(section, info.name)
     default = _default_text(info)
     text = info.help
@@ -111,7 +114,12 @@ def overrides(
 
 def scheduler_flags(command: Callable[..., Any]) -> Callable[..., Any]:
     """The command with the generated flags added; it gets them as `scheduler=<mapping>`."""
-    signature = inspect.signature(command, eval_str=True)
+    import typer
+
+    # (the command's module may leave typer to its annotations: `if TYPE_CHECKING: import typer`)
+    signature = inspect.signature(
+        command, eval_str=True, globals={**inspect.unwrap(command).__globals__, "typer": typer}
+    )
     kept = [p for p in signature.parameters.values() if p.name != "scheduler"]
     known = flags()
     generated = [_parameter(*flag) for flag in known]
@@ -202,6 +210,9 @@ def preset_changes(
 
 def click_command(name: str, command: Callable[..., Any]) -> Any:
     """A click command for `command` with the generated flags (for corral.cli.lazy)."""
+    import typer
+    import typer.main
+
     app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
     app.command(name)(scheduler_flags(command))
     return with_bare_flags(typer.main.get_command(app))
@@ -219,14 +230,21 @@ def expand_bare(args: list[str], bare: dict[str, str]) -> list[str]:
     return out
 
 
+def bare_values(
+    known: list[tuple[str, str | None, OptionInfo, str]],
+) -> dict[str, str]:
+    """The value of each flag that has one alone (`--backfill`: greedy), by flag."""
+    return {
+        flag_name(section, info.name): info.bare
+        for _, section, info, _ in known
+        if info.bare is not None
+    }
+
+
 def with_bare_flags(command: Any) -> Any:
     """The click command (or each command of a group) reading a flag with a bare value alone
     (`--backfill` is `--backfill greedy`): typer's options take a value or none, not both."""
-    bare = {
-        flag_name(section, info.name): info.bare
-        for _, section, info, _ in flags()
-        if info.bare is not None
-    }
+    bare = bare_values(flags())
     for sub in getattr(command, "commands", {}).values():
         with_bare_flags(sub)
     parse = command.parse_args

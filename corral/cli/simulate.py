@@ -6,13 +6,15 @@ from __future__ import annotations
 import math
 import re
 from pathlib import Path
-from typing import Annotated, Any
-
-import typer
-from rich.markup import escape
+from typing import TYPE_CHECKING, Annotated, Any
 
 from corral.cli.common import UserError, console, fail
 from corral.cli.registries import policy_help, preset_help
+
+if TYPE_CHECKING:
+    # Only in the annotations, which the typer command reads (corral.cli.schedflags passes it
+    # typer) and corral.cli.simargs reads without typer.
+    import typer
 
 #: Where a user gets the Tiresias preset's Gittins history (1,000 job GPU-times of a production
 #: YARN GPU cluster, in SymbioticLab/Tiresias, Apache-2.0) when the shared data is not beside them.
@@ -59,12 +61,16 @@ def parse_range(option: str, text: str | None) -> tuple[float, float] | None:
 
 
 def trace_help() -> str:
+    from rich.markup import escape
+
     from corral.sim.traces import usages
 
     return escape(f"FORMAT:PATH, one of: {usages()} (a path ending .corral.jsonl is corral's own)")
 
 
 def stream_help() -> str:
+    from rich.markup import escape
+
     from corral.sim.traces import streaming_formats
 
     formats = ", ".join(streaming_formats()) or "none"

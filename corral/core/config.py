@@ -70,6 +70,7 @@ from pydantic import BaseModel, ConfigDict, PlainValidator, StrictBool, Validati
 from pydantic_core import PydanticCustomError
 
 from corral.core.cluster import Cell, Cluster, ClusterError
+from corral.core.configerror import ConfigError as ConfigError
 from corral.core.nodes import NodeChange, maintenance_changes
 from corral.core.queues import Queue, QueueTree
 from corral.core.reservations import Reservation, ReservationError, choose_gpus
@@ -77,17 +78,6 @@ from corral.core.reservations import Reservation, ReservationError, choose_gpus
 DEFAULT_VC = "default"
 # Counts that would build a bigger tree are a typo, not a cluster: refuse them before building.
 MAX_GPUS = 1_000_000
-
-
-class ConfigError(ValueError):
-    """A config refused at load time; the message is one line: ``[file: ]key.path: reason``."""
-
-    def __init__(self, key_path: str, reason: str, file: str | None = None) -> None:
-        self.key_path = key_path
-        self.reason = reason
-        self.file = file
-        parts = [p for p in (file, key_path) if p] + [reason]
-        super().__init__(_one_line(": ".join(parts)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -836,7 +826,3 @@ def vc_gpu_quota(config: ClusterConfig) -> dict[str, int]:
                 )
         quota[vc] = sum(count * gpus_per_type[cell_type] for cell_type, count in cells.items())
     return quota
-
-
-def _one_line(text: str) -> str:
-    return text.replace("\r", "\\r").replace("\n", "\\n")

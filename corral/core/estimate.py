@@ -18,8 +18,11 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
+
 
 #: A curve has converged when its excess loss is down to 5 % of the excess at step 0.
 DEFAULT_CONVERGE_FRACTION = 0.05
@@ -81,6 +84,8 @@ class LossCurve:
 def as_arrays(samples: Sequence[Sample]) -> tuple[np.ndarray, np.ndarray]:
     """Steps and losses as arrays; refuses samples that are not (step, loss) pairs of finite
     numbers with step >= 0, naming the first bad one."""
+    import numpy as np
+
     if len(samples) == 0:
         return np.zeros(0), np.zeros(0)
     try:
@@ -122,6 +127,8 @@ def fit_loss_curve(samples: Sequence[Sample]) -> LossCurve | None:
     """The curve of least squared error in loss, with non-negative coefficients; None when the
     points cannot pin one down (fewer than three distinct steps, a loss <= 0, flat or rising
     losses, or a curvature at the edge of the search range)."""
+    import numpy as np
+
     steps, losses = as_arrays(samples)
     if np.unique(steps).size < MIN_POINTS or losses.min() <= 0.0 or np.ptp(losses) == 0.0:
         return None
@@ -145,16 +152,20 @@ def fit_loss_curve(samples: Sequence[Sample]) -> LossCurve | None:
 #: show no curvature, or only the asymptote, is left to the prior): a grid of 0.1 in log10 r,
 #: then zooms of 16x around the best point, down to a step of about 1e-7.
 LOG_R_MIN, LOG_R_MAX, GRID_POINTS, ZOOMS = -4.0, 5.0, 91, 5
-_ZOOM = np.linspace(0.0, 1.0, 33)
+#: Points of each zoom's grid, end points included.
+ZOOM_POINTS = 33
 
 
 def _search_curvature(x: np.ndarray, y: np.ndarray) -> float:
+    import numpy as np
+
+    zoom = np.linspace(0.0, 1.0, ZOOM_POINTS)
     grid = np.linspace(LOG_R_MIN, LOG_R_MAX, GRID_POINTS)
     for _ in range(ZOOMS + 1):
         best = int(np.argmin(_projected(grid, x, y)[2]))
         low, high = grid[max(best - 1, 0)], grid[min(best + 1, grid.size - 1)]
-        grid = low + (high - low) * _ZOOM
-    return float(grid[_ZOOM.size // 2])
+        grid = low + (high - low) * zoom
+    return float(grid[zoom.size // 2])
 
 
 def _projected(
@@ -162,6 +173,8 @@ def _projected(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """For each curvature 10^log_r, the best a >= 0, c >= 0 in y ~ a g + c with g = 1/(1 + r x),
     and its squared error (from sums, so that one evaluation is a handful of array operations)."""
+    import numpy as np
+
     g = 1.0 / (1.0 + np.power(10.0, log_r)[:, None] * x[None, :])
     n, sy, syy = float(y.size), float(y.sum()), float(y @ y)
     sg, sgg, sgy = g.sum(axis=1), np.einsum("ij,ij->i", g, g), g @ y

@@ -95,8 +95,20 @@ class NoOptions:
     """For a plugin without options."""
 
 
+#: describe's answers by class: a run reads each plugin's options some 10 times (its flags, each
+#: config built and checked), and the type hints are resolved once.
+_DESCRIBED: dict[type, tuple[OptionInfo, ...]] = {}
+
+
 def describe(cls: type) -> list[OptionInfo]:
     """The options a dataclass declares, in declaration order."""
+    known = _DESCRIBED.get(cls)
+    if known is None:
+        known = _DESCRIBED[cls] = tuple(_describe(cls))
+    return list(known)
+
+
+def _describe(cls: type) -> list[OptionInfo]:
     hints = typing.get_type_hints(cls)
     infos = []
     for spec in dataclasses.fields(cls):

@@ -28,9 +28,7 @@ import math
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Protocol
-
-import numpy as np
+from typing import TYPE_CHECKING, Protocol
 
 from corral.core.actions import Action, Start
 from corral.core.job import Job, JobSpec, JobStatus
@@ -48,6 +46,9 @@ from corral.core.tracefile import JobReplay
 from corral.sim.failures import AttemptFailure, NodeFailures, PhillyFailures
 from corral.sim.replay import ReplayGates
 from corral.sim.result import SimResult, Timeline
+
+if TYPE_CHECKING:
+    import numpy as np
 
 _FINISH, _FAIL, _TIMER, _NODE_DOWN, _NODE_UP, _PROGRESS, _HOLD, _NODE_CHANGE = range(8)
 
@@ -186,18 +187,19 @@ class Simulation:
         self.scheduler = scheduler
         self.failures = failures
         self.node_failures = node_failures
-        self.rng = np.random.default_rng(seed)  # job failures (the stream it always was)
-        # Failures of pre-run attempts: their own stream, so that turning pre-runs on leaves the
-        # draws of the other attempts a sequence of the same numbers.
-        self.prerun_rng = np.random.default_rng(
-            np.random.SeedSequence(seed, spawn_key=(_PRERUN_STREAM,))
-        )
-        self.node_rng = np.random.default_rng(
-            np.random.SeedSequence(seed, spawn_key=(_NODE_STREAM,))
-        )
+        # The random streams, each made when first drawn from (numpy is imported then: a run
+        # without failures never imports it): job failures (`rng`, the stream it always was),
+        # pre-run attempts' (their own stream, so that turning pre-runs on leaves the draws of
+        # the other attempts a sequence of the same numbers) and nodes' (`node_rng`).
+        self.seed = seed
+        self._rng: np.random.Generator | None = None
+        self._prerun_rng: np.random.Generator | None = None
+        self._node_rng: np.random.Generator | None = None
         #: Seconds after an attempt's start at which each job's user error shows (PhillyFailures).
         self.user_errors: dict[str, float] = {}
         if isinstance(failures, PhillyFailures):
+            import numpy as np
+
             property_rng = np.random.default_rng(
                 np.random.SeedSequence(seed, spawn_key=(_JOB_PROPERTY_STREAM,))
             )
@@ -215,6 +217,37 @@ class Simulation:
         if replay:
             ids = {spec.id for spec in self.specs}
             self.gates = ReplayGates(replay, scheduler, trace_ids=ids)
+
+    @property
+    def rng(self) -> np.random.Generator:
+        """Job failures' random stream."""
+        if self._rng is None:
+            import numpy as np
+
+            self._rng = np.random.default_rng(self.seed)
+        return self._rng
+
+    @property
+    def prerun_rng(self) -> np.random.Generator:
+        """Pre-run attempts' failures' random stream."""
+        if self._prerun_rng is None:
+            import numpy as np
+
+            self._prerun_rng = np.random.default_rng(
+                np.random.SeedSequence(self.seed, spawn_key=(_PRERUN_STREAM,))
+            )
+        return self._prerun_rng
+
+    @property
+    def node_rng(self) -> np.random.Generator:
+        """Node failures' and recoveries' random stream."""
+        if self._node_rng is None:
+            import numpy as np
+
+            self._node_rng = np.random.default_rng(
+                np.random.SeedSequence(self.seed, spawn_key=(_NODE_STREAM,))
+            )
+        return self._node_rng
 
     def _draw_failure(self, job: Job, runs_for: float, prerun: bool) -> AttemptFailure | None:
         """How the attempt the job just started fails, if it does (a pre-run: on its one

@@ -46,10 +46,12 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from corral.core.job import JobSpec
+
+if TYPE_CHECKING:
+    import numpy as np
 
 #: The reason and signature of a simulated user error: the same on every attempt of the job.
 USER_ERROR = "simulated user error"

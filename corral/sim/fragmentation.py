@@ -33,15 +33,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
-
-import numpy as np
-from rich import box
-from rich.table import Table
+from typing import TYPE_CHECKING
 
 from corral.core.cluster import MILLI, Cluster
 from corral.core.fragmentation import Workload, state_of
 from corral.core.job import Job, JobStatus
 from corral.sim.workers import RunProgress, run_in_workers, worker_count
+
+if TYPE_CHECKING:
+    import numpy as np
+    from rich.table import Table
 
 METRICS = (
     "allocated_share",
@@ -227,6 +228,8 @@ class PolicyResult:
     runs: list[RunOutcome] = field(default_factory=list)
 
     def median(self, metric: str) -> np.ndarray:
+        import numpy as np
+
         return np.median(np.array([run.curves[metric] for run in self.runs]), axis=0)
 
 
@@ -259,6 +262,8 @@ def outcome(
 
 def summarize(experiment: Experiment) -> dict[str, object]:
     """Headline numbers per placement (medians over repeats) at 100% arrived and at the end."""
+    import numpy as np
+
     grid = experiment.grid
     runs: list[dict[str, object]] = []
     for result in experiment.results:
@@ -324,6 +329,7 @@ def plot_curves(experiment: Experiment, out_png: Path) -> None:
     """Unallocated GPU, fragmentation and failed tasks against arrived workload, a line per
     placement."""
     import matplotlib
+    import numpy as np
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -371,6 +377,9 @@ def plot_curves(experiment: Experiment, out_png: Path) -> None:
 
 
 def summary_table(summary: dict[str, object]) -> Table:
+    from rich import box
+    from rich.table import Table
+
     from corral.sim.report import percent_cell  # report imports this module
 
     table = Table(

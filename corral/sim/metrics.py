@@ -8,12 +8,14 @@ judged); makespan and utilisation always cover the whole run, since they describ
 from __future__ import annotations
 
 from collections.abc import Sequence
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from corral.core.job import Job, JobStatus
 from corral.sim.jobstats import JobStats
 from corral.sim.result import SimResult, Timeline, TimelineTotals
+
+if TYPE_CHECKING:
+    import numpy as np
 
 JOB_COLUMNS: tuple[str, ...] = (
     "job_id",
@@ -55,11 +57,15 @@ def job_stats(result: SimResult) -> JobStats:
 def completion_times(result: SimResult) -> np.ndarray:
     """JCT in seconds (finish - submit) of every measured job that SUCCEEDED, in job order (of
     a streamed run: in the order they ended)."""
+    import numpy as np
+
     return np.asarray(job_stats(result).jct_s, dtype=float)
 
 
 def utilization(timeline: Timeline, total_gpus: int) -> float:
     """Time-weighted fraction of GPUs allocated between the first and last timeline points."""
+    import numpy as np
+
     if isinstance(timeline, TimelineTotals):
         span = timeline.time_s[-1] - timeline.time_s[0] if len(timeline.time_s) > 1 else 0.0
         if span <= 0.0 or total_gpus <= 0:
@@ -84,6 +90,8 @@ def utilization_while_waiting(timeline: Timeline, total_gpus: int) -> float | No
     Unlike `utilization`, it does not depend on how long the run's tail is (a makespan set by one
     long job that ran alone at the end), only on whether GPUs were left idle when there was work.
     """
+    import numpy as np
+
     if len(timeline.time_s) < 2 or total_gpus <= 0:
         return None
     if isinstance(timeline, TimelineTotals):
@@ -113,6 +121,8 @@ def useful_utilization(result: SimResult, stats: JobStats | None = None) -> floa
 def fragmentation(timeline: Timeline, total_gpus: int) -> float | None:
     """Time-weighted share of free GPUs that cannot host a job needing a whole node (the largest
     node size): free GPUs outside wholly free nodes over all free GPUs. None if nothing was free."""
+    import numpy as np
+
     if len(timeline.time_s) < 2 or len(timeline.stranded_gpus) != len(timeline.time_s):
         return None
     if isinstance(timeline, TimelineTotals):
@@ -131,6 +141,8 @@ def fragmentation(timeline: Timeline, total_gpus: int) -> float | None:
 def per_vc(result: SimResult, stats: JobStats | None = None) -> dict[str, dict[str, object]]:
     """Per tenant: jobs done, queueing (all jobs and multi-GPU ones), JCT, share of the GPU time
     used, and preemptions its jobs suffered."""
+    import numpy as np
+
     stats = stats or job_stats(result)
     used = stats.attained_gpu_s or 1.0
     out: dict[str, dict[str, object]] = {}
@@ -164,11 +176,15 @@ def deadlines(stats: JobStats) -> dict[str, object]:
 
 
 def _mean(values: Sequence[float]) -> float | None:
+    import numpy as np
+
     return float(np.mean(values)) if values else None
 
 
 def summarize(result: SimResult) -> dict[str, object]:
     """One JSON-safe object describing the run; None marks a metric with no data to define it."""
+    import numpy as np
+
     stats = job_stats(result)
     jct = np.asarray(stats.jct_s, dtype=float)
     avg_jct: float | None = None

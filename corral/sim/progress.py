@@ -21,8 +21,6 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol, overload
 
-import numpy as np
-
 from corral.core.estimate import DEFAULT_CONVERGE_FRACTION, LossCurve, Progress
 from corral.core.job import Job, JobSpec
 
@@ -115,6 +113,8 @@ class LossCurveModel:
             return self._hidden[spec.id]
         hidden = None
         if spec.duration_s is not None and spec.duration_s > 0:
+            import numpy as np
+
             job_key = zlib.crc32(spec.id.encode())
             rng = np.random.default_rng([self.seed, job_key])
             excess = float(rng.uniform(*EXCESS_RANGE))

@@ -9,11 +9,8 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import numpy as np
-from rich import box
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from corral.core.text import count_noun
 from corral.sim.fragmentation import write_curves
@@ -21,8 +18,10 @@ from corral.sim.metrics import JOB_COLUMNS, completion_times, job_rows, summariz
 from corral.sim.result import SimResult, TimelineTotals
 
 if TYPE_CHECKING:
+    import numpy as np
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
+    from rich.table import Table
 
 MAX_PLOT_POINTS = 2000
 
@@ -86,6 +85,8 @@ def downsample_step(
     equal-width time bucket, so the mean over the whole span is preserved exactly (up to rounding)
     and short spikes are averaged rather than dropped or kept at random.
     """
+    import numpy as np
+
     times = np.asarray(time_s, dtype=float)
     vals = np.asarray(values, dtype=float)
     if times.size <= max(max_points, 2):
@@ -208,6 +209,7 @@ def _label(result: SimResult) -> str:
 
 
 def _plot_jct_cdf(ax: Axes, results: list[SimResult]) -> None:
+    import numpy as np
     from matplotlib.ticker import LogFormatter
 
     class PlainLogFormatter(LogFormatter):
@@ -265,6 +267,9 @@ def _duration_cell(value: object) -> str:
 def summary_table(summaries: list[dict[str, object]]) -> Table:
     """One row per run, one column per headline metric; runs side by side for --compare.
     Durations in hours, as the README's table."""
+    from rich import box
+    from rich.table import Table
+
     table = Table(
         title="Simulation summary (durations in hours)",
         box=box.SIMPLE_HEAD,
@@ -307,6 +312,9 @@ def summary_table(summaries: list[dict[str, object]]) -> Table:
 
 def vc_table(summary: dict[str, object]) -> Table:
     """Per-VC queueing and shares of one run, with the private baseline when it was computed."""
+    from rich import box
+    from rich.table import Table
+
     per_vc = summary.get("per_vc")
     table = Table(
         title=f"Per VC: {summary.get('policy')}/{summary.get('placement')} (durations in hours)",
@@ -348,6 +356,7 @@ def vc_table(summary: dict[str, object]) -> Table:
 def plot_vc_queueing(runs: list[tuple[str, dict[str, object]]], out_png: Path) -> None:
     """Per VC, the average queueing delay under each run next to the VC alone on its own cells."""
     import matplotlib
+    import numpy as np
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -8,14 +8,14 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import numpy as np
 from rich.console import Console
 
 from corral.core.cache import CACHE_POLICIES, CacheError, DataCache
 from corral.core.cluster import MILLI, Cluster, ClusterError
 from corral.core.colocation import PairTable
-from corral.core.config import ConfigError
+from corral.core.configerror import ConfigError
 from corral.core.fragmentation import Workload, WorkloadError
 from corral.core.framework import (
     STAGES,
@@ -37,8 +37,6 @@ from corral.core.queues import QueueTree
 from corral.core.reservations import Reservation, ReservationError
 from corral.core.text import count_noun
 from corral.core.vcluster import build_virtual_cluster
-from corral.sim.colocation import gandiva_line, gandiva_summary, load_pair_table
-from corral.sim.datasets import DATASET_SCOPES, cache_line, make_cache
 from corral.sim.engine import DEFAULT_PRECHECK_REPORT_S, FailureModel, Simulation
 from corral.sim.failures import NodeFailures, PhillyFailures
 from corral.sim.fragmentation import FragmentationProbe, fragmentation_line, grid_for
@@ -51,7 +49,6 @@ from corral.sim.perfmodel import (
     load_throughputs,
 )
 from corral.sim.progress import LossCurveModel
-from corral.sim.replaydiff import ReplayCheck, compare, read_decisions
 from corral.sim.report import (
     decisions_name,
     jobs_csv_name,
@@ -61,9 +58,11 @@ from corral.sim.report import (
     write_outputs,
 )
 from corral.sim.result import SimResult, TimelineTotals
-from corral.sim.streamed import StreamedOutput
 from corral.sim.traces import Trace, TraceError, load_trace, stream_trace
 from corral.sim.workers import RunProgress, ShownProgress, run_in_workers, worker_count
+
+if TYPE_CHECKING:
+    from corral.sim.replaydiff import ReplayCheck
 
 
 class SimulationError(ValueError):
@@ -254,12 +253,28 @@ def service_history(settings: RunSettings, jobs: list[JobSpec]) -> list[float]:
     return samples
 
 
+#: config_for's answers, by the id of the settings' scheduler config (kept beside the answer, so
+#: that an id reused by a later object is told apart), the policy and its changes: a run asks for
+#: a policy's config some 5 times, each a build and check of every option (8 ms).
+_CONFIGS: dict[tuple[int, str, str], tuple[SchedulerConfig, SchedulerConfig]] = {}
+_CONFIGS_KEPT = 64
+
+
 def config_for(settings: RunSettings, policy: str) -> SchedulerConfig:
     changes = settings.policy_changes.get(policy)
+    key = (id(settings.scheduler), policy, repr(changes))
+    known = _CONFIGS.get(key)
+    if known is not None and known[0] is settings.scheduler:
+        return known[1]
     if not changes:
-        return settings.scheduler.with_policy(policy)
-    mapping = merge(settings.scheduler.to_mapping(), changes)
-    return config_from_mapping(mapping | {"policy": policy})
+        config = settings.scheduler.with_policy(policy)
+    else:
+        mapping = merge(settings.scheduler.to_mapping(), changes)
+        config = config_from_mapping(mapping | {"policy": policy})
+    if len(_CONFIGS) >= _CONFIGS_KEPT:
+        _CONFIGS.clear()
+    _CONFIGS[key] = (settings.scheduler, config)
+    return config
 
 
 def shared_data_file(relative: str) -> Path | None:
@@ -342,6 +357,8 @@ def check_cache_settings(settings: RunSettings) -> None:
         raise SimulationError(
             f"--cache-policy: unknown {settings.cache_policy!r}; choose {', '.join(CACHE_POLICIES)}"
         )
+    from corral.sim.datasets import DATASET_SCOPES
+
     if settings.datasets not in DATASET_SCOPES:
         raise SimulationError(
             f"--datasets: unknown {settings.datasets!r}; choose {', '.join(DATASET_SCOPES)}"
@@ -384,6 +401,8 @@ def assign_tenants(
                 f"it defines {', '.join(sorted(vcs))}"
             )
     if settings.opportunistic_share > 0:
+        import numpy as np
+
         rng = np.random.default_rng(settings.seed)
         marks = rng.random(len(jobs)) < settings.opportunistic_share
         jobs = [
@@ -404,6 +423,8 @@ def with_deadlines(
     )
     if not wanted:
         return jobs
+    import numpy as np
+
     low, high = settings.deadline_factor or DEFAULT_DEADLINE_FACTOR
     factors = np.random.default_rng([settings.seed, 0xEDF]).uniform(low, high, len(jobs))
     return [
@@ -666,6 +687,8 @@ def _prepare(settings: RunSettings, console: Console) -> _Prepared:
     if "packing" in settings.scheduler.core.stages:
         if trace.perf is None or not trace.perf.has_throughputs:
             raise SimulationError("stage packing: needs a trace with a throughput table (gavel)")
+        from corral.sim.colocation import load_pair_table
+
         pair_table = load_pair_table(trace.perf.source)
     cluster, vcs, quota, tree = build_cluster_queues(settings, trace)
     if tree is not None:  # an admission that cannot run with departments, before any run
@@ -744,6 +767,9 @@ def _run_policy(
     table, workload = prepared.table, prepared.workload
     run_cluster, _, _, tree = build_cluster_queues(settings, trace)
     type_log = TypeLog()  # which GPU type each job ran on, for the best-type share
+    from corral.sim.colocation import gandiva_summary
+    from corral.sim.datasets import make_cache
+
     cache = (
         None
         if settings.cache_gb_per_node is None
@@ -849,6 +875,8 @@ def _run_policy(
 
 def check_replay(trace: Trace, simulation: Simulation, result: SimResult, log: Path) -> ReplayCheck:
     """The replay's decisions against the manager's log (corral.sim.replaydiff)."""
+    from corral.sim.replaydiff import compare, read_decisions
+
     try:
         live = read_decisions(log)
     except (OSError, ValueError) as exc:
@@ -1038,6 +1066,9 @@ def _run_streamed(
         settings, run_cluster, prepared.vcs, prepared.quota, config, prepared.speed_for, []
     )
     reserve_all(settings, scheduler)
+    from corral.sim.colocation import gandiva_summary
+    from corral.sim.streamed import StreamedOutput
+
     jobs_csv = prepared.jobs_csv[number]
     with StreamedOutput(
         out / jobs_csv,
@@ -1085,6 +1116,9 @@ def _run(
         results, multi_tenant = _simulate_streamed(settings, console, out), False
     else:
         results, multi_tenant = _simulate(settings, console)
+    from corral.sim.colocation import gandiva_line
+    from corral.sim.datasets import cache_line
+
     summaries = write_outputs(results, out, plot)
     console.print(summary_table(summaries))
     for summary in summaries:

@@ -12,7 +12,6 @@ process is gone (killed without a chance to stop them) ends within `POLL_S`.
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import pickle
 import queue
@@ -20,9 +19,10 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from rich.progress import Progress, TaskID
+if TYPE_CHECKING:
+    from rich.progress import Progress, TaskID
 
 R = TypeVar("R")
 S = TypeVar("S")
@@ -102,6 +102,8 @@ def run_in_workers(
     taken; the results in the order of `labels`. `setup` and `run` must be picklable
     (module-level functions, or functools.partial of them, with picklable arguments), and so
     must the results. A run's error is raised here again, with the worker's traceback as cause."""
+    import multiprocessing  # (here: a run in one process does without it)
+
     context = multiprocessing.get_context("spawn")
     tasks = context.Queue()
     messages = context.Queue()

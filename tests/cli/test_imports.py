@@ -233,3 +233,42 @@ def test_the_simulator_runs_blas_on_one_thread() -> None:
     assert (value, threads) == ("2", 2), output
     value, threads, output = blas_threads_after(["--help"], {})
     assert value == "-" and threads > 1, output  # (numpy's default: a thread per CPU)
+
+
+#: What `corral simulate` on a cluster of one GPU type (the --cluster shorthand) imports before
+#: its first event: none of these. numpy comes with what uses it (heterogeneous placement,
+#: failures' random draws, deadlines, the summary's percentiles after the run), pydantic with a
+#: cluster config file (corral.core.config's models) and typer with `--help` or a line typer
+#: must read (corral.cli.simargs); some 350 ms of CPU of a start that takes under 300 without.
+SIM_START_NEVER = ("numpy", "pydantic", "pydantic_core", "typer", "scipy", "yaml")
+
+
+def loaded_at_first_event(args: list[str]) -> tuple[set[str], str]:
+    """The modules loaded when `corral simulate ARGS` (a fresh interpreter) begins its first
+    simulation, which it then leaves (nothing run, nothing written)."""
+    code = (
+        "import os, sys\n"
+        "import corral.sim.engine as engine\n"
+        "def run(self, *args, **kwargs):\n"
+        "    sys.stderr.write('MODULES ' + ' '.join(sys.modules) + '\\n')\n"
+        "    sys.stderr.flush()\n"
+        "    os._exit(0)\n"
+        "engine.Simulation.run = run\n"
+        "from corral.cli.main import run\n"
+        f"sys.argv = ['corral', 'simulate', *{args!r}]\n"
+        "run()\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    lines = [line for line in done.stderr.splitlines() if line.startswith("MODULES ")]
+    assert lines, done.stdout + done.stderr
+    return set(lines[0].split()[1:]), done.stdout + done.stderr
+
+
+def test_a_simulation_starts_without_numpy_pydantic_or_typer(tmp_path: Path) -> None:
+    trace = Path(__file__).parents[1] / "sim" / "fixtures" / "tiresias-300.csv"
+    args = ["--trace", f"tiresias:{trace}", "--cluster", "8x8", "--policy", "las"]
+    modules, output = loaded_at_first_event([*args, "--out", str(tmp_path)])
+    assert "300 jobs on 8 nodes" in output  # (it read the trace and built the cluster)
+    assert "corral.sim.runner" in modules, output
+    loaded = sorted(m for m in modules if m.split(".")[0] in SIM_START_NEVER)
+    assert loaded == [], loaded

@@ -7,7 +7,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from corral.core.admission.base import AdmissionScheme, Assembly
-from corral.core.elastic import ElasticScheduler
 from corral.core.options import option
 from corral.core.plugin import needs
 from corral.core.protocol import SchedulerCore
@@ -35,6 +34,9 @@ class ElasticFlow(AdmissionScheme):
 
     @classmethod
     def build(cls, options: Any, parts: Assembly) -> SchedulerCore:
+        # (here: its scheduler's module, some 10 ms of imports, only for a run that uses it)
+        from corral.core.elastic import ElasticScheduler
+
         services = parts.services
         needs(services.throughput, "admission elasticflow", "a throughput table (a gavel trace)")
         assert services.throughput is not None

@@ -45,8 +45,6 @@ from dataclasses import dataclass, field, replace
 from itertools import islice
 from typing import Any
 
-import numpy as np
-
 from corral.core.cluster import Cluster
 from corral.core.gputypes import equal_share_speed, representative_gpus, type_speeds
 from corral.core.job import Job
@@ -114,6 +112,8 @@ def assign_types(
 ) -> list[str | None]:
     """The min-cost matching itself: `options` gives each job's GPUs and its run time on each
     type it may be matched to (none: the job gets None)."""
+    import numpy as np
+
     types = sorted(t for t, c in capacity.items() if c > 0)
     rows = [i for i, (_, times) in enumerate(options) if times]
     result: list[str | None] = [None] * len(options)

@@ -16,9 +16,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Sequence
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from corral.core.job import Job, JobStatus
 from corral.core.plugin import Services, needs
@@ -26,9 +24,14 @@ from corral.core.policy.base import Key, Policy, tie_break
 from corral.core.policy.gittins_options import GittinsOptions as GittinsOptions
 from corral.core.policy.las import DEFAULT_THRESHOLDS_GPU_S, tiresias_wake, tiresias_wake_bound
 
+if TYPE_CHECKING:
+    import numpy as np
+
 
 def gittins_index(samples_sorted: np.ndarray, attained: float) -> float:
     """Gittins index of a job with `attained` service under the empirical distribution."""
+    import numpy as np
+
     start = int(np.searchsorted(samples_sorted, attained, side="right"))
     remaining = samples_sorted[start:] - attained
     count = remaining.size
@@ -44,6 +47,8 @@ def gittins_index(samples_sorted: np.ndarray, attained: float) -> float:
 def gittins_index_fixed(samples_sorted: np.ndarray, attained: float, delta: float) -> float:
     """The index for one fixed quantum `delta` instead of the best one (Tiresias's simulator
     uses a static quantum): P(S - a <= delta | S > a) / E[min(S - a, delta) | S > a]."""
+    import numpy as np
+
     start = int(np.searchsorted(samples_sorted, attained, side="right"))
     remaining = samples_sorted[start:] - attained
     if remaining.size == 0:
@@ -61,6 +66,8 @@ def tiresias_rank(samples_sorted: np.ndarray, attained: float, delta: float) -> 
     E = (sum of the samples in I but not J + delta |J|) // |I| (integer division, as its Python
     2 divides integers), index = P 10^6 / E rounded to 4 digits; 0 beyond the largest sample
     less one. `samples_sorted`: whole numbers."""
+    import numpy as np
+
     count = samples_sorted.size
     largest = float(samples_sorted[-1])
     if attained > largest - 1:
@@ -110,6 +117,8 @@ class Gittins(Policy):
         demote_at_rounds: bool = False,
         formula: str = "gittins",
     ) -> None:
+        import numpy as np
+
         samples = np.sort(np.asarray([s for s in service_samples_gpu_s if s > 0], dtype=float))
         if samples.size == 0:
             raise ValueError("Gittins needs at least one positive service sample")

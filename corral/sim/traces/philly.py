@@ -9,7 +9,6 @@ their own preemptions and retries.
 
 from __future__ import annotations
 
-import gzip
 import json
 from collections import Counter
 from pathlib import Path
@@ -95,6 +94,8 @@ def read(location: str, *, perf: PerfModel | None = None, seed: int = 0, **optio
 
 
 def _load_json(path: Path, name: str) -> list[Any]:
+    import gzip
+
     opener = gzip.open if path.suffix == ".gz" else open
     try:
         with opener(path, "rt", encoding="utf-8") as handle:

@@ -31,9 +31,7 @@ from __future__ import annotations
 import math
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from corral.core.job import JobSpec
 from corral.core.text import count_noun
@@ -48,6 +46,9 @@ from corral.sim.traces.base import (
     number,
 )
 from corral.sim.traces.philly_runtimes import PHILLY_RUNTIME_QUANTILES
+
+if TYPE_CHECKING:
+    import numpy as np
 
 # Number of jobs of each GPU count in the Gavel/MSR Philly-derived workload
 # (stanford-futuredata/gavel, scheduler/traces/msr/seed=0/*.trace, column 7 "scale_factor"),
@@ -86,6 +87,8 @@ KEYS = ("jobs", "load", "gpus", "seed", "max_gpus", "runtimes", "models")
 
 
 def read(location: str, *, perf: PerfModel | None = None, seed: int = 0, **options: Any) -> Trace:
+    import numpy as np
+
     keys = _parse_keys(location, options)
     where = "synthetic"
     jobs = integer(keys.get("jobs", 1000), where, "jobs", positive=True)
@@ -147,12 +150,16 @@ def read(location: str, *, perf: PerfModel | None = None, seed: int = 0, **optio
 def fitted_runtimes(rng: np.random.Generator, count: int) -> np.ndarray:
     """`count` run times (seconds) from Philly's fitted quantile table: u uniform on [0, 1),
     log(run time) interpolated linearly between the table's (p, log quantile) points."""
+    import numpy as np
+
     probabilities, seconds = _fitted_table()
     return np.exp(np.interp(rng.random(count), probabilities, seconds))
 
 
 @lru_cache(maxsize=1)
 def _fitted_table() -> tuple[np.ndarray, np.ndarray]:
+    import numpy as np
+
     table = np.array(PHILLY_RUNTIME_QUANTILES, dtype=float)
     return table[:, 0], np.log(table[:, 1])
 
@@ -207,6 +214,8 @@ def _runtime_path(given: object) -> Path:
 @lru_cache(maxsize=4)
 def _runtime_pool(path: str, mtime_ns: int) -> np.ndarray:
     """The positive run times of the file (zero-length jobs dropped); cached per file version."""
+    import numpy as np
+
     values: list[float] = []
     for line, row in csv_records(Path(path), ("runtime",)):
         raw = row["runtime"]
