@@ -208,17 +208,9 @@ class Timers:
             return  # the job stopped or changed since: its key was taken then
         self.held_at.pop(seq, None)
         job = self._by_seq[seq]
-        policy = self.policy
         rounds = self._held_rounds
-        last = rounds[-1]
-        position = bisect.bisect_left(rounds, at)
-        when = rounds[position]
-        while True:  # as `set` would time it at that round
-            then = max(policy.key_changes_at(job, when), when)
-            if then > last or then == when:
-                break
-            position = bisect.bisect_left(rounds, then, position)
-            when = rounds[position]
+        # the chain of timers `set` would time at each round, followed by the policy
+        when = self.policy.held_rekey_at(job, rounds, bisect.bisect_left(rounds, at))
         self.host.rekey(job, when)  # which sets its next timer, after the last round
 
     def _take_idle(self, job: Job, at: float, until: float) -> None:
