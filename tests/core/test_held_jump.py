@@ -1,6 +1,7 @@
-"""`Gittins.held_rekey_at` (its jump to the end of a held chain of key changes, then its own
-loop) answers exactly as `Policy.held_rekey_at`, which follows the chain one round at a time
-through `key_changes_at` (corral.core.timers, `_replay`): on random chains whose instants are
+"""`Gittins.held_rekey` (its jump to the end of a held chain of key changes, then its own loop)
+answers exactly as `Policy.held_rekey_at`, which follows the chain one round at a time through
+`key_changes_at` (corral.core.timers, `_replay`), with the key and next change `key` and
+`key_changes_at` give at that round: on random chains whose instants are
 whole seconds, where a level's crossing falls on a round (the Tiresias preset's integer
 traces), and on chains of fractional instants."""
 
@@ -87,8 +88,10 @@ def test_the_jump_lands_where_the_rounds_would(whole: bool) -> None:
     jumped = 0
     for _ in range(5000):
         job, rounds, position = one_chain(rng, policy, whole)
-        expected = Policy.held_rekey_at(policy, job, rounds, position)
-        assert policy.held_rekey_at(job, rounds, position) == expected, (rounds, position)
+        when = Policy.held_rekey_at(policy, job, rounds, position)
+        # and the key and next change there, as `key` and `key_changes_at` give them
+        expected = (when, policy.stored_key(job, when), policy.key_changes_at(job, when))
+        assert policy.held_rekey(job, rounds, position) == expected, (rounds, position)
         started, attained, gpus = job.run_started_at or 0.0, job.attained_gpu_s, job.spec.gpus
         if policy._held_jump(rounds, position, started, attained, gpus) > position:
             jumped += 1

@@ -84,6 +84,13 @@ class Policy(OptionsMixin):
             position = bisect.bisect_left(rounds, then, position)
             when = rounds[position]
 
+    def held_rekey(
+        self, job: Job, rounds: Sequence[float], position: int
+    ) -> tuple[float, Key, float]:
+        """`held_rekey_at`, with the job's `stored_key` and `key_changes_at` at that round."""
+        when = self.held_rekey_at(job, rounds, position)
+        return when, self.stored_key(job, when), self.key_changes_at(job, when)
+
     def wakes_at(self, job: Job, now: float) -> float:
         """Where key changes do not wake the scheduler (`rekey_wakes` False): an instant at which
         it should still wake for this running job, its key change then taken if due; inf: none.

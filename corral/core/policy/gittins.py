@@ -180,13 +180,20 @@ class Gittins(Policy):
         return now + (grid[position] - attained) / job.spec.gpus
 
     def held_rekey_at(self, job: Job, rounds: Sequence[float], position: int) -> float:
-        """`Policy.held_rekey_at`, from a round the chain passes through late in it
+        return self.held_rekey(job, rounds, position)[0]
+
+    def held_rekey(
+        self, job: Job, rounds: Sequence[float], position: int
+    ) -> tuple[float, Key, float]:
+        """`Policy.held_rekey`, from a round the chain passes through late in it
         (`_held_jump`), then `key_changes_at` written out in the loop, the same arithmetic in
-        the same order: under the Tiresias preset a running job crosses many of its 1,000
-        levels between two reads of the running keys, one round each."""
+        the same order (under the Tiresias preset a running job crosses many of its 1,000
+        levels between two reads of the running keys, one round each); the key and the next
+        change at its last round are `key`'s and `key_changes_at`'s, from the loop's last
+        sums."""
         started = job.run_started_at
         if job.status is not JobStatus.RUNNING or started is None:
-            return rounds[position]  # its key never changes: `key_changes_at` is inf
+            return Policy.held_rekey(self, job, rounds, position)
         base = job.attained_gpu_s
         gpus = job.spec.gpus
         grid = self.grid
@@ -197,13 +204,16 @@ class Gittins(Policy):
         while True:
             attained = base + gpus * max(0.0, when - started)  # `Job.attained_at`
             above = bisect.bisect_right(grid, attained + 1e-6)  # the next level's
-            if above >= levels:
-                return when
-            then = when + (grid[above] - attained) / gpus
+            then = when + (grid[above] - attained) / gpus if above < levels else math.inf
             if then > last or then <= when:  # (`max(then, when) == when`)
-                return when
+                break
             position = bisect.bisect_left(rounds, then, position)
             when = rounds[position]
+        index = self.index_at[above - 1]
+        if self.queues:
+            queue = bisect.bisect_right(self.thresholds, attained + 1e-6)
+            return when, (queue, -index, job.spec.submit_time, job.seq), then
+        return when, (-index, job.spec.submit_time, job.seq), then
 
     def _held_jump(
         self, rounds: Sequence[float], position: int, started: float, base: float, gpus: int
