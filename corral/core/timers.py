@@ -19,9 +19,10 @@ policy allows it (`Policy.pure_rekeys`): nothing reads a running job's key then 
 job to place, and `running_jobs` takes them first). The rounds they came due at are noted, and
 once a job waits again (or something asks for the running jobs) each job's key is taken at the
 last round its chain of timers came due at (`_replay`): its timers are followed through the
-noted rounds by `key_changes_at` alone, and the job is re-keyed once, as the rounds would have
-left it. Under the Tiresias preset's Gittins index, whose key changes at each of 1,000 levels,
-those re-keys were most of a run.
+noted rounds by `key_changes_at` alone (`Policy.held_rekey`, which Gittins answers by jumping
+to the chain's end where no float's rounding can change it), and the job is re-keyed once, as
+the rounds would have left it. Under the Tiresias preset's Gittins index, whose key changes at
+each of 1,000 levels, those re-keys were most of a run.
 
 A policy's own wake-ups, where key changes do not wake (`Policy.wakes_at`), are bounded per
 running attempt (`Policy.wake_bound`) and searched lazily (`earliest_wake`), so that a round asks
@@ -193,7 +194,8 @@ class Timers:
         due is re-keyed at the first of them at or after its instant, which sets its next timer,
         and so on. Only the last of those re-keys shows (the policy's re-keys read the job and
         the instant only, `Policy.pure_rekeys`, and no job waited to read the keys between), so
-        the chain is followed by `key_changes_at` alone and the job re-keyed once, at its end."""
+        the chain is followed by `key_changes_at` alone (`Policy.held_rekey`) and the job
+        re-keyed once, at its end."""
         held = self._held
         self._held = []
         held.sort()  # the earliest first, as a heap would give them
