@@ -611,7 +611,17 @@ class SchedulerState:
         else:
             self._rekey_running(job, now)
 
-    def _rekey_running(self, job: Job, now: float) -> None:
+    def rekey_to(self, job: Job, now: float, key: Key, changes_at: float) -> None:
+        """`rekey`, given the policy's `stored_key` and `key_changes_at` of the job at `now`
+        (the timers' held key changes, corral.core.timers)."""
+        if job.status is JobStatus.PENDING:
+            self.rekey(job, now)
+        else:
+            self._rekey_running(job, now, key, changes_at)
+
+    def _rekey_running(
+        self, job: Job, now: float, key: Key | None = None, changes_at: float | None = None
+    ) -> None:
         """Re-key a running job at its timer. The walk of a round is unchanged unless a waiting
         job's key lies between the old and the new one (the job joins or leaves its victims, and
         the lowest running key moves past it only then), or a placement was tried while
@@ -620,11 +630,13 @@ class SchedulerState:
         a waiting job of the queue the job leaves or enters may preempt it now, or no more."""
         quiet = self._quiet
         old = self._stored[job.seq]
-        new = (-job.spec.level, *self.policy.stored_key(job, now), job.seq)  # as `_index` does
+        if key is None:
+            key = self.policy.stored_key(job, now)
+        new = (-job.spec.level, *key, job.seq)  # as `_index` does
         self._stored[job.seq] = new
         self._running.replace(old, new)
         self._quiet = None
-        self.timers.set(job, now)
+        self.timers.set(job, now, changes_at)
         self._running_rekeyed(old, new)  # who may now preempt it, and could not before
         if quiet is None or quiet[2]:
             return

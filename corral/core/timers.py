@@ -19,9 +19,10 @@ policy allows it (`Policy.pure_rekeys`): nothing reads a running job's key then 
 job to place, and `running_jobs` takes them first). The rounds they came due at are noted, and
 once a job waits again (or something asks for the running jobs) each job's key is taken at the
 last round its chain of timers came due at (`_replay`): its timers are followed through the
-noted rounds by `key_changes_at` alone, and the job is re-keyed once, as the rounds would have
-left it. Under the Tiresias preset's Gittins index, whose key changes at each of 1,000 levels,
-those re-keys were most of a run.
+noted rounds by `key_changes_at` alone (`Policy.held_rekey`, which Gittins answers by jumping
+to the chain's end where no float's rounding can change it), and the job is re-keyed once, as
+the rounds would have left it. Under the Tiresias preset's Gittins index, whose key changes at
+each of 1,000 levels, those re-keys were most of a run.
 
 A policy's own wake-ups, where key changes do not wake (`Policy.wakes_at`), are bounded per
 running attempt (`Policy.wake_bound`) and searched lazily (`earliest_wake`), so that a round asks
@@ -43,7 +44,7 @@ if TYPE_CHECKING:
     from corral.core.job import Job
     from corral.core.lifecycle import Lifecycle
     from corral.core.placement.base import Placement
-    from corral.core.policy.base import Policy
+    from corral.core.policy.base import Key, Policy
 
 #: A timer: (instant, job seq, the job's timer version when it was set).
 Timer = tuple[float, int, int]
@@ -52,6 +53,10 @@ Timer = tuple[float, int, int]
 class TimerHost(Protocol):
     def rekey(self, job: Job, now: float) -> None:
         """Re-key the job in its queue at its timer (which sets its next one)."""
+        ...
+
+    def rekey_to(self, job: Job, now: float, key: Key, changes_at: float) -> None:
+        """`rekey`, given the policy's `stored_key` and `key_changes_at` of the job at `now`."""
         ...
 
 
@@ -86,16 +91,18 @@ class Timers:
         self._wake_bounds: list[Timer] = []
         #: Lazy timers may be held back while no job waits (`_replay`).
         self.holds = not policy.rekey_wakes and policy.pure_rekeys
-        #: Lazy timers of running jobs held back, and the instants of the rounds since the first.
+        #: Lazy timers of running jobs held back (in the order they came due, not sorted), and
+        #: the instants of the rounds since the first.
         self._held: list[Timer] = []
         self._held_rounds: list[float] = []
         #: Each running job's timer held back, by seq (stale ones are dropped as they are met).
         self.held_at: dict[int, Timer] = {}
 
-    def set(self, job: Job, now: float) -> None:
+    def set(self, job: Job, now: float, changes_at: float | None = None) -> None:
         """The job's one timer (a later one replaces it): the earliest instant its key, placement
-        mode, backoff or lifecycle timer changes."""
-        at = self.policy.key_changes_at(job, now)
+        mode, backoff or lifecycle timer changes (`changes_at`: the policy's `key_changes_at`,
+        when the caller has it)."""
+        at = self.policy.key_changes_at(job, now) if changes_at is None else changes_at
         lazy = idle = math.inf
         if not self.policy.rekey_wakes:
             lazy, at = at, math.inf
@@ -144,7 +151,7 @@ class Timers:
                 if by_seq[seq].status is not JobStatus.RUNNING:
                     waiting.append(timer)  # a waiting job's: taken below, as always
                     continue
-                heapq.heappush(held, timer)
+                held.append(timer)  # (sorted when taken, `_replay`)
                 held_at[seq] = timer
             for timer in waiting:
                 heapq.heappush(lazy, timer)
@@ -187,10 +194,12 @@ class Timers:
         due is re-keyed at the first of them at or after its instant, which sets its next timer,
         and so on. Only the last of those re-keys shows (the policy's re-keys read the job and
         the instant only, `Policy.pure_rekeys`, and no job waited to read the keys between), so
-        the chain is followed by `key_changes_at` alone and the job re-keyed once, at its end."""
+        the chain is followed by `key_changes_at` alone (`Policy.held_rekey`) and the job
+        re-keyed once, at its end."""
         held = self._held
-        while held:
-            timer = heapq.heappop(held)
+        self._held = []
+        held.sort()  # the earliest first, as a heap would give them
+        for timer in held:
             self._take_held(timer)
         self.held_at.clear()
         self._held_rounds.clear()
@@ -208,18 +217,12 @@ class Timers:
             return  # the job stopped or changed since: its key was taken then
         self.held_at.pop(seq, None)
         job = self._by_seq[seq]
-        policy = self.policy
         rounds = self._held_rounds
-        last = rounds[-1]
-        position = bisect.bisect_left(rounds, at)
-        when = rounds[position]
-        while True:  # as `set` would time it at that round
-            then = max(policy.key_changes_at(job, when), when)
-            if then > last or then == when:
-                break
-            position = bisect.bisect_left(rounds, then, position)
-            when = rounds[position]
-        self.host.rekey(job, when)  # which sets its next timer, after the last round
+        # the chain of timers `set` would time at each round, followed by the policy
+        when, key, changes_at = self.policy.held_rekey(job, rounds, bisect.bisect_left(rounds, at))
+        self.host.rekey_to(
+            job, when, key, changes_at
+        )  # which sets its next timer, after the last round
 
     def _take_idle(self, job: Job, at: float, until: float) -> None:
         """Take a running job's key changes from `at` up to `until`, each at its own instant."""

@@ -11,7 +11,9 @@ running one.
 
 from __future__ import annotations
 
+import bisect
 import math
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from corral.core.compiled import mypyc_attr
@@ -66,6 +68,28 @@ class Policy(OptionsMixin):
     def key_changes_at(self, job: Job, now: float) -> float:
         """The next instant at which this job's key may change; inf when it never does."""
         return math.inf
+
+    def held_rekey_at(self, job: Job, rounds: Sequence[float], position: int) -> float:
+        """Of `rounds` (sorted instants), the last at which rounds one after the other would
+        re-key a running job whose key change came due at `rounds[position]` (a
+        `pure_rekeys` policy's changes held back, corral.core.timers): at each such round its
+        next change is `key_changes_at`, taken at the first round at or after it. A policy
+        may answer at less cost, never otherwise."""
+        last = rounds[-1]
+        when = rounds[position]
+        while True:
+            then = max(self.key_changes_at(job, when), when)
+            if then > last or then == when:
+                return when
+            position = bisect.bisect_left(rounds, then, position)
+            when = rounds[position]
+
+    def held_rekey(
+        self, job: Job, rounds: Sequence[float], position: int
+    ) -> tuple[float, Key, float]:
+        """`held_rekey_at`, with the job's `stored_key` and `key_changes_at` at that round."""
+        when = self.held_rekey_at(job, rounds, position)
+        return when, self.stored_key(job, when), self.key_changes_at(job, when)
 
     def wakes_at(self, job: Job, now: float) -> float:
         """Where key changes do not wake the scheduler (`rekey_wakes` False): an instant at which

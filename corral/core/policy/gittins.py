@@ -84,6 +84,10 @@ def tiresias_rank(samples_sorted: np.ndarray, attained: float, delta: float) -> 
     return round(probability * 1_000_000 / expected, 4) if expected > 0 else math.inf
 
 
+#: How far apart (seconds) the instants `Gittins._held_jump` compares must lie for it to answer.
+_HELD_EPS = 1e-6
+
+
 class Gittins(Policy):
     name = "gittins"
     summary = "Tiresias's 2D-Gittins: the job likeliest to finish per GPU-second spent first"
@@ -183,6 +187,97 @@ class Gittins(Policy):
         if position >= len(grid):
             return math.inf
         return now + (grid[position] - attained) / job.spec.gpus
+
+    def held_rekey_at(self, job: Job, rounds: Sequence[float], position: int) -> float:
+        return self.held_rekey(job, rounds, position)[0]
+
+    def held_rekey(
+        self, job: Job, rounds: Sequence[float], position: int
+    ) -> tuple[float, Key, float]:
+        """`Policy.held_rekey`, from a round the chain passes through late in it
+        (`_held_jump`), then `key_changes_at` written out in the loop, the same arithmetic in
+        the same order (under the Tiresias preset a running job crosses many of its 1,000
+        levels between two reads of the running keys, one round each); the key and the next
+        change at its last round are `key`'s and `key_changes_at`'s, from the loop's last
+        sums."""
+        started = job.run_started_at
+        if job.status is not JobStatus.RUNNING or started is None:
+            return Policy.held_rekey(self, job, rounds, position)
+        base = job.attained_gpu_s
+        gpus = job.spec.gpus
+        grid = self.grid
+        levels = len(grid)
+        last = rounds[-1]
+        position = self._held_jump(rounds, position, started, base, gpus)
+        when = rounds[position]
+        while True:
+            attained = base + gpus * max(0.0, when - started)  # `Job.attained_at`
+            above = bisect.bisect_right(grid, attained + 1e-6)  # the next level's
+            then = when + (grid[above] - attained) / gpus if above < levels else math.inf
+            if then > last or then <= when:  # (`max(then, when) == when`)
+                break
+            position = bisect.bisect_left(rounds, then, position)
+            when = rounds[position]
+        index = self.index_at[above - 1]
+        if self.queues:
+            queue = bisect.bisect_right(self.thresholds, attained + 1e-6)
+            return when, (queue, -index, job.spec.submit_time, job.seq), then
+        return when, (-index, job.spec.submit_time, job.seq), then
+
+    def _held_jump(
+        self, rounds: Sequence[float], position: int, started: float, base: float, gpus: int
+    ) -> int:
+        """Where in `rounds` the chain of `held_rekey_at` from `position` ends, where no
+        float's rounding can change that; else where it ends in the rounds up to one before
+        those the rounding may concern (a round it passes through: it takes the same steps
+        there); else `position`.
+
+        The job's attained service grows as a(t) = base + gpus (t - started), so it reaches
+        level L at c(L) = started + (L - base) / gpus. A round w re-keys the job and sets its
+        next change at c(L) for the first level L above a(w) + 1e-6, taken by the first round
+        at or after it. With M the highest level the last round reached (c(M) <= last <
+        c(M + 1)), the chain ends at the first round at or after c(M), or at its first round
+        if that is later: no round re-keys it for M + 1, and one before c(M) leaves M as its
+        next change, which a later round takes. That holds for the floats the chain computes
+        where no instant it compares lies within `_HELD_EPS` of another it is compared with: a
+        round near c(M) (or within 1e-6 of service before it, where a round's 1e-6 takes M
+        early), or the last round near c(M) or c(M + 1)."""
+        eps = _HELD_EPS
+        grid = self.grid
+        first = rounds[position]
+        end = len(rounds) - 1
+        for _ in range(2):
+            last = rounds[end]
+            # The chain's own steps move on (w + (L - a) / gpus > w), and the errors of its
+            # sums and of those below stay far under eps.
+            if math.ulp(last) * gpus >= 2.5e-7 or last < started:
+                return position
+            attained_last = base + gpus * (last - started)
+            if math.ulp(attained_last) >= 1e-8:
+                return position
+            top = bisect.bisect_right(grid, attained_last) - 1  # M: the highest level reached
+            if top < 0:
+                return position
+            reached = started + (grid[top] - base) / gpus
+            low = reached - 1e-6 / gpus - eps
+            if top + 1 < len(grid):
+                after = started + (grid[top + 1] - base) / gpus
+            else:
+                after = math.inf
+            if reached <= last - eps and after > last + eps:
+                if reached + eps < first:
+                    return position  # M was reached before its first round
+                if low >= first:
+                    found = bisect.bisect_left(rounds, low, position, end)
+                    if rounds[found] > reached + eps:
+                        return found
+            # A round lies near c(M), or the last one near c(M) or c(M + 1): the chain up to
+            # the round before them.
+            end = bisect.bisect_left(rounds, min(low, after - 1e-6 / gpus - eps), position, end)
+            end -= 1
+            if end < position:
+                return position
+        return position
 
     def describe_key(self, job: Job, now: float) -> str:
         return f"Gittins index {self.index(job, now):.3g}"
