@@ -62,6 +62,16 @@ DEFAULT_PRECHECK_REPORT_S = 60.0
 _NODE_STREAM, _JOB_PROPERTY_STREAM, _PRERUN_STREAM = 1, 2, 3
 
 
+def _stream(seed: int, key: int | None = None) -> np.random.Generator:
+    """The run's random stream `key` of its seed (None: `default_rng(seed)` itself); numpy is
+    imported here, when a run first draws."""
+    import numpy as np
+
+    if key is None:
+        return np.random.default_rng(seed)
+    return np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(key,)))
+
+
 class RoundObserver(Protocol):
     """Looks at the cluster after each round (a fragmentation probe, corral.sim.fragmentation)."""
 
@@ -198,11 +208,7 @@ class Simulation:
         #: Seconds after an attempt's start at which each job's user error shows (PhillyFailures).
         self.user_errors: dict[str, float] = {}
         if isinstance(failures, PhillyFailures):
-            import numpy as np
-
-            property_rng = np.random.default_rng(
-                np.random.SeedSequence(seed, spawn_key=(_JOB_PROPERTY_STREAM,))
-            )
+            property_rng = _stream(seed, _JOB_PROPERTY_STREAM)
             self.user_errors = failures.user_errors(self.specs, property_rng)
         #: (time, node, True: failed / False: recovered), in order, as the run applied them.
         self.node_log: list[tuple[float, int, bool]] = []
@@ -222,31 +228,21 @@ class Simulation:
     def rng(self) -> np.random.Generator:
         """Job failures' random stream."""
         if self._rng is None:
-            import numpy as np
-
-            self._rng = np.random.default_rng(self.seed)
+            self._rng = _stream(self.seed)
         return self._rng
 
     @property
     def prerun_rng(self) -> np.random.Generator:
         """Pre-run attempts' failures' random stream."""
         if self._prerun_rng is None:
-            import numpy as np
-
-            self._prerun_rng = np.random.default_rng(
-                np.random.SeedSequence(self.seed, spawn_key=(_PRERUN_STREAM,))
-            )
+            self._prerun_rng = _stream(self.seed, _PRERUN_STREAM)
         return self._prerun_rng
 
     @property
     def node_rng(self) -> np.random.Generator:
         """Node failures' and recoveries' random stream."""
         if self._node_rng is None:
-            import numpy as np
-
-            self._node_rng = np.random.default_rng(
-                np.random.SeedSequence(self.seed, spawn_key=(_NODE_STREAM,))
-            )
+            self._node_rng = _stream(self.seed, _NODE_STREAM)
         return self._node_rng
 
     def _draw_failure(self, job: Job, runs_for: float, prerun: bool) -> AttemptFailure | None:
