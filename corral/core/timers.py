@@ -218,11 +218,10 @@ class Timers:
         self.held_at.pop(seq, None)
         job = self._by_seq[seq]
         rounds = self._held_rounds
-        # the chain of timers `set` would time at each round, followed by the policy
+        # the chain of timers `set` would time at each round, followed by the policy; the re-key
+        # sets the job's next timer, after the last round
         when, key, changes_at = self.policy.held_rekey(job, rounds, bisect.bisect_left(rounds, at))
-        self.host.rekey_to(
-            job, when, key, changes_at
-        )  # which sets its next timer, after the last round
+        self.host.rekey_to(job, when, key, changes_at)
 
     def _take_idle(self, job: Job, at: float, until: float) -> None:
         """Take a running job's key changes from `at` up to `until`, each at its own instant."""
