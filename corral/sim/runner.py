@@ -10,8 +10,6 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rich.console import Console
-
 from corral.core.cache import CACHE_POLICIES, CacheError, DataCache
 from corral.core.cluster import MILLI, Cluster, ClusterError
 from corral.core.colocation import PairTable
@@ -62,6 +60,8 @@ from corral.sim.traces import Trace, TraceError, load_trace, stream_trace
 from corral.sim.workers import RunProgress, ShownProgress, run_in_workers, worker_count
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from corral.sim.replaydiff import ReplayCheck
 
 
@@ -978,6 +978,8 @@ def _each_policy(
 
 def _prepare_in_worker(settings: RunSettings, out: Path | None) -> _Prepared | _PreparedStream:
     """A worker process's share of its runs: the settings checked and the trace read again."""
+    from rich.console import Console
+
     quiet = Console(quiet=True)
     try:
         if settings.stream:
