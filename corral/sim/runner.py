@@ -34,7 +34,6 @@ from corral.core.protocol import SchedulerCore
 from corral.core.queues import QueueTree
 from corral.core.reservations import Reservation, ReservationError
 from corral.core.text import count_noun
-from corral.core.vcluster import build_virtual_cluster
 from corral.sim.engine import DEFAULT_PRECHECK_REPORT_S, FailureModel, Simulation
 from corral.sim.failures import NodeFailures, PhillyFailures
 from corral.sim.fragmentation import FragmentationProbe, fragmentation_line, grid_for
@@ -565,6 +564,8 @@ def private_baselines(
         own = [s for s in jobs if s.vc == name and s.priority is Priority.GUARANTEED]
         if not own:
             continue
+        from corral.core.vcluster import build_virtual_cluster
+
         private = build_virtual_cluster(name, cells, physical).cluster
         own = [s for s in own if s.gpus <= private.capacity_for(s.gpu_types)]
         alone = config_from_mapping(

@@ -264,6 +264,14 @@ UNUSED_PLUGINS = (
     "corral.core.packing",
     "corral.core.migration",
 )
+#: What else such a run imports where it is used, not at its start: presets (with --preset),
+#: private clusters (--private-baseline), the help's plugin lists, and pickle (--workers).
+USED_ONLY_WHERE_NEEDED = (
+    "corral.core.presets",
+    "corral.core.vcluster",
+    "corral.cli.registries",
+    "pickle",
+)
 
 
 def loaded_at_first_event(args: list[str]) -> tuple[set[str], str]:
@@ -300,3 +308,4 @@ def test_a_simulation_starts_without_numpy_pydantic_or_typer(tmp_path: Path) -> 
     assert loaded == [], loaded
     assert {"corral.core.policy.las", "corral.core.placement.named"} <= modules
     assert sorted(set(UNUSED_PLUGINS) & modules) == []
+    assert sorted(set(USED_ONLY_WHERE_NEEDED) & modules) == []
