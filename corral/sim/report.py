@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from corral.core.text import count_noun
-from corral.sim.fragmentation import write_curves
 from corral.sim.metrics import JOB_COLUMNS, completion_times, job_rows, summarize
 from corral.sim.result import SimResult, TimelineTotals
 
@@ -152,6 +151,8 @@ def write_outputs(results: list[SimResult], out_dir: Path, plot: bool) -> list[d
         if result.options.get("decisions"):
             _write_decisions(result, out_dir / decisions_name(name))
         if result.curves:
+            from corral.sim.fragmentation import write_curves
+
             write_curves(result.curves, out_dir / f"curves-{name.removeprefix('jobs-')}")
     if plot:
         write_plots(results, out_dir)

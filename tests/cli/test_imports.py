@@ -265,12 +265,15 @@ UNUSED_PLUGINS = (
     "corral.core.migration",
 )
 #: What else such a run imports where it is used, not at its start: presets (with --preset),
-#: private clusters (--private-baseline), the help's plugin lists, and pickle (--workers).
+#: private clusters (--private-baseline), the help's plugin lists, pickle (--workers), the
+#: data caches (--cache-gb-per-node) and the fragmentation probe (jobs that share GPUs).
 USED_ONLY_WHERE_NEEDED = (
     "corral.core.presets",
     "corral.core.vcluster",
     "corral.cli.registries",
     "pickle",
+    "corral.core.cache",
+    "corral.sim.fragmentation",
 )
 
 
