@@ -7,7 +7,7 @@ its options class is ("module:Options", or None for a plugin that declares none)
 entry (`POLICIES["las"]`, `.items()`, `.values()`) imports the class; its name (`in`, iteration,
 `", ".join(POLICIES)`) and its options (`options(name)`: what a `SchedulerConfig`'s sections and
 the CLI flags need) do not. A start of `corral simulate --policy las` so imports the plugins it
-runs, not the other twenty (some 40 dataclasses and modules, corral.core.framework).
+runs, not the 17 other plugin modules (docs/simulator.md, "Start-up before the first event").
 
 A `Lazy` entry's options must be the class's own `Options`: tests/core/test_registry.py checks
 every entry of every registry against its class.
