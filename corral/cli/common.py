@@ -23,7 +23,10 @@ EMOJI_NAME = re.compile(r"[!#&()*+\-.0-9_a-z\u00e3\u00e5\u00e7\u00e9\u00ed\u00f4
 
 def plain_stream(stream: TextIO) -> bool:
     """Whether rich's Console would see `stream` as no terminal, for sure (else: ask rich)."""
-    if os.environ.get("FORCE_COLOR") is not None or os.environ.get("TTY_COMPATIBLE"):
+    environ = os.environ
+    if any(environ.get(name) is not None for name in ("FORCE_COLOR", "TTY_COMPATIBLE")):
+        return False
+    if environ.get("TTY_INTERACTIVE") is not None:  # (rich's is_interactive)
         return False
     if "IPython" in sys.modules or "idlelib" in sys.modules:  # (rich's own cases)
         return False
@@ -49,9 +52,10 @@ class LazyConsole:
     """rich's Console, made when first used: importing rich.console is some 150 M instructions
     (20 to 35 ms of CPU) of a `corral simulate`'s start, before its first event. A line of text
     to an output that is no terminal is written without it, as rich writes it (`print` of one
-    string with `soft_wrap=True`; tests/cli/test_console.py compares them); then `is_terminal`
-    is answered without rich too, and the simulator shows no progress bar (rich draws none
-    there: corral.sim.report.progress_bar). Anything else is rich's."""
+    string with `soft_wrap=True`, or of nothing; tests/cli/test_console.py compares them); then
+    `is_terminal`, `is_interactive` and `is_jupyter` are answered without rich too, and the
+    simulator's progress bar is one that draws nothing, as rich's draws nothing there
+    (corral.sim.report.progress_bar). Anything else is rich's."""
 
     def __init__(self, *, stderr: bool = False) -> None:
         self._stderr = stderr
@@ -75,21 +79,32 @@ class LazyConsole:
     def _stream(self) -> TextIO:
         return sys.stderr if self._stderr else sys.stdout
 
+    def _plain(self) -> bool:
+        return self._console is None and plain_stream(self._stream())
+
     @property
     def is_terminal(self) -> bool:
-        if self._console is None and plain_stream(self._stream()):
-            return False
-        return self.real().is_terminal
+        return False if self._plain() else bool(self.real().is_terminal)
+
+    @property
+    def is_interactive(self) -> bool:
+        return False if self._plain() else bool(self.real().is_interactive)
+
+    @property
+    def is_jupyter(self) -> bool:
+        return False if self._plain() else bool(self.real().is_jupyter)
 
     def print(self, *objects: Any, **options: Any) -> None:
-        if self._console is None and options == {"soft_wrap": True} and len(objects) == 1:
-            text = objects[0]
-            line = plain_line(text) if isinstance(text, str) else None
+        line: str | None = None
+        if not objects and not options:
+            line = ""  # (an empty line)
+        elif len(objects) == 1 and options == {"soft_wrap": True} and isinstance(objects[0], str):
+            line = plain_line(objects[0])
+        if line is not None and self._plain():
             stream = self._stream()
-            if line is not None and plain_stream(stream):
-                stream.write(line + "\n")
-                stream.flush()
-                return
+            stream.write(line + "\n")
+            stream.flush()
+            return
         self.real().print(*objects, **options)
 
 

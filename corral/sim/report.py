@@ -401,17 +401,19 @@ def plot_vc_queueing(runs: list[tuple[str, dict[str, object]]], out_png: Path) -
 
 
 class QuietProgress:
-    """A progress bar that shows nothing, as rich's transient one shows nothing on a console
-    that is no terminal (a pipe, a file): the same calls, without rich's thread or imports."""
+    """A progress bar that draws nothing, as rich's transient one draws nothing on a console
+    that is no terminal (a pipe, a file): the same calls, without rich's thread or imports, and
+    the one empty line rich's prints there as it stops."""
 
-    def __init__(self) -> None:
+    def __init__(self, console: Console) -> None:
+        self.console = console
         self.tasks = 0
 
     def __enter__(self) -> QuietProgress:
         return self
 
     def __exit__(self, *_: object) -> None:
-        return None
+        self.console.print()  # (rich's Progress.stop on a console that is not interactive)
 
     def add_task(self, description: str, *_: object, **__: object) -> int:
         self.tasks += 1
@@ -431,8 +433,8 @@ def progress_bar(console: Console) -> Progress | QuietProgress:
     """The transient progress bar long runs show while they work (one task per run); on a
     console that is no terminal, where it would show nothing, one that shows nothing without
     rich (a `corral simulate` piped starts some 40 M instructions sooner)."""
-    if not console.is_terminal:
-        return QuietProgress()
+    if not (console.is_terminal or console.is_interactive or console.is_jupyter):
+        return QuietProgress(console)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     return Progress(

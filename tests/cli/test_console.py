@@ -114,4 +114,41 @@ def test_a_piped_line_imports_no_rich() -> None:
         [sys.executable, "-c", check], capture_output=True, text=True, timeout=120, env=env
     )
     assert done.returncode == 0, done.stderr
-    assert done.stdout == "x:/y: 1 job\nx\n"
+    assert done.stdout == "x:/y: 1 job\n\nx\n"  # (the bar's empty line, as rich's)
+
+
+def test_the_quiet_progress_bar_writes_what_rich_writes_to_a_pipe(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On an output that is no terminal rich's transient bar draws nothing and, stopping,
+    writes one empty line; the bar `progress_bar` gives there writes the same, without rich."""
+    from rich.progress import Progress
+
+    from corral.sim.report import QuietProgress, progress_bar
+
+    monkeypatch.delenv("FORCE_COLOR", raising=False)
+    monkeypatch.delenv("TTY_COMPATIBLE", raising=False)
+    monkeypatch.delenv("TTY_INTERACTIVE", raising=False)
+
+    def run(bar: object) -> None:
+        with bar as progress:  # type: ignore[attr-defined]
+            task = progress.add_task("las/relax", total=3, start=False)
+            progress.start_task(task)
+            progress.update(task, completed=2, description="las: done")
+
+    rich_out = Pipe()
+    console = Console(file=rich_out, width=140)
+    console.print("first", soft_wrap=True)
+    run(Progress(console=console, transient=True))
+    console.print("after", soft_wrap=True)
+    out = Pipe()
+    monkeypatch.setattr(sys, "stdout", out)
+    lazy = LazyConsole()
+    lazy.print("first", soft_wrap=True)
+    bar = progress_bar(lazy)
+    assert isinstance(bar, QuietProgress)
+    run(bar)
+    lazy.print("after", soft_wrap=True)
+    monkeypatch.undo()
+    assert out.getvalue() == rich_out.getvalue() == "first\n\nafter\n"
+    assert isinstance(progress_bar(console), QuietProgress)  # (rich's own console: the same)
