@@ -179,10 +179,11 @@ def effective_config(
     from corral.cli.common import UserError
     from corral.core.framework import config_from_mapping, merge
     from corral.core.options import OptionError
-    from corral.core.presets import get_preset
 
     base: dict[str, object] = {}
     if preset is not None:
+        from corral.core.presets import get_preset
+
         try:
             chosen = get_preset(preset)
         except ValueError as error:

@@ -9,9 +9,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 from corral.cli.common import UserError, console, fail
-from corral.cli.registries import policy_help, preset_help
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     # Only in the annotations, which the typer command reads (corral.cli.schedflags passes it
     # typer) and corral.cli.simargs reads without typer.
     import typer
@@ -58,6 +59,18 @@ def parse_range(option: str, text: str | None) -> tuple[float, float] | None:
 # The help texts that list a registry's names are called where typer reads this signature
 # (`corral.cli.schedflags.scheduler_flags` evaluates the postponed annotations each time the
 # command is built), so a format or policy registered late is listed too.
+
+
+def policy_help() -> str:
+    from corral.cli.registries import policy_help as text
+
+    return text()
+
+
+def preset_help() -> str:
+    from corral.cli.registries import preset_help as text
+
+    return text()
 
 
 def trace_help() -> str:
@@ -242,7 +255,6 @@ def simulate(
 
     require_sim()
     from corral.cli.schedflags import effective_config, preset_changes
-    from corral.core.presets import get_preset
     from corral.sim.failures import NodeFailures
     from corral.sim.runner import RunSettings, run_simulations, shared_data_file
 
@@ -250,7 +262,11 @@ def simulate(
         nodes, gpus_per_node = parse_cluster(cluster)
         scheduler_settings = effective_config(scheduler_config, scheduler, preset)
         chosen = compare or policy or scheduler_settings.core.policy
-        world = get_preset(preset).simulator if preset is not None else {}
+        world: Mapping[str, object] = {}
+        if preset is not None:
+            from corral.core.presets import get_preset
+
+            world = get_preset(preset).simulator
         if spread_slowdown is None:
             spread_slowdown = bool(world.get("spread_slowdown", True))
         history = world.get("gittins_history")

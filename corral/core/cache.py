@@ -57,14 +57,10 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
+from corral.core.cacheerror import CACHE_POLICIES as CACHE_POLICIES
+from corral.core.cacheerror import CacheError as CacheError
 from corral.core.cluster import Cluster
 from corral.core.job import Job, JobSpec, JobStatus
-
-CACHE_POLICIES = ("silod", "lru")
-
-
-class CacheError(ValueError):
-    """A cache configuration that cannot be used (message is one line)."""
 
 
 @dataclass(slots=True, frozen=True)

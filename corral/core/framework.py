@@ -20,22 +20,27 @@ from typing import Any
 from corral.core.admission import ADMISSIONS
 from corral.core.admission.base import Assembly
 from corral.core.backfill import BACKFILL_ALIASES, BACKFILLS
-from corral.core.migration import Migration
 from corral.core.options import NoOptions, OptionError, build, describe, option, to_dict
-from corral.core.packing import Packing
 from corral.core.placement import PLACEMENTS
 from corral.core.plugin import PluginError, Services
 from corral.core.policy import POLICIES
 from corral.core.preempt import VICTIM_RULES
 from corral.core.protocol import SchedulerCore
+from corral.core.registry import Lazy, Registry
 from corral.core.retry import RetryOptions, RetryRule
 from corral.core.stages import Stage
 
 #: Round stages beside the queue walk (corral.core.stages), by name.
-STAGES: dict[str, type[Stage]] = {
-    "packing": Packing,
-    "migration": Migration,
-}
+STAGES: Registry[type[Stage]] = Registry(
+    {
+        "packing": Lazy(
+            "corral.core.packing:Packing", "corral.core.packing_options:PackingOptions"
+        ),
+        "migration": Lazy(
+            "corral.core.migration:Migration", "corral.core.migration_options:MigrationOptions"
+        ),
+    }
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,10 +133,10 @@ def sections() -> dict[str, type[Any]]:
     Two plugins of one name (the elasticflow policy and admission) share a section, so at most
     one of them may declare options."""
     sections: dict[str, type[Any]] = {"retry": RetryOptions}
-    registries: list[Mapping[str, Any]] = [STAGES, POLICIES, PLACEMENTS, ADMISSIONS]
+    registries: list[Registry[Any]] = [STAGES, POLICIES, PLACEMENTS, ADMISSIONS]
     for registry in registries:
-        for name, plugin in registry.items():
-            options = plugin.Options
+        for name in registry:
+            options = registry.options(name)  # (the plugin itself is imported when it runs)
             if options is NoOptions:
                 continue
             if name in sections and sections[name] is not options:

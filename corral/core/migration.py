@@ -24,17 +24,14 @@ from typing import TYPE_CHECKING, Any
 
 from corral.core.cluster import Cluster
 from corral.core.job import Job
-from corral.core.options import option
+from corral.core.migration_options import MAX_MOVES, MAX_NODES, MAX_PLANS_PER_ROUND
+from corral.core.migration_options import MigrationOptions as MigrationOptions
 from corral.core.placement.base import Placed
 from corral.core.plugin import Services
 from corral.core.stages import RoundHost, Stage
 
 if TYPE_CHECKING:
     from corral.core.actions import Action
-
-MAX_MOVES = 3
-MAX_NODES = 16
-MAX_PLANS_PER_ROUND = 8
 
 
 @dataclass(slots=True, frozen=True)
@@ -47,13 +44,6 @@ class Move:
 class MigrationPlan:
     node: int  # the node whose GPUs the moves free for the waiting job
     moves: tuple[Move, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class MigrationOptions:
-    max_moves: int = option(MAX_MOVES, help="running jobs one plan may move", low=1)
-    max_nodes: int = option(MAX_NODES, help="nodes a plan may consider", low=1)
-    max_plans_per_round: int = option(MAX_PLANS_PER_ROUND, help="plans tried per round", low=1)
 
 
 class Migration(Stage):

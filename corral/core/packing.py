@@ -33,7 +33,10 @@ from typing import TYPE_CHECKING, Any
 from corral.core.cluster import Cluster
 from corral.core.colocation import PairKey, PairSpeeds
 from corral.core.job import Job, JobStatus
-from corral.core.options import option
+from corral.core.packing_options import DEFAULT_THRESHOLD as DEFAULT_THRESHOLD
+from corral.core.packing_options import DEFAULT_UNMEASURED as DEFAULT_UNMEASURED
+from corral.core.packing_options import MAX_TRIES_PER_ROUND as MAX_TRIES_PER_ROUND
+from corral.core.packing_options import PackingOptions as PackingOptions
 from corral.core.placement.base import Placed
 from corral.core.plugin import PluginError, Services
 from corral.core.stages import RoundHost, Stage
@@ -41,16 +44,6 @@ from corral.core.stages import RoundHost, Stage
 if TYPE_CHECKING:
     from corral.core.actions import Action
 
-#: Gandiva keeps a packing when it beats time-slicing, whose total is 1; 10 % more is asked for.
-DEFAULT_THRESHOLD = 1.1
-
-#: Each job's speed relative to alone assumed for a pair never measured: 0.6 + 0.6 = 1.2 is above
-#: the default threshold, so such a pair is tried (once), and then measured.
-DEFAULT_UNMEASURED = 0.6
-
-# Waiting jobs that may look for a host in one scheduling round: bounds a round's work when the
-# queue is long and nothing fits.
-MAX_TRIES_PER_ROUND = 64
 
 #: A running pair's speeds follow its measurement when one of them moved by more than this share
 #: (a measurement refined by every fold would otherwise change them a little, often).
@@ -66,25 +59,6 @@ class _Pair:
     gpu_type: str
     #: (guest's, host's) speed relative to alone that they run at now.
     speeds: tuple[float, float]
-
-
-@dataclass(frozen=True, slots=True)
-class PackingOptions:
-    threshold: float = option(
-        DEFAULT_THRESHOLD,
-        help="pack two jobs on one GPU only if their summed normalized speed exceeds this",
-        low=0,
-        low_open=True,
-    )
-    max_tries_per_round: int = option(MAX_TRIES_PER_ROUND, help="packing attempts per round", low=1)
-    unmeasured: float = option(
-        DEFAULT_UNMEASURED,
-        help="each job's speed relative to alone assumed for a pair never measured: such a pair "
-        "is tried once (if twice this exceeds the threshold), then its measurement decides; "
-        "0: never pack a pair before it is measured",
-        low=0,
-        high=1,
-    )
 
 
 class Packing(Stage):

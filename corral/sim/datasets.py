@@ -22,11 +22,14 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
-from corral.core.cache import DataCache, DataRead, ReadsOf
 from corral.core.cluster import Cluster
 from corral.core.job import JobSpec
 from corral.sim.perfmodel import GAVEL_REFERENCE_TYPE, PerfModel
+
+if TYPE_CHECKING:  # (the caches come with a run that has one: make_cache)
+    from corral.core.cache import DataCache, DataRead, ReadsOf
 
 
 @dataclass(slots=True, frozen=True)
@@ -94,6 +97,7 @@ DATASET_SCOPES = ("shared", "per-vc")
 
 def reads_for(perf: PerfModel, scope: str = "shared") -> ReadsOf:
     """What a job reads, from its model and GPU count (None for models not in MODEL_DATA)."""
+    from corral.core.cache import DataRead
 
     @lru_cache(maxsize=1024)
     def read(model: str, gpus: int) -> DataRead | None:
@@ -125,6 +129,8 @@ def make_cache(
     scope: str = "shared",
 ) -> DataCache:
     """Node caches of `cache_gb_per_node` GB, `storage_gbps` Gbit/s of remote IO per node."""
+    from corral.core.cache import DataCache
+
     return DataCache(
         cluster,
         capacity_gb_per_node=cache_gb_per_node,

@@ -10,9 +10,7 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rich.console import Console
-
-from corral.core.cache import CACHE_POLICIES, CacheError, DataCache
+from corral.core.cacheerror import CACHE_POLICIES, CacheError
 from corral.core.cluster import MILLI, Cluster, ClusterError
 from corral.core.colocation import PairTable
 from corral.core.configerror import ConfigError
@@ -36,10 +34,8 @@ from corral.core.protocol import SchedulerCore
 from corral.core.queues import QueueTree
 from corral.core.reservations import Reservation, ReservationError
 from corral.core.text import count_noun
-from corral.core.vcluster import build_virtual_cluster
 from corral.sim.engine import DEFAULT_PRECHECK_REPORT_S, FailureModel, Simulation
 from corral.sim.failures import NodeFailures, PhillyFailures
-from corral.sim.fragmentation import FragmentationProbe, fragmentation_line, grid_for
 from corral.sim.metrics import measured_jobs, per_vc
 from corral.sim.perfmodel import (
     GAVEL_REFERENCE_TYPE,
@@ -62,6 +58,9 @@ from corral.sim.traces import Trace, TraceError, load_trace, stream_trace
 from corral.sim.workers import RunProgress, ShownProgress, run_in_workers, worker_count
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
+    from corral.core.cache import DataCache
     from corral.sim.replaydiff import ReplayCheck
 
 
@@ -565,6 +564,8 @@ def private_baselines(
         own = [s for s in jobs if s.vc == name and s.priority is Priority.GUARANTEED]
         if not own:
             continue
+        from corral.core.vcluster import build_virtual_cluster
+
         private = build_virtual_cluster(name, cells, physical).cluster
         own = [s for s in own if s.gpus <= private.capacity_for(s.gpu_types)]
         alone = config_from_mapping(
@@ -703,9 +704,15 @@ def _prepare(settings: RunSettings, console: Console) -> _Prepared:
     workload = trace.workload
     if probed and workload is None:
         workload = Workload.from_specs(jobs)
-    grid = grid_for(
-        sum(spec.total_gpu_milli for spec in jobs), cluster.total_gpus * MILLI, trace.target_load
-    )
+    grid: list[float] = []
+    if probed:  # (the probe's points; corral.sim.fragmentation comes with the probe)
+        from corral.sim.fragmentation import grid_for
+
+        grid = grid_for(
+            sum(spec.total_gpu_milli for spec in jobs),
+            cluster.total_gpus * MILLI,
+            trace.target_load,
+        )
     jobs = assign_tenants(jobs, settings, vcs)
     if settings.checkpoint_every_s is not None:
         jobs = [replace(spec, checkpoint_every_s=settings.checkpoint_every_s) for spec in jobs]
@@ -803,11 +810,11 @@ def _run_policy(
         tree=tree,
     )
     reserve_all(settings, scheduler, trace)
-    probe = (
-        FragmentationProbe(run_cluster, workload, prepared.grid)
-        if prepared.probed and workload is not None
-        else None
-    )
+    probe = None
+    if prepared.probed and workload is not None:
+        from corral.sim.fragmentation import FragmentationProbe
+
+        probe = FragmentationProbe(run_cluster, workload, prepared.grid)
     resolved = config_for(settings, policy).resolved(vcs)
     # The manager's own policy and placement replay its history: compared with its decisions.
     checked = (
@@ -978,6 +985,8 @@ def _each_policy(
 
 def _prepare_in_worker(settings: RunSettings, out: Path | None) -> _Prepared | _PreparedStream:
     """A worker process's share of its runs: the settings checked and the trace read again."""
+    from rich.console import Console
+
     quiet = Console(quiet=True)
     try:
         if settings.stream:
@@ -1135,6 +1144,8 @@ def _run(
         console.print(line)
     for line in filter(None, map(precheck_line, summaries)):
         console.print(line)
+    from corral.sim.fragmentation import fragmentation_line
+
     for line in filter(None, map(fragmentation_line, summaries)):
         console.print(line, soft_wrap=True)
     for summary in summaries:

@@ -13,7 +13,6 @@ process is gone (killed without a chance to stop them) ends within `POLL_S`.
 from __future__ import annotations
 
 import os
-import pickle
 import queue
 import threading
 import time
@@ -203,6 +202,8 @@ def _work(
             result = run(state, number, _Reported(messages, number))
             messages.put(("result", number, result))
     except BaseException as error:  # noqa: BLE001 - every error goes back to the main process
+        import pickle  # (in the worker: a run in one process never needs it)
+
         text = traceback.format_exc()
         try:
             pickle.dumps(error)

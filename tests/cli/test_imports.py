@@ -240,7 +240,41 @@ def test_the_simulator_runs_blas_on_one_thread() -> None:
 #: failures' random draws, deadlines, the summary's percentiles after the run), pydantic with a
 #: cluster config file (corral.core.config's models) and typer with `--help` or a line typer
 #: must read (corral.cli.simargs); some 350 ms of CPU of a start that takes under 300 without.
-SIM_START_NEVER = ("numpy", "pydantic", "pydantic_core", "typer", "scipy", "yaml")
+#: rich comes with the summary's table after the run: piped, the first line is written without it
+#: and no progress bar is drawn (corral.cli.common.LazyConsole).
+SIM_START_NEVER = ("numpy", "pydantic", "pydantic_core", "typer", "scipy", "yaml", "rich")
+#: The plugins a run of `las` with `relax` and no admission does not run: their registries import
+#: a plugin when it is read (corral.core.registry), their options apart.
+UNUSED_PLUGINS = (
+    "corral.core.policy.fifo",
+    "corral.core.policy.gittins",
+    "corral.core.policy.optimus",
+    "corral.core.policy.timeslice",
+    "corral.core.policy.edf",
+    "corral.core.policy.shortest",
+    "corral.core.placement.hetero",
+    "corral.core.placement.sharing",
+    "corral.core.placement.yarn",
+    "corral.core.placement.cacheaware",
+    "corral.core.admission.quota",
+    "corral.core.admission.queues",
+    "corral.core.admission.hived",
+    "corral.core.admission.fairshare",
+    "corral.core.admission.elasticflow",
+    "corral.core.packing",
+    "corral.core.migration",
+)
+#: What else such a run imports where it is used, not at its start: presets (with --preset),
+#: private clusters (--private-baseline), the help's plugin lists, pickle (--workers), the
+#: data caches (--cache-gb-per-node) and the fragmentation probe (jobs that share GPUs).
+USED_ONLY_WHERE_NEEDED = (
+    "corral.core.presets",
+    "corral.core.vcluster",
+    "corral.cli.registries",
+    "pickle",
+    "corral.core.cache",
+    "corral.sim.fragmentation",
+)
 
 
 def loaded_at_first_event(args: list[str]) -> tuple[set[str], str]:
@@ -258,7 +292,10 @@ def loaded_at_first_event(args: list[str]) -> tuple[set[str], str]:
         f"sys.argv = ['corral', 'simulate', *{args!r}]\n"
         "run()\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    env = {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "TTY_COMPATIBLE")}
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env
+    )
     lines = [line for line in done.stderr.splitlines() if line.startswith("MODULES ")]
     assert lines, done.stdout + done.stderr
     return set(lines[0].split()[1:]), done.stdout + done.stderr
@@ -272,3 +309,6 @@ def test_a_simulation_starts_without_numpy_pydantic_or_typer(tmp_path: Path) -> 
     assert "corral.sim.runner" in modules, output
     loaded = sorted(m for m in modules if m.split(".")[0] in SIM_START_NEVER)
     assert loaded == [], loaded
+    assert {"corral.core.policy.las", "corral.core.placement.named"} <= modules
+    assert sorted(set(UNUSED_PLUGINS) & modules) == []
+    assert sorted(set(USED_ONLY_WHERE_NEEDED) & modules) == []

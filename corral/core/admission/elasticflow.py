@@ -3,20 +3,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from corral.core.admission.base import AdmissionScheme, Assembly
-from corral.core.options import option
+from corral.core.admission.elasticflow_options import ElasticFlowOptions as ElasticFlowOptions
 from corral.core.plugin import needs
 from corral.core.protocol import SchedulerCore
-
-
-@dataclass(frozen=True, slots=True)
-class ElasticFlowOptions:
-    migrate: bool = option(
-        True, help="move running jobs out of the way when free GPUs are too scattered"
-    )
 
 
 class ElasticFlow(AdmissionScheme):

@@ -22,15 +22,15 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from corral.core.actions import Action, Decision, Preempt, Start
 from corral.core.admission.base import AdmissionScheme, Assembly
+from corral.core.admission.hived_options import HivedOptions as HivedOptions
 from corral.core.cells import CellAllocator
 from corral.core.cluster import Cell, Cluster
 from corral.core.job import Job, JobSpec, JobStatus, Priority
-from corral.core.options import option
 from corral.core.placement.base import Placement
 from corral.core.plugin import PluginError, SpeedModel
 from corral.core.policy.base import Policy
@@ -677,14 +677,6 @@ def _towards(target: Cell) -> Callable[[Cell], bool]:
 
 
 # -- the admission scheme (corral.core.admission.ADMISSIONS) ------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class HivedOptions:
-    lend: bool = option(
-        True,
-        help="run a VC's waiting jobs on other VCs' idle cells, evicted when those VCs need them",
-    )
 
 
 class Hived(AdmissionScheme):

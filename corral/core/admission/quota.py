@@ -35,28 +35,15 @@ VCs' weights, their work and their recent usage.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from corral.core.admission.base import Admission, AdmissionScheme
+from corral.core.admission.quota_options import QuotaOptions as QuotaOptions
 from corral.core.job import Job, JobSpec, Priority
-from corral.core.options import option
 from corral.core.plugin import Services
 from corral.core.protocol import Admission as AdmissionHooks
 
 OPPORTUNISTIC = Priority.OPPORTUNISTIC
-
-
-@dataclass(frozen=True, slots=True)
-class QuotaOptions:
-    oversubscribe: bool = option(
-        True, help="lend idle quota to other VCs' jobs, reclaimed by preemption when needed"
-    )
-    lend_last: bool = option(
-        True,
-        help="each round, place jobs within their quotas before lending idle GPUs "
-        "(and opportunistic jobs after every guaranteed one)",
-    )
 
 
 class QuotaAdmission(Admission):

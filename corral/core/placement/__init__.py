@@ -1,32 +1,33 @@
 """Placements, chosen by name. A new placement is one module and one entry here: the class
-declares its options (`Options`) and builds itself (`from_options`), see corral.core.plugin."""
+declares its options (`Options`) and builds itself (`from_options`), see corral.core.plugin. An
+entry says where the class and its options are, and the class is imported when a run asks for
+it (corral.core.registry)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from corral.core.placement.base import NotPlaced, Placed, Placement
-from corral.core.placement.cacheaware import CacheAware
-from corral.core.placement.hetero import Hetero
-from corral.core.placement.named import AnyFree, Consolidate, Profile, Relax
-from corral.core.placement.sharing import BestFit, Fgd, GpuPacking, GpuPackingCpu, RandomFit
-from corral.core.placement.yarn import Yarn
+from corral.core.registry import Lazy, Registry
 
-PLACEMENTS: dict[str, type[Placement]] = {
-    "consolidate": Consolidate,
-    "relax": Relax,
-    "profile": Profile,
-    "any": AnyFree,
-    "hetero": Hetero,
-    "cache-aware": CacheAware,
-    "yarn": Yarn,  # Tiresias's simulator (the tiresias preset)
-    # Jobs that share GPUs (a share of one GPU, CPU, memory): FGD and its paper's baselines.
-    "fgd": Fgd,
-    "best-fit": BestFit,
-    "random-fit": RandomFit,
-    "gpu-packing": GpuPacking,
-    "gpu-packing-cpu": GpuPackingCpu,
-}
+P = "corral.core.placement."
+PLACEMENTS: Registry[type[Placement]] = Registry(
+    {
+        "consolidate": Lazy(P + "named:Consolidate"),
+        "relax": Lazy(P + "named:Relax", P + "named_options:RelaxOptions"),
+        "profile": Lazy(P + "named:Profile", P + "named_options:ProfileOptions"),
+        "any": Lazy(P + "named:AnyFree"),
+        "hetero": Lazy(P + "hetero:Hetero", P + "hetero_options:HeteroOptions"),
+        "cache-aware": Lazy(P + "cacheaware:CacheAware"),
+        "yarn": Lazy(P + "yarn:Yarn"),  # Tiresias's simulator (the tiresias preset)
+        # Jobs that share GPUs (a share of one GPU, CPU, memory): FGD and its paper's baselines.
+        "fgd": Lazy(P + "sharing:Fgd", P + "sharing_options:FgdOptions"),
+        "best-fit": Lazy(P + "sharing:BestFit"),
+        "random-fit": Lazy(P + "sharing:RandomFit", P + "sharing_options:RandomFitOptions"),
+        "gpu-packing": Lazy(P + "sharing:GpuPacking"),
+        "gpu-packing-cpu": Lazy(P + "sharing:GpuPackingCpu"),
+    }
+)
 
 
 def make_placement(name: str, **options: Any) -> Placement:

@@ -48,9 +48,9 @@ from typing import Any
 from corral.core.cluster import Cluster
 from corral.core.gputypes import equal_share_speed, representative_gpus, type_speeds
 from corral.core.job import Job
-from corral.core.options import option
 from corral.core.placement.base import NotPlaced, Placed, Placement
-from corral.core.placement.named import DEFAULT_RELAX_AFTER_S, Relax
+from corral.core.placement.hetero_options import HeteroOptions as HeteroOptions
+from corral.core.placement.named import Relax
 from corral.core.plugin import PluginError, Services, SpeedModel
 
 
@@ -191,23 +191,6 @@ class _Seen:
 
     def new_generation(self) -> None:
         self.known_before, self.known = self.known, {}
-
-
-@dataclass(frozen=True, slots=True)
-class HeteroOptions:
-    fairness: float | None = option(
-        None,
-        help="each job's speed at least this fraction of its equal-share speed (Gavel's max-min)",
-        low=0,
-        high=1,
-        low_open=True,
-    )
-    max_jobs: int = option(32, help="waiting jobs matched to GPU types per round", low=1)
-    relax_after_s: float = option(
-        DEFAULT_RELAX_AFTER_S,
-        help="on the type it matched, a job relaxes locality after waiting this long (s)",
-        low=0,
-    )
 
 
 class Hetero(Placement):

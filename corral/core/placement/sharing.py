@@ -27,14 +27,13 @@ from __future__ import annotations
 
 import bisect
 import random
-from dataclasses import dataclass
 from typing import Any
 
 from corral.core.cluster import MILLI, Cluster
 from corral.core.fragmentation import NodeState, TaskShape, Workload, after, fits, state_of
 from corral.core.job import Job, JobSpec
-from corral.core.options import option
 from corral.core.placement.base import NotPlaced, Placed, Placement
+from corral.core.placement.sharing_options import FgdOptions, RandomFitOptions
 from corral.core.plugin import Services, needs
 
 # A verdict on one state for one task shape: (score, chosen free amount of the GPU that takes a
@@ -217,18 +216,6 @@ def gpus_on(
     return tuple([g for g in ids if free[g]][: shape.num_gpu])
 
 
-@dataclass(frozen=True, slots=True)
-class FgdOptions:
-    coverage: float = option(
-        1.0,
-        help="the target workload keeps the most popular task types covering this share of "
-        "tasks (the paper's artifact uses 0.95)",
-        low=0,
-        high=1,
-        low_open=True,
-    )
-
-
 class Fgd(SharingPlacement):
     """Fragmentation Gradient Descent: the smallest growth of F_n(M) (Sec. 4). For a share each
     distinct free amount on the node is tried once; ties go to the fullest GPU."""
@@ -327,13 +314,6 @@ class GpuPackingCpu(GpuPacking):
     def cpu_only_score(self, state: NodeState, gpu_free: int) -> tuple[int, ...]:
         cpu = state.cpu_free
         return (0, gpu_free, 0 if cpu == float("inf") else int(cpu))
-
-
-@dataclass(frozen=True, slots=True)
-class RandomFitOptions:
-    seed: int | None = option(
-        None, help="seed of the draws (none: the run's seed, --seed of corral simulate)", low=0
-    )
 
 
 class RandomFit(SharingPlacement):

@@ -40,12 +40,10 @@ from corral.core.estimate import (
     thin,
 )
 from corral.core.job import Job, JobStatus
-from corral.core.options import option
 from corral.core.plugin import Observe, Services, needs
 from corral.core.policy.base import Key, Policy, tie_break
-
-#: Expected length of a job before any job has finished (ideal seconds).
-DEFAULT_PRIOR_S = 3_600.0
+from corral.core.policy.optimus_options import DEFAULT_PRIOR_S as DEFAULT_PRIOR_S
+from corral.core.policy.optimus_options import OptimusOptions as OptimusOptions
 
 
 @dataclass(slots=True)
@@ -66,33 +64,6 @@ class Estimate:
     points: int
     fit_key: tuple[int, float]  # (samples, steps done) it was computed from
     converged_step: float | None = None  # the fit's: the step its curve converges at
-
-
-@dataclass(frozen=True, slots=True)
-class OptimusOptions:
-    converge_fraction: float = option(
-        DEFAULT_CONVERGE_FRACTION,
-        help="a job is done when its loss is within this fraction of its fitted floor",
-        low=0,
-        high=1,
-        low_open=True,
-    )
-    prior_s: float = option(
-        DEFAULT_PRIOR_S,
-        help="expected job length before any job finished (s)",
-        low=0,
-        low_open=True,
-    )
-    max_points: int = option(64, help="loss samples kept per job for the fit", low=MIN_POINTS)
-    refit_min_s: float = option(
-        300.0, help="shortest time between two fits of a running job (s)", low=0, low_open=True
-    )
-    refit_growth: float = option(
-        0.5, help="refit after this fraction of the job's run time so far", low=0
-    )
-
-    def validate(self) -> str | None:
-        return "converge_fraction must be below 1" if self.converge_fraction >= 1 else None
 
 
 class Optimus(Policy):

@@ -22,15 +22,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from corral.core.job import Job, JobStatus
-from corral.core.options import option
 from corral.core.plugin import Services
 from corral.core.policy.base import Key, Policy
-
-#: Why 600 s and not Gandiva's quantum of about a minute: Gandiva suspends a job in GPU memory at
-#: a mini-batch boundary, which costs well under a second, while corral suspends through the
-#: checkpoint contract, whose restore stall (`--restore-s`, 30 s by default) would eat half of a
-#: one-minute turn. A 600 s quantum keeps that stall at 5 % of a turn.
-DEFAULT_QUANTUM_S = 600.0
+from corral.core.policy.timeslice_options import DEFAULT_QUANTUM_S as DEFAULT_QUANTUM_S
+from corral.core.policy.timeslice_options import TimeSliceOptions as TimeSliceOptions
 
 
 @dataclass(slots=True)
@@ -42,13 +37,6 @@ class TurnState:
     ready: float | None = None
     served_s: float = 0.0
     turns: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class TimeSliceOptions:
-    quantum_s: float = option(
-        DEFAULT_QUANTUM_S, help="length of a turn in seconds", low=0, low_open=True
-    )
 
 
 class TimeSlice(Policy):
