@@ -214,6 +214,10 @@ class Reservations:
             for r in self.closed_to(job, now)
         ]
 
+    def ends_after(self, now: float) -> list[float]:
+        """The instants windows close after `now`."""
+        return sorted(r.end for r in self.items.values() if r.end > now)
+
     def next_boundary(self, now: float) -> float:
         """The next window start or end after `now` (infinite: none)."""
         return min(
