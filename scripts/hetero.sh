@@ -28,8 +28,6 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 
-from corral.sim.report import format_duration
-
 out, png = Path(sys.argv[1]), Path(sys.argv[2])
 runs = []  # (label, summary, sorted JCTs in hours), relax then hetero, las then fifo
 for name in ("relax", "hetero", "hetero-fair"):
@@ -46,13 +44,16 @@ for name in ("relax", "hetero", "hetero-fair"):
         runs.append((label, summary, np.sort(hours)))
 runs.sort(key=lambda run: run[1]["policy"] != "las")  # stable: keeps relax, hetero, fair
 
-print(
-    "| policy/placement | avg JCT | p50 JCT | p95 JCT | makespan | utilisation "
-    "| GPU time on fastest type | slowest job / equal share | jobs below half their equal share |"
+DAY_S = 86400.0
+print(  # one unit, days, for every time of the table
+    "| policy/placement | avg JCT (days) | p50 JCT (days) | p95 JCT (days) | makespan (days) "
+    "| utilisation | GPU time on fastest type | slowest job / equal share "
+    "| jobs below half their equal share |"
 )
 print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
 for label, s, _ in runs:
-    cells = [format_duration(s[k]) for k in ("avg_jct_s", "p50_jct_s", "p95_jct_s", "makespan_s")]
+    cells = [f"{s[k] / DAY_S:,.2f}" for k in ("avg_jct_s", "p50_jct_s", "p95_jct_s")]
+    cells.append(f"{s['makespan_s'] / DAY_S:,.1f}")
     print(
         f"| {label} | " + " | ".join(cells)
         + f" | {100 * s['utilization']:.1f} % | {100 * s['best_type_share']:.1f} %"

@@ -125,6 +125,15 @@ def fail(message: str) -> NoReturn:
     raise typer.Exit(2)
 
 
+def warn(message: str) -> None:
+    """One line on stderr that does not stop the command; the message is text, not markup."""
+    from rich.markup import escape
+
+    err_console.print(
+        f"[bold yellow]warning:[/] {escape(message)}", highlight=False, soft_wrap=True
+    )
+
+
 def parse_floats(option: str, text: str) -> list[float]:
     try:
         return [float(part) for part in text.split(",") if part.strip()]

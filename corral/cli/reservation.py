@@ -78,7 +78,12 @@ def reservation_group() -> None:
 
 @reservation_group.command("create")
 @click.argument("name")
-@click.option("--gpus", type=int, help="how many GPUs (whole nodes first, from the last node)")
+@click.option(
+    "--gpus",
+    type=int,
+    help="how many GPUs: those free when the window opens first (idle now, then whose jobs end "
+    "by their time limits before it), whole nodes first, from the last node",
+)
 @click.option("--nodes", "nodes", multiple=True, help="these nodes' GPUs (comma-separated)")
 @click.option(
     "--start", required=True, help="now, +DURATION (+2h), seconds since the epoch, or a date"

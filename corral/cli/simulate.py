@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
-from corral.cli.common import UserError, console, fail
+from corral.cli.common import UserError, console, fail, warn
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -16,6 +16,8 @@ if TYPE_CHECKING:
     # Only in the annotations, which the typer command reads (corral.cli.schedflags passes it
     # typer) and corral.cli.simargs reads without typer.
     import typer
+
+    from corral.sim.runner import RunSettings
 
 #: Where a user gets the Tiresias preset's Gittins history (1,000 job GPU-times of a production
 #: YARN GPU cluster, in SymbioticLab/Tiresias, Apache-2.0) when the shared data is not beside them.
@@ -256,7 +258,12 @@ def simulate(
     require_sim()
     from corral.cli.schedflags import effective_config, preset_changes
     from corral.sim.failures import NodeFailures
-    from corral.sim.runner import RunSettings, run_simulations, shared_data_file
+    from corral.sim.runner import (
+        RunSettings,
+        check_settings,
+        run_simulations,
+        shared_data_file,
+    )
 
     try:
         nodes, gpus_per_node = parse_cluster(cluster)
@@ -320,11 +327,28 @@ def simulate(
             deadline_factor=parse_range("--deadline-factor", deadline_factor),
             workers=workers,
         )
+        check_settings(settings)  # (again in the run) refusals before any warning
+        warn_idle_backfill(settings)
         run_simulations(settings, out=out, plot=plot, console=console)
     except UserError as error:
         fail(str(error))
     except (ValueError, OSError) as error:
         fail(str(error).splitlines()[0] if str(error) else type(error).__name__)
+
+
+def warn_idle_backfill(settings: RunSettings) -> None:
+    """Warn where the backfill rule of a policy's final config (a preset may set it for some
+    policies only) can never act: that policy does not block."""
+    from corral.core.framework import idle_backfill
+    from corral.sim.runner import config_for
+
+    by_rule: dict[str, list[str]] = {}
+    for name in settings.policies:
+        by_rule.setdefault(config_for(settings, name).core.backfill, []).append(name)
+    for rule, names in by_rule.items():
+        idle = idle_backfill(rule, names)
+        if idle is not None:
+            warn(idle)
 
 
 def command() -> Any:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from corral.cli.common import UserError, console, fail
+from corral.cli.common import UserError, console, fail, warn
 from corral.cli.output import plural
 from corral.cli.registries import policy_help
 
@@ -268,6 +268,7 @@ def up(
 ) -> None:
     """Start the embedded cluster manager on this machine."""
     from corral.cli.schedflags import effective_config
+    from corral.core.framework import idle_backfill
     from corral.exec.contain import default_pids_max
     from corral.server.boot import (
         BootError,
@@ -335,6 +336,9 @@ def up(
         )
     except UserError as error:
         fail(str(error))
+    idle = idle_backfill(scheduler_settings.core.backfill, [scheduler_settings.core.policy])
+    if idle is not None:
+        warn(idle)
     settings = ManagerSettings(
         health=health,
         scheduler=scheduler_settings,

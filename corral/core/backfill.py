@@ -9,8 +9,9 @@ The `backfill` option (`CoreOptions.backfill`, `--backfill`) chooses a rule from
   reservation at its earliest start: on the cluster as it is, the running jobs are released
   tentatively (a `Statement`, discarded after) in the order their time limits end (started +
   what is left of `JobSpec.time_limit_s`; a job without a limit never ends), until the
-  placement fits the head. That instant is the shadow time and that placement the head's
-  reserved GPUs. A later job then starts only if it ends by its own time limit at the latest by
+  placement fits the head, each time off the GPUs of the admin reservations it may not start
+  on then (corral.core.reservations; a window's end is an instant to try too). That instant is
+  the shadow time and that placement the head's reserved GPUs. A later job then starts only if it ends by its own time limit at the latest by
   the shadow time, or on GPUs outside the reservation (placed again with the reserved free GPUs
   held out where its first placement took some). A job without a time limit is unbounded.
   Where no release of bounded jobs makes room for the head, it gets no reservation and later
@@ -30,13 +31,14 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, ClassVar
 
 from corral.core.placement.base import Placed
-from corral.core.reservations import Closed
+from corral.core.reservations import Closed, closed_gpus, place_held_out
 from corral.core.statement import Statement
 
 if TYPE_CHECKING:
     from corral.core.cluster import Cluster
     from corral.core.job import Job
-    from corral.core.placement.base import Placement
+    from corral.core.placement.base import NotPlaced, Placement
+    from corral.core.reservations import Reservations
 
 
 class Backfill:
@@ -51,9 +53,13 @@ class Backfill:
     #: The round's head that got a reservation (`reserve` asked), or None.
     head: str | None = None
 
-    def __init__(self, cluster: Cluster, placement: Placement) -> None:
+    def __init__(
+        self, cluster: Cluster, placement: Placement, reservations: Reservations | None = None
+    ) -> None:
         self.cluster = cluster
         self.placement = placement
+        #: The admin reservations the scheduler honours (the head's shadow honours them too).
+        self.reservations = reservations
 
     def new_round(self) -> None:
         """A round begins: what was reserved in the last one is forgotten."""
@@ -92,8 +98,10 @@ class EasyBackfill(Backfill):
     )
     reserves = True
 
-    def __init__(self, cluster: Cluster, placement: Placement) -> None:
-        super().__init__(cluster, placement)
+    def __init__(
+        self, cluster: Cluster, placement: Placement, reservations: Reservations | None = None
+    ) -> None:
+        super().__init__(cluster, placement, reservations)
         #: The round's head: its id, the shadow time and its reserved GPUs (None: none yet).
         self.head = None
         self.shadow = math.inf
@@ -121,23 +129,38 @@ class EasyBackfill(Backfill):
     def shadow_of(
         self, head: Job, running: Iterable[Job], now: float
     ) -> tuple[float, Placed] | None:
-        """The head's earliest start by the running jobs' time limits and where: the running
-        jobs released tentatively, earliest limit first, until the placement fits it."""
-        ends = sorted(
+        """The head's earliest start by the running jobs' time limits and the admin reservations,
+        and where: the running jobs released tentatively, earliest limit first, until the
+        placement fits it, at each instant off the GPUs of the reservations it may not start on
+        then (as the walk will hold them out when it starts); a reservation's window closing is
+        an instant too, releasing nothing."""
+        events: list[tuple[float, int, Job | None]] = [
             (max(now, limit_end(job, now)), job.seq, job)
             for job in running
             if job.spec.time_limit_s is not None
-        )
+        ]
+        if self.reservations:
+            events += [(end, -1, None) for end in self.reservations.ends_after(now)]
+        events.sort(key=lambda event: (event[0], event[1]))
         statement = Statement(self.cluster)
         try:
-            for end, _, job in ends:
-                statement.free(job)
-                placed = self.placement.place(self.cluster, head, end)
+            for end, _, job in events:
+                if job is not None:
+                    statement.free(job)
+                placed = self.place_head(head, end)
                 if isinstance(placed, Placed):
                     return end, placed
             return None
         finally:
             statement.discard()
+
+    def place_head(self, head: Job, at: float) -> Placed | NotPlaced:
+        """The head's placement were it to start at `at`, off the reserved GPUs it may not use
+        then (a window it would run into, or is open)."""
+        closed = self.reservations.closed(head, at) if self.reservations else []
+        if closed:
+            return place_held_out(self.cluster, self.placement, head, at, closed_gpus(closed))
+        return self.placement.place(self.cluster, head, at)
 
     def closed(self, job: Job, now: float) -> list[Closed]:
         if self.head is None or self.shadow == math.inf or limit_end(job, now) <= self.shadow:
@@ -163,11 +186,16 @@ def backfill_name(value: str | bool) -> str:
     return value
 
 
-def make_backfill(value: str | bool, cluster: Cluster, placement: Placement) -> Backfill:
+def make_backfill(
+    value: str | bool,
+    cluster: Cluster,
+    placement: Placement,
+    reservations: Reservations | None = None,
+) -> Backfill:
     name = backfill_name(value)
     if name not in BACKFILLS:
         raise ValueError(f"backfill: unknown rule {name!r}; choose one of {', '.join(BACKFILLS)}")
-    return BACKFILLS[name](cluster, placement)
+    return BACKFILLS[name](cluster, placement, reservations)
 
 
 __all__ = [

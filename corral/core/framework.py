@@ -13,13 +13,13 @@ without job lengths, elasticflow without a throughput table), building refuses i
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from corral.core.admission import ADMISSIONS
 from corral.core.admission.base import Assembly
-from corral.core.backfill import BACKFILL_ALIASES, BACKFILLS
+from corral.core.backfill import BACKFILL_ALIASES, BACKFILLS, backfill_name
 from corral.core.options import NoOptions, OptionError, build, describe, option, to_dict
 from corral.core.placement import PLACEMENTS
 from corral.core.plugin import PluginError, Services
@@ -332,6 +332,24 @@ def build_scheduler(
     return scheme.build(config.section(admission_name), parts)
 
 
+def idle_backfill(backfill: str | bool, policies: Iterable[str]) -> str | None:
+    """A one-line warning, naming the flag, where the backfill rule can never act under some of
+    `policies` (None: it acts under each, or it is `none`): only a blocking policy has a head for
+    later jobs to pass; under any other every rule decides as `none` does. A warning rather
+    than a refusal (`CoreOptions.validate` cannot tell: the policy is final only where a shell
+    builds its schedulers), as `corral simulate` compares several policies under one rule."""
+    rule = backfill_name(backfill)
+    idle = [name for name in policies if name in POLICIES and not POLICIES[name].blocking]
+    if rule == "none" or not idle:
+        return None
+    blocking = ", ".join(name for name, policy in POLICIES.items() if policy.blocking)
+    under = f"policy {idle[0]}" if len(idle) == 1 else f"policies {', '.join(idle)}"
+    return (
+        f"--backfill {rule}: no effect under {under}, which never blocks (backfill passes "
+        f"the head of a blocking policy: {blocking})"
+    )
+
+
 __all__ = [
     "STAGES",
     "CoreOptions",
@@ -339,6 +357,7 @@ __all__ = [
     "build_scheduler",
     "check_config",
     "config_from_mapping",
+    "idle_backfill",
     "merge",
     "sections",
 ]

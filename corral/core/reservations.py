@@ -21,7 +21,7 @@ wait. Pure: times are the shell's clock, given in.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -106,10 +106,16 @@ def choose_gpus(
     gpus: int | None = None,
     nodes: Sequence[str] = (),
     taken: Iterable[int] = (),
+    busy_until: Mapping[int, float] | None = None,
+    start: float = 0.0,
 ) -> tuple[int, ...]:
-    """The GPUs a reservation claims: every GPU of the nodes named, or `gpus` of them, whole
-    nodes first, from the last node back (placements fill the first nodes first), none that
-    another reservation of an overlapping window already claims (`taken`)."""
+    """The GPUs a reservation claims: every GPU of the nodes named, or `gpus` of them, none that
+    another reservation of an overlapping window already claims (`taken`). A count prefers GPUs
+    free when the window opens at `start`: first those idle now, then those whose jobs end by
+    their time limits by `start` (`busy_until`: a busy GPU's latest end, infinite for a job
+    without a limit; a GPU not in it is idle), each of the two whole nodes first, from the last
+    node back (placements fill the first nodes first); only then GPUs whose jobs run into the
+    window, the earliest to end first."""
     if (gpus is None) == (not nodes):
         raise ReservationError("gpus or nodes: give one of them")
     busy = set(taken)
@@ -127,20 +133,37 @@ def choose_gpus(
     assert gpus is not None
     if gpus <= 0:
         raise ReservationError(f"gpus: must be a positive integer, got {gpus}")
-    order = sorted(
-        (node.index for node in cluster.nodes),
-        key=lambda n: (-len([g for g in cluster.node_gpus[n] if g not in busy]), -n),
-    )
-    chosen = []
-    for node in order:
-        for gpu in cluster.node_gpus[node]:
-            if gpu not in busy and len(chosen) < gpus:
-                chosen.append(gpu)
+    ends = busy_until or {}
+    idle = [g for g in range(len(cluster.gpus)) if g not in busy and g not in ends]
+    free_by_start = [g for g in ends if g not in busy and ends[g] <= start]
+    chosen = _whole_nodes_first(cluster, idle, gpus)
+    chosen += _whole_nodes_first(cluster, free_by_start, gpus - len(chosen))
+    if len(chosen) < gpus:
+        chosen += _running_into(cluster, ends, busy, start)[: gpus - len(chosen)]
     if len(chosen) < gpus:
         raise ReservationError(
             f"gpus: {gpus} asked, {len(chosen)} not reserved already in that window"
         )
     return tuple(sorted(chosen))
+
+
+def _whole_nodes_first(cluster: Cluster, candidates: Iterable[int], count: int) -> list[int]:
+    """Up to `count` of `candidates`: the nodes with most of them first, ties from the last
+    node back."""
+    on_node: dict[int, list[int]] = {}
+    for gpu in sorted(candidates):
+        on_node.setdefault(cluster.gpu_node[gpu], []).append(gpu)
+    order = sorted(on_node, key=lambda node: (-len(on_node[node]), -node))
+    return [gpu for node in order for gpu in on_node[node]][: max(count, 0)]
+
+
+def _running_into(
+    cluster: Cluster, busy_until: Mapping[int, float], taken: set[int], start: float
+) -> list[int]:
+    """The GPUs whose jobs run past `start`, not `taken`, the earliest to end first (ties: from
+    the last node back)."""
+    late = [g for g in busy_until if g not in taken and busy_until[g] > start]
+    return sorted(late, key=lambda g: (busy_until[g], -cluster.gpu_node[g], g))
 
 
 class Reservations:
@@ -213,6 +236,10 @@ class Reservations:
             )
             for r in self.closed_to(job, now)
         ]
+
+    def ends_after(self, now: float) -> list[float]:
+        """The instants windows close after `now`."""
+        return sorted(r.end for r in self.items.values() if r.end > now)
 
     def next_boundary(self, now: float) -> float:
         """The next window start or end after `now` (infinite: none)."""

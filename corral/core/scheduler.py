@@ -95,11 +95,11 @@ class Scheduler(SchedulerState):
         )
         self._narrows = chain.having("walks")
         self._placement_plans = type(placement).begin_round is not Placement.begin_round
-        #: Which later jobs pass a blocking policy's head (corral.core.backfill).
-        self.backfill = make_backfill(backfill, cluster, placement)
-        self._reserves = self.backfill.reserves and policy.blocking
         #: GPUs claimed over time windows for some users or VCs (corral.core.reservations).
         self.reservations = Reservations(cluster, placement)
+        #: Which later jobs pass a blocking policy's head (corral.core.backfill).
+        self.backfill = make_backfill(backfill, cluster, placement, self.reservations)
+        self._reserves = self.backfill.reserves and policy.blocking
         self.rounds = 0
         self.blocked_by: str | None = None
         #: Follows jobs through their lives (the pre-runs, corral.core.precheck); its per-job

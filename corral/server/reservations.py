@@ -103,8 +103,20 @@ class ReservationControl:
                 for gpu_name in row.gpus
                 if gpu_name in ids
             ]
+            busy_until: dict[int, float] = {}  # each busy GPU's latest end by time limits
+            for job in self.scheduler.running_jobs():
+                ends = now + job.limit_left_s(now)
+                for gpu in job.placement:
+                    busy_until[gpu] = max(ends, busy_until.get(gpu, ends))
             try:
-                chosen = choose_gpus(self.cluster, gpus=gpus, nodes=nodes, taken=taken)
+                chosen = choose_gpus(
+                    self.cluster,
+                    gpus=gpus,
+                    nodes=nodes,
+                    taken=taken,
+                    busy_until=busy_until,
+                    start=start,
+                )
             except ReservationError as error:
                 if "reserved" in str(error):  # GPUs another reservation claims then
                     raise ControlError(409, str(error)) from None

@@ -182,3 +182,39 @@ def test_easy_backfill_never_delays_the_head(seed: int):
     assert len(shadows) > 20  # the trace blocks the queue often
     late = {job: (shadow, starts[job]) for job, shadow in shadows.items() if starts[job] > shadow}
     assert late == {}
+
+
+def test_the_shadow_honours_an_admin_reservation():
+    # One node of 4 GPUs, fifo, placement any (the lowest free GPUs), easy. At 0 A (2 GPUs,
+    # limit 100) starts on 0-1; then a maintenance window (for no one) keeps GPUs 2-3 from 50
+    # to 250. At 10 H (4 GPUs, limit 1000) cannot start: the head. Released by its limit, A
+    # frees 0-1 at 100, but from 50 to 250 H may not take 2-3 (it would run into the window, and
+    # then it is open): at 100 it does not fit. At 250 the window closes: shadow time 250,
+    # reserved 0-3 (a shadow blind to the window says 100). W (2 GPUs, limit 30) ends by 40,
+    # before the window and the shadow: it starts on 2-3.
+    from corral.core.reservations import Reservation
+
+    s = scheduler(1, 4, "fifo", "any", backfill="easy")
+    s.submit(limited("A", 2, 100), 0)
+    assert started(s.decide(0).actions) == {"A": (0, 1)}
+    s.reserve(Reservation("maint", 50.0, 200.0, (2, 3)))
+    s.submit(limited("H", 4, 1000, 10), 10)
+    s.submit(limited("W", 2, 30, 10), 10)
+    assert started(s.decide(10).actions) == {"W": (2, 3)}
+    assert s.backfill.shadow == 250 and s.backfill.reserved == {0, 1, 2, 3}
+    assert "reserved 4 GPUs to start by t=250" in s.jobs["H"].pending_reason
+    # At 100 W and A have ended: 0-1 are free, 2-3 in the window. Nothing runs, yet the window
+    # bounds H's start: shadow 250 still (blind to it, H would get no reservation and L would
+    # start). L (2 GPUs, limit 200) would end by 300, past 250, on 0-1 (reserved for H; 2-3 are
+    # the window's): it waits. S (2 GPUs, limit 150) ends by 250: it starts on 0-1.
+    s.finished("W", 40)
+    s.finished("A", 100)
+    s.submit(limited("L", 2, 200, 100), 100)
+    s.submit(limited("S", 2, 150, 100), 100)
+    assert started(s.decide(100).actions) == {"S": (0, 1)}
+    assert s.backfill.shadow == 250
+    assert "would delay job H reserved at t=250" in s.jobs["L"].pending_reason
+    # S ends at 240; at 250 the window closes and H starts, as reserved, before L.
+    s.finished("S", 240)
+    assert started(s.decide(240).actions) == {}
+    assert started(s.decide(250).actions) == {"H": (0, 1, 2, 3)}

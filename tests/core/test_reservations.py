@@ -4,6 +4,8 @@ time the window opens. Every expected value is worked out by hand in the comment
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from corral.core import Cluster, JobSpec
@@ -96,6 +98,29 @@ def test_choosing_gpus_and_refusing_overlaps():
     s.reserve(Reservation("c", 100.0, 100.0, (1, 2)))  # after a's window: fine
     with pytest.raises(ReservationError, match="exists already"):
         s.reserve(Reservation("c", 500.0, 1.0, (5,)))
+
+
+def test_a_count_prefers_gpus_free_when_the_window_opens():
+    # Three nodes of 2 GPUs (0-1, 2-3, 4-5); the window opens at 100. GPUs 0-1 are idle; GPU 2's
+    # job ends by its limit at 50 (free by 100), GPU 3's at 150 (into the window), and 4-5 hold
+    # a job without a limit (never ends). By node order alone 2 GPUs would be node 2's (4, 5).
+    cluster = Cluster.shorthand(3, 2)
+    busy = {2: 50.0, 3: 150.0, 4: math.inf, 5: math.inf}
+
+    def chosen(count: int, taken: tuple[int, ...] = ()) -> tuple[int, ...]:
+        return choose_gpus(cluster, gpus=count, taken=taken, busy_until=busy, start=100.0)
+
+    assert chosen(2) == (0, 1)  # idle now
+    assert chosen(3) == (0, 1, 2)  # then free by 100
+    assert chosen(4) == (0, 1, 2, 3)  # then the earliest to end in the window
+    assert chosen(5) == (0, 1, 2, 3, 4)
+    assert chosen(2, taken=(0,)) == (1, 2)
+    # Among idle GPUs, whole nodes first, from the last node back: with GPU 0 busy past the
+    # window, nodes 1 and 2 have 2 idle GPUs each: node 2's (4, 5). With 0 and 4 busy, node 1
+    # has 2 (2, 3), nodes 0 and 2 one each: node 2's 5 before node 0's 1.
+    assert choose_gpus(cluster, gpus=2, busy_until={0: 500.0}, start=100.0) == (4, 5)
+    three = choose_gpus(cluster, gpus=3, busy_until={0: 500.0, 4: 500.0}, start=100.0)
+    assert three == (2, 3, 5)
 
 
 def test_a_reservation_record_round_trips_and_a_bad_one_names_its_field():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from collections.abc import Iterator
@@ -18,6 +19,7 @@ from tests.server.helpers import (
     alive,
     api,
     job,
+    kill_jobs_of,
     python_job,
     start_server,
     submit,
@@ -366,24 +368,47 @@ def test_las_preempts_the_job_that_attained_more_service_and_it_resumes(
         server.stop()
 
 
-def test_time_slicing_suspends_and_resumes_jobs_in_turns(data_dir: Path) -> None:
-    server = start_server(data_dir, gpus=1, policy="timeslice", quantum_s=0.8)
+def _worker_run_s(data_dir: Path) -> float:
+    """Seconds a one-step training job runs under a manager on this machine as loaded now, from
+    its start to its end by the manager's clock: a worker's start, one step and its exit."""
+    server = start_server(data_dir, gpus=1)
     try:
         client = api(server.url, admin_token(data_dir))
-        first = submit(client, **train_job("first", steps=40))
-        second = submit(client, **train_job("second", steps=40))
-        done = [wait_for(client, j, timeout=240) for j in (first, second)]
+        done = wait_for(client, submit(client, **train_job("probe", steps=1)), timeout=240)
+        assert done["status"] == "SUCCEEDED", done
+        return float(done["finished_at"]) - float(done["started_at"])
+    finally:
+        server.stop()
+        kill_jobs_of(data_dir)
+
+
+def test_time_slicing_suspends_and_resumes_jobs_in_turns(data_dir: Path) -> None:
+    # The quantum is sized to this machine's load: at least 4 times a worker's measured start
+    # (a turn lasts at least half a quantum, so twice a start: a worker checkpoints some steps in
+    # each), and each job's work 2.5 quanta, so that no job ends within its first turn. A fixed
+    # 0.8 s quantum ended before a worker had started on a loaded machine.
+    start_s = _worker_run_s(data_dir.parent / "probe")
+    quantum_s = max(0.8, 4 * start_s)
+    step_s = 0.05
+    steps = math.ceil(2.5 * quantum_s / step_s)
+    server = start_server(data_dir, gpus=1, policy="timeslice", quantum_s=quantum_s)
+    try:
+        client = api(server.url, admin_token(data_dir))
+        first = submit(client, **train_job("first", steps=steps, step_s=step_s))
+        second = submit(client, **train_job("second", steps=steps, step_s=step_s))
+        timeout = 240 + 20 * quantum_s
+        done = [wait_for(client, j, timeout=timeout) for j in (first, second)]
         assert [d["status"] for d in done] == ["SUCCEEDED", "SUCCEEDED"]
-        # 2 s of steps each and a 0.8 s quantum: each is suspended at least once and resumes
-        # from its checkpoint, and the second ran before the first finished. (On a loaded
-        # machine a turn may end before its worker has even started: some later attempt
-        # resumes from a step past 0, not necessarily the second.)
+        # Each is suspended at least once and resumes from its checkpoint, and the second ran
+        # before the first finished. (Load may still rise after the probe: a turn may end
+        # before its worker started, so some later attempt resumes past step 0, not
+        # necessarily the second.)
         for entry in done:
-            assert entry["preemptions"] >= 1
+            assert entry["preemptions"] >= 1, (entry, quantum_s)
             resumed = [
                 _resumed_from(data_dir, entry["id"], n) for n in range(2, entry["attempts"] + 1)
             ]
-            assert max(resumed) > 0, resumed
+            assert max(resumed) > 0, (resumed, quantum_s)
         second_start = job(client, second)["attempt_history"][0]["started_at"]
         assert second_start < done[0]["finished_at"]
     finally:

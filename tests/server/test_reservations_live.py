@@ -174,3 +174,29 @@ def test_a_maintenance_window_is_honoured_with_backfill_around_it(
     assert sorted(again, key=again.__getitem__) == ["L", "S", "U"]
     window_end = recorded["start"] + recorded["duration"]
     assert again["S"] < recorded["start"] and again["U"] >= window_end
+
+
+def test_a_reservation_by_count_takes_the_gpu_free_when_its_window_opens(
+    data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Two GPUs of one node, fifo, placement any: A (sleeps 60 s, time_limit 90 s) starts on
+    # device 0 and, by its limit, may run until 90 s from now. `--gpus 1` for a window from 20 s
+    # on: device 0 is busy into it, device 1 idle, so device 1 is reserved (by node order alone,
+    # the node's first GPU, device 0, would be).
+    server = start_server(data_dir, gpus=2, policy="fifo", placement="any")
+    try:
+        token = admin_token(data_dir)
+        monkeypatch.setenv("CORRAL_URL", server.url)
+        monkeypatch.setenv("CORRAL_TOKEN", token)
+        client = api(server.url, token)
+        busy = submit(client, **sleeper("A", 60, 90))
+        assert str(wait_for(client, busy, ["RUNNING"])["placement"]).endswith("/0']")
+        args = ["reservation", "create", "demo", "--gpus", "1", "--start", "+20s"]
+        made = CliRunner().invoke(app, [*args, "--duration", "5s"])
+        assert made.exit_code == 0, made.output
+        (reservation,) = client.get("/api/v1/reservations").json()
+        assert reservation["gpus"][0].endswith("/1"), reservation
+        client.post(f"/api/v1/jobs/{busy}/cancel")
+    finally:
+        server.stop()
+        kill_jobs_of(data_dir)
