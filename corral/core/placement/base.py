@@ -123,7 +123,10 @@ def largest_rack(cluster: Cluster, unit: int = 1) -> int:
 
 
 def not_enough(cluster: Cluster, job: Job) -> NotPlaced | None:
-    free = max((cluster.free_by_type.get(t, 0) for t in types_for(cluster, job)), default=0)
+    if job.spec.gpu_types is None and len(cluster.gpu_types) == 1:  # (asked at every place)
+        free = cluster.free_by_type.get(cluster.gpu_types[0], 0)
+    else:
+        free = max((cluster.free_by_type.get(t, 0) for t in types_for(cluster, job)), default=0)
     if free < job.spec.gpus:
         what = (
             "" if job.spec.gpu_types is None else f" of type {'|'.join(sorted(job.spec.gpu_types))}"
