@@ -544,30 +544,60 @@ class Cluster:
         self.frees += 1
         self._change(gpu_ids, +1)
 
-    def allocate_each(self, groups: Sequence[Sequence[int]]) -> None:
-        """`allocate(group)` for each group in turn, in one pass (the same state after)."""
-        self._change_each(groups, -1)
+    def allocate_each(
+        self, groups: Sequence[Sequence[int]], held: Sequence[bool] | None = None
+    ) -> None:
+        """`allocate(group)` for each group in turn, in one pass (the same state after). A
+        group that `held` marks True is allocated already (a search for preemption victims did
+        not free it): its GPUs stay as they are, and its nodes move in their buckets, in turn
+        with the other groups' nodes, as a release and this allocation of it would have left
+        them (each at the end of the bucket it is in)."""
+        self._change_each(groups, -1, held)
 
     def release_each(self, groups: Sequence[Sequence[int]]) -> None:
         """`release(group)` for each group in turn, in one pass (the same state after)."""
         self.frees += len(groups)
         self._change_each(groups, +1)
 
-    def _change_each(self, groups: Sequence[Sequence[int]], delta: int) -> None:
+    def _change_each(
+        self, groups: Sequence[Sequence[int]], delta: int, held: Sequence[bool] | None = None
+    ) -> None:
         """`_change(group, delta)` for each group in turn (a search for preemption victims frees
         and takes back dozens of jobs' GPUs at once), with each node's count and bucket changed
         once. A node's place in its bucket is its history's: `_change` moves each node it
         changes to the end of its new bucket, group after group and, in a group, in the order
         its GPUs name the nodes, so the nodes end in the order they were last changed in (after
         those not changed), which is the order they are moved in here. If a GPU is already as
-        asked (or named twice), the groups are changed one by one instead, which fails there."""
+        asked (or named twice), the groups are changed one by one instead, which fails there.
+        `held` (taking back): see `allocate_each`."""
         want = 1 if delta > 0 else 0
         gpu_free = self.gpu_free
         gpu_node = self.gpu_node
         gpus = self.gpus
         per_node: dict[int, int] = {}  # node -> GPUs changed, in the order last changed
         done = 0
-        for group in groups:
+        for number, group in enumerate(groups):
+            if held is not None and held[number]:  # its nodes move, their counts unchanged
+                first = -1
+                named: dict[int, None] | None = None  # its other nodes, in order
+                for gpu_id in group:
+                    if gpu_free[gpu_id]:
+                        self._undo_each(groups, done, want, held)
+                        raise ClusterError(f"GPU {gpus[gpu_id].name} is not allocated")
+                    node_idx = gpu_node[gpu_id]
+                    if node_idx != first:
+                        if first < 0:
+                            first = node_idx
+                        else:
+                            if named is None:
+                                named = {}
+                            named[node_idx] = None
+                if first >= 0:
+                    per_node[first] = per_node.pop(first, 0)
+                if named is not None:
+                    for node_idx in named:
+                        per_node[node_idx] = per_node.pop(node_idx, 0)
+                continue
             # The group's first node and its count, then any other nodes (a job over several
             # nodes) in the order its GPUs name them.
             first = -1
@@ -575,9 +605,10 @@ class Cluster:
             others: dict[int, int] | None = None
             for gpu_id in group:
                 if gpu_free[gpu_id] == want:
-                    self._undo_each(groups, done, want)
-                    for each in groups:
-                        self._change(each, delta)  # fails where the first change would
+                    self._undo_each(groups, done, want, held)
+                    for each, kept in zip(groups, held or [False] * len(groups), strict=True):
+                        if not kept:
+                            self._change(each, delta)  # fails where the first change would
                     return
                 gpu_free[gpu_id] = want
                 gpus[gpu_id].free_gpus += delta
@@ -599,7 +630,9 @@ class Cluster:
                     per_node[node_idx] = per_node.pop(node_idx, 0) + more
         self.version += len(groups)
         if not self._flat:
-            for group in groups:
+            for number, group in enumerate(groups):
+                if held is not None and held[number]:
+                    continue
                 for gpu_id in group:
                     cell = gpus[gpu_id].parent
                     while cell is not None and not cell.is_node:  # any switch level
@@ -612,6 +645,11 @@ class Cluster:
         for node_idx, count in per_node.items():
             node = nodes[node_idx]
             by_free = buckets[node.gpu_type]
+            if not count:  # (only held groups' GPUs on it) to the end of its bucket
+                bucket = by_free[node.free_gpus]
+                del bucket[node_idx]
+                bucket[node_idx] = None
+                continue
             del by_free[node.free_gpus][node_idx]
             change = delta * count
             free_by_type[node.gpu_type] += change
@@ -623,9 +661,13 @@ class Cluster:
             for changed in self._watchers:
                 changed.update(per_node)
 
-    def _undo_each(self, groups: Sequence[Sequence[int]], done: int, want: int) -> None:
-        """Set back the first `done` GPU flags `_change_each` set."""
-        for group in groups:
+    def _undo_each(
+        self, groups: Sequence[Sequence[int]], done: int, want: int, held: Sequence[bool] | None
+    ) -> None:
+        """Set back the first `done` GPU flags `_change_each` set (none of the groups held)."""
+        for number, group in enumerate(groups):
+            if held is not None and held[number]:
+                continue
             for gpu_id in group:
                 if done == 0:
                     return

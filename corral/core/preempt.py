@@ -456,6 +456,14 @@ class Preemption:
         candidates = (
             self._candidates_sliced(job, now) if self.sliceable else self._candidates(job, now)
         )
+        # The first placement may be tried with only the victims in places with room freed.
+        confined = (
+            plain
+            and scope != "cluster"
+            and self.placement.confined
+            and len(cluster.gpu_types) == 1
+            and not self.held_out
+        )
         for victim in candidates:
             victims.append(victim)
             total += victim.spec.gpus
@@ -464,6 +472,10 @@ class Preemption:
                 room = self._room_in_scope(scope, victim, need, freed_in)
                 if total < need or not room:
                     continue
+            if confined and not attempts:  # (else asked again below with every victim freed)
+                if self._start_confined(job, now, actions, scope, freed_in, victims, statement):
+                    self._frees_seen = cluster.frees
+                    return "started"
             statement.free_each(victims[len(statement.freed) :])
             result = self._place(job, now)
             attempts += 1
@@ -518,16 +530,61 @@ class Preemption:
         statement.discard()
         return "no placement"
 
+    def _start_confined(
+        self,
+        job: Job,
+        now: float,
+        actions: list[Action],
+        scope: str,
+        freed_in: dict[int, int],
+        victims: list[Job],
+        statement: Statement,
+    ) -> bool:
+        """The search's first placement, for a job whose placement is `confined` to a node or
+        rack (`scope`) with room: it goes to a place where the free GPUs and those of the
+        victims there (`freed_in`) are enough, and those places' state alone decides which, so
+        only the victims with GPUs in them are freed to ask it. If it places the job, the job
+        starts as if every victim had been freed: the statement takes back the others' GPUs
+        as it takes back those of the victims the start does not use (`commit_among`), which
+        leaves the cluster as freeing them all would have. If not, the frees are undone and
+        the caller asks again with every victim freed: each node the undone frees moved in its
+        bucket is moved again by those frees, so the buckets end as if the first try had never
+        been. Returns whether the job started."""
+        cluster = self.cluster
+        need = job.spec.gpus
+        free_in = cluster.node_free if scope == "node" else cluster.rack_free
+        rooms = {place for place, freed in freed_in.items() if free_in(place) + freed >= need}
+        chosen: list[Job] = []
+        for victim in victims:
+            if not victim.spec.plain:
+                return False
+            if any(place in rooms for place, _ in self._held_in(victim, scope)):
+                chosen.append(victim)
+        statement.free_each(chosen)
+        result = self._place(job, now)
+        if isinstance(result, Placed):
+            self._start_in_room(job, result, statement, now, actions, victims)
+            return True
+        statement.discard()
+        return False
+
     def _place(self, job: Job, now: float) -> Placed | NotPlaced:
         if self.held_out:
             return place_held_out(self.cluster, self.placement, job, now, self.held_out)
         return self.placement.place(self.cluster, job, now)
 
     def _start_in_room(
-        self, job: Job, result: Placed, statement: Statement, now: float, actions: list[Action]
+        self,
+        job: Job,
+        result: Placed,
+        statement: Statement,
+        now: float,
+        actions: list[Action],
+        among: list[Job] | None = None,
     ) -> None:
         """Start the job where the placement put it: the victims it uses are preempted, the
-        others take their GPUs again (not needed after all)."""
+        others take their GPUs again (not needed after all). `among`: the search's victims,
+        of which the statement freed some (`_start_confined`)."""
         chosen = set(result.gpus)
 
         def used(victim: Job) -> bool:
@@ -538,7 +595,10 @@ class Preemption:
         def stop(victim: Job) -> None:
             self.host.stop_freed(victim, job, now, actions)
 
-        statement.commit(used, stop)
+        if among is None:
+            statement.commit(used, stop)
+        else:
+            statement.commit_among(among, used, stop)
         self.host.start_on(job, result, now, actions)
 
     def _room_in_scope(self, scope: str, victim: Job, need: int, freed_in: dict[int, int]) -> bool:

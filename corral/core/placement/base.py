@@ -46,6 +46,13 @@ class Placement(OptionsMixin):
     #: instants `changes_at` announces (no state of the placement's own): the scheduler may then
     #: skip a round in which nothing it looks at changed (`Scheduler.decide`).
     pure: ClassVar[bool] = False
+    #: A job of whole GPUs whose `scope` is a node or a rack goes to one node or rack with free
+    #: GPUs enough for it, chosen by the state of those alone (their free GPUs, and the order
+    #: in which the cluster's buckets hold them), on a cluster of one GPU type: the free GPUs of
+    #: the nodes and racks too small for it do not change `place`'s answer. A search for
+    #: preemption victims then frees only the victims in places that could hold the job
+    #: (`Preemption.lowest_first`).
+    confined: ClassVar[bool] = False
 
     def refusal(self, cluster: Cluster, spec: JobSpec) -> str | None:
         """Why this placement could never place the job on this cluster (beyond the GPU counts
