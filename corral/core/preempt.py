@@ -458,13 +458,15 @@ class Preemption:
         candidates = (
             self._candidates_sliced(job, now) if self.sliceable else self._candidates(job, now)
         )
-        # The first placement may be tried with only the victims in places with room freed.
+        # The first placement may be tried with only the victims in places with room freed
+        # (not where victims share GPUs with partners: a stage's pairs are freed together).
         confined = (
             plain
             and scope != "cluster"
             and self.placement.confined
             and len(cluster.gpu_types) == 1
             and not self.held_out
+            and not self.shared
         )
         # Each victim's GPUs per node or rack (`_held_in`, kept), and those places' free GPUs.
         held_by = self._held_by_node if scope == "node" else self._held_by_rack
