@@ -98,6 +98,13 @@ class Cluster:
             for gpu_id in ids:
                 self.gpu_node[gpu_id] = node.index
         self.gpu_free = bytearray(b"\x01" * len(self.gpus))
+        #: Each node's GPUs lie right under it (no switch level): a GPU's count is its flag's.
+        self._node_flat = [
+            all(not child.children for child in node.children) for node in self.nodes
+        ]
+        self._flat = all(self._node_flat)
+        #: Each node's cells above it, up to the root (counts change along them).
+        self._above: list[tuple[Cell, ...]] = [_ancestors(node) for node in self.nodes]
         self.gpu_types = sorted({node.gpu_type for node in self.nodes})
         self.total_by_type: Counter[str] = Counter()
         self.free_by_type: Counter[str] = Counter()
@@ -137,6 +144,7 @@ class Cluster:
         #: `worker_room`'s answers by (GPU types, worker size): a cluster's nodes are fixed when
         #: it is made (nodes that join or leave make a new Cluster), so they never go stale.
         self._worker_room: dict[tuple[tuple[str, ...], int], tuple[int, int]] = {}
+        self._capacity: dict[frozenset[str] | None, int] = {}  # `capacity_for`'s, likewise
 
     def _index(self, root: Cell) -> None:
         """Number GPUs and nodes depth-first, find racks, and compute counts bottom-up."""
@@ -265,13 +273,19 @@ class Cluster:
         return sum(self.free_by_type.get(t, 0) for t in gpu_types)
 
     def capacity_for(self, gpu_types: frozenset[str] | None) -> int:
-        """GPUs that could ever host a job of these types (the largest gang of one type)."""
-        types = (
-            self.gpu_types
-            if gpu_types is None
-            else [t for t in gpu_types if t in self.total_by_type]
-        )
-        return max((self.total_by_type[t] for t in types), default=0)
+        """GPUs that could ever host a job of these types (the largest gang of one type).
+        Worked out once per cluster and GPU types (asked at every submission): nodes are
+        fixed when a cluster is made."""
+        capacity = self._capacity.get(gpu_types)
+        if capacity is None:
+            types = (
+                self.gpu_types
+                if gpu_types is None
+                else [t for t in gpu_types if t in self.total_by_type]
+            )
+            capacity = max((self.total_by_type[t] for t in types), default=0)
+            self._capacity[gpu_types] = capacity
+        return capacity
 
     def worker_room(self, gpu_types: frozenset[str] | None, unit: int) -> tuple[int, int]:
         """For workers of `unit` GPUs each on one node, on the nodes of the GPU types given (None:
@@ -530,103 +544,175 @@ class Cluster:
         self.frees += 1
         self._change(gpu_ids, +1)
 
-    def allocate_each(self, groups: Sequence[Sequence[int]]) -> None:
-        """`allocate(group)` for each group in turn, in one pass (the same state after)."""
-        self._change_each(groups, -1)
+    def allocate_each(
+        self, groups: Sequence[Sequence[int]], held: Sequence[bool] | None = None
+    ) -> None:
+        """`allocate(group)` for each group in turn, in one pass (the same state after). A
+        group that `held` marks True is allocated already (a search for preemption victims did
+        not free it): its GPUs stay as they are, and its nodes move in their buckets, in turn
+        with the other groups' nodes, as a release and this allocation of it would have left
+        them (each at the end of the bucket it is in)."""
+        self._change_each(groups, -1, held)
 
     def release_each(self, groups: Sequence[Sequence[int]]) -> None:
         """`release(group)` for each group in turn, in one pass (the same state after)."""
         self.frees += len(groups)
         self._change_each(groups, +1)
 
-    def _change_each(self, groups: Sequence[Sequence[int]], delta: int) -> None:
+    def _change_each(
+        self, groups: Sequence[Sequence[int]], delta: int, held: Sequence[bool] | None = None
+    ) -> None:
         """`_change(group, delta)` for each group in turn (a search for preemption victims frees
         and takes back dozens of jobs' GPUs at once), with each node's count and bucket changed
         once. A node's place in its bucket is its history's: `_change` moves each node it
         changes to the end of its new bucket, group after group and, in a group, in the order
         its GPUs name the nodes, so the nodes end in the order they were last changed in (after
         those not changed), which is the order they are moved in here. If a GPU is already as
-        asked (or named twice), the groups are changed one by one instead, which fails there."""
+        asked (or named twice), the groups are changed one by one instead, which fails there.
+        `held` (taking back): see `allocate_each`."""
         want = 1 if delta > 0 else 0
         gpu_free = self.gpu_free
         gpu_node = self.gpu_node
         gpus = self.gpus
         per_node: dict[int, int] = {}  # node -> GPUs changed, in the order last changed
         done = 0
-        for group in groups:
-            in_group: dict[int, int] = {}
+        for number, group in enumerate(groups):
+            if held is not None and held[number]:  # its nodes move, their counts unchanged
+                first = -1
+                named: dict[int, None] | None = None  # its other nodes, in order
+                for gpu_id in group:
+                    if gpu_free[gpu_id]:
+                        self._undo_each(groups, done, want, held)
+                        raise ClusterError(f"GPU {gpus[gpu_id].name} is not allocated")
+                    node_idx = gpu_node[gpu_id]
+                    if node_idx != first:
+                        if first < 0:
+                            first = node_idx
+                        else:
+                            if named is None:
+                                named = {}
+                            named[node_idx] = None
+                if first >= 0:
+                    per_node[first] = per_node.pop(first, 0)
+                if named is not None:
+                    for node_idx in named:
+                        per_node[node_idx] = per_node.pop(node_idx, 0)
+                continue
+            # The group's first node and its count, then any other nodes (a job over several
+            # nodes) in the order its GPUs name them.
+            first = -1
+            count = 0
+            others: dict[int, int] | None = None
             for gpu_id in group:
                 if gpu_free[gpu_id] == want:
-                    self._undo_each(groups, done, want)
-                    for each in groups:
-                        self._change(each, delta)  # fails where the first change would
+                    self._undo_each(groups, done, want, held)
+                    for each, kept in zip(groups, held or [False] * len(groups), strict=True):
+                        if not kept:
+                            self._change(each, delta)  # fails where the first change would
                     return
                 gpu_free[gpu_id] = want
+                gpus[gpu_id].free_gpus += delta
                 done += 1
                 node_idx = gpu_node[gpu_id]
-                in_group[node_idx] = in_group.get(node_idx, 0) + 1
-            for node_idx, count in in_group.items():
-                per_node[node_idx] = per_node.pop(node_idx, 0) + count
+                if node_idx == first:
+                    count += 1
+                elif first < 0:
+                    first = node_idx
+                    count = 1
+                else:
+                    if others is None:
+                        others = {}
+                    others[node_idx] = others.get(node_idx, 0) + 1
+            if first >= 0:
+                per_node[first] = per_node.pop(first, 0) + count
+            if others is not None:
+                for node_idx, more in others.items():
+                    per_node[node_idx] = per_node.pop(node_idx, 0) + more
         self.version += len(groups)
-        for group in groups:
-            for gpu_id in group:
-                cell = gpus[gpu_id]
-                while not cell.is_node:  # the GPU and any switch level under the node
-                    cell.free_gpus += delta
-                    cell = cell.parent  # type: ignore[assignment]
+        if not self._flat:
+            for number, group in enumerate(groups):
+                if held is not None and held[number]:
+                    continue
+                for gpu_id in group:
+                    cell = gpus[gpu_id].parent
+                    while cell is not None and not cell.is_node:  # any switch level
+                        cell.free_gpus += delta
+                        cell = cell.parent
         nodes = self.nodes
         buckets = self._buckets
         free_by_type = self.free_by_type
+        above = self._above
         for node_idx, count in per_node.items():
             node = nodes[node_idx]
             by_free = buckets[node.gpu_type]
+            if not count:  # (only held groups' GPUs on it) to the end of its bucket
+                bucket = by_free[node.free_gpus]
+                del bucket[node_idx]
+                bucket[node_idx] = None
+                continue
             del by_free[node.free_gpus][node_idx]
-            free_by_type[node.gpu_type] += delta * count
-            up: Cell | None = node
-            while up is not None:
-                up.free_gpus += delta * count
-                up = up.parent
+            change = delta * count
+            free_by_type[node.gpu_type] += change
+            node.free_gpus += change
+            for cell in above[node_idx]:
+                cell.free_gpus += change
             by_free[node.free_gpus][node_idx] = None
         if self._watchers:
             for changed in self._watchers:
                 changed.update(per_node)
 
-    def _undo_each(self, groups: Sequence[Sequence[int]], done: int, want: int) -> None:
-        """Set back the first `done` GPU flags `_change_each` set."""
-        for group in groups:
+    def _undo_each(
+        self, groups: Sequence[Sequence[int]], done: int, want: int, held: Sequence[bool] | None
+    ) -> None:
+        """Set back the first `done` GPU flags `_change_each` set (none of the groups held)."""
+        for number, group in enumerate(groups):
+            if held is not None and held[number]:
+                continue
             for gpu_id in group:
                 if done == 0:
                     return
                 self.gpu_free[gpu_id] = 1 - want
+                self.gpus[gpu_id].free_gpus = 1 - want
                 done -= 1
 
     def _change(self, gpu_ids: Iterable[int], delta: int) -> None:
         """Flip GPUs free or allocated; counts are updated once per node, not once per GPU."""
         want = 1 if delta > 0 else 0
         ids = list(gpu_ids)
+        gpu_free = self.gpu_free
         self.version += 1
         for gpu_id in ids:  # check all first: a refused change leaves nothing half-done
-            if self.gpu_free[gpu_id] == want:
+            if gpu_free[gpu_id] == want:
                 state = "free" if want else "allocated"
                 raise ClusterError(f"GPU {self.gpus[gpu_id].name} is already {state}")
         per_node: dict[int, int] = {}
+        gpus = self.gpus
+        gpu_node = self.gpu_node
+        flat = self._flat
         for gpu_id in ids:
-            self.gpu_free[gpu_id] = want
-            node_idx = self.gpu_node[gpu_id]
+            gpu_free[gpu_id] = want
+            node_idx = gpu_node[gpu_id]
             per_node[node_idx] = per_node.get(node_idx, 0) + 1
-            cell = self.gpus[gpu_id]
-            while not cell.is_node:  # the GPU and any switch level under the node
-                cell.free_gpus += delta
-                cell = cell.parent  # type: ignore[assignment]
+            cell = gpus[gpu_id]
+            cell.free_gpus += delta
+            if not flat:
+                up = cell.parent
+                while up is not None and not up.is_node:  # any switch level under the node
+                    up.free_gpus += delta
+                    up = up.parent
+        nodes = self.nodes
+        buckets = self._buckets
+        above = self._above
         for node_idx, count in per_node.items():
-            node = self.nodes[node_idx]
-            del self._buckets[node.gpu_type][node.free_gpus][node_idx]
-            self.free_by_type[node.gpu_type] += delta * count
-            up: Cell | None = node
-            while up is not None:
-                up.free_gpus += delta * count
-                up = up.parent
-            self._buckets[node.gpu_type][node.free_gpus][node_idx] = None
+            node = nodes[node_idx]
+            by_free = buckets[node.gpu_type]
+            del by_free[node.free_gpus][node_idx]
+            change = delta * count
+            self.free_by_type[node.gpu_type] += change
+            node.free_gpus += change
+            for cell in above[node_idx]:
+                cell.free_gpus += change
+            by_free[node.free_gpus][node_idx] = None
         if self._watchers:
             for changed in self._watchers:
                 changed.update(per_node)
@@ -636,8 +722,9 @@ class Cluster:
         cell = self.nodes[node]
         if cell.free_gpus < k:
             raise ClusterError(f"node {cell.name} has {cell.free_gpus} free GPUs, not {k}")
-        if all(child.is_gpu for child in cell.children):
-            return [g for g in self.node_gpus[node] if self.gpu_free[g]][:k]
+        if self._node_flat[node]:
+            gpu_free = self.gpu_free
+            return [g for g in self.node_gpus[node] if gpu_free[g]][:k]
         groups = sorted(cell.children, key=lambda c: c.free_gpus, reverse=True)
         fitting = [g for g in groups if g.free_gpus >= k]
         if fitting:
@@ -682,6 +769,16 @@ def _copy_cells(cell: Cell) -> Cell:
     )
     twin.children = [_copy_cells(child) for child in cell.children]
     return twin
+
+
+def _ancestors(cell: Cell) -> tuple[Cell, ...]:
+    """The cells above `cell`, its parent first, up to the root."""
+    above = []
+    up = cell.parent
+    while up is not None:
+        above.append(up)
+        up = up.parent
+    return tuple(above)
 
 
 def _has_node_ancestor(cell: Cell) -> bool:

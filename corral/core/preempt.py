@@ -210,8 +210,9 @@ class Preemption:
         #: GPUs the job being made room for may not take, even once its victims free them
         #: (reserved for others: corral.core.reservations); set by the walk for one search.
         self.held_out: frozenset[int] = frozenset()
-        #: (running job's seq, "node" or "rack") -> GPUs it holds per node or rack (`_held_in`).
-        self._held_by_place: dict[tuple[int, str], tuple[tuple[int, int], ...]] = {}
+        #: Running job's seq -> GPUs it holds per node, and per rack (`_held_in`).
+        self._held_by_node: dict[int, tuple[tuple[int, int], ...]] = {}
+        self._held_by_rack: dict[int, tuple[tuple[int, int], ...]] = {}
         #: Waiting jobs whose search found no place without trying one, by seq: (the
         #: placement's scope then, the outcome); `no_room_keys`: those jobs' keys in order, so
         #: that each event forgets the searches it may change (`_forget`).
@@ -276,9 +277,10 @@ class Preemption:
         if self.no_room:
             self._frees_seen += 1  # its own free: forgets what it may change, no more
             self._forget(key, None)
-        if self._held_by_place:
-            self._held_by_place.pop((job.seq, "node"), None)
-            self._held_by_place.pop((job.seq, "rack"), None)
+        if self._held_by_node:
+            self._held_by_node.pop(job.seq, None)
+        if self._held_by_rack:
+            self._held_by_rack.pop(job.seq, None)
 
     def waiting_left(self, job: Job, key: Key) -> None:
         """A waiting job of this key left the queue."""
@@ -456,14 +458,43 @@ class Preemption:
         candidates = (
             self._candidates_sliced(job, now) if self.sliceable else self._candidates(job, now)
         )
+        # The first placement may be tried with only the victims in places with room freed
+        # (not where victims share GPUs with partners: a stage's pairs are freed together).
+        confined = (
+            plain
+            and scope != "cluster"
+            and self.placement.confined
+            and len(cluster.gpu_types) == 1
+            and not self.held_out
+            and not self.shared
+        )
+        # Each victim's GPUs per node or rack (`_held_in`, kept), and those places' free GPUs.
+        held_by = self._held_by_node if scope == "node" else self._held_by_rack
+        places = cluster.nodes if scope == "node" else cluster.racks
         for victim in candidates:
             victims.append(victim)
             total += victim.spec.gpus
             if plain:
-                # Every victim's GPUs count towards its places, also before there are enough.
-                room = self._room_in_scope(scope, victim, need, freed_in)
+                # Every victim's GPUs count towards its places, also before there are enough;
+                # is there now a place with enough?
+                if scope == "cluster":
+                    room = True
+                else:
+                    room = False
+                    held = held_by.get(victim.seq)
+                    if held is None:
+                        held = self._held_in(victim, scope)
+                    for place, count in held:
+                        freed = freed_in.get(place, 0) + count
+                        freed_in[place] = freed
+                        if places[place].free_gpus + freed >= need:
+                            room = True
                 if total < need or not room:
                     continue
+            if confined and not attempts:  # (else asked again below with every victim freed)
+                if self._start_confined(job, now, actions, scope, freed_in, victims, statement):
+                    self._frees_seen = cluster.frees
+                    return "started"
             statement.free_each(victims[len(statement.freed) :])
             result = self._place(job, now)
             attempts += 1
@@ -518,16 +549,61 @@ class Preemption:
         statement.discard()
         return "no placement"
 
+    def _start_confined(
+        self,
+        job: Job,
+        now: float,
+        actions: list[Action],
+        scope: str,
+        freed_in: dict[int, int],
+        victims: list[Job],
+        statement: Statement,
+    ) -> bool:
+        """The search's first placement, for a job whose placement is `confined` to a node or
+        rack (`scope`) with room: it goes to a place where the free GPUs and those of the
+        victims there (`freed_in`) are enough, and those places' state alone decides which, so
+        only the victims with GPUs in them are freed to ask it. If it places the job, the job
+        starts as if every victim had been freed: the statement takes back the others' GPUs
+        as it takes back those of the victims the start does not use (`commit_among`), which
+        leaves the cluster as freeing them all would have. If not, the frees are undone and
+        the caller asks again with every victim freed: each node the undone frees moved in its
+        bucket is moved again by those frees, so the buckets end as if the first try had never
+        been. Returns whether the job started."""
+        cluster = self.cluster
+        need = job.spec.gpus
+        free_in = cluster.node_free if scope == "node" else cluster.rack_free
+        rooms = {place for place, freed in freed_in.items() if free_in(place) + freed >= need}
+        chosen: list[Job] = []
+        for victim in victims:
+            if not victim.spec.plain:
+                return False
+            if any(place in rooms for place, _ in self._held_in(victim, scope)):
+                chosen.append(victim)
+        statement.free_each(chosen)
+        result = self._place(job, now)
+        if isinstance(result, Placed):
+            self._start_in_room(job, result, statement, now, actions, victims)
+            return True
+        statement.discard()
+        return False
+
     def _place(self, job: Job, now: float) -> Placed | NotPlaced:
         if self.held_out:
             return place_held_out(self.cluster, self.placement, job, now, self.held_out)
         return self.placement.place(self.cluster, job, now)
 
     def _start_in_room(
-        self, job: Job, result: Placed, statement: Statement, now: float, actions: list[Action]
+        self,
+        job: Job,
+        result: Placed,
+        statement: Statement,
+        now: float,
+        actions: list[Action],
+        among: list[Job] | None = None,
     ) -> None:
         """Start the job where the placement put it: the victims it uses are preempted, the
-        others take their GPUs again (not needed after all)."""
+        others take their GPUs again (not needed after all). `among`: the search's victims,
+        of which the statement freed some (`_start_confined`)."""
         chosen = set(result.gpus)
 
         def used(victim: Job) -> bool:
@@ -538,25 +614,17 @@ class Preemption:
         def stop(victim: Job) -> None:
             self.host.stop_freed(victim, job, now, actions)
 
-        statement.commit(used, stop)
+        if among is None:
+            statement.commit(used, stop)
+        else:
+            statement.commit_among(among, used, stop)
         self.host.start_on(job, result, now, actions)
-
-    def _room_in_scope(self, scope: str, victim: Job, need: int, freed_in: dict[int, int]) -> bool:
-        """Add the victim's GPUs to the places they free; is there now a place with enough?"""
-        if scope == "cluster":
-            return True
-        free_in = self.cluster.node_free if scope == "node" else self.cluster.rack_free
-        room = False
-        for place, count in self._held_in(victim, scope):
-            freed = freed_in.get(place, 0) + count
-            freed_in[place] = freed
-            room = room or free_in(place) + freed >= need
-        return room
 
     def _held_in(self, job: Job, scope: str) -> tuple[tuple[int, int], ...]:
         """How many GPUs the running job holds in each node ("node") or rack ("rack"), kept
         until it stops: a job is looked at as a victim in round after round."""
-        cached = self._held_by_place.get((job.seq, scope))
+        by_seq = self._held_by_node if scope == "node" else self._held_by_rack
+        cached = by_seq.get(job.seq)
         if cached is not None:
             return cached
         cluster = self.cluster
@@ -566,5 +634,5 @@ class Preemption:
             place = node if scope == "node" else cluster.node_rack[node]
             counts[place] = counts.get(place, 0) + 1
         held = tuple(counts.items())
-        self._held_by_place[(job.seq, scope)] = held
+        by_seq[job.seq] = held
         return held

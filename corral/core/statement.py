@@ -92,6 +92,36 @@ class Statement:
             _take_back(self.cluster, back)
         self.freed.clear()
 
+    def commit_among(
+        self, jobs: list[Job], used: Callable[[Job], bool], stop: Callable[[Job], None]
+    ) -> None:
+        """`commit`, where the statement freed some of `jobs` (running jobs of whole GPUs, in
+        the order a search met them) and left the others allocated: every job the start uses
+        was freed. Each job of `jobs` the start uses is stopped; each other one takes back what
+        it held, or keeps it, its nodes moved in their buckets as freeing and taking it back
+        would have moved them (`Cluster.allocate_each`): the cluster is left as if the
+        statement had freed them all (`Preemption.lowest_first`'s places with room)."""
+        freed = {job.seq for job in self.freed}
+        back: list[Job] = []
+        for job in jobs:
+            if job.seq in freed and used(job):  # (the others' GPUs were never free to use)
+                if back:
+                    _take_back_among(self.cluster, back, freed)
+                    back = []
+                stop(job)
+            else:
+                back.append(job)
+        if back:
+            _take_back_among(self.cluster, back, freed)
+        self.freed.clear()
+
+
+def _take_back_among(cluster: Cluster, jobs: list[Job], freed: set[int]) -> None:
+    """Each job takes back what it held if it was freed (by seq), or keeps it (whole GPUs)."""
+    cluster.allocate_each([job.placement for job in jobs], [job.seq not in freed for job in jobs])
+    for job in jobs:
+        job.node = -1  # (as `claim` sets it)
+
 
 def _take_back(cluster: Cluster, jobs: list[Job]) -> None:
     """Each job freed takes back what it held, in turn (whole GPUs in one pass)."""

@@ -46,6 +46,13 @@ class Placement(OptionsMixin):
     #: instants `changes_at` announces (no state of the placement's own): the scheduler may then
     #: skip a round in which nothing it looks at changed (`Scheduler.decide`).
     pure: ClassVar[bool] = False
+    #: A job of whole GPUs whose `scope` is a node or a rack goes to one node or rack with free
+    #: GPUs enough for it, chosen by the state of those alone (their free GPUs, and the order
+    #: in which the cluster's buckets hold them), on a cluster of one GPU type: the free GPUs of
+    #: the nodes and racks too small for it do not change `place`'s answer. A search for
+    #: preemption victims then frees only the victims in places that could hold the job
+    #: (`Preemption.lowest_first`).
+    confined: ClassVar[bool] = False
 
     def refusal(self, cluster: Cluster, spec: JobSpec) -> str | None:
         """Why this placement could never place the job on this cluster (beyond the GPU counts
@@ -123,7 +130,10 @@ def largest_rack(cluster: Cluster, unit: int = 1) -> int:
 
 
 def not_enough(cluster: Cluster, job: Job) -> NotPlaced | None:
-    free = max((cluster.free_by_type.get(t, 0) for t in types_for(cluster, job)), default=0)
+    if job.spec.gpu_types is None and len(cluster.gpu_types) == 1:  # (asked at every place)
+        free = cluster.free_by_type.get(cluster.gpu_types[0], 0)
+    else:
+        free = max((cluster.free_by_type.get(t, 0) for t in types_for(cluster, job)), default=0)
     if free < job.spec.gpus:
         what = (
             "" if job.spec.gpu_types is None else f" of type {'|'.join(sorted(job.spec.gpu_types))}"

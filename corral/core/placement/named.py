@@ -73,6 +73,7 @@ def consolidated_scope(cluster: Cluster, job: Job) -> str:
 class Consolidate(Placement):
     name = "consolidate"
     pure = True
+    confined = True
     summary = "Philly's locality: one node if the job fits in one, else fewest nodes in one rack"
 
     def scope(self, cluster: Cluster, job: Job, now: float) -> str:
@@ -87,6 +88,7 @@ class Relax(Placement):
 
     name = "relax"
     pure = True
+    confined = True
     summary = "consolidate, relaxed to the fewest nodes anywhere after waiting (Philly)"
     Options = RelaxOptions
 
@@ -129,6 +131,7 @@ class Profile(Placement):
 
     name = "profile"
     pure = True
+    confined = True
     summary = "Tiresias: consolidate only the jobs whose model slows down when spread"
     Options = ProfileOptions
 
