@@ -240,29 +240,34 @@ def job_rows(result: SimResult) -> list[dict[str, object]]:
 
 def job_row(job: Job, measured: bool) -> dict[str, object]:
     """The job's row of jobs-POLICY-PLACEMENT.csv, keyed by JOB_COLUMNS; None = no value."""
+    return dict(zip(JOB_COLUMNS, job_values(job, measured), strict=True))
+
+
+def job_values(job: Job, measured: bool) -> tuple[object, ...]:
+    """`job_row`'s values in the order of JOB_COLUMNS, as `csv.writer` writes a row (None: an
+    empty cell): what the jobs CSV is written from, without a dict per job."""
     spec = job.spec
-    jct_s = None
-    if job.status is JobStatus.SUCCEEDED and job.finished_at is not None:
-        jct_s = job.finished_at - spec.submit_time
-    return {
-        "job_id": spec.id,
-        "user": spec.user,
-        "vc": spec.vc,
-        "gpus": spec.gpus,
-        "model": spec.model,
-        "submit_s": spec.submit_time,
-        "first_start_s": job.first_started_at,
-        "finish_s": job.finished_at,
+    submitted = spec.submit_time
+    started = job.first_started_at
+    finished = job.finished_at
+    status = job.status
+    return (
+        spec.id,
+        spec.user,
+        spec.vc,
+        spec.gpus,
+        spec.model,
+        submitted,
+        started,
+        finished,
         # JCT only for successes, so that averaging this column gives summary's avg_jct_s.
-        "jct_s": jct_s,
-        "queue_s": (
-            job.first_started_at - spec.submit_time if job.first_started_at is not None else None
-        ),
-        "pending_s": job.pending_s,
-        "status": job.status.value,
-        "attempts": job.attempts,
-        "preemptions": job.preemptions,
-        "failures": job.failures,
-        "relaxed": job.relaxed,
-        "measured": measured,
-    }
+        finished - submitted if status is JobStatus.SUCCEEDED and finished is not None else None,
+        started - submitted if started is not None else None,
+        job.pending_s,
+        status.value,
+        job.attempts,
+        job.preemptions,
+        job.failures,
+        job.relaxed,
+        measured,
+    )

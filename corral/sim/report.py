@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from corral.core.text import count_noun
-from corral.sim.metrics import JOB_COLUMNS, completion_times, job_rows, summarize
+from corral.sim.metrics import JOB_COLUMNS, completion_times, job_values, summarize
 from corral.sim.result import SimResult, TimelineTotals
 
 if TYPE_CHECKING:
@@ -119,9 +119,12 @@ def decisions_name(jobs_csv: str) -> str:
 
 def _write_jobs_csv(result: SimResult, path: Path) -> None:
     with path.open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(JOB_COLUMNS))
-        writer.writeheader()
-        writer.writerows(job_rows(result))
+        writer = csv.writer(handle)
+        writer.writerow(JOB_COLUMNS)
+        measured = result.measured
+        writer.writerows(
+            job_values(job, measured is None or job.id in measured) for job in result.jobs
+        )
 
 
 def _write_decisions(result: SimResult, path: Path) -> None:

@@ -60,25 +60,25 @@ class TimelineTotals(Timeline):
     def record(
         self, now: float, allocated: int, pending: int, running: int, stranded: int = 0
     ) -> None:
-        if self.time_s:
-            dt = now - self.time_s[-1]
+        times = self.time_s
+        if times:
+            last = len(times) - 1  # 0 or 1: the lists hold the first point and the last one
+            dt = now - times[last]
             if dt > 0:
-                held = self.allocated_gpus[-1]
+                held = self.allocated_gpus[last]
                 self.allocated_gpu_s += held * dt
                 self.free_gpu_s += (self.total_gpus - held) * dt
-                self.stranded_gpu_s += self.stranded_gpus[-1] * dt
-                if self.pending_jobs[-1] > 0:
+                self.stranded_gpu_s += self.stranded_gpus[last] * dt
+                if self.pending_jobs[last] > 0:
                     self.waiting_s += dt
                     self.allocated_waiting_gpu_s += held * dt
-            if len(self.time_s) > 1:  # keep the first point and the last one only
-                for values in (
-                    self.time_s,
-                    self.allocated_gpus,
-                    self.pending_jobs,
-                    self.running_jobs,
-                    self.stranded_gpus,
-                ):
-                    values.pop()
+            if last:  # the last point moves to `now`, in place
+                times[1] = now
+                self.allocated_gpus[1] = allocated
+                self.pending_jobs[1] = pending
+                self.running_jobs[1] = running
+                self.stranded_gpus[1] = stranded
+                return
         Timeline.record(self, now, allocated, pending, running, stranded)
 
 

@@ -19,7 +19,7 @@ from corral.core.actions import Action
 from corral.core.job import Job
 from corral.core.tracefile import decision_order
 from corral.sim.jobstats import JobStats
-from corral.sim.metrics import JOB_COLUMNS, job_row
+from corral.sim.metrics import JOB_COLUMNS, job_values
 from corral.sim.result import decision_record
 
 
@@ -33,18 +33,15 @@ class StreamedOutput:
         self.decisions = decisions
         self.gpu_names = gpu_names
         self._jobs_file: IO[str] = jobs_csv.open("w", newline="")
-        # job_row gives exactly these keys: no per-row check for others
-        self._rows = csv.DictWriter(
-            self._jobs_file, fieldnames=list(JOB_COLUMNS), extrasaction="ignore"
-        )
-        self._rows.writeheader()
+        self._rows = csv.writer(self._jobs_file)
+        self._rows.writerow(JOB_COLUMNS)
         self._decisions_file: IO[str] | None = None
         if decisions is not None:
             self._decisions_file = decisions.open("w")
         self._instant: list[dict[str, object]] = []  # the decisions of the latest instant
 
     def job_ended(self, job: Job) -> None:
-        self._rows.writerow(job_row(job, True))
+        self._rows.writerow(job_values(job, True))
         self.stats.add(job, True)
 
     def decided(self, at: float, action: Action) -> None:

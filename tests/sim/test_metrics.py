@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -12,7 +13,9 @@ from corral.sim.metrics import (
     utilization,
     utilization_while_waiting,
 )
+from corral.sim.report import write_outputs
 from corral.sim.result import SimResult, Timeline
+from corral.sim.streamed import StreamedOutput
 
 
 def make_job(
@@ -241,6 +244,44 @@ def test_job_rows() -> None:
     assert rows[1]["measured"] is False
     assert rows[2]["finish_s"] == 6.0 and rows[2]["jct_s"] is None  # JCT is for successes
     assert rows[2]["status"] == "FAILED"
+
+
+def rows_jobs() -> list[Job]:
+    jobs = [
+        make_job("a", 0.0, start=1.0, finish=10.0, pending_s=1.0, gpus=4, relaxed=True),
+        make_job("p", 2.0, status=JobStatus.PENDING, pending_s=8.0),
+        make_job("f", 3.0, status=JobStatus.FAILED, start=4.0, finish=6.0),
+    ]
+    jobs[0].attempts, jobs[0].preemptions, jobs[0].failures = 2, 1, 0
+    return jobs
+
+
+# The rows of `rows_jobs`, as csv writes them: floats by repr, None as an empty cell (p never
+# started: no start, finish, JCT or queueing; f failed: no JCT), lines ended by CRLF.
+HEADER = ",".join(JOB_COLUMNS)
+A_ROW = "a,u,vc1,4,,0.0,1.0,10.0,10.0,1.0,1.0,SUCCEEDED,2,1,0,True,{}"
+P_ROW = "p,u,vc1,1,,2.0,,,,,8.0,PENDING,0,0,0,False,{}"
+F_ROW = "f,u,vc1,1,,3.0,4.0,6.0,,1.0,0.0,FAILED,0,0,0,False,{}"
+
+
+def test_the_jobs_csv_is_written_cell_by_cell_as_worked_out(tmp_path: Path) -> None:
+    write_outputs([make_result(rows_jobs(), measured={"a", "f"})], tmp_path, plot=False)
+    text = (tmp_path / "jobs-fifo-consolidated.csv").read_bytes().decode()
+    rows = [A_ROW.format(True), P_ROW.format(False), F_ROW.format(True)]
+    assert text == "".join(line + "\r\n" for line in [HEADER, *rows])
+
+
+def test_a_streamed_jobs_csv_is_written_as_a_whole_runs(tmp_path: Path) -> None:
+    # A streamed run measures every job; its rows come in the order jobs end (here f, a, p).
+    a, p, f = rows_jobs()
+    with StreamedOutput(tmp_path / "jobs.csv", None, []) as out:
+        out.job_ended(f)
+        out.job_ended(a)
+        stats = out.finish([p])
+    text = (tmp_path / "jobs.csv").read_bytes().decode()
+    rows = [F_ROW.format(True), A_ROW.format(True), P_ROW.format(True)]
+    assert text == "".join(line + "\r\n" for line in [HEADER, *rows])
+    assert (stats.jobs, stats.succeeded, stats.failed, stats.unfinished) == (3, 1, 1, 1)
 
 
 def test_per_vc_groups_jobs_and_fragmentation_counts_stranded_free_gpus() -> None:

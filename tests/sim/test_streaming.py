@@ -63,6 +63,41 @@ def test_timeline_totals_give_the_metrics_of_the_whole_timeline():
     assert fragmentation(whole.timeline, 2) == pytest.approx(1.0)
 
 
+def test_timeline_totals_move_the_last_point_and_sum_each_step_before_it():
+    totals = TimelineTotals(total_gpus=4)
+    points = [  # (now, allocated, pending, running, stranded)
+        (0.0, 2, 1, 1, 0),
+        (0.0, 1, 0, 1, 1),  # the same instant again: its values replace the first ones
+        (10.0, 3, 2, 2, 1),  # 0..10 held 1 GPU (3 free, 1 stranded), none waiting
+        (10.0, 2, 1, 2, 0),  # the same instant again: the last point's values replaced
+        (30.0, 4, 0, 3, 0),  # 10..30 held 2 GPUs (2 free, none stranded), a job waiting
+    ]
+    seen = []
+    for point in points:
+        totals.record(*point)
+        seen.append(
+            (
+                list(totals.time_s),
+                list(totals.allocated_gpus),
+                list(totals.pending_jobs),
+                list(totals.running_jobs),
+                list(totals.stranded_gpus),
+            )
+        )
+    assert seen == [
+        ([0.0], [2], [1], [1], [0]),
+        ([0.0], [1], [0], [1], [1]),
+        ([0.0, 10.0], [1, 3], [0, 2], [1, 2], [1, 1]),
+        ([0.0, 10.0], [1, 2], [0, 1], [1, 2], [1, 0]),
+        ([0.0, 30.0], [1, 4], [0, 0], [1, 3], [1, 0]),
+    ]
+    assert totals.allocated_gpu_s == 1 * 10 + 2 * 20
+    assert totals.free_gpu_s == 3 * 10 + 2 * 20
+    assert totals.stranded_gpu_s == 1 * 10 + 0 * 20
+    assert totals.waiting_s == 20
+    assert totals.allocated_waiting_gpu_s == 2 * 20
+
+
 def test_a_stream_out_of_submission_order_is_refused():
     late_first = iter([spec("a", 1, 10, 5), spec("b", 1, 5, 5)])
     with pytest.raises(ValueError, match="job b: a streamed trace must be in submission order"):

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
+from corral.core.job import JobSpec, Priority
 from corral.sim.perfmodel import DEFAULT_SPREAD_SLOWDOWNS, PerfModel
-from corral.sim.traces import FORMATS, Trace, TraceError, load_trace, synthetic
+from corral.sim.traces import FORMATS, Trace, TraceError, load_trace, stream_trace, synthetic
+from corral.sim.traces.base import _moved
 from corral.sim.traces.synthetic import GAVEL_MSR_GPU_COUNTS, MIX_MODELS
 
 SHARED_DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
@@ -122,6 +125,50 @@ def test_arrival_scale_multiplies_every_gap(tmp_path):
     ]
     assert "arrival_scale" in error_of(f"tiresias:{file}", arrival_scale=0)
     assert "arrival_scale" in error_of(f"tiresias:{file}", arrival_scale=float("nan"))
+
+
+def test_a_streamed_trace_starts_at_zero_its_gaps_scaled(tmp_path):
+    file = write(
+        tmp_path / "t.csv", TIRESIAS_HEADER + "a,1,17,1,m,5,0\nb,2,31,1,m,5,0\nc,1,31,1,m,5,0\n"
+    )
+    jobs = list(stream_trace(f"tiresias:{file}", arrival_scale=2.0).jobs)
+    assert [(j.id, j.submit_time, j.gpus) for j in jobs] == [
+        ("a", 0.0, 1),
+        ("b", 28.0, 2),
+        ("c", 28.0, 1),
+    ]
+
+
+def test_a_moved_spec_is_the_spec_replaced_its_deadline_as_far_from_it():
+    spec = JobSpec(
+        id="j",
+        submit_time=100.0,
+        gpus=1,
+        user="ann",
+        vc="vision",
+        model="resnet50",
+        gpu_types=frozenset({"v100"}),
+        duration_s=60.0,
+        total_steps=600.0,
+        spread_slowdown=1.5,
+        priority=Priority.OPPORTUNISTIC,
+        max_retries=2,
+        deadline=250.0,
+        gpus_per_worker=1,
+        checkpoint_every_s=30.0,
+        gpu_milli=500,  # a share: `plain` is False, and stays so
+        precheck_s=5.0,
+        level=3,
+        time_limit_s=90.0,
+    )
+    moved = _moved(spec, 40.0)
+    assert moved == dataclasses.replace(spec, submit_time=40.0, deadline=190.0)
+    assert [getattr(moved, name) for name in JobSpec.__slots__] == [
+        40.0 if name == "submit_time" else 190.0 if name == "deadline" else getattr(spec, name)
+        for name in JobSpec.__slots__
+    ]
+    assert moved.plain is False and spec.submit_time == 100.0  # the spec itself is left alone
+    assert _moved(dataclasses.replace(spec, deadline=None), 40.0).deadline is None
 
 
 def test_unknown_options_are_refused(tmp_path):
