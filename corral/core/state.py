@@ -631,7 +631,9 @@ class SchedulerState:
         where it stays between its neighbours, else, where many jobs move, it is sorted again
         at once (the list kept, of the jobs that did not move, and the moved keys: two sorted
         runs, which a sort merges)."""
-        if len(taken) < 2 or any(item[0].status is not JobStatus.RUNNING for item in taken):
+        if not taken:
+            return
+        if any(item[0].status is not JobStatus.RUNNING for item in taken):
             for job, now, key, changes_at in taken:
                 self.rekey_to(job, now, key, changes_at)
             return
