@@ -157,6 +157,14 @@ class Gittins(Policy):
         else:
             self.index_at = [gittins_index_fixed(samples, lv, delta_gpu_s) for lv in self.grid]
 
+        # Each level's key head, `key`'s leading parts for a service from that level up to the
+        # next: its queue (the thresholds are levels: those at or below the service are those at
+        # or below its level) and its index.
+        self._heads: list[Key] = [
+            (bisect.bisect_right(self.thresholds, level), -index) if queues else (-index,)
+            for level, index in zip(self.grid, self.index_at)
+        ]
+
     def _grid_position(self, job: Job, now: float) -> int:
         return bisect.bisect_right(self.grid, job.attained_at(now) + 1e-6) - 1
 
@@ -228,11 +236,7 @@ class Gittins(Policy):
                 position = self._held_jump(rounds, position, started, base, gpus)
             when = rounds[position]
             below = above
-        index = self.index_at[above - 1]
-        if self.queues:
-            queue = bisect.bisect_right(self.thresholds, attained + 1e-6)
-            return when, (queue, -index, job.spec.submit_time, job.seq), then
-        return when, (-index, job.spec.submit_time, job.seq), then
+        return when, (*self._heads[above - 1], job.spec.submit_time, job.seq), then
 
     def _held_jump(
         self, rounds: Sequence[float], position: int, started: float, base: float, gpus: int
