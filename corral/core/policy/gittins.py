@@ -162,7 +162,7 @@ class Gittins(Policy):
         # or below its level) and its index.
         self._heads: list[Key] = [
             (bisect.bisect_right(self.thresholds, level), -index) if queues else (-index,)
-            for level, index in zip(self.grid, self.index_at)
+            for level, index in zip(self.grid, self.index_at, strict=True)
         ]
 
     def _grid_position(self, job: Job, now: float) -> int:
