@@ -624,18 +624,14 @@ class SchedulerState:
             self._rekey_running(job, now, key, changes_at)
 
     def rekey_each(self, taken: list[tuple[Job, float, Key, float]]) -> None:
-        """`rekey_to` of each (job, now, key, changes_at), as one after the other does (the
-        timers' held key changes of running jobs, corral.core.timers): the same keys, timers,
-        victims forgotten (`_running_rekeyed`) and memory of what changed (`_quiet`), none of
-        which one job's re-key reads of another's. The running index moves each job in place
-        where it stays between its neighbours, else, where many jobs move, it is sorted again
-        at once (the list kept, of the jobs that did not move, and the moved keys: two sorted
-        runs, which a sort merges)."""
+        """`rekey_to` of each running job (job, now, key, changes_at), as one after the other
+        does (the timers' held key changes, corral.core.timers): the same keys, timers, victims
+        forgotten (`_running_rekeyed`) and memory of what changed (`_quiet`), none of which one
+        job's re-key reads of another's. The running index moves each job in place where it
+        stays between its neighbours, else, where many jobs move, it is sorted again at once
+        (the list kept, of the jobs that did not move, and the moved keys: two sorted runs,
+        which a sort merges)."""
         if not taken:
-            return
-        if any(item[0].status is not JobStatus.RUNNING for item in taken):
-            for job, now, key, changes_at in taken:
-                self.rekey_to(job, now, key, changes_at)
             return
         quiet = self._quiet
         still = quiet is not None and not quiet[2]  # as `_rekey_running` keeps it

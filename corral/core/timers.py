@@ -60,7 +60,7 @@ class TimerHost(Protocol):
         ...
 
     def rekey_each(self, taken: list[tuple[Job, float, Key, float]]) -> None:
-        """`rekey_to` of each (job, now, key, changes_at), as one after the other."""
+        """`rekey_to` of each running job (job, now, key, changes_at), as one after the other."""
         ...
 
 
@@ -224,16 +224,23 @@ class Timers:
         by_seq = self._by_seq
         held_rekey = self.policy.held_rekey
         taken: list[tuple[Job, float, Key, float]] = []
+        running = True
         for at, seq, number in held:
             if versions.get(seq) != number:
                 continue  # the job stopped or changed since: its key was taken then
             job = by_seq[seq]
+            if job.status is not JobStatus.RUNNING:
+                running = False
             when, key, changes_at = held_rekey(job, rounds, bisect.bisect_left(rounds, at))
             taken.append((job, when, key, changes_at))
         self.held_at.clear()
         rounds.clear()
         # one job's re-key changes neither another's chain nor its timer's version
-        self.host.rekey_each(taken)
+        if running:
+            self.host.rekey_each(taken)
+        else:  # (a job that stops or changes bumps its version: not seen)
+            for job, when, key, changes_at in taken:
+                self.host.rekey_to(job, when, key, changes_at)
 
     def catch_up_held(self, job: Job) -> None:
         """Before a running job stops or changes outside a round: take its key changes held
