@@ -44,6 +44,10 @@ from corral.core.timers import Timers
 #: allocated here, not in the SpeedModel, which placements may also call to ask about speeds.
 StartHook = Callable[[Job, float], None]
 
+#: Up to this many running jobs moved at once (`rekey_each`) are moved one by one (a bisect each);
+#: more, and the running index is sorted again at once.
+_FEW_MOVES = 8
+
 
 class SchedulerState:
     #: Built by the round's class once the state exists (they are given it as their host).
@@ -618,6 +622,60 @@ class SchedulerState:
             self.rekey(job, now)
         else:
             self._rekey_running(job, now, key, changes_at)
+
+    def rekey_each(self, taken: list[tuple[Job, float, Key, float]]) -> None:
+        """`rekey_to` of each running job (job, now, key, changes_at), as one after the other
+        does (the timers' held key changes, corral.core.timers): the same keys, timers, victims
+        forgotten (`_running_rekeyed`) and memory of what changed (`_quiet`), none of which one
+        job's re-key reads of another's. The running index moves each job in place where it
+        stays between its neighbours, else, where many jobs move, it is sorted again at once
+        (the list kept, of the jobs that did not move, and the moved keys: two sorted runs,
+        which a sort merges)."""
+        if not taken:
+            return
+        quiet = self._quiet
+        still = quiet is not None and not quiet[2]  # as `_rekey_running` keeps it
+        stored = self._stored
+        rekeyed = self._running_rekeyed
+        cut = self.policy.preempt_prefix
+        pending = self.pending
+        moved: list[tuple[Key, Key]] = []
+        for job, _, key, _ in taken:
+            seq = job.seq
+            old = stored[seq]
+            new = (-job.spec.level, *key, seq)  # as `_index` does
+            if new == old:
+                continue  # (no victim nor waiting job between them)
+            stored[seq] = new
+            moved.append((old, new))
+            rekeyed(old, new)  # who may now preempt it, and could not before
+            if not still:
+                continue
+            if cut is None:
+                low, high = (old, new) if old < new else (new, old)
+                between = pending.bisect_left(high) - pending.bisect_right(low)
+            elif old[:cut] == new[:cut]:
+                between = 0
+            else:
+                low_cut, high_cut = sorted((old[:cut], new[:cut]))
+                between = pending.bisect_left((*high_cut, TOP)) - pending.bisect_left(low_cut)
+            if between != 0:
+                still = False
+        self.timers.set_each(taken)
+        running = self._running
+        if len(moved) <= _FEW_MOVES:
+            for old, new in moved:
+                running.replace(old, new)
+        else:
+            keys = running.keys
+            gone = {old[-1] for old, _ in moved}
+            kept = [key for key in keys if key[-1] not in gone]
+            news = [new for _, new in moved]
+            news.sort()
+            kept += news
+            kept.sort()
+            keys[:] = kept  # (the list others read)
+        self._quiet = quiet if still else None
 
     def _rekey_running(
         self, job: Job, now: float, key: Key | None = None, changes_at: float | None = None

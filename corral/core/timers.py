@@ -59,6 +59,10 @@ class TimerHost(Protocol):
         """`rekey`, given the policy's `stored_key` and `key_changes_at` of the job at `now`."""
         ...
 
+    def rekey_each(self, taken: list[tuple[Job, float, Key, float]]) -> None:
+        """`rekey_to` of each running job (job, now, key, changes_at), as one after the other."""
+        ...
+
 
 class Timers:
     def __init__(
@@ -124,6 +128,22 @@ class Timers:
             idle = max(idle, now)
             heapq.heappush(self._idle, (idle, job.seq, version))
             self.idle_at[job.seq] = (idle, version)
+
+    def set_each(self, taken: list[tuple[Job, float, Key, float]]) -> None:
+        """`set(job, now, changes_at)` of each running job (job, now, its key, changes_at)."""
+        if not self.holds or self._followed:
+            for job, now, _, changes_at in taken:
+                self.set(job, now, changes_at)
+            return
+        # `set` where key changes do not wake and no lifecycle timer is followed: a lazy timer
+        versions = self._version
+        lazy = self._lazy
+        for job, now, _, changes_at in taken:
+            seq = job.seq
+            version = versions.get(seq, 0) + 1
+            versions[seq] = version
+            if changes_at < math.inf:
+                heapq.heappush(lazy, (now if now > changes_at else changes_at, seq, version))  # max
 
     def started(self, job: Job) -> None:
         """An attempt started: its policy wake-up is asked at the end of this round."""
@@ -199,10 +219,28 @@ class Timers:
         held = self._held
         self._held = []
         held.sort()  # the earliest first, as a heap would give them
-        for timer in held:
-            self._take_held(timer)
+        rounds = self._held_rounds
+        versions = self._version
+        by_seq = self._by_seq
+        held_rekey = self.policy.held_rekey
+        taken: list[tuple[Job, float, Key, float]] = []
+        running = True
+        for at, seq, number in held:
+            if versions.get(seq) != number:
+                continue  # the job stopped or changed since: its key was taken then
+            job = by_seq[seq]
+            if job.status is not JobStatus.RUNNING:
+                running = False
+            when, key, changes_at = held_rekey(job, rounds, bisect.bisect_left(rounds, at))
+            taken.append((job, when, key, changes_at))
         self.held_at.clear()
-        self._held_rounds.clear()
+        rounds.clear()
+        # one job's re-key changes neither another's chain nor its timer's version
+        if running:
+            self.host.rekey_each(taken)
+        else:  # (a job that stops or changes bumps its version: not seen)
+            for job, when, key, changes_at in taken:
+                self.host.rekey_to(job, when, key, changes_at)
 
     def catch_up_held(self, job: Job) -> None:
         """Before a running job stops or changes outside a round: take its key changes held

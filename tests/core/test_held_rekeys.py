@@ -47,13 +47,13 @@ def held_and_taken_at_once(seed: int, placement: str, victims: str):
             s.timers.holds = False
             s._walk._late = False
         count = [0]
-        take = s.timers._take_held
+        take = s.timers.policy.held_rekey
 
-        def counted(timer, take=take, count=count):  # type: ignore[no-untyped-def]
+        def counted(job, rounds, position, take=take, count=count):  # type: ignore[no-untyped-def]
             count[0] += 1
-            take(timer)
+            return take(job, rounds, position)
 
-        s.timers._take_held = counted  # type: ignore[method-assign]
+        s.timers.policy.held_rekey = counted  # type: ignore[method-assign]
         result = Simulation(trace, s, record_decisions=True).run()
         ends = sorted((job.id, job.finished_at, job.preemptions) for job in result.jobs)
         runs.append((result.decisions, ends))

@@ -87,6 +87,9 @@ def tiresias_rank(samples_sorted: np.ndarray, attained: float, delta: float) -> 
 #: How far apart (seconds) the instants `Gittins._held_jump` compares must lie for it to answer.
 _HELD_EPS = 1e-6
 
+#: Steps `Gittins.held_rekey` takes one by one before it asks where the chain ends.
+_PLAIN_STEPS = 2
+
 
 class Gittins(Policy):
     name = "gittins"
@@ -154,6 +157,14 @@ class Gittins(Policy):
         else:
             self.index_at = [gittins_index_fixed(samples, lv, delta_gpu_s) for lv in self.grid]
 
+        # Each level's key head, `key`'s leading parts for a service from that level up to the
+        # next: its queue (the thresholds are levels: those at or below the service are those at
+        # or below its level) and its index.
+        self._heads: list[Key] = [
+            (bisect.bisect_right(self.thresholds, level), -index) if queues else (-index,)
+            for level, index in zip(self.grid, self.index_at, strict=True)
+        ]
+
     def _grid_position(self, job: Job, now: float) -> int:
         return bisect.bisect_right(self.grid, job.attained_at(now) + 1e-6) - 1
 
@@ -194,11 +205,12 @@ class Gittins(Policy):
     def held_rekey(
         self, job: Job, rounds: Sequence[float], position: int
     ) -> tuple[float, Key, float]:
-        """`Policy.held_rekey`, from a round the chain passes through late in it
-        (`_held_jump`), then `key_changes_at` written out in the loop, the same arithmetic in
-        the same order (under the Tiresias preset a running job crosses many of its 1,000
-        levels between two reads of the running keys, one round each); the key and the next
-        change at its last round are `key`'s and `key_changes_at`'s, from the loop's last
+        """`Policy.held_rekey`: `key_changes_at` written out in a loop, the same arithmetic in
+        the same order, which after `_PLAIN_STEPS` steps goes on from a round the chain passes
+        through late in it (`_held_jump`: under the Tiresias preset a running job may cross many
+        of its 1,000 levels between two reads of the running keys, one round each; most chains
+        end within a step or two, where the jump would cost more than it saves); the key and the
+        next change at its last round are `key`'s and `key_changes_at`'s, from the loop's last
         sums."""
         started = job.run_started_at
         if job.status is not JobStatus.RUNNING or started is None:
@@ -208,21 +220,23 @@ class Gittins(Policy):
         grid = self.grid
         levels = len(grid)
         last = rounds[-1]
-        position = self._held_jump(rounds, position, started, base, gpus)
         when = rounds[position]
+        steps = 0
+        below = 0  # every level before it lies at or below the service (which only grows)
         while True:
-            attained = base + gpus * max(0.0, when - started)  # `Job.attained_at`
-            above = bisect.bisect_right(grid, attained + 1e-6)  # the next level's
+            elapsed = when - started
+            attained = base + gpus * (elapsed if elapsed > 0.0 else 0.0)  # `Job.attained_at`
+            above = bisect.bisect_right(grid, attained + 1e-6, below)  # the next level's
             then = when + (grid[above] - attained) / gpus if above < levels else math.inf
             if then > last or then <= when:  # (`max(then, when) == when`)
                 break
             position = bisect.bisect_left(rounds, then, position)
+            steps += 1
+            if steps == _PLAIN_STEPS:
+                position = self._held_jump(rounds, position, started, base, gpus)
             when = rounds[position]
-        index = self.index_at[above - 1]
-        if self.queues:
-            queue = bisect.bisect_right(self.thresholds, attained + 1e-6)
-            return when, (queue, -index, job.spec.submit_time, job.seq), then
-        return when, (-index, job.spec.submit_time, job.seq), then
+            below = above
+        return when, (*self._heads[above - 1], job.spec.submit_time, job.seq), then
 
     def _held_jump(
         self, rounds: Sequence[float], position: int, started: float, base: float, gpus: int
