@@ -245,6 +245,6 @@ def _summary(client: Client, ids: list[str], console: Console) -> None:
             str(job["gpus"]),
             str(job["attempts"]),
             str(job["preemptions"]),
-            str(job["reason"])[:70],
+            str(job["reason"]),  # whole: the table wraps it
         )
     console.print(table)
