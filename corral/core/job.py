@@ -10,6 +10,20 @@ from corral.core.retry import Failure, Verdict
 
 R = TypeVar("R")
 
+#: Why a job waits, formatted only when something reads it: the text, or a template and the
+#: values it is filled with (`str.format`), which a failed placement makes at every attempt but
+#: only a listing, an explanation or a shell's record reads (`reason_text`).
+Reason = str | tuple[object, ...]
+
+
+def reason_text(reason: Reason) -> str:
+    """The words of a reason: the text, or its template filled with its values."""
+    if isinstance(reason, str):
+        return reason
+    template = reason[0]
+    assert isinstance(template, str)
+    return template.format(*reason[1:])
+
 
 class JobStatus(enum.Enum):
     PENDING = "PENDING"
@@ -188,7 +202,8 @@ class Job:
     verdict: Verdict | None = None
     preemptions: int = 0
     relaxed: bool = False
-    pending_reason: str = "not yet considered"
+    #: Why the waiting job waits (`pending_reason` in words), formatted when read.
+    pending_why: Reason = "not yet considered"
     #: A failed job waits at least until then before its retry (the shell's backoff).
     hold_until: float = 0.0
     last_event: str = ""
@@ -219,6 +234,19 @@ class Job:
         """The job's record of a plugin's state type, or None: for reading without creating."""
         records = self.records
         return None if records is None else cast("R | None", records.get(kind))
+
+    @property
+    def pending_reason(self) -> str:
+        """Why the waiting job waits, in words."""
+        why = self.pending_why
+        if isinstance(why, str):
+            return why
+        text = self.pending_why = reason_text(why)
+        return text
+
+    @pending_reason.setter
+    def pending_reason(self, reason: str) -> None:
+        self.pending_why = reason
 
     @property
     def id(self) -> str:
