@@ -157,6 +157,7 @@ class QueueWalk:
         skips = not checks and not sharers and reserves is None and reservations is None
         skips = skips and not blocks
         position = 0
+        inf = math.inf
         while True:
             if done != len(actions):
                 done = len(actions)
@@ -164,17 +165,24 @@ class QueueWalk:
                 keys = pending.keys if isinstance(pending, FlatIndex) else pending
                 smallest = min(sizes, default=0)
             if skips and not preempting and not (root.free_gpus < smallest or not root.free_gpus):
-                while position < len(keys):
-                    job = by_seq[keys[position][-1]]
-                    if job.hold_until > now:
-                        break
-                    kind = (
-                        kinds[job.seq] if kinds is not None else placement_kind(placement, job, now)
-                    )
-                    if job.spec.gpus < no_fit.get(kind, math.inf):
-                        break
-                    job.pending_why = _NO_ROOM_OF_KIND
-                    position += 1
+                end = len(keys)
+                if kinds is not None:  # (the same loop, with each job's kind kept)
+                    while position < end:
+                        job = by_seq[keys[position][-1]]
+                        if job.hold_until > now or job.spec.gpus < no_fit.get(kinds[job.seq], inf):
+                            break
+                        job.pending_why = _NO_ROOM_OF_KIND
+                        position += 1
+                else:
+                    while position < end:
+                        job = by_seq[keys[position][-1]]
+                        if job.hold_until > now:
+                            break
+                        kind = placement_kind(placement, job, now)
+                        if job.spec.gpus < no_fit.get(kind, inf):
+                            break
+                        job.pending_why = _NO_ROOM_OF_KIND
+                        position += 1
             if position >= len(keys):
                 break
             job = by_seq[keys[position][-1]]
@@ -227,7 +235,7 @@ class QueueWalk:
                 reserves is not None and reserves.head is not None
             )
             closed: list[Closed] = []
-            if job.spec.gpus < no_fit.get(kind, math.inf):
+            if job.spec.gpus < no_fit.get(kind, inf):
                 result = placement.place(cluster, job, now)
                 if guarded and isinstance(result, Placed):
                     closed = _closed(job, now, reservations, reserves)
