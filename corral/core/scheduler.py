@@ -233,12 +233,14 @@ class Scheduler(SchedulerState):
             and not self._held
             and self._last_start_at < self._quiet_at
             and not (self._exempts and self.preemption.exemption_ended(now))
-            and not (self.reservations and self.reservations.boundary_between(self._quiet_at, now))
+            and not (
+                self.reservations.items and self.reservations.boundary_between(self._quiet_at, now)
+            )
         )
 
     def _next_wake(self, now: float) -> float | None:
         wake = self.timers.next_wake(now, bool(self.pending), len(self._running.keys))
-        if self.reservations and self.pending:  # a window opens or closes: look again then
+        if self.reservations.items and self.pending:  # a window opens or closes: look again
             self.reservations.forget_ended(now)
             boundary = self.reservations.next_boundary(now)
             if boundary != math.inf:

@@ -140,7 +140,7 @@ class QueueWalk:
         make_room = self.preemption.make_room
         preempting = preempt
         reserves = self.reserves
-        reservations = host.reservations if host.reservations else None
+        reservations = host.reservations if host.reservations.items else None
         late = self._late
         blocks = self.blocks
         root = cluster.root

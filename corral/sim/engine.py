@@ -503,7 +503,8 @@ class Simulation:
                         scheduler.cancel(stopped.id, now)
                     stopped.last_event = "its dependency did not succeed in the replay"
                     count_end(stopped)
-            drains.hold(scheduler)  # ends on drained nodes freed GPUs there
+            if drains.held:
+                drains.hold(scheduler)  # ends on drained nodes freed GPUs there
             decision = scheduler.decide(now)
             for action in decision.actions:
                 if self.record_decisions:
