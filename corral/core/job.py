@@ -219,6 +219,12 @@ class Job:
     #: Each plugin's own state for this job, one typed record per plugin (see `record`); None
     #: until a plugin keeps one (most jobs of a long trace never need any).
     records: dict[type, object] | None = None
+    #: The spec's id, kept at hand: read at every event (a job's spec may be replaced, as its
+    #: pre-run's or an elastic size's, its id never).
+    id: str = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.id = self.spec.id
 
     def record(self, kind: type[R]) -> R:
         """The job's record of a plugin's state type (created empty on first use): a policy keeps
@@ -248,10 +254,6 @@ class Job:
     @pending_reason.setter
     def pending_reason(self, reason: str) -> None:
         self.pending_why = reason
-
-    @property
-    def id(self) -> str:
-        return self.spec.id
 
     @property
     def gpus(self) -> int:
