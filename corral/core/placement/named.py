@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any, cast
+from typing import Any
 
 from corral.core.cluster import Cluster
 from corral.core.job import Job
@@ -22,7 +22,7 @@ from corral.core.plugin import Services
 _ONE_NODE = "locality: needs {} GPUs on one node; no node has them free"
 _ONE_RACK = "locality: needs {} GPUs{} within one rack; no rack has them free"
 #: Each of them while the job waits to relax, told when it relaxes.
-_BEFORE_RELAXING = {
+_BEFORE_RELAXING: dict[object, str] = {
     _ONE_NODE: _ONE_NODE + " (relaxes at t={:.0f}s)",
     _ONE_RACK: _ONE_RACK + " (relaxes at t={:.0f}s)",
 }
@@ -127,7 +127,7 @@ class Relax(Placement):
         if now < at:
             why = result.why
             if not isinstance(why, str):
-                template = _BEFORE_RELAXING.get(cast(str, why[0]))
+                template = _BEFORE_RELAXING.get(why[0])
                 if template is not None:
                     return NotPlaced((template, *why[1:], at))
             return result
