@@ -4,11 +4,25 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import TypeVar, cast
+from typing import TypeVar
 
 from corral.core.retry import Failure, Verdict
 
 R = TypeVar("R")
+
+#: Why a job waits, formatted only when something reads it: the text, or a template and the
+#: values it is filled with (`str.format`), which a failed placement makes at every attempt but
+#: only a listing, an explanation or a shell's record reads (`reason_text`).
+Reason = str | tuple[object, ...]
+
+
+def reason_text(reason: Reason) -> str:
+    """The words of a reason: the text, or its template filled with its values."""
+    if isinstance(reason, str):
+        return reason
+    template = reason[0]
+    assert isinstance(template, str)
+    return template.format(*reason[1:])
 
 
 class JobStatus(enum.Enum):
@@ -23,12 +37,13 @@ class JobStatus(enum.Enum):
 
     @property
     def finished(self) -> bool:
-        return self in (
-            JobStatus.SUCCEEDED,
-            JobStatus.FAILED,
-            JobStatus.CANCELLED,
-            JobStatus.REFUSED,
-        )
+        return self in _FINISHED
+
+
+#: Read as module globals: a member looked up on its enum class costs several times as much, and
+#: the engine asks whether a job finished at every arrival and end.
+_FINISHED = (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.REFUSED)
+_RUNNING = JobStatus.RUNNING
 
 
 class Priority(enum.Enum):
@@ -188,7 +203,8 @@ class Job:
     verdict: Verdict | None = None
     preemptions: int = 0
     relaxed: bool = False
-    pending_reason: str = "not yet considered"
+    #: Why the waiting job waits (`pending_reason` in words), formatted when read.
+    pending_why: Reason = "not yet considered"
     #: A failed job waits at least until then before its retry (the shell's backoff).
     hold_until: float = 0.0
     last_event: str = ""
@@ -203,6 +219,12 @@ class Job:
     #: Each plugin's own state for this job, one typed record per plugin (see `record`); None
     #: until a plugin keeps one (most jobs of a long trace never need any).
     records: dict[type, object] | None = None
+    #: The spec's id, kept at hand: read at every event (a job's spec may be replaced, as its
+    #: pre-run's or an elastic size's, its id never).
+    id: str = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.id = self.spec.id
 
     def record(self, kind: type[R]) -> R:
         """The job's record of a plugin's state type (created empty on first use): a policy keeps
@@ -213,16 +235,28 @@ class Job:
         found = records.get(kind)
         if found is None:
             found = records[kind] = kind()
-        return cast(R, found)
+        # (kept under its type: an R; no `cast`, a call at each read in pure Python)
+        return found  # type: ignore[return-value]
 
     def peek(self, kind: type[R]) -> R | None:
         """The job's record of a plugin's state type, or None: for reading without creating."""
         records = self.records
-        return None if records is None else cast("R | None", records.get(kind))
+        if records is None:
+            return None
+        return records.get(kind)  # type: ignore[return-value]
 
     @property
-    def id(self) -> str:
-        return self.spec.id
+    def pending_reason(self) -> str:
+        """Why the waiting job waits, in words."""
+        why = self.pending_why
+        if isinstance(why, str):
+            return why
+        text = self.pending_why = reason_text(why)
+        return text
+
+    @pending_reason.setter
+    def pending_reason(self, reason: str) -> None:
+        self.pending_why = reason
 
     @property
     def gpus(self) -> int:
@@ -230,7 +264,7 @@ class Job:
 
     def running_s(self, now: float) -> float:
         """Seconds the current attempt has been running (0 when not running)."""
-        if self.status is not JobStatus.RUNNING or self.run_started_at is None:
+        if self.status is not _RUNNING or self.run_started_at is None:
             return 0.0
         return max(0.0, now - self.run_started_at)
 
@@ -242,7 +276,7 @@ class Job:
         return self.executed_s + self.running_s(now)
 
     def work_done_at(self, now: float) -> float:
-        if self.status is not JobStatus.RUNNING or self.run_started_at is None:
+        if self.status is not _RUNNING or self.run_started_at is None:
             return self.work_done_s
         working_from = max(self.run_started_at, self.stall_until, self.speed_since)
         return self.work_done_s + self.attempt_work_s + self.speed * max(0.0, now - working_from)
@@ -263,7 +297,7 @@ class Job:
     def remaining_wall_s(self, now: float) -> float:
         """Wall seconds until the job ends at its current speed (pending jobs: at full speed)."""
         remaining = self.remaining_work_s(now)
-        if self.status is not JobStatus.RUNNING:
+        if self.status is not _RUNNING:
             return remaining
         return max(0.0, self.stall_until - now) + remaining / max(self.speed, 1e-12)
 

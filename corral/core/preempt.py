@@ -571,14 +571,22 @@ class Preemption:
         been. Returns whether the job started."""
         cluster = self.cluster
         need = job.spec.gpus
-        free_in = cluster.node_free if scope == "node" else cluster.rack_free
-        rooms = {place for place, freed in freed_in.items() if free_in(place) + freed >= need}
+        places = cluster.nodes if scope == "node" else cluster.racks
+        rooms = {
+            place for place, freed in freed_in.items() if places[place].free_gpus + freed >= need
+        }
         chosen: list[Job] = []
+        held_by = self._held_by_node if scope == "node" else self._held_by_rack
         for victim in victims:
             if not victim.spec.plain:
                 return False
-            if any(place in rooms for place, _ in self._held_in(victim, scope)):
-                chosen.append(victim)
+            held = held_by.get(victim.seq)
+            if held is None:
+                held = self._held_in(victim, scope)
+            for place, _ in held:
+                if place in rooms:
+                    chosen.append(victim)
+                    break
         statement.free_each(chosen)
         result = self._place(job, now)
         if isinstance(result, Placed):

@@ -176,7 +176,9 @@ class Scheduler(SchedulerState):
         if self.timers.held_at and quiet is not None and (quiet[2] or self.pending):
             self.timers.settle()  # re-keys held back may tell whether this round repeats
         if self._repeats(now, preempt) and not actions:
-            return Decision(actions, self._next_wake(now), self._respeeds())
+            return Decision(
+                actions, self._next_wake(now), self._respeeds() if self._speed_changed else []
+            )
         for begin in self._round_starts:
             begin(now, actions)
         if self._reserves:
@@ -192,7 +194,9 @@ class Scheduler(SchedulerState):
         if self._may_repeat and not actions:
             self._quiet = (self.cluster.version, preempt, self.preemption.tried)
             self._quiet_at = now
-        return Decision(actions, self._next_wake(now), self._respeeds())
+        return Decision(
+            actions, self._next_wake(now), self._respeeds() if self._speed_changed else []
+        )
 
     def _begin_round_hooks(self, chain: AdmissionChain) -> list[RoundStart]:
         """The plugins' hooks at a round's start, in order: every stage's `new_round`, every
@@ -229,12 +233,14 @@ class Scheduler(SchedulerState):
             and not self._held
             and self._last_start_at < self._quiet_at
             and not (self._exempts and self.preemption.exemption_ended(now))
-            and not (self.reservations and self.reservations.boundary_between(self._quiet_at, now))
+            and not (
+                self.reservations.items and self.reservations.boundary_between(self._quiet_at, now)
+            )
         )
 
     def _next_wake(self, now: float) -> float | None:
         wake = self.timers.next_wake(now, bool(self.pending), len(self._running.keys))
-        if self.reservations and self.pending:  # a window opens or closes: look again then
+        if self.reservations.items and self.pending:  # a window opens or closes: look again
             self.reservations.forget_ended(now)
             boundary = self.reservations.next_boundary(now)
             if boundary != math.inf:

@@ -47,6 +47,7 @@ if TYPE_CHECKING:
 
 
 _NO_ROOM_OF_KIND = "no room: a job of the same kind needing fewer GPUs did not fit"
+_HELD = "retry backoff: held for {:.0f} s more"
 
 
 class WalkHost(RoundHost, Protocol):
@@ -139,7 +140,7 @@ class QueueWalk:
         make_room = self.preemption.make_room
         preempting = preempt
         reserves = self.reserves
-        reservations = host.reservations if host.reservations else None
+        reservations = host.reservations if host.reservations.items else None
         late = self._late
         blocks = self.blocks
         root = cluster.root
@@ -156,6 +157,7 @@ class QueueWalk:
         skips = not checks and not sharers and reserves is None and reservations is None
         skips = skips and not blocks
         position = 0
+        inf = math.inf
         while True:
             if done != len(actions):
                 done = len(actions)
@@ -163,17 +165,24 @@ class QueueWalk:
                 keys = pending.keys if isinstance(pending, FlatIndex) else pending
                 smallest = min(sizes, default=0)
             if skips and not preempting and not (root.free_gpus < smallest or not root.free_gpus):
-                while position < len(keys):
-                    job = by_seq[keys[position][-1]]
-                    if job.hold_until > now:
-                        break
-                    kind = (
-                        kinds[job.seq] if kinds is not None else placement_kind(placement, job, now)
-                    )
-                    if job.spec.gpus < no_fit.get(kind, math.inf):
-                        break
-                    job.pending_reason = _NO_ROOM_OF_KIND
-                    position += 1
+                end = len(keys)
+                if kinds is not None:  # (the same loop, with each job's kind kept)
+                    while position < end:
+                        job = by_seq[keys[position][-1]]
+                        if job.hold_until > now or job.spec.gpus < no_fit.get(kinds[job.seq], inf):
+                            break
+                        job.pending_why = _NO_ROOM_OF_KIND
+                        position += 1
+                else:
+                    while position < end:
+                        job = by_seq[keys[position][-1]]
+                        if job.hold_until > now:
+                            break
+                        kind = placement_kind(placement, job, now)
+                        if job.spec.gpus < no_fit.get(kind, inf):
+                            break
+                        job.pending_why = _NO_ROOM_OF_KIND
+                        position += 1
             if position >= len(keys):
                 break
             job = by_seq[keys[position][-1]]
@@ -193,28 +202,28 @@ class QueueWalk:
             ):
                 if not picks or not admission.someone_over_share():
                     lacking = not_enough(cluster, job) if free else None
-                    job.pending_reason = (
+                    job.pending_why = (
                         "waiting for free GPUs: all are in use by jobs of equal or higher priority"
                         if lacking is None
-                        else lacking.reason
+                        else lacking.why
                     )
                     break
                 # A job further back, of a VC under its share, may still reclaim GPUs.
-                job.pending_reason = "waiting for free GPUs"
+                job.pending_why = "waiting for free GPUs"
                 position += 1
                 continue
             if job.hold_until > now:
-                job.pending_reason = f"retry backoff: held for {job.hold_until - now:.0f} s more"
+                job.pending_why = (_HELD, job.hold_until - now)
                 position += 1
                 continue
             if blocked_queues and admission.queue(job) in blocked_queues:
-                job.pending_reason = f"blocked behind the head job of {admission.queue(job)}"
+                job.pending_why = f"blocked behind the head job of {admission.queue(job)}"
                 position += 1
                 continue
             if checks:
                 refusal = admission.check(job)
                 if refusal is not None:
-                    job.pending_reason = refusal
+                    job.pending_why = refusal
                     position += 1
                     continue
             spec = job.spec
@@ -226,7 +235,7 @@ class QueueWalk:
                 reserves is not None and reserves.head is not None
             )
             closed: list[Closed] = []
-            if job.spec.gpus < no_fit.get(kind, math.inf):
+            if job.spec.gpus < no_fit.get(kind, inf):
                 result = placement.place(cluster, job, now)
                 if guarded and isinstance(result, Placed):
                     closed = _closed(job, now, reservations, reserves)
@@ -237,7 +246,7 @@ class QueueWalk:
                         # It fits, on GPUs claimed for others: it neither shares its way onto
                         # them nor takes them from victims (it may preempt for others); a
                         # blocking policy without backfill stops here.
-                        job.pending_reason = admitted
+                        job.pending_why = admitted
                         claimed = True
                     else:
                         result = admitted
@@ -252,9 +261,9 @@ class QueueWalk:
                     continue
                 else:
                     no_fit[kind] = job.spec.gpus
-                    job.pending_reason = result.reason
+                    job.pending_why = result.why
             else:
-                job.pending_reason = _NO_ROOM_OF_KIND
+                job.pending_why = _NO_ROOM_OF_KIND
             if not asked:  # (late: see `_late`)
                 can_preempt = preempting and may_preempt_for(job, now)
                 if not can_preempt:

@@ -355,6 +355,7 @@ class Simulation:
                 lost_infra_s += job.lost_gpu_s - lost_before
 
         wake_at: float | None = None  # the scheduler's last asked wake-up: any other is stale
+        running = JobStatus.RUNNING  # (a local: a member looked up on its enum costs more)
 
         def stale(event: tuple[float, int, int, str, int]) -> bool:
             """An event that would change nothing: a wake-up the scheduler asked for before its
@@ -367,7 +368,7 @@ class Simulation:
             if kind in (_NODE_DOWN, _NODE_UP, _HOLD, _NODE_CHANGE):
                 return False
             job = scheduler.jobs.get(job_id)
-            if job is None or job.status is not JobStatus.RUNNING or job.attempts != attempt:
+            if job is None or job.status is not running or job.attempts != attempt:
                 return True
             return kind != _PROGRESS and end_order.get(job_id) != event_order
 
@@ -467,7 +468,7 @@ class Simulation:
                 if found is None:
                     continue  # it ended and was dropped (keep_ended=False)
                 job = found
-                if job.status is not JobStatus.RUNNING or job.attempts != attempt:
+                if job.status is not running or job.attempts != attempt:
                     continue  # the attempt this event belonged to was preempted
                 if kind == _PROGRESS:  # its first progress report: a pre-run passes
                     scheduler.progressed(job_id, now)  # its Preempt needs nothing here
@@ -503,7 +504,8 @@ class Simulation:
                         scheduler.cancel(stopped.id, now)
                     stopped.last_event = "its dependency did not succeed in the replay"
                     count_end(stopped)
-            drains.hold(scheduler)  # ends on drained nodes freed GPUs there
+            if drains.held:
+                drains.hold(scheduler)  # ends on drained nodes freed GPUs there
             decision = scheduler.decide(now)
             for action in decision.actions:
                 if self.record_decisions:

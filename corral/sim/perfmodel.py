@@ -216,14 +216,31 @@ class PerfModel:
                 speed /= self.spread_slowdown(model, gpus, measured_on)
             return speed
 
+        # Whether the table knows each model (it never changes), asked at every start.
+        known: dict[str, bool] = {}
+
         def speed(job: Job, gpus: tuple[int, ...]) -> float:
             if not gpus:
                 return 1.0
-            spread = len({gpu_node[g] for g in gpus}) > 1
+            first = gpus[0]
+            node = gpu_node[first]
+            spread = False
+            for gpu in gpus:
+                if gpu_node[gpu] != node:
+                    spread = True
+                    break
             model = job.spec.model
-            if model and self.knows(model):
-                types = {gpu_cells[g].gpu_type for g in gpus}
-                return min(table_speed(model, len(gpus), t, spread) for t in types)
+            if model:
+                knows = known.get(model)
+                if knows is None:
+                    knows = known[model] = self.knows(model)
+                if knows:
+                    gpu_type = gpu_cells[first].gpu_type
+                    for gpu in gpus:
+                        if gpu_cells[gpu].gpu_type != gpu_type:  # mixed: the slowest type's
+                            types = {gpu_cells[g].gpu_type for g in gpus}
+                            return min(table_speed(model, len(gpus), t, spread) for t in types)
+                    return table_speed(model, len(gpus), gpu_type, spread)
             return 1.0 / job.spec.spread_slowdown if spread else 1.0
 
         return speed

@@ -229,6 +229,8 @@ def test_speed_of_gavel_jobs_uses_the_table_on_the_gpu_type_they_landed_on(perf)
     assert speed(gavel, tuple(k0)) == pytest.approx(12.0 / 50.0)  # k80: 2 x 6 (scaled) vs 50
     # A gang on mixed types runs at its slowest worker's pace (spread across nodes too).
     assert speed(gavel, (v0[0], k0[0])) == pytest.approx(12.0 / 50.0)
+    assert speed(gavel, (k0[0], v0[0])) == pytest.approx(12.0 / 50.0)  # the slow one first
+    assert speed(gavel, (v1[0], v0[1])) == pytest.approx(0.5)  # asked again: the same
 
 
 # -- the real table, read-only ------------------------------------------------------------------

@@ -9,7 +9,7 @@ from typing import ClassVar
 
 from corral.core.cluster import MILLI, Cluster
 from corral.core.compiled import mypyc_attr
-from corral.core.job import Job, JobSpec
+from corral.core.job import Job, JobSpec, Reason, reason_text
 from corral.core.plugin import OptionsMixin, SpeedModel
 
 
@@ -29,7 +29,12 @@ class Placed:
 
 @dataclass(slots=True, frozen=True)
 class NotPlaced:
-    reason: str
+    #: Why, formatted only when read (`reason`): a failed attempt's text is seldom read.
+    why: Reason
+
+    @property
+    def reason(self) -> str:
+        return reason_text(self.why)
 
 
 # Other modules (and plugins) subclass it: allowed when it is compiled (setup.py).
@@ -135,8 +140,7 @@ def not_enough(cluster: Cluster, job: Job) -> NotPlaced | None:
     else:
         free = max((cluster.free_by_type.get(t, 0) for t in types_for(cluster, job)), default=0)
     if free < job.spec.gpus:
-        what = (
-            "" if job.spec.gpu_types is None else f" of type {'|'.join(sorted(job.spec.gpu_types))}"
-        )
-        return NotPlaced(f"waiting for {job.spec.gpus} free GPUs{what} ({free} free)")
+        types = job.spec.gpu_types
+        what = "" if types is None else f" of type {'|'.join(sorted(types))}"
+        return NotPlaced(("waiting for {} free GPUs{} ({} free)", job.spec.gpus, what, free))
     return None

@@ -18,6 +18,15 @@ from corral.core.placement.named_options import DEFAULT_RELAX_AFTER_S as DEFAULT
 from corral.core.placement.named_options import ProfileOptions, RelaxOptions
 from corral.core.plugin import Services
 
+#: The reasons a consolidated placement fails for locality (formatted only when read).
+_ONE_NODE = "locality: needs {} GPUs on one node; no node has them free"
+_ONE_RACK = "locality: needs {} GPUs{} within one rack; no rack has them free"
+#: Each of them while the job waits to relax, told when it relaxes.
+_BEFORE_RELAXING: dict[object, str] = {
+    _ONE_NODE: _ONE_NODE + " (relaxes at t={:.0f}s)",
+    _ONE_RACK: _ONE_RACK + " (relaxes at t={:.0f}s)",
+}
+
 
 def consolidated(cluster: Cluster, job: Job) -> Placed | NotPlaced:
     """Philly's locality rule: one node if the job fits in one, else fewest nodes in one rack
@@ -34,9 +43,7 @@ def consolidated(cluster: Cluster, job: Job) -> Placed | NotPlaced:
             job.spec.accepts(t) and size >= job.spec.gpus
             for t, size in cluster.max_node_gpus_by_type.items()
         ):
-            return NotPlaced(
-                f"locality: needs {job.spec.gpus} GPUs on one node; no node has them free"
-            )
+            return NotPlaced((_ONE_NODE, job.spec.gpus))
     gpus = fewest_nodes_in_rack(cluster, job)
     if gpus is not None:
         return Placed(gpus)
@@ -47,9 +54,7 @@ def consolidated(cluster: Cluster, job: Job) -> Placed | NotPlaced:
             return Placed(gpus)
     unit = job.spec.gpus_per_worker
     workers = "" if unit == 1 else f" ({unit} per worker, each worker on one node)"
-    return NotPlaced(
-        f"locality: needs {job.spec.gpus} GPUs{workers} within one rack; no rack has them free"
-    )
+    return NotPlaced((_ONE_RACK, job.spec.gpus, workers))
 
 
 def _no_gpus_of_one_type(job: Job) -> NotPlaced:
@@ -116,9 +121,15 @@ class Relax(Placement):
 
     def place(self, cluster: Cluster, job: Job, now: float) -> Placed | NotPlaced:
         result = consolidated(cluster, job)
-        if isinstance(result, Placed) or now < self.relaxes_at(job):
-            if isinstance(result, NotPlaced) and result.reason.startswith("locality"):
-                return NotPlaced(f"{result.reason} (relaxes at t={self.relaxes_at(job):.0f}s)")
+        if isinstance(result, Placed):
+            return result
+        at = self.relaxes_at(job)
+        if now < at:
+            why = result.why
+            if not isinstance(why, str):
+                template = _BEFORE_RELAXING.get(why[0])
+                if template is not None:
+                    return NotPlaced((template, *why[1:], at))
             return result
         gpus = fewest_nodes_anywhere(cluster, job)
         if gpus is None:
