@@ -191,7 +191,7 @@ def _moved(spec: JobSpec, submit_time: float) -> JobSpec:
     deadline = spec.deadline
     if deadline is not None:
         deadline = submit_time + (deadline - spec.submit_time)
-    if type(spec) is not JobSpec:
+    if type(spec) is not JobSpec or _SPEC_SLOTS is None:
         return dataclasses.replace(spec, submit_time=submit_time, deadline=deadline)
     # What `dataclasses.replace` gives, at half its cost (a streamed trace moves every job):
     # every field copied as it is, `plain` too (`__post_init__` derives it from fields that a
@@ -204,7 +204,9 @@ def _moved(spec: JobSpec, submit_time: float) -> JobSpec:
     return moved
 
 
-_SPEC_SLOTS: tuple[str, ...] = JobSpec.__slots__  # type: ignore[attr-defined]
+#: JobSpec's fields, where it is a Python class; None where the compiled build made it a native
+#: class, which has no `__slots__` and whose fields `object.__setattr__` cannot set.
+_SPEC_SLOTS: tuple[str, ...] | None = getattr(JobSpec, "__slots__", None)
 _new_spec = object.__new__
 _set = object.__setattr__
 
