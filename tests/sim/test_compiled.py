@@ -34,6 +34,7 @@ from corral.core.compiled import compiled_core
 from corral.core.placement import make_placement
 from corral.core.policy import make_policy
 from corral.sim.engine import Simulation
+from corral.sim.traces.base import _moved
 
 def trace(jobs, seed):
     rng = random.Random(seed)
@@ -67,7 +68,10 @@ cluster = Cluster.shorthand(2, 4)
 cluster.allocate([1, 2])
 twin = copy.deepcopy(cluster)  # the live manager copies its cluster (Cluster.__deepcopy__)
 twin.release([1])
+# a trace's move of a job to its submit time (native JobSpec: no slots to copy)
+moved = _moved(JobSpec(id="m", submit_time=10.0, gpus=2, duration_s=5.0, deadline=25.0), 40.0)
 print(json.dumps({
+    "moved": [moved.id, moved.submit_time, moved.deadline, moved.gpus],
     "copy": [list(cluster.gpu_free), list(twin.gpu_free), twin.free_gpus],
     "compiled": compiled_core(),
     "scheduler": corral.core.scheduler.__file__,
@@ -130,6 +134,7 @@ def test_the_compiled_build_decides_as_the_sources_do(compiled_site: Path) -> No
     assert compiled["compiled"] is True, compiled["scheduler"]
     assert str(compiled["scheduler"]).startswith(str(compiled_site))
     assert pure["compiled"] is False, pure["scheduler"]
+    assert compiled["moved"] == pure["moved"] == ["m", 40.0, 55.0, 2]
     assert compiled["copy"] == pure["copy"] == [[1, 0, 0, 1] + [1] * 4, [1, 1, 0, 1] + [1] * 4, 7]
     runs = pure["runs"]
     assert isinstance(runs, dict)
