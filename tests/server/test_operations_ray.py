@@ -482,6 +482,8 @@ def test_health_checks_run_on_each_ray_node_and_a_sick_one_is_held_out(
         wait_for(client, a, ["RUNNING"])
         assert attempt_nodes(client, a) == ["n1"]
         b = submit(client, **python_job("b", "print('b ran')", gpus=2))
+        # (a round must have considered b: the step in progress may have begun before it came)
+        wait_until(lambda: "not yet considered" not in job(client, b)["reason"], "b considered")
         settled(running)
         found = job(client, b)
         assert (found["status"], found["attempts"]) == ("PENDING", 0), found
