@@ -46,6 +46,11 @@ if TYPE_CHECKING:
     from corral.core.placement.base import Placement
     from corral.core.policy.base import Key, Policy
 
+#: Job states read as module globals: a member looked up on its enum class costs several times as
+#: much (as in corral.core.job), and these are asked at every start, stop, timer and key.
+_RUNNING = JobStatus.RUNNING
+_PENDING = JobStatus.PENDING
+
 #: A timer: (instant, job seq, the job's timer version when it was set).
 Timer = tuple[float, int, int]
 
@@ -110,7 +115,7 @@ class Timers:
         lazy = idle = math.inf
         if not self.policy.rekey_wakes:
             lazy, at = at, math.inf
-        if job.status is JobStatus.PENDING:
+        if job.status is _PENDING:
             at = min(at, self.placement.changes_at(job, now))
             if job.hold_until > now:  # wake when its retry backoff ends
                 at = min(at, job.hold_until)
@@ -168,7 +173,7 @@ class Timers:
                 seq = timer[1]
                 if versions.get(seq) != timer[2]:
                     continue  # stale
-                if by_seq[seq].status is not JobStatus.RUNNING:
+                if by_seq[seq].status is not _RUNNING:
                     waiting.append(timer)  # a waiting job's: taken below, as always
                     continue
                 held.append(timer)  # (sorted when taken, `_replay`)
@@ -196,7 +201,7 @@ class Timers:
                 continue
             self.policy.on_key_change(job, now)
             if (
-                job.status is JobStatus.RUNNING
+                job.status is _RUNNING
                 and self._followed
                 and job.id in self._followed
                 and self.lifecycle.due(job, now, actions)
@@ -229,7 +234,7 @@ class Timers:
             if versions.get(seq) != number:
                 continue  # the job stopped or changed since: its key was taken then
             job = by_seq[seq]
-            if job.status is not JobStatus.RUNNING:
+            if job.status is not _RUNNING:
                 running = False
             when, key, changes_at = held_rekey(job, rounds, bisect.bisect_left(rounds, at))
             taken.append((job, when, key, changes_at))
@@ -328,6 +333,6 @@ class Timers:
     def _running_attempt(self, seq: int, attempt: int) -> Job | None:
         """The job numbered `seq` if it is still running its attempt `attempt`, else None."""
         job = self._by_seq.get(seq)
-        if job is None or job.status is not JobStatus.RUNNING or job.attempts != attempt:
+        if job is None or job.status is not _RUNNING or job.attempts != attempt:
             return None
         return job
