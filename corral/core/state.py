@@ -54,6 +54,9 @@ StartHook = Callable[[Job, float], None]
 #: more, and the running index is sorted again at once.
 _FEW_MOVES = 8
 
+#: The `last_event` of a start on one node (most are), as `count_noun` words it.
+_ON_ONE_NODE = f"started on {count_noun(1, 'node')}"
+
 
 class SchedulerState:
     #: Built by the round's class once the state exists (they are given it as their host).
@@ -432,34 +435,40 @@ class SchedulerState:
 
     def _start(self, job: Job, placed: Placed, now: float, actions: list[Action]) -> None:
         self._dequeue(job, now)
-        if job.spec.plain:
-            self.cluster.allocate(placed.gpus)
+        gpus = placed.gpus
+        plain = job.spec.plain
+        if plain:
+            self.cluster.allocate(gpus)
         else:
-            claim(self.cluster, job, placed.gpus, placed.node)
+            claim(self.cluster, job, gpus, placed.node)
         resumed, trial = self.lifecycle.starting(job)
         job.status = _RUNNING
-        job.placement = placed.gpus
+        job.placement = gpus
         job.run_started_at = now
-        self._last_start_at = max(self._last_start_at, now)
+        if now > self._last_start_at:
+            self._last_start_at = now
         job.attempts += 1
         if job.first_started_at is None:
             job.first_started_at = now
-        job.relaxed = job.relaxed or placed.relaxed
-        job.speed = self.speed_model(job, placed.gpus) if self.speed_model else 1.0
+        relaxed = placed.relaxed
+        if relaxed:
+            job.relaxed = True
+        speed_model = self.speed_model
+        job.speed = speed_model(job, gpus) if speed_model else 1.0
         job.stall_until = now + self.restore_s if resumed else now
         if self.on_start is not None:
             self.on_start(job, now)
-        job.pending_reason = ""
+        job.pending_why = ""  # (`pending_reason`, without its setter's call)
         for hook in self._on_start:
             hook(job, now)
         job.last_event = (
-            f"started on {count_noun(len(self.cluster.nodes_of(placed.gpus)), 'node')}"
-            if placed.gpus
+            self._started_on(gpus)
+            if gpus
             else f"started on node {self.cluster.nodes[job.node].name} (no GPU)"
         )
         self._index(self._running, job, now)
-        if job.spec.plain and not trial:
-            actions.append(Start(job.id, placed.gpus, relaxed=placed.relaxed, resumed=resumed))
+        if plain and not trial:
+            actions.append(Start(job.id, gpus, relaxed, resumed))
         else:
             actions.append(
                 Start(
@@ -472,6 +481,16 @@ class SchedulerState:
                     precheck=trial,
                 )
             )
+
+    def _started_on(self, gpus: tuple[int, ...]) -> str:
+        """A start's `last_event`: on how many nodes (most starts are on one, told without
+        building the set of their nodes)."""
+        gpu_node = self.cluster.gpu_node
+        first = gpu_node[gpus[0]]
+        for gpu in gpus:
+            if gpu_node[gpu] != first:
+                return f"started on {count_noun(len(self.cluster.nodes_of(gpus)), 'node')}"
+        return _ON_ONE_NODE
 
     def _requeue_preempted(self, job: Job, by: str, now: float) -> Preempt:
         gpus = job.placement
@@ -545,7 +564,7 @@ class SchedulerState:
             self.waiting_shares += 1
         job.status = _PENDING
         job.queued_since = now
-        job.pending_reason = "not yet considered"
+        job.pending_why = "not yet considered"  # (`pending_reason`, without its setter's call)
         if job.hold_until > now:
             self._held.add(job.seq)
         self._index(self.pending, job, now)
