@@ -50,6 +50,7 @@ if TYPE_CHECKING:
 #: much (as in corral.core.job), and these are asked at every start, stop, timer and key.
 _RUNNING = JobStatus.RUNNING
 _PENDING = JobStatus.PENDING
+_INF = math.inf
 
 #: A timer: (instant, job seq, the job's timer version when it was set).
 Timer = tuple[float, int, int]
@@ -111,28 +112,37 @@ class Timers:
         """The job's one timer (a later one replaces it): the earliest instant its key, placement
         mode, backoff or lifecycle timer changes (`changes_at`: the policy's `key_changes_at`,
         when the caller has it)."""
+        # (`min` and `max` written as comparisons: the same values, without their calls)
         at = self.policy.key_changes_at(job, now) if changes_at is None else changes_at
-        lazy = idle = math.inf
-        if not self.policy.rekey_wakes:
-            lazy, at = at, math.inf
+        lazy = idle = _INF
+        if self.asks_wakes:  # (`not policy.rekey_wakes`)
+            lazy, at = at, _INF
         if job.status is _PENDING:
-            at = min(at, self.placement.changes_at(job, now))
-            if job.hold_until > now:  # wake when its retry backoff ends
-                at = min(at, job.hold_until)
+            moves_at = self.placement.changes_at(job, now)
+            if moves_at < at:
+                at = moves_at
+            hold = job.hold_until
+            if hold > now and hold < at:  # wake when its retry backoff ends
+                at = hold
         elif self._followed and job.id in self._followed:
-            at = min(at, self.lifecycle.due_at(job))
+            due = self.lifecycle.due_at(job)
+            if due < at:
+                at = due
         elif self.idle_when_running:
-            idle, at = at, math.inf
-        version = self._version.get(job.seq, 0) + 1
-        self._version[job.seq] = version
-        if at < math.inf:
-            heapq.heappush(self._due, (max(at, now), job.seq, version))
+            idle, at = at, _INF
+        seq = job.seq
+        versions = self._version
+        version = versions.get(seq, 0) + 1
+        versions[seq] = version
+        if at < _INF:
+            heapq.heappush(self._due, (now if now > at else at, seq, version))
         if lazy < at:
-            heapq.heappush(self._lazy, (max(lazy, now), job.seq, version))
-        if idle < math.inf:
-            idle = max(idle, now)
-            heapq.heappush(self._idle, (idle, job.seq, version))
-            self.idle_at[job.seq] = (idle, version)
+            heapq.heappush(self._lazy, (now if now > lazy else lazy, seq, version))
+        if idle < _INF:
+            if now > idle:
+                idle = now
+            heapq.heappush(self._idle, (idle, seq, version))
+            self.idle_at[seq] = (idle, version)
 
     def set_each(self, taken: list[tuple[Job, float, Key, float]]) -> None:
         """`set(job, now, changes_at)` of each running job (job, now, its key, changes_at)."""
