@@ -182,10 +182,13 @@ class LeastAttainedService(Policy):
             state = job.peek(LasState)
             if self.queue_order == "started" and state is not None and state.entered == now:
                 return math.nextafter(now, math.inf)  # its round at the tail is over
-            queue = self.queue_of(job, now)
-            if queue == len(self.thresholds):
+            # (`queue_of` and `counted_service`, the service computed once)
+            service = job.attained_at(now) - job.service_offset_gpu_s
+            thresholds = self.thresholds
+            queue = bisect.bisect_right(thresholds, service + 1e-6)
+            if queue == len(thresholds):
                 return math.inf
-            missing = self.thresholds[queue] - self.counted_service(job, now)
+            missing = thresholds[queue] - service
             return now + missing / job.spec.gpus
         if job.status is _PENDING:
             return self._promotion_time(job, now)
