@@ -129,7 +129,9 @@ class LeastAttainedService(Policy):
         return bisect.bisect_right(self.thresholds, self.counted_service(job, now) + 1e-6)
 
     def key(self, job: Job, now: float) -> Key:
-        queue = self.queue_of(job, now)
+        # (`queue_of`, without its calls: asked at every key)
+        service = job.attained_at(now) - job.service_offset_gpu_s
+        queue = bisect.bisect_right(self.thresholds, service + 1e-6)
         state = job.peek(LasState)
         if self.queue_order == "started":
             return (queue, *self._started_order(job, state, now))
