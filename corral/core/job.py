@@ -303,14 +303,18 @@ class Job:
         """Ideal seconds of work left; infinite when the job's length is unknown."""
         if self.spec.duration_s is None:
             return float("inf")
-        return max(0.0, self.spec.duration_s - self.work_done_at(now))
+        left = self.spec.duration_s - self.work_done_at(now)
+        return left if left > 0.0 else 0.0  # (max(0.0, left), without its call)
 
     def remaining_wall_s(self, now: float) -> float:
         """Wall seconds until the job ends at its current speed (pending jobs: at full speed)."""
         remaining = self.remaining_work_s(now)
         if self.status is not _RUNNING:
             return remaining
-        return max(0.0, self.stall_until - now) + remaining / max(self.speed, 1e-12)
+        # max(0.0, stall) + remaining / max(speed, 1e-12), without the calls
+        stall = self.stall_until - now
+        speed = self.speed
+        return (stall if stall > 0.0 else 0.0) + remaining / (1e-12 if 1e-12 > speed else speed)
 
     def limit_left_s(self, now: float) -> float:
         """Seconds the job may still run by its time limit (its attempts' run times add up
