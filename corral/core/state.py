@@ -558,8 +558,15 @@ class SchedulerState:
     def _enqueue(self, job: Job, now: float) -> None:
         for hook in self._on_queue:
             hook(job, +1)
-        if job.spec.plain:
-            self._count_size(job.spec.gpus, +1)
+        spec = job.spec
+        if spec.plain:  # (`_count_size(gpus, +1)`, without its call)
+            sizes = self.waiting_sizes
+            gpus = spec.gpus
+            count = sizes.get(gpus, 0) + 1
+            if count:
+                sizes[gpus] = count
+            else:
+                del sizes[gpus]
         else:
             self.waiting_shares += 1
         job.status = _PENDING
@@ -574,8 +581,15 @@ class SchedulerState:
     def _dequeue(self, job: Job, now: float) -> None:
         for hook in self._on_queue:
             hook(job, -1)
-        if job.spec.plain:
-            self._count_size(job.spec.gpus, -1)
+        spec = job.spec
+        if spec.plain:  # (`_count_size(gpus, -1)`, without its call)
+            sizes = self.waiting_sizes
+            gpus = spec.gpus
+            count = sizes.get(gpus, 0) - 1
+            if count:
+                sizes[gpus] = count
+            else:
+                del sizes[gpus]
         else:
             self.waiting_shares -= 1
         job.pending_s += now - job.queued_since
