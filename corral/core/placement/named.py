@@ -34,7 +34,7 @@ def consolidated(cluster: Cluster, job: Job) -> Placed | NotPlaced:
     short = not_enough(cluster, job)
     if short is not None:
         return short
-    largest_node = max(cluster.max_node_gpus_by_type.values())
+    largest_node = cluster.largest_node_gpus
     if job.spec.gpus <= largest_node:
         gpus = best_fit_node(cluster, job)
         if gpus is not None:
@@ -134,7 +134,7 @@ class Relax(Placement):
         gpus = fewest_nodes_anywhere(cluster, job)
         if gpus is None:
             return result
-        return Placed(gpus, relaxed=True)
+        return Placed(gpus, True)  # relaxed (positional: cheaper to build)
 
 
 class Profile(Placement):
