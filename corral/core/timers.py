@@ -305,8 +305,8 @@ class Timers:
         if waiting:
             while idle and version.get(idle[0][1]) != idle[0][2]:
                 heapq.heappop(idle)
-            if idle:
-                wake = min(wake, idle[0][0])
+            if idle and idle[0][0] < wake:  # (min, without its call)
+                wake = idle[0][0]
         if self.asks_wakes:
             wake = self._earliest_wake(wake, now, running)
         return wake if wake < math.inf else None
