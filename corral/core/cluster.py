@@ -115,8 +115,6 @@ class Cluster:
             self.max_node_gpus_by_type[node.gpu_type] = max(
                 self.max_node_gpus_by_type.get(node.gpu_type, 0), node.total_gpus
             )
-        #: The most GPUs any node has (read at every placement that prefers one node).
-        self.largest_node_gpus = max(self.max_node_gpus_by_type.values(), default=0)
         # _buckets[gpu_type][k] holds the healthy nodes with exactly k free GPUs, in insertion order
         # (a dict used as an ordered set keeps runs deterministic).
         self._buckets: dict[str, list[dict[int, None]]] = {

@@ -34,7 +34,7 @@ def consolidated(cluster: Cluster, job: Job) -> Placed | NotPlaced:
     short = not_enough(cluster, job)
     if short is not None:
         return short
-    largest_node = cluster.largest_node_gpus
+    largest_node = max(cluster.max_node_gpus_by_type.values())
     if job.spec.gpus <= largest_node:
         gpus = best_fit_node(cluster, job)
         if gpus is not None:
