@@ -264,9 +264,11 @@ class Job:
 
     def running_s(self, now: float) -> float:
         """Seconds the current attempt has been running (0 when not running)."""
-        if self.status is not _RUNNING or self.run_started_at is None:
+        started = self.run_started_at
+        if self.status is not _RUNNING or started is None:
             return 0.0
-        return max(0.0, now - self.run_started_at)
+        ran = now - started
+        return ran if ran > 0.0 else 0.0  # (max(0.0, ran), without its call)
 
     def attained_at(self, now: float) -> float:
         """Attained service in GPU-seconds (Tiresias's 2D measure: GPUs x time run)."""
@@ -276,10 +278,19 @@ class Job:
         return self.executed_s + self.running_s(now)
 
     def work_done_at(self, now: float) -> float:
-        if self.status is not _RUNNING or self.run_started_at is None:
+        started = self.run_started_at
+        if self.status is not _RUNNING or started is None:
             return self.work_done_s
-        working_from = max(self.run_started_at, self.stall_until, self.speed_since)
-        return self.work_done_s + self.attempt_work_s + self.speed * max(0.0, now - working_from)
+        # max(started, stall_until, speed_since) and max(0.0, worked), without their calls
+        working_from = started
+        if self.stall_until > working_from:
+            working_from = self.stall_until
+        if self.speed_since > working_from:
+            working_from = self.speed_since
+        worked = now - working_from
+        if worked < 0.0:
+            worked = 0.0
+        return self.work_done_s + self.attempt_work_s + self.speed * worked
 
     def change_speed(self, speed: float, now: float) -> None:
         """From `now` on the running job works at `speed`; the work done so far is kept, and
@@ -292,14 +303,18 @@ class Job:
         """Ideal seconds of work left; infinite when the job's length is unknown."""
         if self.spec.duration_s is None:
             return float("inf")
-        return max(0.0, self.spec.duration_s - self.work_done_at(now))
+        left = self.spec.duration_s - self.work_done_at(now)
+        return left if left > 0.0 else 0.0  # (max(0.0, left), without its call)
 
     def remaining_wall_s(self, now: float) -> float:
         """Wall seconds until the job ends at its current speed (pending jobs: at full speed)."""
         remaining = self.remaining_work_s(now)
         if self.status is not _RUNNING:
             return remaining
-        return max(0.0, self.stall_until - now) + remaining / max(self.speed, 1e-12)
+        # max(0.0, stall) + remaining / max(speed, 1e-12), without the calls
+        stall = self.stall_until - now
+        speed = self.speed
+        return (stall if stall > 0.0 else 0.0) + remaining / (1e-12 if 1e-12 > speed else speed)
 
     def limit_left_s(self, now: float) -> float:
         """Seconds the job may still run by its time limit (its attempts' run times add up

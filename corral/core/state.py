@@ -39,6 +39,12 @@ from corral.core.statement import claim, unclaim
 from corral.core.text import count_noun
 from corral.core.timers import Timers
 
+#: Job states read as module globals: a member looked up on its enum class costs several times as
+#: much (as in corral.core.job), and these are asked at every start, stop, timer and key.
+_RUNNING = JobStatus.RUNNING
+_PENDING = JobStatus.PENDING
+_SUCCEEDED = JobStatus.SUCCEEDED
+
 #: Called once per attempt as a job starts (placement, speed and restore stall already set); it
 #: may lower `job.speed` and move `job.stall_until` later: a node's data cache (core.cache) is
 #: allocated here, not in the SpeedModel, which placements may also call to ask about speeds.
@@ -47,6 +53,9 @@ StartHook = Callable[[Job, float], None]
 #: Up to this many running jobs moved at once (`rekey_each`) are moved one by one (a bisect each);
 #: more, and the running index is sorted again at once.
 _FEW_MOVES = 8
+
+#: The `last_event` of a start on one node (most are), as `count_noun` words it.
+_ON_ONE_NODE = f"started on {count_noun(1, 'node')}"
 
 
 class SchedulerState:
@@ -140,7 +149,7 @@ class SchedulerState:
         if self._followed and job.id in self._followed and self.lifecycle.exited(job, now):
             return job
         job.work_done_s = job.spec.duration_s or job.work_done_s
-        self._finish(job, JobStatus.SUCCEEDED, now, "succeeded")
+        self._finish(job, _SUCCEEDED, now, "succeeded")
         return job
 
     def failed(self, job_id: str, now: float, report: FailureReport | str) -> Job:
@@ -194,9 +203,9 @@ class SchedulerState:
 
     def cancel(self, job_id: str, now: float) -> Job:
         job = self.jobs[job_id]
-        if job.status is JobStatus.RUNNING:
+        if job.status is _RUNNING:
             self._stop(job, now)
-        elif job.status is JobStatus.PENDING:
+        elif job.status is _PENDING:
             self._dequeue(job, now)
         else:
             return job
@@ -229,7 +238,7 @@ class SchedulerState:
             for job in self.running_jobs()
             if job.node == node or any(self.cluster.gpu_node[g] == node for g in job.placement)
         ]
-        return [self.evict(job.id, now, by) for job in hit if job.status is JobStatus.RUNNING]
+        return [self.evict(job.id, now, by) for job in hit if job.status is _RUNNING]
 
     def take_offline(self, gpus: Iterable[int]) -> None:
         """Hold free GPUs out of allocation (GPUs in use must be freed first)."""
@@ -250,11 +259,11 @@ class SchedulerState:
         only forgotten (its status kept), so that it may be adopted again under its id, or so
         that a long simulation that has written its result holds it no more."""
         job = self.jobs[job_id]
-        if job.status is JobStatus.RUNNING:
+        if job.status is _RUNNING:
             self._stop(job, now)
-            job.status = JobStatus.PENDING
+            job.status = _PENDING
             job.queued_since = now
-        elif job.status is JobStatus.PENDING:
+        elif job.status is _PENDING:
             self._dequeue(job, now)
         else:  # ended: forgotten (a shell queues it again under its id: a requeue)
             del self.jobs[job_id]
@@ -286,7 +295,7 @@ class SchedulerState:
         """After the shell restarts: a queued job (adopted with its history, its attempt count
         already counting this attempt) is in fact running on these GPUs since `started_at`."""
         job = self.jobs[job_id]
-        if job.status is not JobStatus.PENDING:
+        if job.status is not _PENDING:
             raise ValueError(f"job {job_id} is {job.status.value}, not PENDING")
         if not job.spec.plain and not gpus:
             raise ValueError(f"job {job_id}: a job without GPUs cannot be restored (no node)")
@@ -294,7 +303,7 @@ class SchedulerState:
         self._dequeue(job, now)
         if holder is None:
             claim(self.cluster, job, gpus, -1)  # CPU and memory, if any, on the node of its GPUs
-        job.status = JobStatus.RUNNING
+        job.status = _RUNNING
         job.placement = gpus
         job.run_started_at = started_at
         self._last_start_at = max(self._last_start_at, started_at, now)
@@ -319,7 +328,7 @@ class SchedulerState:
         and the job waits for its whole gang, in its place. Else nothing happens (None): a shell
         may report every attempt's first progress."""
         job = self.jobs[job_id]
-        if job.status is not JobStatus.RUNNING or job_id not in self._followed:
+        if job.status is not _RUNNING or job_id not in self._followed:
             return None
         return self.lifecycle.progressed(job, now)
 
@@ -341,7 +350,7 @@ class SchedulerState:
         """Give a waiting job another gang size (an elastic job between two attempts); the work
         it has done is kept, as for any job that waits again."""
         job = self.jobs[job_id]
-        if job.status is not JobStatus.PENDING:
+        if job.status is not _PENDING:
             raise ValueError(f"job {job_id} is {job.status.value}, not PENDING")
         self._unindex(self.pending, job)
         if job.spec.plain:
@@ -354,7 +363,7 @@ class SchedulerState:
     def start_placed(self, job_id: str, placed: Placed, now: float) -> Start:
         """Start a waiting job on GPUs the caller's placement chose, outside the queue's order."""
         job = self.jobs[job_id]
-        if job.status is not JobStatus.PENDING:
+        if job.status is not _PENDING:
             raise ValueError(f"job {job_id} is {job.status.value}, not PENDING")
         actions: list[Action] = []
         self._start(job, placed, now, actions)
@@ -426,34 +435,40 @@ class SchedulerState:
 
     def _start(self, job: Job, placed: Placed, now: float, actions: list[Action]) -> None:
         self._dequeue(job, now)
-        if job.spec.plain:
-            self.cluster.allocate(placed.gpus)
+        gpus = placed.gpus
+        plain = job.spec.plain
+        if plain:
+            self.cluster.allocate(gpus)
         else:
-            claim(self.cluster, job, placed.gpus, placed.node)
+            claim(self.cluster, job, gpus, placed.node)
         resumed, trial = self.lifecycle.starting(job)
-        job.status = JobStatus.RUNNING
-        job.placement = placed.gpus
+        job.status = _RUNNING
+        job.placement = gpus
         job.run_started_at = now
-        self._last_start_at = max(self._last_start_at, now)
+        if now > self._last_start_at:
+            self._last_start_at = now
         job.attempts += 1
         if job.first_started_at is None:
             job.first_started_at = now
-        job.relaxed = job.relaxed or placed.relaxed
-        job.speed = self.speed_model(job, placed.gpus) if self.speed_model else 1.0
+        relaxed = placed.relaxed
+        if relaxed:
+            job.relaxed = True
+        speed_model = self.speed_model
+        job.speed = speed_model(job, gpus) if speed_model else 1.0
         job.stall_until = now + self.restore_s if resumed else now
         if self.on_start is not None:
             self.on_start(job, now)
-        job.pending_reason = ""
+        job.pending_why = ""  # (`pending_reason`, without its setter's call)
         for hook in self._on_start:
             hook(job, now)
         job.last_event = (
-            f"started on {count_noun(len(self.cluster.nodes_of(placed.gpus)), 'node')}"
-            if placed.gpus
+            self._started_on(gpus)
+            if gpus
             else f"started on node {self.cluster.nodes[job.node].name} (no GPU)"
         )
         self._index(self._running, job, now)
-        if job.spec.plain and not trial:
-            actions.append(Start(job.id, placed.gpus, relaxed=placed.relaxed, resumed=resumed))
+        if plain and not trial:
+            actions.append(Start(job.id, gpus, relaxed, resumed))
         else:
             actions.append(
                 Start(
@@ -466,6 +481,16 @@ class SchedulerState:
                     precheck=trial,
                 )
             )
+
+    def _started_on(self, gpus: tuple[int, ...]) -> str:
+        """A start's `last_event`: on how many nodes (most starts are on one, told without
+        building the set of their nodes)."""
+        gpu_node = self.cluster.gpu_node
+        first = gpu_node[gpus[0]]
+        for gpu in gpus:
+            if gpu_node[gpu] != first:
+                return f"started on {count_noun(len(self.cluster.nodes_of(gpus)), 'node')}"
+        return _ON_ONE_NODE
 
     def _requeue_preempted(self, job: Job, by: str, now: float) -> Preempt:
         gpus = job.placement
@@ -510,7 +535,7 @@ class SchedulerState:
     def _respeeds(self) -> list[Respeed]:
         changed = [self.jobs[job_id] for job_id in self._speed_changed]
         self._speed_changed.clear()
-        return [Respeed(job.id, job.speed) for job in changed if job.status is JobStatus.RUNNING]
+        return [Respeed(job.id, job.speed) for job in changed if job.status is _RUNNING]
 
     def _account_run(self, job: Job, now: float) -> None:
         if self.timers.idle_at:
@@ -533,13 +558,20 @@ class SchedulerState:
     def _enqueue(self, job: Job, now: float) -> None:
         for hook in self._on_queue:
             hook(job, +1)
-        if job.spec.plain:
-            self._count_size(job.spec.gpus, +1)
+        spec = job.spec
+        if spec.plain:  # (`_count_size(gpus, +1)`, without its call)
+            sizes = self.waiting_sizes
+            gpus = spec.gpus
+            count = sizes.get(gpus, 0) + 1
+            if count:
+                sizes[gpus] = count
+            else:
+                del sizes[gpus]
         else:
             self.waiting_shares += 1
-        job.status = JobStatus.PENDING
+        job.status = _PENDING
         job.queued_since = now
-        job.pending_reason = "not yet considered"
+        job.pending_why = "not yet considered"  # (`pending_reason`, without its setter's call)
         if job.hold_until > now:
             self._held.add(job.seq)
         self._index(self.pending, job, now)
@@ -549,8 +581,15 @@ class SchedulerState:
     def _dequeue(self, job: Job, now: float) -> None:
         for hook in self._on_queue:
             hook(job, -1)
-        if job.spec.plain:
-            self._count_size(job.spec.gpus, -1)
+        spec = job.spec
+        if spec.plain:  # (`_count_size(gpus, -1)`, without its call)
+            sizes = self.waiting_sizes
+            gpus = spec.gpus
+            count = sizes.get(gpus, 0) - 1
+            if count:
+                sizes[gpus] = count
+            else:
+                del sizes[gpus]
         else:
             self.waiting_shares -= 1
         job.pending_s += now - job.queued_since
@@ -576,7 +615,7 @@ class SchedulerState:
 
     def _running_job(self, job_id: str) -> Job:
         job = self.jobs[job_id]
-        if job.status is not JobStatus.RUNNING:
+        if job.status is not _RUNNING:
             raise ValueError(f"job {job_id} is {job.status.value}, not RUNNING")
         return job
 
@@ -609,7 +648,7 @@ class SchedulerState:
 
     def rekey(self, job: Job, now: float) -> None:
         """Re-key a job at its timer (corral.core.timers.TimerHost)."""
-        if job.status is JobStatus.PENDING:
+        if job.status is _PENDING:
             self._unindex(self.pending, job)
             self._index(self.pending, job, now)
         else:
@@ -618,7 +657,7 @@ class SchedulerState:
     def rekey_to(self, job: Job, now: float, key: Key, changes_at: float) -> None:
         """`rekey`, given the policy's `stored_key` and `key_changes_at` of the job at `now`
         (the timers' held key changes, corral.core.timers)."""
-        if job.status is JobStatus.PENDING:
+        if job.status is _PENDING:
             self.rekey(job, now)
         else:
             self._rekey_running(job, now, key, changes_at)

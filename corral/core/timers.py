@@ -46,6 +46,12 @@ if TYPE_CHECKING:
     from corral.core.placement.base import Placement
     from corral.core.policy.base import Key, Policy
 
+#: Job states read as module globals: a member looked up on its enum class costs several times as
+#: much (as in corral.core.job), and these are asked at every start, stop, timer and key.
+_RUNNING = JobStatus.RUNNING
+_PENDING = JobStatus.PENDING
+_INF = math.inf
+
 #: A timer: (instant, job seq, the job's timer version when it was set).
 Timer = tuple[float, int, int]
 
@@ -106,28 +112,37 @@ class Timers:
         """The job's one timer (a later one replaces it): the earliest instant its key, placement
         mode, backoff or lifecycle timer changes (`changes_at`: the policy's `key_changes_at`,
         when the caller has it)."""
+        # (`min` and `max` written as comparisons: the same values, without their calls)
         at = self.policy.key_changes_at(job, now) if changes_at is None else changes_at
-        lazy = idle = math.inf
-        if not self.policy.rekey_wakes:
-            lazy, at = at, math.inf
-        if job.status is JobStatus.PENDING:
-            at = min(at, self.placement.changes_at(job, now))
-            if job.hold_until > now:  # wake when its retry backoff ends
-                at = min(at, job.hold_until)
+        lazy = idle = _INF
+        if self.asks_wakes:  # (`not policy.rekey_wakes`)
+            lazy, at = at, _INF
+        if job.status is _PENDING:
+            moves_at = self.placement.changes_at(job, now)
+            if moves_at < at:
+                at = moves_at
+            hold = job.hold_until
+            if hold > now and hold < at:  # wake when its retry backoff ends
+                at = hold
         elif self._followed and job.id in self._followed:
-            at = min(at, self.lifecycle.due_at(job))
+            due = self.lifecycle.due_at(job)
+            if due < at:
+                at = due
         elif self.idle_when_running:
-            idle, at = at, math.inf
-        version = self._version.get(job.seq, 0) + 1
-        self._version[job.seq] = version
-        if at < math.inf:
-            heapq.heappush(self._due, (max(at, now), job.seq, version))
+            idle, at = at, _INF
+        seq = job.seq
+        versions = self._version
+        version = versions.get(seq, 0) + 1
+        versions[seq] = version
+        if at < _INF:
+            heapq.heappush(self._due, (now if now > at else at, seq, version))
         if lazy < at:
-            heapq.heappush(self._lazy, (max(lazy, now), job.seq, version))
-        if idle < math.inf:
-            idle = max(idle, now)
-            heapq.heappush(self._idle, (idle, job.seq, version))
-            self.idle_at[job.seq] = (idle, version)
+            heapq.heappush(self._lazy, (now if now > lazy else lazy, seq, version))
+        if idle < _INF:
+            if now > idle:
+                idle = now
+            heapq.heappush(self._idle, (idle, seq, version))
+            self.idle_at[seq] = (idle, version)
 
     def set_each(self, taken: list[tuple[Job, float, Key, float]]) -> None:
         """`set(job, now, changes_at)` of each running job (job, now, its key, changes_at)."""
@@ -168,7 +183,7 @@ class Timers:
                 seq = timer[1]
                 if versions.get(seq) != timer[2]:
                     continue  # stale
-                if by_seq[seq].status is not JobStatus.RUNNING:
+                if by_seq[seq].status is not _RUNNING:
                     waiting.append(timer)  # a waiting job's: taken below, as always
                     continue
                 held.append(timer)  # (sorted when taken, `_replay`)
@@ -196,7 +211,7 @@ class Timers:
                 continue
             self.policy.on_key_change(job, now)
             if (
-                job.status is JobStatus.RUNNING
+                job.status is _RUNNING
                 and self._followed
                 and job.id in self._followed
                 and self.lifecycle.due(job, now, actions)
@@ -229,7 +244,7 @@ class Timers:
             if versions.get(seq) != number:
                 continue  # the job stopped or changed since: its key was taken then
             job = by_seq[seq]
-            if job.status is not JobStatus.RUNNING:
+            if job.status is not _RUNNING:
                 running = False
             when, key, changes_at = held_rekey(job, rounds, bisect.bisect_left(rounds, at))
             taken.append((job, when, key, changes_at))
@@ -290,8 +305,8 @@ class Timers:
         if waiting:
             while idle and version.get(idle[0][1]) != idle[0][2]:
                 heapq.heappop(idle)
-            if idle:
-                wake = min(wake, idle[0][0])
+            if idle and idle[0][0] < wake:  # (min, without its call)
+                wake = idle[0][0]
         if self.asks_wakes:
             wake = self._earliest_wake(wake, now, running)
         return wake if wake < math.inf else None
@@ -328,6 +343,6 @@ class Timers:
     def _running_attempt(self, seq: int, attempt: int) -> Job | None:
         """The job numbered `seq` if it is still running its attempt `attempt`, else None."""
         job = self._by_seq.get(seq)
-        if job is None or job.status is not JobStatus.RUNNING or job.attempts != attempt:
+        if job is None or job.status is not _RUNNING or job.attempts != attempt:
             return None
         return job

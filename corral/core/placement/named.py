@@ -134,7 +134,7 @@ class Relax(Placement):
         gpus = fewest_nodes_anywhere(cluster, job)
         if gpus is None:
             return result
-        return Placed(gpus, relaxed=True)
+        return Placed(gpus, True)  # relaxed (positional: cheaper to build)
 
 
 class Profile(Placement):

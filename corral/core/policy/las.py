@@ -32,6 +32,11 @@ from corral.core.policy.las_options import PREEMPT_WITHIN_QUEUE as PREEMPT_WITHI
 from corral.core.policy.las_options import LasOptions as LasOptions
 from corral.core.policy.las_options import QueueOrder as QueueOrder
 
+#: Job states read as module globals: a member looked up on its enum class costs several times as
+#: much (as in corral.core.job), and these are asked at every start, stop, timer and key.
+_RUNNING = JobStatus.RUNNING
+_PENDING = JobStatus.PENDING
+
 
 @dataclass(slots=True)
 class LasState:
@@ -61,7 +66,7 @@ def tiresias_wake(job: Job, now: float, thresholds: Sequence[float], queue: int)
     dlas `jump_time`, recomputed at each of its events): the executed seconds, not
     GPU-seconds, subtracted from the queue's GPU-second limit, divided by the GPUs. Later
     than the crossing for a job of several GPUs (a bug of its own, kept to reproduce it)."""
-    if job.status is not JobStatus.RUNNING or queue >= len(thresholds):
+    if job.status is not _RUNNING or queue >= len(thresholds):
         return math.inf
     executed = math.floor(job.executed_at(now))
     return now + max(0, math.floor((thresholds[queue] - executed) / job.spec.gpus))
@@ -124,7 +129,9 @@ class LeastAttainedService(Policy):
         return bisect.bisect_right(self.thresholds, self.counted_service(job, now) + 1e-6)
 
     def key(self, job: Job, now: float) -> Key:
-        queue = self.queue_of(job, now)
+        # (`queue_of`, without its calls: asked at every key)
+        service = job.attained_at(now) - job.service_offset_gpu_s
+        queue = bisect.bisect_right(self.thresholds, service + 1e-6)
         state = job.peek(LasState)
         if self.queue_order == "started":
             return (queue, *self._started_order(job, state, now))
@@ -134,7 +141,7 @@ class LeastAttainedService(Policy):
         return (queue, entered, job.seq)
 
     def stored_key(self, job: Job, now: float) -> Key:
-        if self.queue_order == "started" and job.status is JobStatus.RUNNING:
+        if self.queue_order == "started" and job.status is _RUNNING:
             # Number the starts: jobs that start in one round keep the order they waited in.
             state = job.record(LasState)
             if state.ranked_attempt != job.attempts:
@@ -159,7 +166,7 @@ class LeastAttainedService(Policy):
         others (1) in the order they came. A job that drops into the queue joins the list's tail
         (2), behind the waiting jobs, for the round of that instant; preempted there, it stays
         at the tail, behind the jobs that dropped there before it."""
-        if job.status is JobStatus.RUNNING:
+        if job.status is _RUNNING:
             assert state is not None
             order = self._running_order(job, state)
             at_tail = order[1] == 1 and now <= order[0]
@@ -173,16 +180,19 @@ class LeastAttainedService(Policy):
         return (1, 0, -job.queued_since, *state.running_order)
 
     def key_changes_at(self, job: Job, now: float) -> float:
-        if job.status is JobStatus.RUNNING:
+        if job.status is _RUNNING:
             state = job.peek(LasState)
             if self.queue_order == "started" and state is not None and state.entered == now:
                 return math.nextafter(now, math.inf)  # its round at the tail is over
-            queue = self.queue_of(job, now)
-            if queue == len(self.thresholds):
+            # (`queue_of` and `counted_service`, the service computed once)
+            service = job.attained_at(now) - job.service_offset_gpu_s
+            thresholds = self.thresholds
+            queue = bisect.bisect_right(thresholds, service + 1e-6)
+            if queue == len(thresholds):
                 return math.inf
-            missing = self.thresholds[queue] - self.counted_service(job, now)
+            missing = thresholds[queue] - service
             return now + missing / job.spec.gpus
-        if job.status is JobStatus.PENDING:
+        if job.status is _PENDING:
             return self._promotion_time(job, now)
         return math.inf
 
@@ -198,14 +208,14 @@ class LeastAttainedService(Policy):
         return job.queued_since + self.starvation_factor * job.executed_at(now)
 
     def on_key_change(self, job: Job, now: float) -> None:
-        if job.status is JobStatus.PENDING and self._promotion_time(job, now) <= now:
+        if job.status is _PENDING and self._promotion_time(job, now) <= now:
             job.service_offset_gpu_s = job.attained_at(now)
             state = job.record(LasState)
             state.promotions += 1
             state.entered = None  # back in the top queue, in arrival order
             state.promoted_at = now
             state.queue = 0
-        elif job.status is JobStatus.RUNNING:
+        elif job.status is _RUNNING:
             state = job.record(LasState)
             queue = self.queue_of(job, now)
             if queue != state.queue:  # dropped a queue: join its tail
