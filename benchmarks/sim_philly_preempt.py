@@ -122,17 +122,9 @@ def trace_for(workdir: Path, jobs: int, load: float, seed: int) -> Path:
     return path
 
 
-def command() -> list[str]:
-    return [sys.executable, "-c", CHILD]
-
-
-def run(name: str, trace: Path, out: Path, extra: list[str]) -> dict[str, float]:
-    """One `corral simulate` in a child process: its CPU, peak RSS, start-up and summary."""
-    out.mkdir(parents=True, exist_ok=True)
-    startup = out / "startup.txt"
-    startup.unlink(missing_ok=True)
-    args = [
-        *command(),
+def simulate_args(trace: Path, out: Path, flags: tuple[str, ...]) -> list[str]:
+    """`corral simulate`'s arguments for a run of `flags` on the trace, writing to `out`."""
+    return [
         "simulate",
         "--trace",
         f"tiresias:{trace}",
@@ -142,9 +134,20 @@ def run(name: str, trace: Path, out: Path, extra: list[str]) -> dict[str, float]
         str(RACKS),
         "--out",
         str(out),
-        *RUNS[name],
-        *extra,
+        *flags,
     ]
+
+
+def command() -> list[str]:
+    return [sys.executable, "-c", CHILD]
+
+
+def run(name: str, trace: Path, out: Path, extra: list[str]) -> dict[str, float]:
+    """One `corral simulate` in a child process: its CPU, peak RSS, start-up and summary."""
+    out.mkdir(parents=True, exist_ok=True)
+    startup = out / "startup.txt"
+    startup.unlink(missing_ok=True)
+    args = [*command(), *simulate_args(trace, out, RUNS[name]), *extra]
     # Bytecode written and read as an installed package's is: with PYTHONDONTWRITEBYTECODE set,
     # every run's start would compile corral's sources again (some 0.3 s; sim_startup.py).
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}

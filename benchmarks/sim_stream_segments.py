@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from sim_philly_preempt import GPUS_PER_NODE, NODES, RACKS, trace_for
+from sim_philly_preempt import GPUS_PER_NODE, NODES, RACKS, RUNS, simulate_args, trace_for
 
 from corral.cli.main import tool_environment
 
@@ -127,23 +127,8 @@ def main() -> None:
     runner.TimelineTotals = Stretches
     from corral.cli.main import app
 
-    sys.argv = [
-        "corral",
-        "simulate",
-        "--trace",
-        f"tiresias:{trace}",
-        "--cluster",
-        f"{NODES}x{GPUS_PER_NODE}",
-        "--racks",
-        str(RACKS),
-        "--policy",
-        "las",
-        "--placement",
-        "relax",
-        "--stream",
-        "--out",
-        str(args.workdir / f"run-segments-{args.jobs}"),
-    ]
+    out = args.workdir / f"run-segments-{args.jobs}"
+    sys.argv = ["corral", *simulate_args(trace, out, (*RUNS["las"], "--stream"))]
     try:
         app(standalone_mode=False)
     finally:
