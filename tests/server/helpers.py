@@ -185,6 +185,25 @@ def alive(pid: int) -> bool:
         return False
 
 
+def nodes(client: httpx.Client) -> dict[str, dict[str, Any]]:
+    """The cluster's nodes by name, as the API lists them."""
+    answer = client.get("/api/v1/nodes")
+    assert answer.status_code == 200, answer.text
+    return {node["name"]: node for node in answer.json()}
+
+
+def attempt_nodes(client: httpx.Client, job_id: str) -> list[str]:
+    """The node of each attempt of the job, in order."""
+    return [a["gpus"][0].split("/")[0] for a in job(client, job_id)["attempt_history"]]
+
+
+def settled(server: RunningServer) -> None:
+    """Wait for the step in progress (it holds the lock from the ends it collects to the starts
+    it launches): what a step that saw an end decides is done once this returns."""
+    with server.manager.lock:
+        pass
+
+
 def considered(client: httpx.Client, job_id: str) -> dict[str, Any]:
     """The job once a scheduling round has seen it: waiting with the round's reason, or started
     (the caller asserts which)."""

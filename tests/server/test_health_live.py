@@ -27,7 +27,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from corral.core.cluster import Cluster, NodeDef
@@ -37,9 +36,11 @@ from corral.server.health import HealthSettings
 from tests.server.helpers import (
     admin_token,
     api,
+    attempt_nodes,
     fast_settings,
     job,
     kill_jobs_of,
+    nodes,
     python_job,
     submit,
     wait_for,
@@ -101,16 +102,6 @@ def server(tmp_path: Path, flags: Path) -> Iterator[RunningServer]:
 def until_file(name: str, path: Path, **fields: Any) -> dict[str, Any]:
     code = f"import os, time\nwhile not os.path.exists({str(path)!r}): time.sleep(0.05)"
     return python_job(name, code, **fields)
-
-
-def nodes(client: httpx.Client) -> dict[str, dict[str, Any]]:
-    answer = client.get("/api/v1/nodes")
-    assert answer.status_code == 200, answer.text
-    return {node["name"]: node for node in answer.json()}
-
-
-def attempt_nodes(client: httpx.Client, job_id: str) -> list[str]:
-    return [a["gpus"][0].split("/")[0] for a in job(client, job_id)["attempt_history"]]
 
 
 def flip(path: Path, text: str) -> None:

@@ -24,11 +24,14 @@ from tests.server.helpers import (
     Corral,
     admin_token,
     api,
+    attempt_nodes,
     considered,
     fast_settings,
     job,
     kill_jobs_of,
+    nodes,
     python_job,
+    settled,
     submit,
     train_job,
     wait_for,
@@ -67,24 +70,6 @@ def until_file(name: str, path: Path) -> dict[str, Any]:
     """A job that runs until `path` exists."""
     code = f"import os, time\nwhile not os.path.exists({str(path)!r}): time.sleep(0.05)"
     return python_job(name, code)
-
-
-def nodes(client: httpx.Client) -> dict[str, dict[str, Any]]:
-    answer = client.get("/api/v1/nodes")
-    assert answer.status_code == 200, answer.text
-    return {node["name"]: node for node in answer.json()}
-
-
-def attempt_nodes(client: httpx.Client, job_id: str) -> list[str]:
-    """The node of each attempt of the job, in order."""
-    return [a["gpus"][0].split("/")[0] for a in job(client, job_id)["attempt_history"]]
-
-
-def settled(server: RunningServer) -> None:
-    """Wait for the step in progress (it holds the lock from the ends it collects to the starts
-    it launches): what a step that saw an end decides is done once this returns."""
-    with server.manager.lock:
-        pass
 
 
 def one_on_each_node(client: httpx.Client, tmp_path: Path) -> tuple[str, str, Path, Path]:

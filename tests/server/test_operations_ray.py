@@ -26,10 +26,14 @@ from tests.exec.ray_cluster import RayCluster, kill_named_actors, stopped_at_the
 from tests.server.helpers import (
     admin_token,
     api,
+    attempt_nodes,
+    considered,
     fast_settings,
     job,
+    nodes,
     python_job,
     run_server,
+    settled,
     submit,
     train_job,
     wait_for,
@@ -99,23 +103,6 @@ def until_file(name: str, path: Path, gpus: int = 2, **fields: Any) -> dict[str,
     """A job (a whole node's 2 GPUs unless told) that runs until `path` exists."""
     code = f"import os, time\nwhile not os.path.exists({str(path)!r}): time.sleep(0.05)"
     return python_job(name, code, gpus=gpus, grace_seconds=1, **fields)
-
-
-def nodes(client: httpx.Client) -> dict[str, dict[str, Any]]:
-    answer = client.get("/api/v1/nodes")
-    assert answer.status_code == 200, answer.text
-    return {node["name"]: node for node in answer.json()}
-
-
-def attempt_nodes(client: httpx.Client, job_id: str) -> list[str]:
-    """The node of each attempt of the job, in order."""
-    return [a["gpus"][0].split("/")[0] for a in job(client, job_id)["attempt_history"]]
-
-
-def settled(server: RunningServer) -> None:
-    """Wait for the step in progress: what a step that saw an end decides is done on return."""
-    with server.manager.lock:
-        pass
 
 
 def corral_cli(server: RunningServer, *args: str) -> subprocess.CompletedProcess[str]:
@@ -482,10 +469,7 @@ def test_health_checks_run_on_each_ray_node_and_a_sick_one_is_held_out(
         wait_for(client, a, ["RUNNING"])
         assert attempt_nodes(client, a) == ["n1"]
         b = submit(client, **python_job("b", "print('b ran')", gpus=2))
-        # (a round must have considered b: the step in progress may have begun before it came)
-        wait_until(lambda: "not yet considered" not in job(client, b)["reason"], "b considered")
-        settled(running)
-        found = job(client, b)
+        found = considered(client, b)  # (the step in progress may have begun before b came)
         assert (found["status"], found["attempts"]) == ("PENDING", 0), found
         assert "n2" in found["reason"], found["reason"]
 
