@@ -1,9 +1,10 @@
-"""The opt-in compiled build (setup.py, `CORRAL_COMPILE=1`): its wheel holds compiled modules, and
-they decide exactly as the Python sources do.
+"""The compiled build (setup.py): a wheel built where a C compiler is present holds compiled
+modules, without being asked to, and they decide exactly as the Python sources do.
 
-Builds the wheel from a copy of this tree with mypyc (about a minute), unpacks it into a temporary
-directory and runs the same small simulations with it and with the sources, each in a process of
-its own; compares every decision, the rounds and each job's end, and a copied cluster."""
+Builds the wheel from a copy of this tree (CORRAL_COMPILE unset: the default) with mypyc (about a
+minute), unpacks it into a temporary directory and runs the same small simulations with it and
+with the sources, each in a process of its own; compares every decision, the rounds and each
+job's end, and a copied cluster."""
 
 from __future__ import annotations
 
@@ -101,7 +102,7 @@ def compiled_site() -> Iterator[Path]:
         built = subprocess.run(
             [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation"]
             + ["--wheel-dir", str(work / "wheel"), str(source)],
-            env={**os.environ, "CORRAL_COMPILE": "1"},
+            env={name: value for name, value in os.environ.items() if name != "CORRAL_COMPILE"},
             capture_output=True,
             text=True,
         )
