@@ -19,9 +19,10 @@ cleanup() {
 }
 trap cleanup EXIT
 
-echo "== python3 -m venv $venv && $venv/bin/pip install $checkout"
+echo "== python3 -m venv $venv && CORRAL_COMPILE=0 $venv/bin/pip install $checkout"
 python3 -m venv "$venv"
-"$venv/bin/pip" install -q -c "$checkout/constraints.txt" "$checkout" 2>&1 | grep -v '^WARNING: Location' || true
+# the README's client install from a checkout: the core, which the client never runs, uncompiled
+CORRAL_COMPILE=0 "$venv/bin/pip" install -q -c "$checkout/constraints.txt" "$checkout" 2>&1 | grep -v '^WARNING: Location' || true
 echo "== installed ($venv/bin/pip list)"
 "$venv/bin/pip" list --format=freeze 2>/dev/null | grep -v '^WARNING' | tr '\n' ' '
 echo

@@ -1,5 +1,5 @@
-"""The opt-in compiled build (setup.py, `CORRAL_COMPILE=1`): whether it is in use, and the one
-mypyc marker the compiled classes need."""
+"""The compiled build (setup.py: a non-editable install where a C compiler is present): whether
+it is in use, and the one mypyc marker the compiled classes need."""
 
 from __future__ import annotations
 
