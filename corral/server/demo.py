@@ -23,7 +23,16 @@ from corral.core.framework import config_from_mapping, merge
 from corral.server import identity
 from corral.server.boot import RunningServer, ServerOptions, build_manager, prepare_data_dir
 
-TRAIN_SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "train.py"
+
+def _train_script(package: Path, cwd: Path) -> Path:
+    """The clone's examples/train.py: beside the package (an editable install), else under the
+    working directory (the README runs the demo from the clone's root, where a non-editable
+    install's package lies in site-packages)."""
+    beside = package.parents[2] / "examples" / "train.py"
+    return beside if beside.is_file() else cwd / "examples" / "train.py"
+
+
+TRAIN_SCRIPT = _train_script(Path(__file__).resolve(), Path.cwd())
 
 DEMO_CLUSTER = """\
 # The demo's machine: 4 GPUs as two pairs; each VC is guaranteed one pair.
@@ -64,7 +73,9 @@ def run_demo(options: ServerOptions, console: Console) -> None:
     if not TRAIN_SCRIPT.is_file():
         from corral.server.boot import BootError
 
-        raise BootError(f"{TRAIN_SCRIPT}: the demo's training script is missing (run from a clone)")
+        raise BootError(
+            f"{TRAIN_SCRIPT}: the demo's training script is missing (run from a clone's root)"
+        )
     prepare_data_dir(options)  # checked before the demo writes its config there
     config = options.data_dir / "demo-cluster.yaml"
     config.write_text(DEMO_CLUSTER)

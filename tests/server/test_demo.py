@@ -8,7 +8,21 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from corral.cli.main import app
+from corral.server.demo import _train_script
 from tests.server.helpers import kill_jobs_of
+
+
+def test_the_training_script_is_found_beside_the_package_or_in_the_clone(tmp_path: Path) -> None:
+    """An editable install finds examples/train.py beside its package; a non-editable one (the
+    package in site-packages) under the directory the README runs the demo from."""
+    clone, site = tmp_path / "clone", tmp_path / "venv" / "site-packages"
+    (clone / "examples").mkdir(parents=True)
+    (clone / "examples" / "train.py").write_text("")
+    editable = clone / "corral" / "server" / "demo.py"
+    installed = site / "corral" / "server" / "demo.py"
+    assert _train_script(editable, tmp_path) == clone / "examples" / "train.py"
+    assert _train_script(installed, clone) == clone / "examples" / "train.py"
+    assert _train_script(installed, tmp_path) == tmp_path / "examples" / "train.py"  # missing
 
 
 def test_the_demo_preempts_resumes_and_stops_a_user_error(tmp_path: Path) -> None:
