@@ -30,6 +30,10 @@ queue).
 
 Run: python benchmarks/sim_philly_preempt.py [--jobs N | --small] [--runs las,gittins,...]
      [--million] [--workdir DIR]
+
+Its first line says which core the runs use: the compiled build of a non-editable install (run
+it with that install's python, from outside the source tree, where Python would import the
+sources first), or the Python sources of an editable one.
 """
 
 from __future__ import annotations
@@ -142,6 +146,14 @@ def command() -> list[str]:
     return [sys.executable, "-c", CHILD]
 
 
+def core_kind() -> str:
+    """Which core the children import: the compiled build or the Python sources (asked of a child,
+    run as the runs are: from this working directory, with this environment)."""
+    code = "from corral.core.compiled import compiled_core; print(compiled_core())"
+    answer = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    return "compiled core" if answer.stdout.strip() == "True" else "pure Python core"
+
+
 def run(name: str, trace: Path, out: Path, extra: list[str]) -> dict[str, float]:
     """One `corral simulate` in a child process: its CPU, peak RSS, start-up and summary."""
     out.mkdir(parents=True, exist_ok=True)
@@ -206,7 +218,7 @@ def main() -> None:
     print(
         f"workload: Tiresias CSV, Philly sizes and run times (cut at {CAP_H:g} h), load "
         f"{args.load:g}, daily cycle {DIURNAL:g}, seed {args.seed}; "
-        f"{NODES} x {GPUS_PER_NODE} GPUs in {RACKS} racks; load average {load1:.2f}",
+        f"{NODES} x {GPUS_PER_NODE} GPUs in {RACKS} racks; {core_kind()}; load average {load1:.2f}",
         flush=True,
     )
     for name, size in plan:
