@@ -9,8 +9,9 @@ The `backfill` option (`CoreOptions.backfill`, `--backfill`) chooses a rule from
   reservation at its earliest start: on the cluster as it is, the running jobs are released
   tentatively (a `Statement`, discarded after) in the order their time limits end (started +
   what is left of `JobSpec.time_limit_s`; a job without a limit never ends), until the
-  placement fits the head, each time off the GPUs of the admin reservations it may not start
-  on then (corral.core.reservations; a window's end is an instant to try too). That instant is
+  placement fits the head, each time placed as the walk will place it: held off the GPUs of
+  the admin reservations it may not start on then only where its placement takes some
+  (corral.core.reservations.place_off; a window's end is an instant to try too). That instant is
   the shadow time and that placement the head's reserved GPUs. A later job then starts only if it ends by its own time limit at the latest by
   the shadow time, or on GPUs outside the reservation (placed again with the reserved free GPUs
   held out where its first placement took some). A job without a time limit is unbounded.
@@ -30,14 +31,14 @@ import math
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, ClassVar
 
-from corral.core.placement.base import Placed
-from corral.core.reservations import Closed, closed_gpus, place_held_out
+from corral.core.placement.base import NotPlaced, Placed
+from corral.core.reservations import Closed, place_off
 from corral.core.statement import Statement
 
 if TYPE_CHECKING:
     from corral.core.cluster import Cluster
     from corral.core.job import Job
-    from corral.core.placement.base import NotPlaced, Placement
+    from corral.core.placement.base import Placement
     from corral.core.reservations import Reservations
 
 
@@ -131,9 +132,9 @@ class EasyBackfill(Backfill):
     ) -> tuple[float, Placed] | None:
         """The head's earliest start by the running jobs' time limits and the admin reservations,
         and where: the running jobs released tentatively, earliest limit first, until the
-        placement fits it, at each instant off the GPUs of the reservations it may not start on
-        then (as the walk will hold them out when it starts); a reservation's window closing is
-        an instant too, releasing nothing."""
+        placement fits it, at each instant as the walk will place it then (`place_head`: off
+        the GPUs of the reservations it may not start on where it takes some); a reservation's
+        window closing is an instant too, releasing nothing."""
         events: list[tuple[float, int, Job | None]] = [
             (max(now, limit_end(job, now)), job.seq, job)
             for job in running
@@ -155,12 +156,18 @@ class EasyBackfill(Backfill):
             statement.discard()
 
     def place_head(self, head: Job, at: float) -> Placed | NotPlaced:
-        """The head's placement were it to start at `at`, off the reserved GPUs it may not use
-        then (a window it would run into, or is open)."""
-        closed = self.reservations.closed(head, at) if self.reservations else []
-        if closed:
-            return place_held_out(self.cluster, self.placement, head, at, closed_gpus(closed))
-        return self.placement.place(self.cluster, head, at)
+        """The head's placement were it to start at `at`, as the walk would place it then: as
+        usual, and where that takes reserved GPUs it may not use then (a window it would run
+        into, or is open), again with those held out (`place_off`). Holding free GPUs out from
+        the first may choose other GPUs (a best fit counts each node's free GPUs)."""
+        placed = self.placement.place(self.cluster, head, at)
+        if not isinstance(placed, Placed) or not self.reservations:
+            return placed
+        closed = self.reservations.closed(head, at)
+        if not closed:
+            return placed
+        admitted = place_off(self.cluster, self.placement, head, placed, at, closed)
+        return admitted if isinstance(admitted, Placed) else NotPlaced(admitted)
 
     def closed(self, job: Job, now: float) -> list[Closed]:
         if self.head is None or self.shadow == math.inf or limit_end(job, now) <= self.shadow:

@@ -218,3 +218,43 @@ def test_the_shadow_honours_an_admin_reservation():
     s.finished("S", 240)
     assert started(s.decide(240).actions) == {}
     assert started(s.decide(250).actions) == {"H": (0, 1, 2, 3)}
+
+
+def test_the_head_is_reserved_the_gpus_the_walk_gives_it_beside_a_reservation():
+    """EASY reserves for the head the GPUs the walk will give it at the shadow time: placed as
+    usual, and held off an admin reservation's GPUs only where that placement takes some.
+
+    Two nodes of 4 GPUs (0-3, 4-7), fifo, consolidate (one node, the one with the fewest free
+    GPUs that fits: best fit), easy. At 0: C (1 GPU, no limit) takes GPU 0, X (1 GPU, limit 5)
+    GPU 1 (node 0, 3 free, is the best fit), A (6 GPUs, limit 100; more than a node holds, so
+    the fewest nodes) the other six. A demo reservation for alice then keeps GPUs 6-7 from 1000
+    to 2000. X ends at 5: GPU 1 is free. At 10 H (2 GPUs, limit 1000) cannot start: the head.
+    Released by its limit, A frees 2-7 at 100: node 0 has 1-3 free (3), node 1 has 4-7 (4). H
+    would end by 1100, into the window: 6-7 are closed to it. Placed as usual, best fit takes
+    node 0, GPUs 1-2, none of them closed: the walk would start H there at 100, so shadow 100,
+    reserved {1, 2}. L (1 GPU, limit 1000) would end by 1010, past the shadow: placed on GPU 1,
+    the only free one, reserved for H, it waits. At 100 H starts on 1-2, as reserved, then L on
+    GPU 3 (node 0, 1 free, the best fit; 6-7 stay closed to it).
+
+    Placed with 6-7 held out from the first, node 1 would show 2 free and be the best fit: H
+    would be reserved 4-5, GPUs the walk does not give it, and L let onto GPU 1, which it does
+    (H then starts at 100 on 2-3, reserved for no one).
+    """
+    from corral.core.reservations import Reservation
+
+    s = scheduler(2, 4, "fifo", "consolidate", backfill="easy")
+    s.submit(spec("C", 1, 0), 0)
+    s.submit(limited("X", 1, 5), 0)
+    s.submit(limited("A", 6, 100), 0)
+    assert started(s.decide(0).actions) == {"C": (0,), "X": (1,), "A": (4, 5, 6, 7, 2, 3)}
+    s.reserve(Reservation("demo", 1000.0, 1000.0, (6, 7), users=frozenset({"alice"})))
+    s.finished("X", 5)
+    assert started(s.decide(5).actions) == {}
+    s.submit(limited("H", 2, 1000, 10), 10)
+    s.submit(limited("L", 1, 1000, 10), 10)
+    assert started(s.decide(10).actions) == {}
+    assert s.backfill.shadow == 100 and s.backfill.reserved == {1, 2}
+    assert "reserved 2 GPUs to start by t=100" in s.jobs["H"].pending_reason
+    assert "would delay job H reserved at t=100" in s.jobs["L"].pending_reason
+    s.finished("A", 100)
+    assert started(s.decide(100).actions) == {"H": (1, 2), "L": (3,)}
