@@ -85,6 +85,9 @@ def main() -> None:
         # was asked for, and builds pure Python when it was the default.
         setup(setup_requires=[MYPYC], cmdclass={"build": _NeedsMypyc if forced else _PureBuild})
         return
+    if _metadata_only():
+        setup()  # pip's metadata step (PEP 517): no modules to compile (some 10 s of mypyc saved)
+        return
     # pip's isolated build environment holds mypy but not corral's dependencies: numpy's types
     # are then unknown, and the compiled code treats its values as any object (as Python does);
     # the `type: ignore`s that numpy's types call for are then unused, which is no error here.
@@ -113,6 +116,12 @@ def _why_pure(asked: str) -> str | None:
     if not (Path(include) / "Python.h").exists():
         return f"no Python headers: {include}/Python.h not found (python3-dev)"
     return None
+
+
+def _metadata_only() -> bool:
+    """Whether setup.py was asked only for the package's metadata (egg_info, dist_info)."""
+    commands = [arg for arg in sys.argv[1:] if not arg.startswith("-")]
+    return bool(commands) and commands[0] in ("egg_info", "dist_info")
 
 
 def _say(line: str) -> None:
