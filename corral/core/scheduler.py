@@ -145,6 +145,8 @@ class Scheduler(SchedulerState):
         if self._exempts:
             self._on_start = (*self._on_start, self.preemption.started)
         self.preemption.settle = self.timers.settle  # before it reads running jobs' keys
+        if self.timers.holds:
+            self.preemption.held_bound = self.timers.held_bound  # no, without taking them
         #: The body of a round (corral.core.walk).
         self._walk = QueueWalk(
             self,
