@@ -49,7 +49,7 @@ from corral.core.job import JobStatus
 
 if TYPE_CHECKING:
     from corral.core.actions import Action
-    from corral.core.job import Job
+    from corral.core.job import Job, JobSpec
     from corral.core.lifecycle import Lifecycle
     from corral.core.placement.base import Placement
     from corral.core.policy.base import Key, Policy
@@ -122,6 +122,9 @@ class Timers:
         self._bounded = 0
         self._unbounded = False
         self._bound_ends: list[tuple[float, int]] = []
+        #: Each running job's last bound, kept from one hold to the next while it lasts: (the
+        #: scheduler's key, until, and the spec, start and service before it it was asked for).
+        self._kept: dict[int, tuple[Key, float, JobSpec, float | None, float]] = {}
 
     def set(self, job: Job, now: float, changes_at: float | None = None) -> None:
         """The job's one timer (a later one replaces it): the earliest instant its key, placement
@@ -182,6 +185,8 @@ class Timers:
     def forget(self, job: Job) -> None:
         """The job ended or left: its timers, wherever they are, fire no more."""
         self._version.pop(job.seq, None)
+        if self._kept:
+            self._kept.pop(job.seq, None)
 
     def fire(self, now: float, actions: list[Action]) -> None:
         """Take every timer due by `now`, the earliest first (lazy timers of running jobs may be
@@ -267,24 +272,40 @@ class Timers:
         return None if self._unbounded else self._bound
 
     def _bound_held(self, job: Job, now: float) -> None:
-        """Ask the policy for a held job's bound, under the highest so far where it may."""
+        """Take a held job's bound: its last one while that lasts (a bound holds for the job's
+        attempt, whether its changes are held or not) where that is under the highest so far,
+        else the policy's, under the highest so far where it may."""
         high = self._bound
-        level = -job.spec.level
-        ceiling = None
-        if high is not None:
-            if level < high[0]:
-                return  # a lower level: below the bound whatever its key
-            if level == high[0]:
-                ceiling = high[1:-1]  # (the policy's key)
-        bound, until = self.policy.held_bound(job, now, ceiling)
-        if bound is None:
-            self._unbounded = True
-            return
-        key = (level, *bound, job.seq)  # as the scheduler's keys
+        seq = job.seq
+        kept = self._kept.get(seq)
+        if (
+            kept is not None
+            and high is not None
+            and kept[0] <= high  # (else the policy's may be lower)
+            and kept[1] > now
+            and kept[2] is job.spec
+            and kept[3] == job.run_started_at
+            and kept[4] == job.attained_gpu_s
+        ):
+            key, until = kept[0], kept[1]
+        else:
+            level = -job.spec.level
+            ceiling = None
+            if high is not None:
+                if level < high[0]:
+                    return  # a lower level: below the bound whatever its key
+                if level == high[0]:
+                    ceiling = high[1:-1]  # (the policy's key)
+            bound, until = self.policy.held_bound(job, now, ceiling)
+            if bound is None:
+                self._unbounded = True
+                return
+            key = (level, *bound, seq)  # as the scheduler's keys
+            self._kept[seq] = (key, until, job.spec, job.run_started_at, job.attained_gpu_s)
         if high is None or key > high:
             self._bound = key
         if until < _INF:
-            heapq.heappush(self._bound_ends, (until, job.seq))
+            heapq.heappush(self._bound_ends, (until, seq))
 
     def _replay(self) -> None:
         """Take the lazy timers held back, as the rounds noted would have: a job whose timer came
