@@ -257,7 +257,7 @@ class Timers:
         if self._bounded < len(held):
             for timer in held[self._bounded :]:
                 seq = timer[1]
-                if held_at.get(seq) is timer:
+                if held_at.get(seq) == timer:  # (not `is`: compiled, a timer is unboxed)
                     self._bound_held(by_seq[seq], now)
             self._bounded = len(held)
         ends = self._bound_ends
