@@ -11,14 +11,16 @@ uses are preempted, the others keep their GPUs) or discards it.
 What the search reads of the scheduler is declared by `PreemptHost`; the scheduler's own indexes
 (its running jobs in key order, its jobs by seq, their stored keys) are given read-only.
 
-Two fast paths keep preemption-heavy rounds cheap:
+Three fast paths keep preemption-heavy rounds cheap:
 
 * a failed search is remembered (`no_room`) while nothing that could change it happens: a search
   that found no place without trying one fails again while, in every node and rack, the free GPUs
   plus those of the job's victims do not grow, and only a running job the job may not preempt
   that stops (`running_left`), or one whose key comes to follow the job's (`rekeyed`), makes them
   grow (GPUs freed by anything else, `Cluster.frees`, forget every search);
-* in-order victims are read as one slice of the running index (`_candidates_in_order`).
+* in-order victims are read as one slice of the running index (`_candidates_in_order`);
+* "may not preempt" is answered from a bound on the keys of the running jobs whose key changes
+  are held back (`held_bound`, corral.core.timers), without taking those changes.
 
 A running job that started less than `exempt_s` ago (since its last start) is no victim (Slurm's
 PreemptExemptTime): an 8-GPU job LAS demotes is not stopped by every 1-GPU job that arrives.
@@ -59,6 +61,10 @@ RoomMaker = Callable[["Job", float, "list[Action]"], Outcome]
 
 def _nothing() -> None:
     pass
+
+
+def _no_bound(now: float) -> Key | None:
+    return None
 
 
 class _Top:
@@ -196,6 +202,9 @@ class Preemption:
         self.shared = list(shared)
         self._picks = admission.picks_victims
         self.remembers = remembers and type(host.policy).preempts is Policy.preempts
+        #: Who may preempt whom follows from stored keys, by the base rule (whose answer a
+        #: higher victim key never turns from yes to no): a bound on the keys may answer.
+        self._bounded = self.policy.stored_is_key and type(host.policy).preempts is Policy.preempts
         self.slices = rule.slices(self)
         #: The victims are one slice of the running index, and nothing but their start, type
         #: and exemption passes any over (`_candidates_sliced`): the victim rules' conditions of
@@ -230,6 +239,9 @@ class Preemption:
         #: Takes the running jobs' key changes held back (corral.core.timers) before the running
         #: index is read; set by the scheduler.
         self.settle: Callable[[], None] = _nothing
+        #: A key at or after which the keys those held changes give sort (`Timers.held_bound`;
+        #: None: none known); set by the scheduler.
+        self.held_bound: Callable[[float], Key | None] = _no_bound
 
     # -- what the scheduler tells it ------------------------------------------------------------
 
@@ -322,6 +334,16 @@ class Preemption:
         running = self._running
         if not self.policy.preemptive or not running:
             return False
+        bound = self.held_bound(now)
+        if bound is not None and self._bounded:
+            # Every running key, once the held changes are taken, sorts at or before the higher
+            # of the bound and the highest key held now (a held job's own, or another's that
+            # stays): if the job may not preempt that, it may preempt none.
+            lowest_key = running[-1]
+            if not self.policy.preempts(
+                self._stored[job.seq], bound if bound > lowest_key else lowest_key
+            ):
+                return False
         self.settle()
         lowest = self._by_seq[running[-1][-1]]
         return self.policy.preempts(self.current_key(job, now), self.current_key(lowest, now))

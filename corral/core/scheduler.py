@@ -145,6 +145,8 @@ class Scheduler(SchedulerState):
         if self._exempts:
             self._on_start = (*self._on_start, self.preemption.started)
         self.preemption.settle = self.timers.settle  # before it reads running jobs' keys
+        if self.timers.holds:
+            self.preemption.held_bound = self.timers.held_bound  # no, without taking them
         #: The body of a round (corral.core.walk).
         self._walk = QueueWalk(
             self,
@@ -174,7 +176,8 @@ class Scheduler(SchedulerState):
         self.timers.fire(now, actions)  # a pre-run that passes by its timer is stopped first
         quiet = self._quiet
         if self.timers.held_at and quiet is not None and (quiet[2] or self.pending):
-            self.timers.settle()  # re-keys held back may tell whether this round repeats
+            if quiet[2] or not self._held_below_waiting(now):
+                self.timers.settle()  # re-keys held back may tell whether this round repeats
         if self._repeats(now, preempt) and not actions:
             return Decision(
                 actions, self._next_wake(now), self._respeeds() if self._speed_changed else []
@@ -197,6 +200,19 @@ class Scheduler(SchedulerState):
         return Decision(
             actions, self._next_wake(now), self._respeeds() if self._speed_changed else []
         )
+
+    def _held_below_waiting(self, now: float) -> bool:
+        """Every running job's key, as it is held now and once the key changes held back are
+        taken (`Timers.held_bound`), sorts before every waiting job's: taking them would move no
+        key past a waiting one, which keeps a quiet round that tried no placement
+        (`rekey_each`, by whole keys)."""
+        if self.policy.preempt_prefix is not None or not self._running.keys:
+            return False
+        bound = self.timers.held_bound(now)
+        if bound is None:
+            return False
+        lowest = self._running.keys[-1]
+        return (bound if bound > lowest else lowest) < self.pending[0]
 
     def _begin_round_hooks(self, chain: AdmissionChain) -> list[RoundStart]:
         """The plugins' hooks at a round's start, in order: every stage's `new_round`, every

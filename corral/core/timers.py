@@ -24,6 +24,14 @@ to the chain's end where no float's rounding can change it), and the job is re-k
 the rounds would have left it. Under the Tiresias preset's Gittins index, whose key changes at
 each of 1,000 levels, those re-keys were most of a run.
 
+Most reads only ask whether a waiting job may preempt the lowest running one, and most answers
+are no. The held changes are taken only where a bound cannot answer (`held_bound`): each held
+job's key, once taken, sorts at or before the policy's `held_bound` of it, which holds until an
+instant the policy names (Gittins: its index levels' highest key head up to the level the job
+has reached, which only grows; a bound below the highest so far may last longer), and the
+preemption answers no where the job may not preempt the highest of those bounds and of the keys
+held now (`Preemption.may_preempt_for`).
+
 A policy's own wake-ups, where key changes do not wake (`Policy.wakes_at`), are bounded per
 running attempt (`Policy.wake_bound`) and searched lazily (`earliest_wake`), so that a round asks
 only the jobs whose bound lies before the earliest wake-up found so far.
@@ -41,7 +49,7 @@ from corral.core.job import JobStatus
 
 if TYPE_CHECKING:
     from corral.core.actions import Action
-    from corral.core.job import Job
+    from corral.core.job import Job, JobSpec
     from corral.core.lifecycle import Lifecycle
     from corral.core.placement.base import Placement
     from corral.core.policy.base import Key, Policy
@@ -107,6 +115,16 @@ class Timers:
         self._held_rounds: list[float] = []
         #: Each running job's timer held back, by seq (stale ones are dropped as they are met).
         self.held_at: dict[int, Timer] = {}
+        #: A key at or after which every held job's key sorts, up to the instant its bound ends
+        #: (`held_bound`): the highest of the policy's bounds asked so far (None: none yet), those
+        #: of the first `_bounded` held timers; (until, seq) of each bound that ends.
+        self._bound: Key | None = None
+        self._bounded = 0
+        self._unbounded = False
+        self._bound_ends: list[tuple[float, int]] = []
+        #: Each running job's last bound, kept from one hold to the next while it lasts: (the
+        #: scheduler's key, until, and the spec, start and service before it it was asked for).
+        self._kept: dict[int, tuple[Key, float, JobSpec, float | None, float]] = {}
 
     def set(self, job: Job, now: float, changes_at: float | None = None) -> None:
         """The job's one timer (a later one replaces it): the earliest instant its key, placement
@@ -167,6 +185,8 @@ class Timers:
     def forget(self, job: Job) -> None:
         """The job ended or left: its timers, wherever they are, fire no more."""
         self._version.pop(job.seq, None)
+        if self._kept:
+            self._kept.pop(job.seq, None)
 
     def fire(self, now: float, actions: list[Action]) -> None:
         """Take every timer due by `now`, the earliest first (lazy timers of running jobs may be
@@ -224,6 +244,69 @@ class Timers:
         if self._held:
             self._replay()
 
+    def held_bound(self, now: float) -> Key | None:
+        """A key that the key of each running job whose changes are held back sorts at or
+        before, once they are taken (`_replay`; the keys the scheduler holds for them are not
+        bounded by it); None where nothing is held or the policy gives no bound. Each held job's
+        `Policy.held_bound` is asked once, and again only after it ends."""
+        held_at = self.held_at
+        if self._unbounded or not held_at:
+            return None
+        held = self._held
+        by_seq = self._by_seq
+        if self._bounded < len(held):
+            for timer in held[self._bounded :]:
+                seq = timer[1]
+                if held_at.get(seq) == timer:  # (not `is`: compiled, a timer is unboxed)
+                    self._bound_held(by_seq[seq], now)
+            self._bounded = len(held)
+        ends = self._bound_ends
+        if ends and ends[0][0] <= now:
+            again: dict[int, None] = {}
+            while ends and ends[0][0] <= now:
+                seq = heapq.heappop(ends)[1]
+                if seq in held_at:
+                    again[seq] = None
+            for seq in again:
+                self._bound_held(by_seq[seq], now)
+        return None if self._unbounded else self._bound
+
+    def _bound_held(self, job: Job, now: float) -> None:
+        """Take a held job's bound: its last one while that lasts (a bound holds for the job's
+        attempt, whether its changes are held or not) where that is under the highest so far,
+        else the policy's, under the highest so far where it may."""
+        high = self._bound
+        seq = job.seq
+        kept = self._kept.get(seq)
+        if (
+            kept is not None
+            and high is not None
+            and kept[0] <= high  # (else the policy's may be lower)
+            and kept[1] > now
+            and kept[2] is job.spec
+            and kept[3] == job.run_started_at
+            and kept[4] == job.attained_gpu_s
+        ):
+            key, until = kept[0], kept[1]
+        else:
+            level = -job.spec.level
+            ceiling = None
+            if high is not None:
+                if level < high[0]:
+                    return  # a lower level: below the bound whatever its key
+                if level == high[0]:
+                    ceiling = high[1:-1]  # (the policy's key)
+            bound, until = self.policy.held_bound(job, now, ceiling)
+            if bound is None:
+                self._unbounded = True
+                return
+            key = (level, *bound, seq)  # as the scheduler's keys
+            self._kept[seq] = (key, until, job.spec, job.run_started_at, job.attained_gpu_s)
+        if high is None or key > high:
+            self._bound = key
+        if until < _INF:
+            heapq.heappush(self._bound_ends, (until, seq))
+
     def _replay(self) -> None:
         """Take the lazy timers held back, as the rounds noted would have: a job whose timer came
         due is re-keyed at the first of them at or after its instant, which sets its next timer,
@@ -233,6 +316,10 @@ class Timers:
         re-keyed once, at its end."""
         held = self._held
         self._held = []
+        self._bound = None
+        self._bounded = 0
+        self._unbounded = False
+        self._bound_ends = []
         held.sort()  # the earliest first, as a heap would give them
         rounds = self._held_rounds
         versions = self._version

@@ -91,6 +91,17 @@ class Policy(OptionsMixin):
         when = self.held_rekey_at(job, rounds, position)
         return when, self.stored_key(job, when), self.key_changes_at(job, when)
 
+    def held_bound(
+        self, job: Job, now: float, ceiling: Key | None = None
+    ) -> tuple[Key | None, float]:
+        """For a running job whose key changes are held back: a key that its `stored_key` at
+        every instant from its last re-key up to `now`, and on until the instant returned
+        (exclusive), sorts at or before; the preemption answers "may not preempt" from it
+        without taking the held changes (corral.core.timers). None: no bound (the changes are
+        taken first). `ceiling`: a key the caller's bound is at already (its leading parts), so
+        that a bound below it costs nothing: one that lasts longer is better then."""
+        return None, math.inf
+
     def wakes_at(self, job: Job, now: float) -> float:
         """Where key changes do not wake the scheduler (`rekey_wakes` False): an instant at which
         it should still wake for this running job, its key change then taken if due; inf: none.

@@ -91,6 +91,33 @@ _HELD_EPS = 1e-6
 _PLAIN_STEPS = 2
 
 
+#: How much earlier (seconds) than the instant a job reaches a level `Gittins.held_bound` has its
+#: bound end: far above the rounding of the sums that compare a job's service with the levels.
+_BOUND_MARGIN_S = 1e-3
+
+
+def _bounds(heads: Sequence[Key], queues: bool) -> tuple[list[Key], list[Key], list[int]]:
+    """The highest head of the levels up to each level (`tops`, in order: a bisect finds where it
+    passes a head), and for each level p the highest head of the levels 0..c (c: p itself, or
+    with `queues` the last level of p's queue where that queue is not the last) and the first
+    level above c with a higher head (len(heads): none)."""
+    count = len(heads)
+    tops: list[Key] = []
+    for head in heads:
+        tops.append(head if not tops or head > tops[-1] else tops[-1])
+    rises: list[int] = [count] * count  # the first level above each with a higher top
+    for position in range(count - 2, -1, -1):
+        above = position + 1
+        rises[position] = above if tops[above] > tops[position] else rises[above]
+    caps = list(range(count))
+    if queues:
+        last_queue = heads[-1][0]
+        for position in range(count - 2, -1, -1):
+            if heads[position][0] == heads[position + 1][0] and heads[position][0] != last_queue:
+                caps[position] = caps[position + 1]
+    return tops, [tops[cap] for cap in caps], [rises[cap] for cap in caps]
+
+
 class Gittins(Policy):
     name = "gittins"
     summary = "Tiresias's 2D-Gittins: the job likeliest to finish per GPU-second spent first"
@@ -164,6 +191,10 @@ class Gittins(Policy):
             (bisect.bisect_right(self.thresholds, level), -index) if queues else (-index,)
             for level, index in zip(self.grid, self.index_at, strict=True)
         ]
+        # `held_bound`'s tables (`_bounds`): the highest head up to each level (`_tops`), and for
+        # each level the head that bounds a job's there (`_bound_at`) and the first level above
+        # where that bound no longer holds (`_bound_to`).
+        self._tops, self._bound_at, self._bound_to = _bounds(self._heads, self.queues)
 
     def _grid_position(self, job: Job, now: float) -> int:
         return bisect.bisect_right(self.grid, job.attained_at(now) + 1e-6) - 1
@@ -292,6 +323,36 @@ class Gittins(Policy):
             if end < position:
                 return position
         return position
+
+    def held_bound(
+        self, job: Job, now: float, ceiling: Key | None = None
+    ) -> tuple[Key | None, float]:
+        """`Policy.held_bound`: the highest key head of the levels up to the job's level at
+        `now` (its service only grows), or, in a queue before the last, of every level of its
+        queue; or, where the levels' heads stay below the ceiling's for longer, the highest of
+        those; until the job reaches the next level with a higher head (less a margin far above
+        the floats' rounding: it is asked again a moment early)."""
+        started = job.run_started_at
+        if job.status is not JobStatus.RUNNING or started is None:
+            return None, math.inf
+        base = job.attained_gpu_s
+        gpus = job.spec.gpus
+        elapsed = now - started
+        attained = base + gpus * (elapsed if elapsed > 0.0 else 0.0)  # as `held_rekey`
+        grid = self.grid
+        level = bisect.bisect_right(grid, attained + 1e-6) - 1
+        rise = self._bound_to[level]
+        head = self._bound_at[level]
+        if ceiling is not None:
+            # the first level whose head is not below the ceiling's (every head has one length)
+            passes = bisect.bisect_left(self._tops, ceiling[: len(head)])
+            if passes > rise:
+                rise = passes
+                head = self._tops[passes - 1]
+        until = math.inf
+        if rise < len(grid):
+            until = started + (grid[rise] - base - 1e-6) / gpus - _BOUND_MARGIN_S
+        return (*head, job.spec.submit_time, job.seq), until
 
     def describe_key(self, job: Job, now: float) -> str:
         return f"Gittins index {self.index(job, now):.3g}"
