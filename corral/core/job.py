@@ -10,6 +10,8 @@ from corral.core.retry import Failure, Verdict
 
 R = TypeVar("R")
 
+_set = object.__setattr__
+
 #: Why a job waits, formatted only when something reads it: the text, or a template and the
 #: values it is filled with (`str.format`), which a failed placement makes at every attempt but
 #: only a listing, an explanation or a shell's record reads (`reason_text`).
@@ -63,7 +65,7 @@ class Elastic:
     base_gpus: int
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True, frozen=True, init=False)
 class JobSpec:
     """A gang of `gpus` GPUs that must all run at once.
 
@@ -122,9 +124,84 @@ class JobSpec:
     #: from the fields above (read on every round's hot paths, so kept, not computed).
     plain: bool = field(init=False, repr=False, compare=False)
 
-    def __post_init__(self) -> None:
-        plain = self.gpu_milli == 1000 and not self.cpu_milli and not self.memory_mib
-        object.__setattr__(self, "plain", plain)
+    def __init__(
+        self,
+        id: str,
+        submit_time: float,
+        gpus: int,
+        user: str = "user",
+        vc: str = "default",
+        model: str = "",
+        gpu_types: frozenset[str] | None = None,
+        duration_s: float | None = None,
+        total_steps: float | None = None,
+        spread_slowdown: float = 1.0,
+        priority: Priority = Priority.GUARANTEED,
+        max_retries: int = 0,
+        deadline: float | None = None,
+        elastic: Elastic | None = None,
+        gpus_per_worker: int = 1,
+        checkpoint_every_s: float | None = None,
+        gpu_milli: int = 1000,
+        cpu_milli: int = 0,
+        memory_mib: int = 0,
+        precheck_s: float | None = None,
+        level: int = 0,
+        time_limit_s: float | None = None,
+    ) -> None:
+        # Written out (`init=False`) rather than generated: in the compiled build the generated
+        # `__init__` stays interpreted, and a trace makes a spec per job (and moves it).
+        _set(self, "id", id)
+        _set(self, "submit_time", submit_time)
+        _set(self, "gpus", gpus)
+        _set(self, "user", user)
+        _set(self, "vc", vc)
+        _set(self, "model", model)
+        _set(self, "gpu_types", gpu_types)
+        _set(self, "duration_s", duration_s)
+        _set(self, "total_steps", total_steps)
+        _set(self, "spread_slowdown", spread_slowdown)
+        _set(self, "priority", priority)
+        _set(self, "max_retries", max_retries)
+        _set(self, "deadline", deadline)
+        _set(self, "elastic", elastic)
+        _set(self, "gpus_per_worker", gpus_per_worker)
+        _set(self, "checkpoint_every_s", checkpoint_every_s)
+        _set(self, "gpu_milli", gpu_milli)
+        _set(self, "cpu_milli", cpu_milli)
+        _set(self, "memory_mib", memory_mib)
+        _set(self, "precheck_s", precheck_s)
+        _set(self, "level", level)
+        _set(self, "time_limit_s", time_limit_s)
+        _set(self, "plain", gpu_milli == 1000 and not cpu_milli and not memory_mib)
+
+    def moved(self, submit_time: float, deadline: float | None) -> JobSpec:
+        """This spec submitted at `submit_time` with `deadline`, every other field as it is
+        (what `dataclasses.replace` gives, without its look at each field)."""
+        return JobSpec(
+            self.id,
+            submit_time,
+            self.gpus,
+            self.user,
+            self.vc,
+            self.model,
+            self.gpu_types,
+            self.duration_s,
+            self.total_steps,
+            self.spread_slowdown,
+            self.priority,
+            self.max_retries,
+            deadline,
+            self.elastic,
+            self.gpus_per_worker,
+            self.checkpoint_every_s,
+            self.gpu_milli,
+            self.cpu_milli,
+            self.memory_mib,
+            self.precheck_s,
+            self.level,
+            self.time_limit_s,
+        )
 
     def accepts(self, gpu_type: str) -> bool:
         return self.gpu_types is None or gpu_type in self.gpu_types
