@@ -11,6 +11,8 @@ from corral.core.retry import Failure, Verdict
 R = TypeVar("R")
 
 _set = object.__setattr__
+#: This module is the compiled build's (setup.py): `JobSpec.__init__` stores fields natively.
+_NATIVE = not __file__.endswith(".py")
 
 #: Why a job waits, formatted only when something reads it: the text, or a template and the
 #: values it is filled with (`str.format`), which a failed placement makes at every attempt but
@@ -150,7 +152,34 @@ class JobSpec:
         time_limit_s: float | None = None,
     ) -> None:
         # Written out (`init=False`) rather than generated: in the compiled build the generated
-        # `__init__` stays interpreted, and a trace makes a spec per job (and moves it).
+        # `__init__` stays interpreted, and a trace makes a spec per job (and moves it). Compiled,
+        # the fields are stored directly (mypyc's own attribute stores, which the frozen class's
+        # `__setattr__` does not see); in Python as the generated `__init__` stores them.
+        if _NATIVE:
+            self.id = id  # type: ignore[misc]
+            self.submit_time = submit_time  # type: ignore[misc]
+            self.gpus = gpus  # type: ignore[misc]
+            self.user = user  # type: ignore[misc]
+            self.vc = vc  # type: ignore[misc]
+            self.model = model  # type: ignore[misc]
+            self.gpu_types = gpu_types  # type: ignore[misc]
+            self.duration_s = duration_s  # type: ignore[misc]
+            self.total_steps = total_steps  # type: ignore[misc]
+            self.spread_slowdown = spread_slowdown  # type: ignore[misc]
+            self.priority = priority  # type: ignore[misc]
+            self.max_retries = max_retries  # type: ignore[misc]
+            self.deadline = deadline  # type: ignore[misc]
+            self.elastic = elastic  # type: ignore[misc]
+            self.gpus_per_worker = gpus_per_worker  # type: ignore[misc]
+            self.checkpoint_every_s = checkpoint_every_s  # type: ignore[misc]
+            self.gpu_milli = gpu_milli  # type: ignore[misc]
+            self.cpu_milli = cpu_milli  # type: ignore[misc]
+            self.memory_mib = memory_mib  # type: ignore[misc]
+            self.precheck_s = precheck_s  # type: ignore[misc]
+            self.level = level  # type: ignore[misc]
+            self.time_limit_s = time_limit_s  # type: ignore[misc]
+            self.plain = gpu_milli == 1000 and not cpu_milli and not memory_mib  # type: ignore[misc]
+            return
         _set(self, "id", id)
         _set(self, "submit_time", submit_time)
         _set(self, "gpus", gpus)
