@@ -6,6 +6,10 @@ from dataclasses import dataclass
 
 #: Sets a field of a frozen dataclass (what its generated `__init__` calls).
 _set = object.__setattr__
+#: This module is the compiled build's (setup.py): the actions' `__init__` store their fields with
+#: mypyc's own attribute stores, which the frozen classes' `__setattr__` does not see (from Python
+#: an action stays frozen).
+_NATIVE = not __file__.endswith(".py")
 
 
 # Written out (`init=False`) rather than generated: in the compiled build (setup.py) the
@@ -41,6 +45,15 @@ class Start:
         node: int = -1,
         precheck: bool = False,
     ) -> None:
+        if _NATIVE:  # (see `_NATIVE`)
+            self.job_id = job_id  # type: ignore[misc]
+            self.gpus = gpus  # type: ignore[misc]
+            self.relaxed = relaxed  # type: ignore[misc]
+            self.resumed = resumed  # type: ignore[misc]
+            self.milli = milli  # type: ignore[misc]
+            self.node = node  # type: ignore[misc]
+            self.precheck = precheck  # type: ignore[misc]
+            return
         _set(self, "job_id", job_id)
         _set(self, "gpus", gpus)
         _set(self, "relaxed", relaxed)
@@ -82,6 +95,13 @@ class Preempt:
         precheck: bool = False,
         kind: str = "preempted",
     ) -> None:
+        if _NATIVE:  # (see `_NATIVE`)
+            self.job_id = job_id  # type: ignore[misc]
+            self.gpus = gpus  # type: ignore[misc]
+            self.by_job_id = by_job_id  # type: ignore[misc]
+            self.precheck = precheck  # type: ignore[misc]
+            self.kind = kind  # type: ignore[misc]
+            return
         _set(self, "job_id", job_id)
         _set(self, "gpus", gpus)
         _set(self, "by_job_id", by_job_id)
@@ -113,6 +133,11 @@ class Decision:
     def __init__(
         self, actions: list[Action], wake_at: float | None, respeeds: list[Respeed] | None = None
     ) -> None:
+        if _NATIVE:  # (see `_NATIVE`)
+            self.actions = actions  # type: ignore[misc]
+            self.wake_at = wake_at  # type: ignore[misc]
+            self.respeeds = [] if respeeds is None else respeeds  # type: ignore[misc]
+            return
         _set(self, "actions", actions)
         _set(self, "wake_at", wake_at)
         _set(self, "respeeds", [] if respeeds is None else respeeds)
