@@ -270,7 +270,7 @@ class JobSpec:
         return f"{gpu}, {self.cpu_milli} milli-CPU, {self.memory_mib} MiB"
 
 
-@dataclass(slots=True, eq=False)
+@dataclass(slots=True, eq=False, init=False)
 class Job:
     """Runtime state of one job as the scheduling core sees it.
 
@@ -329,8 +329,76 @@ class Job:
     #: pre-run's or an elastic size's, its id never).
     id: str = field(init=False, repr=False)
 
-    def __post_init__(self) -> None:
-        self.id = self.spec.id
+    def __init__(
+        self,
+        spec: JobSpec,
+        seq: int = 0,
+        status: JobStatus = JobStatus.PENDING,
+        placement: tuple[int, ...] = (),
+        run_started_at: float | None = None,
+        first_started_at: float | None = None,
+        finished_at: float | None = None,
+        queued_since: float = 0.0,
+        pending_s: float = 0.0,
+        executed_s: float = 0.0,
+        attained_gpu_s: float = 0.0,
+        work_done_s: float = 0.0,
+        speed: float = 1.0,
+        stall_until: float = 0.0,
+        attempt_work_s: float = 0.0,
+        speed_since: float = 0.0,
+        attempts: int = 0,
+        failures: int = 0,
+        infra_failures: int = 0,
+        lost_gpu_s: float = 0.0,
+        failure_history: tuple[Failure, ...] = (),
+        verdict: Verdict | None = None,
+        preemptions: int = 0,
+        relaxed: bool = False,
+        pending_why: Reason = "not yet considered",
+        hold_until: float = 0.0,
+        last_event: str = "",
+        service_offset_gpu_s: float = 0.0,
+        borrowed: bool = False,
+        migrations: int = 0,
+        node: int = -1,
+        records: dict[type, object] | None = None,
+    ) -> None:
+        # Written out (`init=False`) rather than generated: in the compiled build the generated
+        # `__init__` stays interpreted (a job is made at each submission).
+        self.spec = spec
+        self.seq = seq
+        self.status = status
+        self.placement = placement
+        self.run_started_at = run_started_at
+        self.first_started_at = first_started_at
+        self.finished_at = finished_at
+        self.queued_since = queued_since
+        self.pending_s = pending_s
+        self.executed_s = executed_s
+        self.attained_gpu_s = attained_gpu_s
+        self.work_done_s = work_done_s
+        self.speed = speed
+        self.stall_until = stall_until
+        self.attempt_work_s = attempt_work_s
+        self.speed_since = speed_since
+        self.attempts = attempts
+        self.failures = failures
+        self.infra_failures = infra_failures
+        self.lost_gpu_s = lost_gpu_s
+        self.failure_history = failure_history
+        self.verdict = verdict
+        self.preemptions = preemptions
+        self.relaxed = relaxed
+        self.pending_why = pending_why
+        self.hold_until = hold_until
+        self.last_event = last_event
+        self.service_offset_gpu_s = service_offset_gpu_s
+        self.borrowed = borrowed
+        self.migrations = migrations
+        self.node = node
+        self.records = records
+        self.id = spec.id
 
     def record(self, kind: type[R]) -> R:
         """The job's record of a plugin's state type (created empty on first use): a policy keeps
