@@ -35,6 +35,7 @@ COMPILED = [
     "corral/core/chain.py",
     "corral/core/lifecycle.py",
     "corral/core/precheck.py",
+    "corral/core/actions.py",
     "corral/core/job.py",
     "corral/core/cluster.py",
     "corral/core/placement/base.py",

@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+#: Sets a field of a frozen dataclass (what its generated `__init__` calls).
+_set = object.__setattr__
+#: This module is the compiled build's (setup.py): the actions' `__init__` store their fields with
+#: mypyc's own attribute stores, which the frozen classes' `__setattr__` does not see (from Python
+#: an action stays frozen).
+_NATIVE = not __file__.endswith(".py")
 
 
-@dataclass(slots=True, frozen=True)
+# Written out (`init=False`) rather than generated: in the compiled build (setup.py) the
+# generated `__init__` stays interpreted, and a round makes a Decision, a start a Start.
+@dataclass(slots=True, frozen=True, init=False)
 class Start:
     """Run the job on exactly these GPUs. `resumed`: it ran before and restores its checkpoint.
 
@@ -26,8 +35,35 @@ class Start:
     node: int = -1
     precheck: bool = False
 
+    def __init__(
+        self,
+        job_id: str,
+        gpus: tuple[int, ...],
+        relaxed: bool = False,
+        resumed: bool = False,
+        milli: int = 1000,
+        node: int = -1,
+        precheck: bool = False,
+    ) -> None:
+        if _NATIVE:  # (see `_NATIVE`)
+            self.job_id = job_id  # type: ignore[misc]
+            self.gpus = gpus  # type: ignore[misc]
+            self.relaxed = relaxed  # type: ignore[misc]
+            self.resumed = resumed  # type: ignore[misc]
+            self.milli = milli  # type: ignore[misc]
+            self.node = node  # type: ignore[misc]
+            self.precheck = precheck  # type: ignore[misc]
+            return
+        _set(self, "job_id", job_id)
+        _set(self, "gpus", gpus)
+        _set(self, "relaxed", relaxed)
+        _set(self, "resumed", resumed)
+        _set(self, "milli", milli)
+        _set(self, "node", node)
+        _set(self, "precheck", precheck)
 
-@dataclass(slots=True, frozen=True)
+
+@dataclass(slots=True, frozen=True, init=False)
 class Preempt:
     """Stop the job through its checkpoint contract (signal, grace period, kill); it waits again.
 
@@ -51,6 +87,27 @@ class Preempt:
     precheck: bool = False
     kind: str = "preempted"
 
+    def __init__(
+        self,
+        job_id: str,
+        gpus: tuple[int, ...],
+        by_job_id: str,
+        precheck: bool = False,
+        kind: str = "preempted",
+    ) -> None:
+        if _NATIVE:  # (see `_NATIVE`)
+            self.job_id = job_id  # type: ignore[misc]
+            self.gpus = gpus  # type: ignore[misc]
+            self.by_job_id = by_job_id  # type: ignore[misc]
+            self.precheck = precheck  # type: ignore[misc]
+            self.kind = kind  # type: ignore[misc]
+            return
+        _set(self, "job_id", job_id)
+        _set(self, "gpus", gpus)
+        _set(self, "by_job_id", by_job_id)
+        _set(self, "precheck", precheck)
+        _set(self, "kind", kind)
+
 
 @dataclass(slots=True, frozen=True)
 class Respeed:
@@ -65,10 +122,22 @@ class Respeed:
 Action = Start | Preempt
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True, frozen=True, init=False)
 class Decision:
     actions: list[Action]
     #: When the scheduler wants to decide again even if nothing happens (a timer), or None.
     wake_at: float | None
     #: Running jobs whose speed changed since the last decision, with their new speed.
-    respeeds: list[Respeed] = field(default_factory=list)
+    respeeds: list[Respeed]
+
+    def __init__(
+        self, actions: list[Action], wake_at: float | None, respeeds: list[Respeed] | None = None
+    ) -> None:
+        if _NATIVE:  # (see `_NATIVE`)
+            self.actions = actions  # type: ignore[misc]
+            self.wake_at = wake_at  # type: ignore[misc]
+            self.respeeds = [] if respeeds is None else respeeds  # type: ignore[misc]
+            return
+        _set(self, "actions", actions)
+        _set(self, "wake_at", wake_at)
+        _set(self, "respeeds", [] if respeeds is None else respeeds)

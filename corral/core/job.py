@@ -10,6 +10,10 @@ from corral.core.retry import Failure, Verdict
 
 R = TypeVar("R")
 
+_set = object.__setattr__
+#: This module is the compiled build's (setup.py): `JobSpec.__init__` stores fields natively.
+_NATIVE = not __file__.endswith(".py")
+
 #: Why a job waits, formatted only when something reads it: the text, or a template and the
 #: values it is filled with (`str.format`), which a failed placement makes at every attempt but
 #: only a listing, an explanation or a shell's record reads (`reason_text`).
@@ -63,7 +67,7 @@ class Elastic:
     base_gpus: int
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True, frozen=True, init=False)
 class JobSpec:
     """A gang of `gpus` GPUs that must all run at once.
 
@@ -122,9 +126,111 @@ class JobSpec:
     #: from the fields above (read on every round's hot paths, so kept, not computed).
     plain: bool = field(init=False, repr=False, compare=False)
 
-    def __post_init__(self) -> None:
-        plain = self.gpu_milli == 1000 and not self.cpu_milli and not self.memory_mib
-        object.__setattr__(self, "plain", plain)
+    def __init__(
+        self,
+        id: str,
+        submit_time: float,
+        gpus: int,
+        user: str = "user",
+        vc: str = "default",
+        model: str = "",
+        gpu_types: frozenset[str] | None = None,
+        duration_s: float | None = None,
+        total_steps: float | None = None,
+        spread_slowdown: float = 1.0,
+        priority: Priority = Priority.GUARANTEED,
+        max_retries: int = 0,
+        deadline: float | None = None,
+        elastic: Elastic | None = None,
+        gpus_per_worker: int = 1,
+        checkpoint_every_s: float | None = None,
+        gpu_milli: int = 1000,
+        cpu_milli: int = 0,
+        memory_mib: int = 0,
+        precheck_s: float | None = None,
+        level: int = 0,
+        time_limit_s: float | None = None,
+    ) -> None:
+        # Written out (`init=False`) rather than generated: in the compiled build the generated
+        # `__init__` stays interpreted, and a trace makes a spec per job (and moves it). Compiled,
+        # the fields are stored directly (mypyc's own attribute stores, which the frozen class's
+        # `__setattr__` does not see); in Python as the generated `__init__` stores them.
+        if _NATIVE:
+            self.id = id  # type: ignore[misc]
+            self.submit_time = submit_time  # type: ignore[misc]
+            self.gpus = gpus  # type: ignore[misc]
+            self.user = user  # type: ignore[misc]
+            self.vc = vc  # type: ignore[misc]
+            self.model = model  # type: ignore[misc]
+            self.gpu_types = gpu_types  # type: ignore[misc]
+            self.duration_s = duration_s  # type: ignore[misc]
+            self.total_steps = total_steps  # type: ignore[misc]
+            self.spread_slowdown = spread_slowdown  # type: ignore[misc]
+            self.priority = priority  # type: ignore[misc]
+            self.max_retries = max_retries  # type: ignore[misc]
+            self.deadline = deadline  # type: ignore[misc]
+            self.elastic = elastic  # type: ignore[misc]
+            self.gpus_per_worker = gpus_per_worker  # type: ignore[misc]
+            self.checkpoint_every_s = checkpoint_every_s  # type: ignore[misc]
+            self.gpu_milli = gpu_milli  # type: ignore[misc]
+            self.cpu_milli = cpu_milli  # type: ignore[misc]
+            self.memory_mib = memory_mib  # type: ignore[misc]
+            self.precheck_s = precheck_s  # type: ignore[misc]
+            self.level = level  # type: ignore[misc]
+            self.time_limit_s = time_limit_s  # type: ignore[misc]
+            self.plain = gpu_milli == 1000 and not cpu_milli and not memory_mib  # type: ignore[misc]
+            return
+        _set(self, "id", id)
+        _set(self, "submit_time", submit_time)
+        _set(self, "gpus", gpus)
+        _set(self, "user", user)
+        _set(self, "vc", vc)
+        _set(self, "model", model)
+        _set(self, "gpu_types", gpu_types)
+        _set(self, "duration_s", duration_s)
+        _set(self, "total_steps", total_steps)
+        _set(self, "spread_slowdown", spread_slowdown)
+        _set(self, "priority", priority)
+        _set(self, "max_retries", max_retries)
+        _set(self, "deadline", deadline)
+        _set(self, "elastic", elastic)
+        _set(self, "gpus_per_worker", gpus_per_worker)
+        _set(self, "checkpoint_every_s", checkpoint_every_s)
+        _set(self, "gpu_milli", gpu_milli)
+        _set(self, "cpu_milli", cpu_milli)
+        _set(self, "memory_mib", memory_mib)
+        _set(self, "precheck_s", precheck_s)
+        _set(self, "level", level)
+        _set(self, "time_limit_s", time_limit_s)
+        _set(self, "plain", gpu_milli == 1000 and not cpu_milli and not memory_mib)
+
+    def moved(self, submit_time: float, deadline: float | None) -> JobSpec:
+        """This spec submitted at `submit_time` with `deadline`, every other field as it is
+        (what `dataclasses.replace` gives, without its look at each field)."""
+        return JobSpec(
+            self.id,
+            submit_time,
+            self.gpus,
+            self.user,
+            self.vc,
+            self.model,
+            self.gpu_types,
+            self.duration_s,
+            self.total_steps,
+            self.spread_slowdown,
+            self.priority,
+            self.max_retries,
+            deadline,
+            self.elastic,
+            self.gpus_per_worker,
+            self.checkpoint_every_s,
+            self.gpu_milli,
+            self.cpu_milli,
+            self.memory_mib,
+            self.precheck_s,
+            self.level,
+            self.time_limit_s,
+        )
 
     def accepts(self, gpu_type: str) -> bool:
         return self.gpu_types is None or gpu_type in self.gpu_types
@@ -164,7 +270,7 @@ class JobSpec:
         return f"{gpu}, {self.cpu_milli} milli-CPU, {self.memory_mib} MiB"
 
 
-@dataclass(slots=True, eq=False)
+@dataclass(slots=True, eq=False, init=False)
 class Job:
     """Runtime state of one job as the scheduling core sees it.
 
@@ -223,8 +329,76 @@ class Job:
     #: pre-run's or an elastic size's, its id never).
     id: str = field(init=False, repr=False)
 
-    def __post_init__(self) -> None:
-        self.id = self.spec.id
+    def __init__(
+        self,
+        spec: JobSpec,
+        seq: int = 0,
+        status: JobStatus = JobStatus.PENDING,
+        placement: tuple[int, ...] = (),
+        run_started_at: float | None = None,
+        first_started_at: float | None = None,
+        finished_at: float | None = None,
+        queued_since: float = 0.0,
+        pending_s: float = 0.0,
+        executed_s: float = 0.0,
+        attained_gpu_s: float = 0.0,
+        work_done_s: float = 0.0,
+        speed: float = 1.0,
+        stall_until: float = 0.0,
+        attempt_work_s: float = 0.0,
+        speed_since: float = 0.0,
+        attempts: int = 0,
+        failures: int = 0,
+        infra_failures: int = 0,
+        lost_gpu_s: float = 0.0,
+        failure_history: tuple[Failure, ...] = (),
+        verdict: Verdict | None = None,
+        preemptions: int = 0,
+        relaxed: bool = False,
+        pending_why: Reason = "not yet considered",
+        hold_until: float = 0.0,
+        last_event: str = "",
+        service_offset_gpu_s: float = 0.0,
+        borrowed: bool = False,
+        migrations: int = 0,
+        node: int = -1,
+        records: dict[type, object] | None = None,
+    ) -> None:
+        # Written out (`init=False`) rather than generated: in the compiled build the generated
+        # `__init__` stays interpreted (a job is made at each submission).
+        self.spec = spec
+        self.seq = seq
+        self.status = status
+        self.placement = placement
+        self.run_started_at = run_started_at
+        self.first_started_at = first_started_at
+        self.finished_at = finished_at
+        self.queued_since = queued_since
+        self.pending_s = pending_s
+        self.executed_s = executed_s
+        self.attained_gpu_s = attained_gpu_s
+        self.work_done_s = work_done_s
+        self.speed = speed
+        self.stall_until = stall_until
+        self.attempt_work_s = attempt_work_s
+        self.speed_since = speed_since
+        self.attempts = attempts
+        self.failures = failures
+        self.infra_failures = infra_failures
+        self.lost_gpu_s = lost_gpu_s
+        self.failure_history = failure_history
+        self.verdict = verdict
+        self.preemptions = preemptions
+        self.relaxed = relaxed
+        self.pending_why = pending_why
+        self.hold_until = hold_until
+        self.last_event = last_event
+        self.service_offset_gpu_s = service_offset_gpu_s
+        self.borrowed = borrowed
+        self.migrations = migrations
+        self.node = node
+        self.records = records
+        self.id = spec.id
 
     def record(self, kind: type[R]) -> R:
         """The job's record of a plugin's state type (created empty on first use): a policy keeps

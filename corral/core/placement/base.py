@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Final, final
 
 from corral.core.cluster import MILLI, Cluster
 from corral.core.compiled import mypyc_attr
@@ -13,28 +12,80 @@ from corral.core.job import Job, JobSpec, Reason, reason_text
 from corral.core.plugin import OptionsMixin, SpeedModel
 
 
-@dataclass(slots=True, frozen=True)
+@final
 class Placed:
     """Where a job goes: its GPUs and, for a job that asks for a share of one GPU, CPU or memory
     (`JobSpec.plain` false), how much of each GPU it takes and the node its CPU and memory are
-    taken on."""
+    taken on.
 
-    gpus: tuple[int, ...]
-    relaxed: bool = False
+    Written out rather than a frozen dataclass, whose generated `__init__` stays interpreted in
+    the compiled build (one is made at every start and placement): the same fields, `repr`,
+    equality and hash. Its fields are `Final`: read-only at run time in the compiled build, and
+    for mypy everywhere."""
+
+    __slots__ = ("gpus", "relaxed", "milli", "node")
+
+    gpus: Final[tuple[int, ...]]
+    relaxed: Final[bool]
     #: Milli-GPU taken on each of `gpus` (below 1000: a share of the one GPU).
-    milli: int = MILLI
+    milli: Final[int]
     #: The node whose CPU and memory the job takes (-1: it takes none).
-    node: int = -1
+    node: Final[int]
+
+    def __init__(
+        self, gpus: tuple[int, ...], relaxed: bool = False, milli: int = MILLI, node: int = -1
+    ) -> None:
+        self.gpus = gpus
+        self.relaxed = relaxed
+        self.milli = milli
+        self.node = node
+
+    def __repr__(self) -> str:
+        return (
+            f"Placed(gpus={self.gpus!r}, relaxed={self.relaxed!r}, milli={self.milli!r}, "
+            f"node={self.node!r})"
+        )
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Placed):
+            return NotImplemented
+        return (self.gpus, self.relaxed, self.milli, self.node) == (
+            other.gpus,
+            other.relaxed,
+            other.milli,
+            other.node,
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.gpus, self.relaxed, self.milli, self.node))
 
 
-@dataclass(slots=True, frozen=True)
+@final
 class NotPlaced:
+    """Why a job cannot be placed yet (written out as `Placed` is)."""
+
+    __slots__ = ("why",)
+
     #: Why, formatted only when read (`reason`): a failed attempt's text is seldom read.
-    why: Reason
+    why: Final[Reason]
+
+    def __init__(self, why: Reason) -> None:
+        self.why = why
 
     @property
     def reason(self) -> str:
         return reason_text(self.why)
+
+    def __repr__(self) -> str:
+        return f"NotPlaced(why={self.why!r})"
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, NotPlaced):
+            return NotImplemented
+        return self.why == other.why
+
+    def __hash__(self) -> int:
+        return hash((self.why,))
 
 
 # Other modules (and plugins) subclass it: allowed when it is compiled (setup.py).
