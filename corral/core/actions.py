@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from corral.core.compiled import init_fields, rebuilt
+
 #: Sets a field of a frozen dataclass (what its generated `__init__` calls).
 _set = object.__setattr__
 #: This module is the compiled build's (setup.py): the actions' `__init__` store their fields with
@@ -62,6 +64,13 @@ class Start:
         _set(self, "node", node)
         _set(self, "precheck", precheck)
 
+    def __reduce__(self) -> tuple[object, ...]:
+        return rebuilt, (Start, {name: getattr(self, name) for name in _START_ARGS})
+
+
+#: What `Start.__init__` takes (`__reduce__`).
+_START_ARGS = init_fields(Start)
+
 
 @dataclass(slots=True, frozen=True, init=False)
 class Preempt:
@@ -107,6 +116,13 @@ class Preempt:
         _set(self, "by_job_id", by_job_id)
         _set(self, "precheck", precheck)
         _set(self, "kind", kind)
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return rebuilt, (Preempt, {name: getattr(self, name) for name in _PREEMPT_ARGS})
+
+
+#: What `Preempt.__init__` takes (`__reduce__`).
+_PREEMPT_ARGS = init_fields(Preempt)
 
 
 @dataclass(slots=True, frozen=True)

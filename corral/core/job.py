@@ -6,6 +6,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from corral.core.compiled import init_fields, rebuilt
 from corral.core.retry import Failure, Verdict
 
 R = TypeVar("R")
@@ -65,6 +66,13 @@ class Elastic:
     min_gpus: int
     max_gpus: int
     base_gpus: int
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return rebuilt, (Elastic, {name: getattr(self, name) for name in _ELASTIC_ARGS})
+
+
+#: What `Elastic.__init__` takes (`__reduce__`).
+_ELASTIC_ARGS = init_fields(Elastic)
 
 
 @dataclass(slots=True, frozen=True, init=False)
@@ -268,6 +276,13 @@ class JobSpec:
             else f"{self.gpus} GPU{'s' if self.gpus != 1 else ''}"
         )
         return f"{gpu}, {self.cpu_milli} milli-CPU, {self.memory_mib} MiB"
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return rebuilt, (JobSpec, {name: getattr(self, name) for name in _SPEC_ARGS})
+
+
+#: What `JobSpec.__init__` takes (`__reduce__`).
+_SPEC_ARGS = init_fields(JobSpec)
 
 
 @dataclass(slots=True, eq=False, init=False)
@@ -497,3 +512,10 @@ class Job:
         if limit is None:
             return float("inf")
         return max(0.0, limit - self.executed_at(now))
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return rebuilt, (Job, {name: getattr(self, name) for name in _JOB_ARGS})
+
+
+#: What `Job.__init__` takes (`__reduce__`).
+_JOB_ARGS = init_fields(Job)

@@ -71,7 +71,16 @@ twin = copy.deepcopy(cluster)  # the live manager copies its cluster (Cluster.__
 twin.release([1])
 # a trace's move of a job to its submit time (native JobSpec: no slots to copy)
 moved = _moved(JobSpec(id="m", submit_time=10.0, gpus=2, duration_s=5.0, deadline=25.0), 40.0)
+# what `corral simulate --workers` sends back from a worker: the run's result, pickled
+import pickle
+back = pickle.loads(pickle.dumps(result))
 print(json.dumps({
+    "pickled": {
+        "ends": sorted([job.id, job.finished_at] for job in back.jobs),
+        "specs": [job.spec == kept.spec for job, kept in zip(back.jobs, result.jobs)],
+        "decisions": [[now, repr(action)] for now, action in back.decisions],
+        "rounds": back.rounds,
+    },
     "moved": [moved.id, moved.submit_time, moved.deadline, moved.gpus],
     "copy": [list(cluster.gpu_free), list(twin.gpu_free), twin.free_gpus],
     "compiled": compiled_core(),
@@ -129,9 +138,16 @@ def _simulate(path: Path) -> dict[str, object]:
     return result
 
 
-def test_the_compiled_build_decides_as_the_sources_do(compiled_site: Path) -> None:
-    compiled = _simulate(compiled_site)
-    pure = _simulate(REPO)
+@pytest.fixture(scope="module")
+def both(compiled_site: Path) -> tuple[dict[str, object], dict[str, object]]:
+    """The script's output with the compiled build and with the sources."""
+    return _simulate(compiled_site), _simulate(REPO)
+
+
+def test_the_compiled_build_decides_as_the_sources_do(
+    compiled_site: Path, both: tuple[dict[str, object], dict[str, object]]
+) -> None:
+    compiled, pure = both
     assert compiled["compiled"] is True, compiled["scheduler"]
     assert str(compiled["scheduler"]).startswith(str(compiled_site))
     assert pure["compiled"] is False, pure["scheduler"]
@@ -142,3 +158,17 @@ def test_the_compiled_build_decides_as_the_sources_do(compiled_site: Path) -> No
     assert runs["las+relax"]["preemptions"] > 0 and runs["gittins+consolidate"]["preemptions"] > 0
     for name, run in runs.items():
         assert compiled["runs"][name] == run, name  # type: ignore[index]
+
+
+def test_a_compiled_result_travels_by_pickle(
+    both: tuple[dict[str, object], dict[str, object]],
+) -> None:
+    """`corral simulate --workers` sends each run's result (jobs, specs, decisions) back from
+    its worker by pickle: the compiled classes must come back whole, as the Python ones do."""
+    compiled, pure = both
+    last = pure["runs"]["srtf+any"]  # type: ignore[index]
+    for side in (compiled, pure):
+        back = side["pickled"]
+        assert back["ends"] == last["ends"] and back["rounds"] == last["rounds"]  # type: ignore[index]
+        assert back["decisions"] == last["decisions"]  # type: ignore[index]
+        assert back["specs"] == [True] * 300  # type: ignore[index]
