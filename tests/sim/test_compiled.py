@@ -69,7 +69,7 @@ cluster = Cluster.shorthand(2, 4)
 cluster.allocate([1, 2])
 twin = copy.deepcopy(cluster)  # the live manager copies its cluster (Cluster.__deepcopy__)
 twin.release([1])
-# a trace's move of a job to its submit time (native JobSpec: no slots to copy)
+# a trace's move of a job to its submit time (`JobSpec.moved`, natively built when compiled)
 moved = _moved(JobSpec(id="m", submit_time=10.0, gpus=2, duration_s=5.0, deadline=25.0), 40.0)
 # what `corral simulate --workers` sends back from a worker: the run's result, pickled
 import pickle

@@ -193,24 +193,9 @@ def _moved(spec: JobSpec, submit_time: float) -> JobSpec:
         deadline = submit_time + (deadline - spec.submit_time)
     if type(spec) is not JobSpec:
         return dataclasses.replace(spec, submit_time=submit_time, deadline=deadline)
-    if _SPEC_SLOTS is None:  # (compiled: `moved` builds it natively)
-        return spec.moved(submit_time, deadline)
-    # What `dataclasses.replace` gives, at half its cost (a streamed trace moves every job):
-    # every field copied as it is, `plain` too (`__post_init__` derives it from fields that a
-    # move leaves alone), then the two that move.
-    moved = _new_spec(JobSpec)
-    for name in _SPEC_SLOTS:
-        _set(moved, name, getattr(spec, name))
-    _set(moved, "submit_time", submit_time)
-    _set(moved, "deadline", deadline)
-    return moved
-
-
-#: JobSpec's fields, where it is a Python class; None where the compiled build made it a native
-#: class, which has no `__slots__` and whose fields `object.__setattr__` cannot set.
-_SPEC_SLOTS: tuple[str, ...] | None = getattr(JobSpec, "__slots__", None)
-_new_spec = object.__new__
-_set = object.__setattr__
+    # What `dataclasses.replace` gives, without its look at each field (a streamed trace moves
+    # every job): 2.0 us against 2.7 us for a copy of each slot, in pure Python.
+    return spec.moved(submit_time, deadline)
 
 
 def check_unique_ids(jobs: list[JobSpec], where: list[str], file: str) -> None:
