@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import replace
+
 import numpy as np
 
 from corral.core import Cluster, JobSpec, Scheduler, Start
@@ -52,3 +55,38 @@ def random_trace(seed: int, count: int, gap_s: float = 30.0) -> list[JobSpec]:
         )
         for i in range(count)
     ]
+
+
+def preset_gittins_options(seed: int, thresholds_gpu_s: list[float]) -> dict[str, object]:
+    """The Tiresias preset's gittins: an index level at every one of 300 samples (a random
+    trace's job sizes), its queues at `thresholds_gpu_s`, demoted at rounds (key changes held)."""
+    history = random_trace(seed + 100, 300)
+    return {
+        "service_samples_gpu_s": [job.gpus * (job.duration_s or 0) for job in history],
+        "queues": True,
+        "formula": "tiresias",
+        "delta_gpu_s": 300.0,
+        "quantiles": 1000,
+        "thresholds_gpu_s": thresholds_gpu_s,
+        "demote_at_rounds": True,
+    }
+
+
+def stretches(
+    seed: int, gaps_s: tuple[float, ...], level: Callable[[int], int] = lambda index: 0
+) -> list[JobSpec]:
+    """60 random jobs a stretch, one stretch after another, each arriving every `gaps_s[n]` on
+    average (60 s: quiet, the queue empties; 10 s: busy, jobs wait and preempt); ids prefixed
+    `pN-`, each job's level `level(index in its stretch)`."""
+    trace: list[JobSpec] = []
+    start = 0.0
+    for part, gap in enumerate(gaps_s):
+        jobs = random_trace(seed * 10 + part, 60, gap)
+        trace += [
+            replace(
+                job, id=f"p{part}-{job.id}", submit_time=job.submit_time + start, level=level(i)
+            )
+            for i, job in enumerate(jobs)
+        ]
+        start = trace[-1].submit_time
+    return trace

@@ -17,7 +17,7 @@ from corral.core.job import Job, JobStatus
 from corral.core.policy import make_policy
 from corral.core.policy.gittins import _bounds
 from corral.sim.engine import Simulation
-from tests.core.helpers import random_trace, scheduler
+from tests.core.helpers import preset_gittins_options, random_trace, scheduler, stretches
 
 #: Heads (queue, -index) of nine levels in three queues.
 HEADS = [(0, -5), (0, -7), (0, -6), (1, -9), (1, -3), (2, -8), (2, -4), (2, -6), (2, -1)]
@@ -71,30 +71,9 @@ def preset_gittins(seed: int, placement: str, victims: str, bounded: bool):
     jobs' ends, how many held changes were taken, how many preemption questions the bound
     answered, how many bounds were checked, and at how many rounds the bound kept a quiet round
     without taking the held changes."""
-    history = random_trace(seed + 100, 300)
-    options = {
-        "service_samples_gpu_s": [job.gpus * (job.duration_s or 0) for job in history],
-        "queues": True,
-        "formula": "tiresias",
-        "delta_gpu_s": 300.0,
-        "quantiles": 1000,
-        "thresholds_gpu_s": [60, 300],
-        "demote_at_rounds": True,
-    }
-    trace: list = []
-    start = 0.0
-    for part, gap in enumerate((60.0, 10.0, 60.0, 10.0, 8.0)):
-        jobs = random_trace(seed * 10 + part, 60, gap)
-        trace += [
-            replace(
-                job,
-                id=f"p{part}-{job.id}",
-                submit_time=job.submit_time + start,
-                level=1 if index % 17 == 5 else 0,
-            )
-            for index, job in enumerate(jobs)
-        ]
-        start = trace[-1].submit_time
+    options = preset_gittins_options(seed, [60, 300])
+    # a few jobs of a higher level
+    trace = stretches(seed, (60.0, 10.0, 60.0, 10.0, 8.0), lambda index: int(index % 17 == 5))
     s = scheduler(4, 4, "gittins", placement=placement, victims=victims, policy_options=options)
     timers, preemption = s.timers, s.preemption
     assert timers.holds and preemption.held_bound == timers.held_bound

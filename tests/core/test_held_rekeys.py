@@ -5,40 +5,19 @@ every key change is taken at its round: random traces, each way."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 
 from corral.core import Preempt
 from corral.sim.engine import Simulation
-from tests.core.helpers import random_trace, scheduler
+from tests.core.helpers import preset_gittins_options, scheduler, stretches
 
 
 def held_and_taken_at_once(seed: int, placement: str, victims: str):
     """The decisions and job ends of one random trace on 4 nodes x 4 GPUs under the preset's
     gittins (an index level at every one of 300 samples), with key changes held back and taken
     at each round, and how many held timers were taken."""
-    history = random_trace(seed + 100, 300)
-    options = {
-        "service_samples_gpu_s": [job.gpus * (job.duration_s or 0) for job in history],
-        "queues": True,
-        "formula": "tiresias",
-        "delta_gpu_s": 300.0,
-        "quantiles": 1000,
-        "thresholds_gpu_s": [300, 2000],
-        "demote_at_rounds": True,
-    }
-    # Quiet stretches (a job every 60 s on average: the queue empties) between busy ones
-    # (every 10 s: jobs wait and preempt).
-    trace: list = []
-    start = 0.0
-    for part, gap in enumerate((60.0, 10.0, 60.0, 10.0)):
-        jobs = random_trace(seed * 10 + part, 60, gap)
-        trace += [
-            replace(job, id=f"p{part}-{job.id}", submit_time=job.submit_time + start)
-            for job in jobs
-        ]
-        start = trace[-1].submit_time
+    options = preset_gittins_options(seed, [300, 2000])
+    trace = stretches(seed, (60.0, 10.0, 60.0, 10.0))
     runs, taken = [], []
     for holds in (True, False):
         s = scheduler(4, 4, "gittins", placement=placement, victims=victims, policy_options=options)
