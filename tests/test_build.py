@@ -7,17 +7,16 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import shlex
-import shutil
 import subprocess
 import sys
-import sysconfig
 import zipfile
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 from setuptools import Distribution, Extension
+
+from tests.building import compiler_and_headers, source_copy
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -32,16 +31,10 @@ def setup_py() -> ModuleType:
     return module
 
 
-def _compiler_here() -> bool:
-    command = shlex.split(sysconfig.get_config_var("CC") or "cc")
-    headers = Path(sysconfig.get_paths()["include"]) / "Python.h"
-    return bool(command) and shutil.which(command[0]) is not None and headers.exists()
-
-
 def test_the_default_compiles_where_a_compiler_and_headers_are(
     setup_py: ModuleType, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    if not _compiler_here():
+    if not compiler_and_headers():
         pytest.skip("no C compiler or Python headers here")
     monkeypatch.delenv("CC", raising=False)
     monkeypatch.setattr(sys, "argv", ["setup.py", "bdist_wheel"])
@@ -96,7 +89,7 @@ def _build_ext(command: type, tmp_path: Path) -> list[str]:
     return built
 
 
-@pytest.mark.skipif(not _compiler_here(), reason="no C compiler or Python headers here")
+@pytest.mark.skipif(not compiler_and_headers(), reason="no C compiler or Python headers here")
 def test_a_failed_module_leaves_all_of_them_pure(
     setup_py: ModuleType,
     tmp_path: Path,
@@ -109,7 +102,7 @@ def test_a_failed_module_leaves_all_of_them_pure(
     assert "corral: pure Python build (compiling the core failed:" in capsys.readouterr().err
 
 
-@pytest.mark.skipif(not _compiler_here(), reason="no C compiler or Python headers here")
+@pytest.mark.skipif(not compiler_and_headers(), reason="no C compiler or Python headers here")
 def test_a_failed_module_fails_the_build_asked_to_compile(
     setup_py: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -121,13 +114,7 @@ def test_a_failed_module_fails_the_build_asked_to_compile(
 
 
 def _wheel(tmp_path: Path, compile_value: str) -> subprocess.CompletedProcess[str]:
-    source = tmp_path / "src"
-    source.mkdir()
-    shutil.copytree(
-        ROOT / "corral", source / "corral", ignore=shutil.ignore_patterns("__pycache__", "*.so")
-    )
-    for name in ("setup.py", "pyproject.toml", "README.md"):
-        shutil.copy(ROOT / name, source / name)
+    source = source_copy(tmp_path / "src")
     return subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "-v", "--no-deps", "--no-build-isolation"]
         + ["--wheel-dir", str(tmp_path / "wheel"), str(source)],

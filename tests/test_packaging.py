@@ -19,7 +19,6 @@ import importlib.util
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -29,6 +28,7 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+from tests.building import source_copy
 from tests.cli.blocking import blocking_env
 from tests.server.helpers import Corral, api, kill_jobs_of, wait_for
 
@@ -305,11 +305,7 @@ def built_requirements(tmp_path: Path) -> list[Requirement]:
     )
     out = tmp_path / "metadata"
     out.mkdir()
-    work = tmp_path / "src"  # a copy: building writes corral.egg-info beside the sources
-    work.mkdir()
-    for name in ("pyproject.toml", "setup.py", "README.md"):
-        shutil.copy(ROOT / name, work / name)
-    shutil.copytree(ROOT / "corral", work / "corral", ignore=shutil.ignore_patterns("__pycache__"))
+    work = source_copy(tmp_path / "src")  # building writes corral.egg-info beside the sources
     done = subprocess.run(
         [sys.executable, "-c", code, str(out)],
         capture_output=True,

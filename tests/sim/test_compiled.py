@@ -10,17 +10,17 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import shutil
 import subprocess
 import sys
-import sysconfig
 import tempfile
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.building import compiler_and_headers, source_copy
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -90,24 +90,14 @@ print(json.dumps({
 """
 
 
-def _c_compiler() -> str | None:
-    command = shlex.split(sysconfig.get_config_var("CC") or "cc")
-    return shutil.which(command[0]) if command else None
-
-
 @pytest.fixture(scope="module")
 def compiled_site() -> Iterator[Path]:
     """A directory holding the compiled wheel of this tree, unpacked."""
-    if _c_compiler() is None:
-        pytest.skip("no C compiler: the compiled build cannot be made here")
+    if not compiler_and_headers():
+        pytest.skip("no C compiler or Python headers: the build here is pure Python")
     work = Path(tempfile.mkdtemp(prefix="corral-compiled-"))
     try:
-        source = work / "src"
-        source.mkdir()
-        ignore = shutil.ignore_patterns("__pycache__", "*.so", "*.c")
-        shutil.copytree(REPO / "corral", source / "corral", ignore=ignore)
-        for name in ("setup.py", "pyproject.toml", "README.md"):
-            shutil.copy(REPO / name, source / name)
+        source = source_copy(work / "src")
         built = subprocess.run(
             [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation"]
             + ["--wheel-dir", str(work / "wheel"), str(source)],
