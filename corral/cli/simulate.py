@@ -3,7 +3,6 @@ from the plugin registries (corral.cli.schedflags); the rest describe the simula
 
 from __future__ import annotations
 
-import gc
 import math
 import re
 from pathlib import Path
@@ -25,13 +24,6 @@ if TYPE_CHECKING:
 PRESET_HISTORY_URL = (
     "https://raw.githubusercontent.com/SymbioticLab/Tiresias/master/simulator/yarn-gput1000.csv"
 )
-
-#: The garbage collector's thresholds during a run (`gc.set_threshold`), as the live manager's
-#: (corral.server.manager): a run holds every job of its trace, which each collection of the older
-#: generations walks again (the 100,000-job trace of benchmarks/sim_philly_preempt.py: 6 full
-#: collections and 81 of the middle generation at Python's default, none and 2 with these). No
-#: decision reads the collector.
-GC_THRESHOLDS = (20_000, 20, 20)
 
 
 def parse_cluster(shorthand: str) -> tuple[int, int]:
@@ -265,6 +257,7 @@ def simulate(
 
     require_sim()
     from corral.cli.schedflags import effective_config, preset_changes
+    from corral.core.collector import raise_gc_thresholds
     from corral.sim.failures import NodeFailures
     from corral.sim.runner import (
         RunSettings,
@@ -337,8 +330,7 @@ def simulate(
         )
         check_settings(settings)  # (again in the run) refusals before any warning
         warn_idle_backfill(settings)
-        if gc.get_threshold()[0] < GC_THRESHOLDS[0]:  # (a process may have set more)
-            gc.set_threshold(*GC_THRESHOLDS)
+        raise_gc_thresholds()  # (a run holds every job of its trace)
         run_simulations(settings, out=out, plot=plot, console=console)
     except UserError as error:
         fail(str(error))

@@ -23,7 +23,6 @@ scheduler the settings ask for. corral.server.state holds the types they share.
 from __future__ import annotations
 
 import copy
-import gc
 import logging
 import threading
 import time
@@ -36,6 +35,7 @@ from typing import TYPE_CHECKING
 
 from corral.core.actions import Preempt, Respeed, Start
 from corral.core.cluster import Cluster, NodeDef
+from corral.core.collector import raise_gc_thresholds
 from corral.core.job import Job, JobStatus
 from corral.core.nodes import drain_label
 from corral.core.profiles import Shape
@@ -90,12 +90,6 @@ log = logging.getLogger("corral.manager")
 
 #: Seconds between tries to rebuild the state from the store after a failed write.
 REBUILD_RETRY_S = 1.0
-#: The cyclic garbage collector's thresholds while a manager runs (Python's default is (700, 10,
-#: 10)). A manager keeps hundreds of thousands of objects (jobs, specs, indexes, queues) and
-#: each round and submission allocates thousands more, nearly all freed by reference counting.
-#: In benchmarks/control_plane.py, the collector switched off gave 15-20 % more API submissions
-#: and a control loop a third cheaper per job. Cyclic garbage waits longer, no more.
-GC_THRESHOLDS = (20_000, 20, 20)
 #: A failure to reach the store is logged again (one line) at most this often.
 OUTAGE_LOG_S = 30.0
 
@@ -271,8 +265,7 @@ class Manager(
 
     def start(self) -> None:
         """Recover what the store holds, then run the control loop in a thread."""
-        if gc.get_threshold()[0] < GC_THRESHOLDS[0]:  # (a process may have set more)
-            gc.set_threshold(*GC_THRESHOLDS)
+        raise_gc_thresholds()
         self.recover()
         self._thread = threading.Thread(target=self._run, name="corral-control-loop", daemon=True)
         self._thread.start()
